@@ -1,0 +1,183 @@
+"""Forward pass: which elements of each tensor are input-independent ("constant"), and their values.
+
+A constant is any element whose value does not depend on the graph inputs: a zeroed filter's
+bias, BatchNorm's shift on a zeroed channel, sigmoid(0) = 0.5, every initializer. Facts are
+exact (structural, with exact zeros from the weights), never guessed from sampled values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.evaluate import NONDETERMINISTIC, EvaluationError, evaluate
+
+
+@dataclass
+class ConstInfo:
+    """Constant elements of one tensor.
+
+    `mask` (bool) and `value` have the tensor's rank; each of their dims is either the tensor's
+    static size or 1, meaning "the same for every index of that axis" (always 1 on dynamic axes,
+    so a recorded constant never depends on a dynamic size). `value` is valid where `mask` holds.
+    """
+
+    mask: np.ndarray
+    value: np.ndarray
+    whole: bool = False  # value is the entire tensor as it is (initializers, folded constants)
+
+    @property
+    def full(self) -> bool:
+        return bool(self.mask.all())
+
+    @staticmethod
+    def of_array(values: np.ndarray) -> ConstInfo:
+        values = np.asarray(values)
+        return ConstInfo(np.ones((1,) * values.ndim, dtype=bool), values, whole=True)
+
+    def slice_constant(self, axis: int, size: int) -> np.ndarray:
+        """Per index along `axis`: is the whole slice constant?"""
+        m = self.mask
+        other = tuple(a for a in range(m.ndim) if a != axis)
+        per = m.all(axis=other) if other else m
+        return np.broadcast_to(per.reshape(-1), (size,)) if per.size == 1 else per.reshape(-1)
+
+    def slice_uniform(self, axis: int, size: int) -> np.ndarray:
+        """Per index along `axis`: is the slice constant with one value (no variation elsewhere)?"""
+        const = self.slice_constant(axis, size)
+        v = self.value
+        other = tuple(a for a in range(v.ndim) if a != axis and v.shape[a] > 1)
+        if not other:
+            return const
+        moved = np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
+        flat = moved.max(axis=1) == moved.min(axis=1)
+        return const & (np.broadcast_to(flat, (size,)) if flat.size == 1 else flat)
+
+
+def compress(mask: np.ndarray, value: np.ndarray) -> ConstInfo | None:
+    """Drop axes along which mask and value do not vary; None when nothing is constant."""
+    if not mask.any():
+        return None
+    value = np.where(mask, value, np.zeros((), value.dtype)) if value.shape == mask.shape else value
+    for a in range(mask.ndim):
+        if mask.shape[a] > 1 and _uniform_along(mask, a) and _uniform_along(value, a):
+            mask = mask.take([0], axis=a)
+            value = value.take([0], axis=a) if value.shape[a] > 1 else value
+        elif value.shape[a] > 1 and mask.shape[a] == 1 and mask.all() and _uniform_along(value, a):
+            value = value.take([0], axis=a)
+    return ConstInfo(mask, value)
+
+
+def _uniform_along(a: np.ndarray, axis: int) -> bool:
+    if a.shape[axis] <= 1:
+        return True
+    first = a.take([0], axis=axis)
+    return bool(np.all(a == first))
+
+
+def expand_to(arr: np.ndarray, shape: list[int | None]) -> np.ndarray | None:
+    """Broadcast a compressed array to a static shape (dynamic dims stay 1); None if impossible."""
+    target = []
+    for have, want in zip(arr.shape, shape, strict=True):
+        if want is None:
+            if have != 1:
+                return None
+            target.append(1)
+        else:
+            target.append(want)
+    return np.broadcast_to(arr, target)
+
+
+def static_batch1(t: gs.Tensor) -> list[int] | None:
+    """Static dims with a dynamic leading (batch) axis taken as 1; None if another dim is dynamic."""
+    d = ir.dims(t)
+    if d is None:
+        return None
+    out = []
+    for i, v in enumerate(d):
+        if isinstance(v, int) and v >= 0:
+            out.append(v)
+        elif i == 0:
+            out.append(1)
+        else:
+            return None
+    return out
+
+
+class ConstContext:
+    """What a handler's `constants` method can read."""
+
+    def __init__(self, graph: gs.Graph, opset: int):
+        self.graph = graph
+        self.opset = opset
+        self.consts: dict[str, ConstInfo] = {}
+
+    def const(self, t: gs.Tensor | None) -> ConstInfo | None:
+        return None if t is None else self.consts.get(t.name)
+
+    def value(self, t: gs.Tensor | None) -> np.ndarray | None:
+        """The full value of a wholly constant tensor, else None."""
+        c = self.const(t)
+        if c is None or not c.full:
+            return None
+        if c.whole:
+            return c.value
+        d = ir.dims(t)
+        if d is not None and len(d) == c.value.ndim and ir.is_static(t):
+            return np.broadcast_to(c.value, d)
+        return None
+
+    def evaluate(self, node: gs.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        return evaluate(node, inputs, self.opset)
+
+
+def propagate_constants(graph: gs.Graph, opset: int, handler_for) -> ConstContext:
+    """Walk the graph in topological order, recording constant elements of every tensor."""
+    ctx = ConstContext(graph, opset)
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Constant):
+            ctx.consts[t.name] = ConstInfo.of_array(t.values)
+    graph_inputs = {t.name for t in graph.inputs}
+    for node in graph.nodes:
+        ins = [ir.present(node, i) for i in range(len(node.inputs))]
+        if any(t is not None and t.name in graph_inputs for t in ins):
+            full_const = False
+        else:
+            full_const = all(
+                t is None or (ctx.const(t) is not None and ctx.const(t).full) for t in ins
+            )
+        outs: list[ConstInfo | None] | None = None
+        if (
+            full_const
+            and node.op not in NONDETERMINISTIC
+            and node.inputs
+            and not _has_subgraph(node)
+        ):
+            outs = _fold(node, ctx)
+        if outs is None:
+            handler = handler_for(node)
+            if handler is not None:
+                try:
+                    outs = handler.constants(node, ctx)
+                except EvaluationError:
+                    outs = None
+        for t, c in zip(node.outputs, outs or [], strict=False):
+            if c is not None:
+                ctx.consts[t.name] = c
+    return ctx
+
+
+def _has_subgraph(node: gs.Node) -> bool:
+    return any(isinstance(v, gs.Graph) for v in node.attrs.values())
+
+
+def _fold(node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    vals = [ctx.value(t) if t is not None else None for t in node.inputs]
+    try:
+        outs = ctx.evaluate(node, vals)
+    except EvaluationError:
+        return None
+    return [ConstInfo.of_array(o) for o in outs]

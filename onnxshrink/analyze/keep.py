@@ -1,0 +1,313 @@
+"""The keep closure: which indices of every tensor axis must stay, grown to a fixpoint.
+
+Every (tensor, axis) with a static size has a set of kept indices, empty at first. Graph
+outputs and inputs keep everything; each live node's handler then adds what its inputs must
+keep for its kept outputs (backward, "indirect sparsity") and ties axes that must agree
+(elementwise coupling, Concat offsets, Reshape blocks, ...). Sets only grow, so the walk ends.
+
+What is never kept is removable: either nothing downstream reads it, or it is a constant that
+every reader absorbs (see the Conv/Gemm handlers). A tensor "exists" after shrinking when some
+live node reads it and none of its axes is empty; a node is live when one of its outputs exists.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext, ConstInfo
+from onnxshrink.analyze.shapes import SymValue
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why an index is kept; the root cause, carried along couplings."""
+
+    kind: str  # interface | live | meets-live | normalization | barrier | not-absorbable | structure | shape
+    node: str = ""
+    op: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.op} node {self.node!r}" if self.node else ""
+        text = {
+            "interface": "it is part of a graph input or output",
+            "live": "a live output depends on it",
+            "meets-live": f"it is combined elementwise with a live value by {where}",
+            "normalization": f"{where} normalizes over this axis (its statistics see every channel)",
+            "barrier": f"{where} is not supported for shrinking; its channels are kept",
+            "not-absorbable": f"{where} cannot absorb this constant channel",
+            "structure": f"{where} needs it to keep a valid structure",
+            "shape": f"its size is read by {where} in a way that cannot be rewritten",
+        }.get(self.kind, self.kind)
+        return f"{text}{': ' + self.detail if self.detail else ''}"
+
+
+LIVE = Reason("live")
+INTERFACE = Reason("interface")
+
+
+class KeepState:
+    """Kept index sets per tensor axis, plus what handlers need to read while growing them."""
+
+    def __init__(
+        self, graph: gs.Graph, consts: ConstContext, syms: dict[str, SymValue], handler_for
+    ):
+        self.graph = graph
+        self.opset = consts.opset
+        self.tensors = graph.tensors()
+        self.consts = consts
+        self.syms = syms
+        self.handler_for = handler_for
+        self._kept: dict[str, list[np.ndarray | None]] = {}
+        self._why: dict[str, list[np.ndarray | None]] = {}
+        self.demanded: set[str] = set()
+        self.reasons: list[Reason] = []
+        self._reason_id: dict[Reason, int] = {}
+        self._claimed: set[tuple[int, int]] = set()
+        self.barriers: dict[str, Reason] = {}  # node name -> why it is a barrier
+        self._consumers: dict[str, list[gs.Node]] = {}
+        self._producer: dict[str, gs.Node] = {}
+        for node in graph.nodes:
+            for t in node.inputs:
+                self._consumers.setdefault(t.name, []).append(node)
+            for t in node.outputs:
+                self._producer[t.name] = node
+        self._queue: deque[gs.Node] = deque()
+        self._queued: set[int] = set()
+
+    # ---------------------------------------------------------------- queries
+    def dims(self, t: gs.Tensor) -> list | None:
+        return ir.dims(t)
+
+    def size(self, t: gs.Tensor, axis: int) -> int | None:
+        return ir.static_dim(t, axis)
+
+    def const(self, t: gs.Tensor | None) -> ConstInfo | None:
+        return self.consts.const(t)
+
+    def value(self, t: gs.Tensor | None) -> np.ndarray | None:
+        return self.consts.value(t)
+
+    def sym(self, t: gs.Tensor | None) -> SymValue | None:
+        return None if t is None else self.syms.get(t.name)
+
+    def _state(self, t: gs.Tensor) -> list[np.ndarray | None]:
+        st = self._kept.get(t.name)
+        if st is None:
+            d = ir.dims(t) or []
+            st = [np.zeros(v, dtype=bool) if isinstance(v, int) and v >= 0 else None for v in d]
+            self._kept[t.name] = st
+            self._why[t.name] = [None if a is None else np.full(a.shape, -1, np.int32) for a in st]
+        return st
+
+    def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None:
+        """Bool mask of kept indices along `axis`; None when the axis is not prunable (all kept)."""
+        st = self._state(t)
+        return st[axis] if axis < len(st) else None
+
+    def why(self, t: gs.Tensor, axis: int) -> list[Reason | None]:
+        self._state(t)
+        w = self._why[t.name][axis] if axis < len(self._why[t.name]) else None
+        if w is None:
+            return []
+        return [self.reasons[i] if i >= 0 else None for i in w]
+
+    def exists(self, t: gs.Tensor) -> bool:
+        if t.name not in self.demanded:
+            return False
+        return all(a is None or a.any() for a in self._state(t))
+
+    def node_live(self, node: gs.Node) -> bool:
+        return any(self.exists(t) for t in node.outputs)
+
+    # ---------------------------------------------------------------- growth
+    def _rid(self, reason: Reason) -> int:
+        rid = self._reason_id.get(reason)
+        if rid is None:
+            rid = self._reason_id[reason] = len(self.reasons)
+            self.reasons.append(reason)
+        return rid
+
+    def _touch(self, t: gs.Tensor) -> None:
+        p = self._producer.get(t.name)
+        if p is not None:
+            self._enqueue(p)
+        for c in self._consumers.get(t.name, ()):
+            self._enqueue(c)
+
+    def _enqueue(self, node: gs.Node) -> None:
+        if id(node) not in self._queued:
+            self._queued.add(id(node))
+            self._queue.append(node)
+
+    def demand(self, t: gs.Tensor | None, pin: bool = True) -> None:
+        """A live node reads `t`. With pin (the safe default) every index of it is kept; pass
+        pin=False only when the handler itself constrains every axis of `t`."""
+        if t is None:
+            return
+        if t.name not in self.demanded:
+            self.demanded.add(t.name)
+            self._touch(t)
+        if pin:
+            self.pin(t)
+
+    def keep(
+        self, t: gs.Tensor, axis: int, mask, reason: Reason = LIVE, why: np.ndarray | None = None
+    ) -> None:
+        st = self._state(t)
+        if axis >= len(st) or st[axis] is None:
+            return
+        arr = st[axis]
+        mask = np.asarray(mask)
+        if mask.dtype != bool:
+            m = np.zeros(arr.shape, dtype=bool)
+            m[mask] = True
+            mask = m
+        new = mask & ~arr
+        if not new.any():
+            return
+        arr |= new
+        w = self._why[t.name][axis]
+        w[new] = why[new] if why is not None else self._rid(reason)
+        self._touch(t)
+
+    def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = LIVE) -> None:
+        st = self._state(t)
+        for a in range(len(st)) if axis is None else [axis]:
+            if a < len(st) and st[a] is not None:
+                self.keep(t, a, np.ones(st[a].shape, dtype=bool), reason)
+
+    def couple(
+        self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, site: gs.Node | None = None
+    ) -> None:
+        """Axis a1 of t1 and a2 of t2 are indexed alike: keep the same indices in both."""
+        k1, k2 = self.kept(t1, a1), self.kept(t2, a2)
+        if k1 is None and k2 is None:
+            return
+        if k1 is None or k2 is None or k1.shape != k2.shape:
+            self.pin(t1, a1)
+            self.pin(t2, a2)
+            return
+        self._flow(t1, a1, t2, a2, site)
+        self._flow(t2, a2, t1, a1, site)
+
+    def _flow(self, src: gs.Tensor, sa: int, dst: gs.Tensor, da: int, site: gs.Node | None) -> None:
+        ks, kd = self.kept(src, sa), self.kept(dst, da)
+        new = ks & ~kd
+        if not new.any():
+            return
+        why = self._why[src.name][sa].copy()
+        if site is not None and len(site.inputs) > 1:
+            cd, cs = self.const(dst), self.const(src)
+            if cd is not None:
+                dconst = cd.slice_constant(da, len(kd))
+                sconst = (
+                    cs.slice_constant(sa, len(ks)) if cs is not None else np.zeros(len(ks), bool)
+                )
+                meets = new & dconst & ~sconst
+                if meets.any():
+                    why[meets] = self._rid(Reason("meets-live", site.name, site.op))
+        self.keep(dst, da, new, why=why)
+
+    def claim(self, node: gs.Node, i: int) -> None:
+        """The handler uses shape-valued input i as a size and constrains what it refers to."""
+        self._claimed.add((id(node), i))
+
+    def barrier(self, node: gs.Node, reason: Reason | None = None) -> None:
+        """Keep every index of every input and output of `node`."""
+        reason = reason or Reason("barrier", node.name, node.op)
+        self.barriers.setdefault(node.name, reason)
+        for t in node.inputs:
+            if t is not None and t.name:
+                self.demand(t, pin=False)
+                self.pin(t, reason=reason)
+        for t in node.outputs:
+            self.pin(t, reason=reason)
+        self._pin_symbol_deps(node, all_inputs=True, reason=reason)
+
+    def pin_refs(self, sym: SymValue, reason: Reason) -> None:
+        for ref in sym.deps():
+            t = self.tensors.get(ref.tensor)
+            if t is not None:
+                self.pin(t, ref.axis, reason)
+
+    def _pin_symbol_deps(
+        self, node: gs.Node, all_inputs: bool = False, reason: Reason | None = None
+    ) -> None:
+        for i, t in enumerate(node.inputs):
+            s = self.sym(t)
+            if s is None or (not all_inputs and (id(node), i) in self._claimed):
+                continue
+            self.pin_refs(s, reason or Reason("shape", node.name, node.op))
+
+    # ---------------------------------------------------------------- fixpoint
+    def run(self) -> None:
+        for t in self.graph.outputs:
+            self.demand(t, pin=False)
+            self.pin(t, reason=INTERFACE)
+            s = self.sym(t)
+            if s is not None:
+                self.pin_refs(s, INTERFACE)
+        for t in self.graph.inputs:
+            self.pin(t, reason=INTERFACE)
+        for node in reversed(self.graph.nodes):
+            self._enqueue(node)
+        while True:
+            while self._queue:
+                node = self._queue.popleft()
+                self._queued.discard(id(node))
+                if self.node_live(node):
+                    self._visit(node)
+            if not self._repair():
+                break
+
+    def _visit(self, node: gs.Node) -> None:
+        if node.outputs and all(t.name in self.syms for t in node.outputs):
+            # A shape computation: its values flow on symbolically; consumers decide.
+            for t in node.inputs:
+                if t is None or not t.name:
+                    continue
+                if node.op in ("Shape", "Size"):
+                    self.demand(t, pin=False)
+                else:
+                    self.demand(t)
+            return
+        handler = self.handler_for(node)
+        if handler is None:
+            self.barrier(node, Reason("barrier", node.name, node.op, "no handler for this op"))
+            return
+        handler.keep(node, self)
+        self._pin_symbol_deps(node)
+
+    def _repair(self) -> bool:
+        """A live node whose demanded input lost every index of an axis keeps one of them."""
+        changed = False
+        for node in self.graph.nodes:
+            if not self.node_live(node):
+                continue
+            handler = self.handler_for(node)
+            for i, t in enumerate(node.inputs):
+                if t is None or t.name not in self.demanded:
+                    continue
+                if handler is not None and i in handler.may_drop_inputs(node):
+                    continue
+                for a, k in enumerate(self._state(t)):
+                    if k is not None and len(k) and not k.any():
+                        self.keep(
+                            t,
+                            a,
+                            [0],
+                            Reason(
+                                "structure",
+                                node.name,
+                                node.op,
+                                "an input needs at least one channel",
+                            ),
+                        )
+                        changed = True
+        return changed

@@ -1,0 +1,210 @@
+"""Symbolic values of shape-computing subgraphs (Shape -> Gather -> Concat -> Reshape, ...).
+
+A pruned axis changes what `Shape` reports, so shape values are never folded to constants.
+Instead each element of a shape tensor is tracked as a literal, a reference to one tensor
+axis, or an opaque expression over some axes. Consumers then either use the value as a size
+(a Reshape target: the referenced axis and the output axis are coupled) or as anything else
+(the referenced axes are pinned: they must keep their size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext
+
+
+@dataclass(frozen=True)
+class DimRef:
+    tensor: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class Opaque:
+    deps: frozenset[DimRef]
+
+
+Item = int | DimRef | Opaque
+
+
+@dataclass(frozen=True)
+class SymValue:
+    items: tuple[Item, ...]
+    scalar: bool = False
+
+    def deps(self) -> set[DimRef]:
+        out: set[DimRef] = set()
+        for it in self.items:
+            if isinstance(it, DimRef):
+                out.add(it)
+            elif isinstance(it, Opaque):
+                out |= it.deps
+        return out
+
+
+def _opaque(*vals: SymValue) -> Opaque:
+    deps: set[DimRef] = set()
+    for v in vals:
+        deps |= v.deps()
+    return Opaque(frozenset(deps))
+
+
+_ARITH = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Max": np.maximum,
+    "Min": np.minimum,
+}
+_PASS = {"Identity", "Cast", "CastLike"}
+_SHAPE_OPS = {
+    "Shape",
+    "Size",
+    "Gather",
+    "Slice",
+    "Concat",
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Flatten",
+    "Div",
+    "Mod",
+    "Neg",
+    "Abs",
+    "Floor",
+    "Ceil",
+    *_ARITH,
+    *_PASS,
+}
+
+
+def propagate_shapes(graph: gs.Graph, consts: ConstContext) -> dict[str, SymValue]:
+    """Symbolic values of every int tensor computed (partly) from Shape/Size."""
+    syms: dict[str, SymValue] = {}
+
+    def get(t: gs.Tensor | None) -> SymValue | None:
+        if t is None:
+            return None
+        if t.name in syms:
+            return syms[t.name]
+        v = consts.value(t)
+        if v is not None and v.ndim <= 1 and v.size <= 64 and np.issubdtype(v.dtype, np.integer):
+            return SymValue(tuple(int(x) for x in v.reshape(-1)), scalar=v.ndim == 0)
+        return None
+
+    for node in graph.nodes:
+        if node.op not in _SHAPE_OPS or not node.outputs:
+            continue
+        if node.op in ("Concat", "Div", "Mod", *_ARITH):
+            if not any(t is not None and t.name in syms for t in node.inputs):
+                continue
+        elif node.op not in ("Shape", "Size") and node.inputs[0].name not in syms:
+            continue  # a data op (e.g. Reshape of an activation), not a shape computation
+        try:
+            out = _step(node, get)
+        except (IndexError, ValueError, TypeError):
+            out = None
+        if out is None:
+            # Consumes shape values in a way not modelled: its output is opaque over their axes.
+            ins = [get(t) for t in node.inputs]
+            deps = _opaque(*[v for v in ins if v is not None])
+            if node.op in ("Shape", "Size") and ir.rank(node.inputs[0]) is not None:
+                deps = Opaque(
+                    frozenset(
+                        DimRef(node.inputs[0].name, a) for a in range(ir.rank(node.inputs[0]))
+                    )
+                )
+            r = ir.static_dim(node.outputs[0], 0)
+            out = SymValue((deps,) * (r or 1), scalar=ir.rank(node.outputs[0]) == 0)
+        syms[node.outputs[0].name] = out
+    return syms
+
+
+def _step(node: gs.Node, get) -> SymValue | None:
+    op = node.op
+    x = node.inputs[0]
+    if op == "Shape":
+        r = ir.rank(x)
+        if r is None:
+            return None
+        start = ir.norm_axis(int(node.attrs.get("start", 0)), r)
+        end = node.attrs.get("end")
+        end = r if end is None else min(ir.norm_axis(int(end), r), r)
+        return SymValue(tuple(DimRef(x.name, a) for a in range(max(start, 0), end)))
+    if op == "Size":
+        r = ir.rank(x)
+        if r is None:
+            return None
+        return SymValue((Opaque(frozenset(DimRef(x.name, a) for a in range(r))),), scalar=True)
+    a = get(x)
+    if a is None:
+        return None
+    if op in _PASS:
+        return a
+    if op in ("Unsqueeze", "Reshape", "Flatten"):
+        return SymValue(a.items, scalar=False) if ir.rank(node.outputs[0]) == 1 else None
+    if op == "Squeeze":
+        return SymValue(a.items, scalar=True) if len(a.items) == 1 else None
+    if op == "Gather":
+        idx = get(ir.present(node, 1))
+        if idx is None or any(not isinstance(i, int) for i in idx.items) or a.scalar:
+            return None
+        n = len(a.items)
+        picked = tuple(a.items[i + n if i < 0 else i] for i in idx.items)
+        return SymValue(picked, scalar=idx.scalar)
+    if op == "Slice":
+        params = [get(ir.present(node, i)) for i in range(1, 5)]
+        if "starts" in node.attrs:  # opset < 10
+            starts, ends = node.attrs["starts"], node.attrs["ends"]
+            steps = [1]
+        else:
+            if params[0] is None or params[1] is None:
+                return None
+            if any(not isinstance(i, int) for p in params if p is not None for i in p.items):
+                return None
+            starts, ends = list(params[0].items), list(params[1].items)
+            steps = list(params[3].items) if params[3] is not None else [1]
+        return SymValue(a.items[slice(starts[0], ends[0], steps[0])])
+    if op == "Concat":
+        vals = [get(t) for t in node.inputs]
+        if any(v is None for v in vals):
+            return None
+        return SymValue(tuple(i for v in vals for i in v.items))
+    if op in ("Neg", "Abs", "Floor", "Ceil"):
+        return SymValue(tuple(_unary(op, i, a) for i in a.items), a.scalar)
+    b = get(ir.present(node, 1))
+    if b is None:
+        return None
+    n = max(len(a.items), len(b.items))
+    ai = a.items * n if len(a.items) == 1 else a.items
+    bi = b.items * n if len(b.items) == 1 else b.items
+    if len(ai) != len(bi):
+        return None
+    out = []
+    for p, q in zip(ai, bi, strict=True):
+        if isinstance(p, int) and isinstance(q, int):
+            out.append(_binary(op, p, q))
+        else:
+            out.append(_opaque(SymValue((p,)), SymValue((q,))))
+    return SymValue(tuple(out), scalar=a.scalar and b.scalar)
+
+
+def _unary(op: str, i: Item, a: SymValue) -> Item:
+    if isinstance(i, int):
+        return {"Neg": -i, "Abs": abs(i)}.get(op, i)
+    return _opaque(SymValue((i,)))
+
+
+def _binary(op: str, p: int, q: int) -> int:
+    if op in _ARITH:
+        return int(_ARITH[op](p, q))
+    if op == "Div":
+        return int(np.trunc(p / q)) if q else 0
+    if op == "Mod":
+        return int(np.fmod(p, q)) if q else 0
+    raise ValueError(op)

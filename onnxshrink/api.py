@@ -1,0 +1,215 @@
+"""`shrink`: the whole pipeline, read -> bind -> analyze -> rewrite -> validate -> report -> save."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnxshrink.analyze import analyze
+from onnxshrink.bind import apply_masks, bind_masks
+from onnxshrink.errors import ValidationFailed
+from onnxshrink.io.masks import flatten, read_masks
+from onnxshrink.io.model import load_model, save_model, uses_external_data
+from onnxshrink.prepare import default_opset, prepare
+from onnxshrink.report import (
+    KeptGroup,
+    ModelStats,
+    Sparsity,
+    explain_kept,
+    model_stats,
+    sparsity_left,
+    to_jsonable,
+)
+from onnxshrink.rewrite import Fold, apply
+from onnxshrink.validate import ValidationReport, compare, resolve_shapes
+
+ModelLike = str | Path | onnx.ModelProto
+MasksLike = str | Path | Mapping | None
+
+
+@dataclass
+class ShrinkResult:
+    """Everything a shrink produced; `to_dict()` is what `--report` writes."""
+
+    model: onnx.ModelProto
+    reference: onnx.ModelProto
+    before: ModelStats
+    after: ModelStats
+    validation: ValidationReport | None
+    timings: dict[str, float]
+    masks_bound: int = 0
+    unbound_masks: list[str] = field(default_factory=list)
+    folds: list[Fold] = field(default_factory=list)
+    barriers: list[dict] = field(default_factory=list)
+    kept_zeroed: list[KeptGroup] = field(default_factory=list)
+    sparsity: list[Sparsity] = field(default_factory=list)
+    removed_nodes: int = 0
+    written: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.validation is None or self.validation.passed
+
+    def to_dict(self) -> dict:
+        keys = (
+            "before",
+            "after",
+            "validation",
+            "timings",
+            "masks_bound",
+            "unbound_masks",
+            "folds",
+            "barriers",
+            "kept_zeroed",
+            "sparsity",
+            "removed_nodes",
+            "written",
+        )
+        return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
+
+    def save(self, path: str | Path, external: bool = False) -> list[Path]:
+        return save_model(self.model, path, external=external)
+
+
+def _data_files(path: Path) -> list[Path]:
+    m = onnx.load(str(path), load_external_data=False)
+    locs = {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"}
+    return [path.parent / loc for loc in locs]
+
+
+def shrink(
+    model: ModelLike,
+    masks: MasksLike = None,
+    output: str | Path | None = None,
+    *,
+    validate: bool = True,
+    input_shapes: dict[str, list[int]] | None = None,
+    inputs: list[dict[str, np.ndarray]] | None = None,
+    draws: int = 3,
+    seed: int = 0,
+    rtol: float = 1e-5,
+    atol: float = 0.0,
+    provider: str = "cpu",
+    keep_failed: bool = False,
+    allow_unbound: bool = False,
+    external_data: bool | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ShrinkResult:
+    """Shrink a masked ONNX model to the channels its outputs need; prove and write it.
+
+    `model` is a path or ModelProto; `masks` a masks file, a {initializer name: 0/1 array}
+    dict, or None (the zeros already in the weights are the masks). Raises ShrinkError for bad
+    input and ValidationFailed (with `.result`) when the shrunk model does not match; nothing
+    is written then unless `keep_failed`.
+    """
+    log = log or (lambda _msg: None)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        timings[name] = now - t
+        t = now
+
+    src: Path | None = None
+    in_bytes = None
+    if isinstance(model, str | Path):
+        src = Path(model)
+        proto = load_model(src)
+        in_bytes = src.stat().st_size + sum(
+            p.stat().st_size for p in _data_files(src) if p.exists()
+        )
+    elif isinstance(model, onnx.ModelProto):
+        proto = model
+    else:
+        raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
+    source = str(masks) if isinstance(masks, str | Path) else "masks"
+    if masks is None:
+        mask_dict = {}
+    elif isinstance(masks, str | Path):
+        mask_dict = read_masks(masks)
+    else:
+        mask_dict = flatten(masks, "masks")
+    lap("load")
+
+    bound = bind_masks(proto, mask_dict, source=source, allow_unbound=allow_unbound)
+    reference = apply_masks(proto, bound)
+    lap("bind")
+    log(
+        f"bound {len(bound.masks)} mask(s) to initializers"
+        if mask_dict
+        else "no masks file: the zeros in the weights are the masks"
+    )
+
+    graph, untied = prepare(reference)
+    analysis = analyze(graph, default_opset(reference), untied)
+    kept_zeroed = explain_kept(analysis)
+    barriers = [
+        {"node": name, "op": r.op, "reason": str(r)} for name, r in analysis.keep.barriers.items()
+    ]
+    lap("analyze")
+
+    rewritten = apply(analysis, reference)
+    shrunk = rewritten.model
+    lap("rewrite")
+
+    report = None
+    if validate:
+        log("validating with onnxruntime ...")
+        report = compare(
+            reference,
+            shrunk,
+            input_shapes=input_shapes,
+            inputs=inputs,
+            draws=draws,
+            seed=seed,
+            rtol=rtol,
+            atol=atol,
+            provider=provider,
+        )
+        lap("validate")
+    shapes = report.input_shapes if report else resolve_shapes(reference, input_shapes or {})
+    before = model_stats(reference, shapes, in_bytes)
+    after = model_stats(shrunk, shapes)
+    result = ShrinkResult(
+        model=shrunk,
+        reference=reference,
+        before=before,
+        after=after,
+        validation=report,
+        timings=timings,
+        masks_bound=len(bound.masks),
+        unbound_masks=bound.unbound,
+        folds=rewritten.folds,
+        barriers=barriers,
+        kept_zeroed=kept_zeroed,
+        sparsity=sparsity_left(shrunk),
+        removed_nodes=rewritten.removed_nodes,
+    )
+    if output is not None and (result.passed or keep_failed):
+        protect = [src, *_data_files(src)] if src is not None else []
+        external = (
+            external_data if external_data is not None else bool(src and uses_external_data(src))
+        )
+        written = save_model(shrunk, output, external=external, protect=protect)
+        result.written = [str(p) for p in written]
+        after.file_bytes = sum(p.stat().st_size for p in written)
+        lap("save")
+    if not result.passed:
+        bad = [o.name for o in report.outputs if not o.passed]
+        raise ValidationFailed(
+            f"the shrunk model does not match the reference on output(s) {bad}"
+            + (
+                "; it was written anyway (--keep-failed)."
+                if result.written
+                else "; nothing was written."
+            ),
+            result,
+        )
+    return result

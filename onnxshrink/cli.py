@@ -1,0 +1,206 @@
+"""`onnxshrink model.onnx [masks] -o small.onnx`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from onnxshrink import __version__
+from onnxshrink.errors import ShrinkError, ValidationFailed
+from onnxshrink.report import human, human_bytes, stats_table
+
+EXIT_INTERNAL = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="onnxshrink",
+        description="Shrink a masked (pruned) ONNX model to a physically smaller one that computes "
+        "exactly the same function, proven with onnxruntime.",
+        epilog="Exit codes: 0 done, 1 validation failed (nothing written), 2 bad input, 3 internal error.",
+    )
+    p.add_argument("model", help="ONNX model (.onnx); external data beside it is read")
+    p.add_argument(
+        "masks",
+        nargs="?",
+        help="masks file (.pt, .npz, .safetensors) of {initializer name: 0/1 mask}; "
+        "omit it to use the zeros already in the weights",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        help="where to write the shrunk model (weights go to <output>.data "
+        "when the input used external data, with --external-data, or past 2 GB)",
+    )
+    p.add_argument(
+        "--input-shapes",
+        nargs="+",
+        metavar="NAME:D0,D1",
+        default=[],
+        help="shapes for validation inputs with dynamic dims, e.g. input:1,3,224,224",
+    )
+    p.add_argument(
+        "--inputs", metavar="FILE.npz", help="validation inputs to use besides the random ones"
+    )
+    p.add_argument(
+        "--no-validate", action="store_true", help="skip the onnxruntime proof (not recommended)"
+    )
+    p.add_argument(
+        "--draws", type=int, default=3, help="random input draws for validation (default 3)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument(
+        "--rtol",
+        type=float,
+        default=1e-5,
+        help="allowed error relative to the output's magnitude (default 1e-5)",
+    )
+    p.add_argument(
+        "--atol",
+        type=float,
+        default=0.0,
+        help="allowed absolute error on top of --rtol (default 0)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="onnxruntime execution provider (default cpu)",
+    )
+    p.add_argument(
+        "--keep-failed", action="store_true", help="write the output even when validation fails"
+    )
+    p.add_argument(
+        "--allow-unbound", action="store_true", help="go on when some masks match no initializer"
+    )
+    p.add_argument(
+        "--external-data", action="store_true", help="write the weights to <output>.data"
+    )
+    p.add_argument(
+        "--report", metavar="FILE.json", help="write everything printed, as data, to this JSON file"
+    )
+    p.add_argument(
+        "--explain", action="store_true", help="list every zeroed slice that was kept, and why"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="print more (and tracebacks on errors)"
+    )
+    p.add_argument("--version", action="version", version=f"onnxshrink {__version__}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
+    result = None
+    try:
+        from onnxshrink.api import shrink
+        from onnxshrink.validate import load_inputs, parse_shapes
+
+        shapes = parse_shapes(args.input_shapes)
+        inputs = [load_inputs(args.inputs)] if args.inputs else None
+        say(
+            f"[I] onnxshrink {__version__} | model {args.model}"
+            + (f" | masks {args.masks}" if args.masks else "")
+        )
+        try:
+            result = shrink(
+                args.model,
+                args.masks,
+                args.output,
+                validate=not args.no_validate,
+                input_shapes=shapes,
+                inputs=inputs,
+                draws=args.draws,
+                seed=args.seed,
+                rtol=args.rtol,
+                atol=args.atol,
+                provider=args.provider,
+                keep_failed=args.keep_failed,
+                allow_unbound=args.allow_unbound,
+                external_data=True if args.external_data else None,
+                log=lambda m: say(f"[I] {m}"),
+            )
+        except ValidationFailed as exc:
+            result = exc.result
+            _print_result(result, args, say)
+            print(f"[E] {exc}", file=sys.stderr)
+            return exc.exit_code
+        _print_result(result, args, say)
+        return 0
+    except ShrinkError as exc:
+        print(f"[E] {exc}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("[E] interrupted; nothing was written.", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so plainly, keep the traceback for -v
+        print(
+            f"[E] internal error: {type(exc).__name__}: {exc}. Nothing was written. Please report this "
+            "with the model (or run with -v for the traceback).",
+            file=sys.stderr,
+        )
+        if args.verbose:
+            traceback.print_exc()
+        return EXIT_INTERNAL
+    finally:
+        if args.report and result is not None:
+            Path(args.report).write_text(json.dumps(result.to_dict(), indent=2))
+
+
+def _print_result(result, args, say) -> None:
+    if result.validation is not None:
+        for line in result.validation.lines():
+            say(line)
+    else:
+        say("[W] validation skipped (--no-validate): the output is not proven equivalent")
+    for line in stats_table(result.before, result.after, result.timings):
+        say(line)
+    if result.folds:
+        n = sum(f.channels for f in result.folds)
+        maps = sum(f.into == "constant map" for f in result.folds)
+        say(
+            f"[I] folded {n} constant channel(s) into {len(result.folds)} consumer(s)"
+            + (f" ({maps} as constant maps, for zero padding at the borders)" if maps else "")
+        )
+    if result.barriers:
+        ops = sorted({b["op"] for b in result.barriers})
+        say(
+            f"[W] {len(result.barriers)} node(s) keep all their channels (unsupported: {', '.join(ops)}); --explain lists them"
+        )
+    kept = sum(g.count for g in result.kept_zeroed)
+    if kept:
+        say(
+            f"[I] {kept} zeroed slice(s) had to be kept"
+            + ("" if args.explain else "; --explain says why")
+        )
+    if args.explain:
+        for g in result.kept_zeroed:
+            say(f"[I]     {g.tensor} (axis {g.axis}): {g.count} kept: {g.reason}")
+        for b in result.barriers:
+            say(f"[I]     node {b['node']!r} ({b['op']}): {b['reason']}")
+    zeros = sum(s.zeros * s.elements for s in result.sparsity)
+    total = sum(s.elements for s in result.sparsity)
+    if total and zeros:
+        say(
+            f"[I] {human(zeros)} zero weights remain inside kept channels (unstructured sparsity shrinking cannot remove)"
+        )
+        if args.explain or args.verbose:
+            for s in result.sparsity:
+                say(f"[I]     {s.tensor}: {s.zeros:.1%} zeros of {human(s.elements)}")
+    if result.written:
+        say(f"[I] saved {', '.join(result.written)} ({human_bytes(result.after.file_bytes)})")
+    elif args.output is None:
+        say("[W] no -o given: nothing written")
+    elif not result.passed:
+        say(f"[E] {args.output} not written: validation failed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Errors onnxshrink reports to its users (no traceback; the CLI maps them to exit codes)."""
+
+from __future__ import annotations
+
+
+class ShrinkError(Exception):
+    """Bad input from the user: the message names the file, node or mask at fault and what to do."""
+
+    exit_code = 2
+
+
+class ValidationFailed(ShrinkError):
+    """The shrunk model does not match the reference within tolerance; nothing was written."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result

@@ -1,0 +1,112 @@
+"""Read masks files into a flat {name: array} dict (.pt, .npz, .safetensors)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from onnxshrink.errors import ShrinkError
+
+PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def read_masks(path: str | Path) -> dict[str, np.ndarray]:
+    p = Path(path)
+    if not p.exists():
+        raise ShrinkError(
+            f"{p}: no such masks file. Give a .pt, .npz or .safetensors file of masks, or no masks file to use the zeros already in the model."
+        )
+    suffix = p.suffix.lower()
+    if suffix in PT_SUFFIXES:
+        raw = _read_pt(p)
+    elif suffix == ".npz":
+        raw = _read_npz(p)
+    elif suffix == ".safetensors":
+        raw = _read_safetensors(p)
+    else:
+        raise ShrinkError(
+            f"{p}: unknown masks format '{suffix}'. Use .pt (torch.save of a dict of tensors), .npz or .safetensors."
+        )
+    if not isinstance(raw, Mapping) or not raw:
+        raise ShrinkError(
+            f"{p}: expected a non-empty dict of mask tensors, found {type(raw).__name__}."
+        )
+    return flatten(raw, p)
+
+
+def _read_pt(p: Path):
+    import torch
+
+    try:
+        return torch.load(str(p), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ShrinkError(
+            f"{p}: holds objects other than tensors and plain containers, which onnxshrink will "
+            "not load: masks are read with torch.load(weights_only=True) so that a file cannot run "
+            "code. Save a plain dict instead: torch.save({name: mask_tensor}, path)."
+        ) from exc
+    except Exception as exc:
+        raise ShrinkError(
+            f"{p}: cannot be read as a torch file ({str(exc).strip().splitlines()[0][:200]})."
+        ) from exc
+
+
+def _read_npz(p: Path):
+    try:
+        with np.load(str(p), allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except Exception as exc:
+        raise ShrinkError(
+            f"{p}: cannot be read as a .npz file of arrays ({str(exc).strip()[:200]})."
+        ) from exc
+
+
+def _read_safetensors(p: Path):
+    try:
+        from safetensors.numpy import load_file
+    except ImportError as exc:
+        raise ShrinkError(
+            f"{p}: reading .safetensors needs the 'safetensors' package (pip install safetensors)."
+        ) from exc
+    try:
+        return load_file(str(p))
+    except Exception as exc:
+        raise ShrinkError(
+            f"{p}: cannot be read as a .safetensors file ({str(exc).strip()[:200]})."
+        ) from exc
+
+
+def to_numpy(v) -> np.ndarray | None:
+    if isinstance(v, np.ndarray):
+        return v
+    if hasattr(v, "detach") and hasattr(v, "numpy"):  # torch tensor
+        t = v.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            t = t.float()
+        return t.numpy()
+    if isinstance(v, int | float | bool):
+        return np.asarray(v)
+    return None
+
+
+def flatten(raw: Mapping, source: Path | str) -> dict[str, np.ndarray]:
+    """Nested dicts become dotted names ({"conv1": {"weight": m}} -> "conv1.weight")."""
+    out: dict[str, np.ndarray] = {}
+
+    def walk(prefix: str, obj) -> None:
+        if isinstance(obj, Mapping):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+            return
+        arr = to_numpy(obj)
+        if arr is None:
+            raise ShrinkError(
+                f"{source}: entry '{prefix}' is a {type(obj).__name__}, not a tensor or array."
+            )
+        out[prefix] = arr
+
+    walk("", raw)
+    return out

@@ -1,0 +1,90 @@
+"""Terse helpers over onnx-graphsurgeon graphs: shapes, constant inputs, attribute-or-input reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+Dim = int | str | None
+
+
+def dims(t: gs.Tensor) -> list[Dim] | None:
+    """The tensor's dims (int, symbolic name or None), or None when even the rank is unknown."""
+    if t.shape is None:
+        return None
+    return [d if isinstance(d, int | str) or d is None else None for d in t.shape]
+
+
+def rank(t: gs.Tensor) -> int | None:
+    d = dims(t)
+    return None if d is None else len(d)
+
+
+def static_dim(t: gs.Tensor, axis: int) -> int | None:
+    d = dims(t)
+    if d is None or not -len(d) <= axis < len(d):
+        return None
+    v = d[axis]
+    return v if isinstance(v, int) and v >= 0 else None
+
+
+def is_static(t: gs.Tensor) -> bool:
+    d = dims(t)
+    return d is not None and all(isinstance(v, int) and v >= 0 for v in d)
+
+
+def is_constant(t: gs.Tensor | None) -> bool:
+    return isinstance(t, gs.Constant)
+
+
+def present(node: gs.Node, i: int) -> gs.Tensor | None:
+    """Input i of node, or None when it is absent or given as the empty name (optional input)."""
+    if i >= len(node.inputs):
+        return None
+    t = node.inputs[i]
+    if t is None or (isinstance(t, gs.Variable) and t.name == ""):
+        return None
+    return t
+
+
+def producer(t: gs.Tensor) -> gs.Node | None:
+    return t.inputs[0] if t.inputs else None
+
+
+def consumers(t: gs.Tensor) -> list[gs.Node]:
+    return list(t.outputs)
+
+
+def norm_axis(axis: int, r: int) -> int:
+    return axis + r if axis < 0 else axis
+
+
+def norm_axes(axes: Iterable[int], r: int) -> list[int]:
+    return sorted({norm_axis(int(a), r) for a in axes})
+
+
+def int_list(values: np.ndarray | Sequence[int] | None) -> list[int] | None:
+    if values is None:
+        return None
+    return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def is_float_dtype(dtype) -> bool:
+    try:
+        return np.issubdtype(np.dtype(dtype), np.floating)
+    except TypeError:
+        # ml_dtypes (bfloat16, float8) are not numpy floating subtypes but are floats.
+        return "float" in str(dtype)
+
+
+def param_count(graph: gs.Graph) -> int:
+    """Number of floating-point parameters: the elements of float initializers."""
+    seen: set[str] = set()
+    total = 0
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Constant) and t.name not in seen and is_float_dtype(t.dtype):
+            seen.add(t.name)
+            total += int(np.prod(t.shape, dtype=np.int64))
+    return total

@@ -1,0 +1,317 @@
+"""Concat, Split, Slice, Gather: index ranges of one tensor are index ranges of another."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
+from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.ops.common import const_or_live, couple_map, ints
+from onnxshrink.ops.registry import Handler, register
+
+
+def _expand_axis(m: np.ndarray, v: np.ndarray, axis: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    ms = list(m.shape)
+    ms[axis] = n
+    vs = list(v.shape)
+    vs[axis] = n
+    return np.broadcast_to(m, ms), np.broadcast_to(v, vs)
+
+
+# ------------------------------------------------------------------ Concat
+@register("Concat")
+class Concat(Handler):
+    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+        y = node.outputs[0]
+        r = ir.rank(y)
+        if r is None or all(ctx.const(t) is None for t in node.inputs):
+            return None
+        axis = ir.norm_axis(int(node.attrs["axis"]), r)
+        parts = []
+        for t in node.inputs:
+            n = ir.static_dim(t, axis)
+            if n is None or ir.rank(t) != r:
+                return None
+            m, v = const_or_live(ctx, t, r)
+            m, v = np.broadcast_arrays(m, v)
+            parts.append(_expand_axis(m, v, axis, n))
+        common = [max(p[0].shape[a] for p in parts) for a in range(r)]
+        ms, vs = [], []
+        for m, v in parts:
+            target = list(common)
+            target[axis] = m.shape[axis]
+            ms.append(np.broadcast_to(m, target))
+            vs.append(np.broadcast_to(v, target))
+        return [compress(np.concatenate(ms, axis), np.concatenate(vs, axis))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        y = node.outputs[0]
+        r = ir.rank(y)
+        if r is None:
+            ks.barrier(node)
+            return
+        axis = ir.norm_axis(int(node.attrs["axis"]), r)
+        off = 0
+        for t in node.inputs:
+            ks.demand(t, pin=False)
+            for a in range(r):
+                if a != axis:
+                    ks.couple(t, a, y, a, site=node)
+            n = ks.size(t, axis)
+            if n is None or ks.size(y, axis) is None:
+                ks.pin(t, axis)
+                ks.pin(y, axis)
+                continue
+            couple_map(ks, t, axis, y, axis, np.arange(n) + off)
+            off += n
+
+    def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
+        return tuple(range(len(node.inputs)))
+
+    def rewrite(self, node: gs.Node, rw) -> None:
+        axis = ir.norm_axis(int(node.attrs["axis"]), ir.rank(node.outputs[0]))
+        node.inputs[:] = [t for t in node.inputs if rw.kept_count(t, axis) != 0]
+
+
+# ------------------------------------------------------------------ Split
+def split_sizes(node: gs.Node, reader, x: gs.Tensor) -> tuple[int, list[int]] | None:
+    r = ir.rank(x)
+    if r is None:
+        return None
+    axis = ir.norm_axis(int(node.attrs.get("axis", 0)), r)
+    sizes = ints(node, reader, "split", 1)
+    if sizes is None:
+        if "split" not in node.attrs and ir.present(node, 1) is not None:
+            return None
+        n = ir.static_dim(x, axis)
+        k = len(node.outputs)
+        if n is None:
+            return None
+        step = -(-n // k)  # opset 18: the last chunk may be smaller
+        sizes = [min(step, n - step * i) for i in range(k)]
+    return axis, sizes
+
+
+@register("Split")
+class Split(Handler):
+    def constants(self, node, ctx):
+        x = node.inputs[0]
+        c, _r, ss = ctx.const(x), ir.rank(x), split_sizes(node, ctx, x)
+        if c is None or ss is None:
+            return None
+        axis, sizes = ss
+        m, v = _expand_axis(*np.broadcast_arrays(c.mask, c.value), axis, sum(sizes))
+        cuts = np.cumsum(sizes)[:-1]
+        return [
+            compress(a, b)
+            for a, b in zip(np.split(m, cuts, axis), np.split(v, cuts, axis), strict=True)
+        ]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x = node.inputs[0]
+        ss = split_sizes(node, ks, x)
+        if ss is None or ks.size(x, ss[0]) is None:
+            ks.barrier(node)
+            return
+        axis, sizes = ss
+        ks.demand(x, pin=False)
+        for t in node.inputs[1:]:
+            ks.demand(t)
+        off = 0
+        why = Reason(
+            "structure", node.name, node.op, "each part of a Split keeps at least one index"
+        )
+        for y, n in zip(node.outputs, sizes, strict=True):
+            for a in range(ir.rank(x)):
+                if a != axis:
+                    ks.couple(x, a, y, a, site=node)
+            couple_map(ks, y, axis, x, axis, np.arange(n) + off)
+            k = ks.kept(y, axis)
+            if k is not None and len(k) and not k.any():
+                ks.keep(y, axis, [0], why)
+            off += n
+
+    def rewrite(self, node: gs.Node, rw) -> None:
+        x = node.inputs[0]
+        axis, sizes = split_sizes(node, rw, x)
+        new = [rw.kept_count(y, axis) for y in node.outputs]
+        if new == sizes:
+            return
+        node.attrs.pop("num_outputs", None)
+        if "split" in node.attrs or rw.opset < 13:
+            node.attrs["split"] = new
+        elif ir.present(node, 1) is not None:
+            rw.replace_input(node, 1, np.asarray(new, dtype=np.int64))
+        else:
+            node.inputs.append(rw.constant(np.asarray(new, dtype=np.int64), "split"))
+
+
+# ------------------------------------------------------------------ Slice
+def slice_ranges(
+    node: gs.Node, reader, x: gs.Tensor
+) -> dict[int, tuple[int, int, int, np.ndarray | None]] | None:
+    """Per sliced axis: (start, end, step, indices read or None when the axis is dynamic)."""
+    r = ir.rank(x)
+    if r is None:
+        return None
+    if "starts" in node.attrs:  # opset < 10
+        starts, ends = list(node.attrs["starts"]), list(node.attrs["ends"])
+        axes = list(node.attrs.get("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = ints(node, reader, "", 1), ints(node, reader, "", 2)
+        axes, steps = ints(node, reader, "", 3), ints(node, reader, "", 4)
+        if starts is None or ends is None:
+            return None
+        if (axes is None and ir.present(node, 3) is not None) or (
+            steps is None and ir.present(node, 4) is not None
+        ):
+            return None
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+    out = {}
+    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
+        a = ir.norm_axis(int(a), r)
+        n = ir.static_dim(x, a)
+        if n is None:
+            out[a] = (s, e, st, None)
+            continue
+        if st > 0:
+            s = min(max(s + n if s < 0 else s, 0), n)
+            e = min(max(e + n if e < 0 else e, 0), n)
+        else:
+            s = min(max(s + n if s < 0 else s, -1), n - 1)
+            e = min(max(e + n if e < 0 else e, -1), n - 1)
+        out[a] = (s, e, st, np.arange(s, e, st))
+    return out
+
+
+@register("Slice")
+class Slice(Handler):
+    def constants(self, node, ctx):
+        x = node.inputs[0]
+        c, rng = ctx.const(x), slice_ranges(node, ctx, x)
+        if c is None or rng is None:
+            return None
+        m, v = np.broadcast_arrays(c.mask, c.value)
+        for a, (_, _, _, idx) in rng.items():
+            if m.shape[a] == 1:
+                continue  # uniform along the axis: any slice of it is the same
+            if idx is None:
+                return None
+            m, v = np.take(m, idx, axis=a), np.take(v, idx, axis=a)
+        return [compress(np.array(m), np.array(v))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        rng = slice_ranges(node, ks, x)
+        if rng is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        for t in node.inputs[1:]:
+            ks.demand(t)
+        for a in range(ir.rank(x)):
+            if a not in rng:
+                ks.couple(x, a, y, a, site=node)
+                continue
+            _, _, step, idx = rng[a]
+            if idx is None or step != 1:
+                ks.pin(x, a, Reason("structure", node.name, node.op, "strided or dynamic slice"))
+                ks.pin(y, a)
+            else:
+                couple_map(ks, y, a, x, a, idx)
+
+    def rewrite(self, node: gs.Node, rw) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        rng = slice_ranges(node, rw, x)
+        changes = {}
+        for a, (s, _e, step, idx) in rng.items():
+            kx = rw.kept(x, a)
+            if idx is None or step != 1 or kx is None or kx.all():
+                continue
+            start = int(kx[:s].sum())
+            changes[a] = (start, start + rw.kept_count(y, a))
+        if not changes:
+            return
+        if "starts" in node.attrs:
+            axes = [
+                ir.norm_axis(int(a), ir.rank(x))
+                for a in node.attrs.get("axes", range(len(node.attrs["starts"])))
+            ]
+            for k, a in enumerate(axes):
+                if a in changes:
+                    node.attrs["starts"][k], node.attrs["ends"][k] = changes[a]
+            return
+        starts, ends = ints(node, rw, "", 1), ints(node, rw, "", 2)
+        axes = ints(node, rw, "", 3) or list(range(len(starts)))
+        for k, a in enumerate(axes):
+            a = ir.norm_axis(int(a), ir.rank(x))
+            if a in changes:
+                starts[k], ends[k] = changes[a]
+        rw.replace_input(node, 1, np.asarray(starts, dtype=np.int64))
+        rw.replace_input(node, 2, np.asarray(ends, dtype=np.int64))
+
+
+# ------------------------------------------------------------------ Gather
+@register("Gather")
+class Gather(Handler):
+    def constants(self, node, ctx):
+        x, i_t = node.inputs[0], node.inputs[1]
+        c, idx, r = ctx.const(x), ctx.value(i_t), ir.rank(x)
+        if c is None or idx is None or r is None:
+            return None
+        axis = ir.norm_axis(int(node.attrs.get("axis", 0)), r)
+        m, v = np.broadcast_arrays(c.mask, c.value)
+        if m.shape[axis] == 1:
+            shape_m = m.shape[:axis] + (1,) * idx.ndim + m.shape[axis + 1 :]
+            return [ConstInfo(m.reshape(shape_m), v.reshape(shape_m))]
+        n = ir.static_dim(x, axis)
+        idx = np.where(idx < 0, idx + n, idx)
+        return [compress(np.take(m, idx, axis=axis), np.take(v, idx, axis=axis))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, i_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        r, ri = ir.rank(x), ir.rank(i_t)
+        if r is None or ri is None:
+            ks.barrier(node)
+            return
+        axis = ir.norm_axis(int(node.attrs.get("axis", 0)), r)
+        ks.demand(x, pin=False)
+        for a in range(r):
+            if a < axis:
+                ks.couple(x, a, y, a, site=node)
+            elif a > axis:
+                ks.couple(x, a, y, a - 1 + ri, site=node)
+        idx = ks.value(i_t)
+        n = ks.size(x, axis)
+        if idx is not None and n is not None and idx.ndim <= 1:
+            ks.demand(i_t)
+            idx = np.where(idx < 0, idx + n, idx)
+            if idx.ndim == 0:
+                ks.keep(x, axis, [int(idx)])
+            else:
+                couple_map(ks, y, axis, x, axis, idx)
+        else:
+            ks.demand(i_t, pin=False)
+            ks.pin(x, axis)
+            for k in range(ri):
+                ks.couple(i_t, k, y, axis + k, site=node)
+
+    def rewrite(self, node: gs.Node, rw) -> None:
+        x, i_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        idx = rw.value(i_t)
+        r = ir.rank(x)
+        axis = ir.norm_axis(int(node.attrs.get("axis", 0)), r)
+        kx = rw.kept(x, axis)
+        if idx is None or kx is None or idx.ndim > 1 or kx.all():
+            return
+        n = len(kx)
+        idx = np.where(idx < 0, idx + n, idx)
+        pos = np.cumsum(kx) - 1
+        if idx.ndim == 1:
+            ky = rw.kept(y, axis)
+            idx = idx[ky] if ky is not None else idx
+        rw.replace_input(node, 1, pos[idx].astype(rw.value(i_t).dtype))

@@ -1,0 +1,222 @@
+"""Conv and ConvTranspose (1d/2d/3d, grouped, depthwise): channels through weights, constants folded.
+
+An output channel depends on the input channels of its group whose weights are not all zero.
+An input channel no kept output reads is removable; so is a constant input channel, whose
+contribution (it is input-independent) is added to the bias, or as a constant map after the
+conv when zero padding makes it vary at the borders (static shapes only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress, static_batch1
+from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.ops.common import along, channel_expand
+from onnxshrink.ops.registry import Handler, register
+
+
+class _ConvBase(Handler):
+    transposed = False
+
+    # -------------------------------------------------------------- structure
+    def layout(self, node: gs.Node, w: np.ndarray) -> tuple[int, int, int]:
+        """(group, input channels, output channels)."""
+        g = int(node.attrs.get("group", 1))
+        if self.transposed:
+            return g, w.shape[0], w.shape[1] * g
+        return g, w.shape[1] * g, w.shape[0]
+
+    def depends(self, node: gs.Node, w: np.ndarray) -> np.ndarray:
+        """D[o, i]: output channel o reads input channel i with a non-zero weight."""
+        g, ci, co = self.layout(node, w)
+        cin, cout = ci // g, co // g
+        nz = (w != 0).reshape(w.shape[0], w.shape[1], -1).any(axis=2)
+        d = np.zeros((co, ci), dtype=bool)
+        for k in range(g):
+            o, i = slice(k * cout, (k + 1) * cout), slice(k * cin, (k + 1) * cin)
+            d[o, i] = nz[i].T if self.transposed else nz[o]
+        return d
+
+    def no_padding(self, node: gs.Node) -> bool:
+        auto = node.attrs.get("auto_pad", "NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        return auto in ("NOTSET", "VALID") and not any(node.attrs.get("pads", []) or [])
+
+    def absorbable(self, node: gs.Node, reader, x: gs.Tensor, ci: int) -> np.ndarray:
+        """Input channels whose constant contribution can be folded exactly."""
+        c = reader.const(x)
+        if c is None:
+            return np.zeros(ci, bool)
+        const = c.slice_constant(1, ci)
+        if static_batch1(x) is not None:
+            return const
+        if not self.transposed and self.no_padding(node):
+            return c.slice_uniform(1, ci)  # dynamic spatial size: only a border-free uniform map
+        return np.zeros(ci, bool)
+
+    # -------------------------------------------------------------- forward
+    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+        x, wt, bt = node.inputs[0], node.inputs[1], ir.present(node, 2)
+        w = ctx.value(wt)
+        r = ir.rank(node.outputs[0])
+        if w is None or r is None:
+            return None
+        g, ci, co = self.layout(node, w)
+        cx = ctx.const(x)
+        in_const = cx.slice_constant(1, ci) if cx is not None else np.zeros(ci, bool)
+        d = self.depends(node, w)
+        out_const = ~(d & ~in_const[None, :]).any(axis=1)
+        if not out_const.any():
+            return None
+        b = ctx.value(bt) if bt is not None else np.zeros(co, dtype=w.dtype)
+        reads_const = (d & in_const[None, :]).any(axis=1)
+        if not (out_const & reads_const).any():
+            # Only zeroed filters: the channel is the bias.
+            return [ConstInfo(along(out_const, 1, r), along(np.asarray(b), 1, r))]
+        xin = channel_expand(ctx, x)
+        if xin is None:
+            keep = out_const & ~reads_const
+            return (
+                [ConstInfo(along(keep, 1, r), along(np.asarray(b), 1, r))] if keep.any() else None
+            )
+        y = ctx.evaluate(node, [xin, w, b])[0]
+        mask = np.broadcast_to(along(out_const, 1, r), y.shape)
+        return [compress(mask, y)]
+
+    # -------------------------------------------------------------- backward
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, wt, bt, y = node.inputs[0], node.inputs[1], ir.present(node, 2), node.outputs[0]
+        w = ks.value(wt)
+        r = ir.rank(x)
+        if w is None or r is None or ir.rank(y) != r:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "weights are not constant"))
+            return
+        g, ci, co = self.layout(node, w)
+        if ks.size(x, 1) != ci or ks.size(y, 1) != co:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "channel count unknown"))
+            return
+        for t in (x, wt, bt):
+            ks.demand(t, pin=False)
+        ks.couple(x, 0, y, 0, site=node)
+        for a in range(2, r):
+            ks.pin(x, a)
+            ks.pin(y, a)
+            ks.pin(wt, a)
+        w_in, w_out = (0, 1) if self.transposed else (1, 0)
+        if bt is not None:
+            ks.couple(y, 1, bt, 0)
+        cin, cout = ci // g, co // g
+        if g == 1:
+            ks.couple(x, 1, wt, w_in)
+            ks.couple(y, 1, wt, w_out)
+        elif self.transposed:
+            ks.couple(x, 1, wt, 0)
+            ks.pin(wt, 1)
+        else:
+            ks.couple(y, 1, wt, 0)
+            ks.pin(wt, 1)
+
+        d = self.depends(node, w)
+        ky = ks.kept(y, 1)
+        absorb = self.absorbable(node, ks, x, ci)
+        reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
+        cx = ks.const(x)
+        if cx is not None:
+            stuck = reads & ~absorb & cx.slice_constant(1, ci)
+            if stuck.any():
+                ks.keep(
+                    x,
+                    1,
+                    stuck,
+                    Reason(
+                        "not-absorbable",
+                        node.name,
+                        node.op,
+                        "its contribution varies at the borders and the spatial size is dynamic",
+                    ),
+                )
+        ks.keep(x, 1, reads & ~absorb)
+        if g > 1:
+            self.keep_groups(node, ks, x, y, g, cin, cout)
+
+    def keep_groups(self, node, ks, x, y, g, cin, cout) -> None:
+        """Kept groups must all keep the same numbers of input and output channels."""
+        kx = ks.kept(x, 1).reshape(g, cin)
+        ky = ks.kept(y, 1).reshape(g, cout)
+        active = kx.any(axis=1) | ky.any(axis=1)
+        if not active.any():
+            return
+        n_in = max(1, int(kx[active].sum(axis=1).max()))
+        n_out = max(1, int(ky[active].sum(axis=1).max()))
+        why = Reason(
+            "structure", node.name, node.op, "every group of a grouped conv keeps as many channels"
+        )
+        add_x, add_y = np.zeros(g * cin, bool), np.zeros(g * cout, bool)
+        for k in np.flatnonzero(active):
+            for kept, n, add, size in ((kx[k], n_in, add_x, cin), (ky[k], n_out, add_y, cout)):
+                missing = n - int(kept.sum())
+                if missing > 0:
+                    free = np.flatnonzero(~kept)[:missing]
+                    add[k * size + free] = True
+        if add_x.any():
+            ks.keep(x, 1, add_x, why)
+        if add_y.any():
+            ks.keep(y, 1, add_y, why)
+
+    # -------------------------------------------------------------- rewrite
+    def rewrite(self, node: gs.Node, rw) -> None:
+        x, wt, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        w0 = rw.original(wt)
+        g, ci, co = self.layout(node, w0)
+        cin, cout = ci // g, co // g
+        kx, ky = rw.kept(x, 1), rw.kept(y, 1)
+        self.fold(node, rw, x, w0, kx, ky, ci)
+        if g == 1:
+            return
+        groups = ky.reshape(g, cout).any(axis=1)
+        node.attrs["group"] = int(groups.sum())
+        inner, outer = (cout, cin) if self.transposed else (cin, cout)
+        k_inner = (ky if self.transposed else kx).reshape(g, inner)
+        k_outer = (kx if self.transposed else ky).reshape(g, outer)
+        if inner > 1:
+            w = rw.current(wt)  # already sliced along the per-group (outer) axis
+            rows = [
+                np.flatnonzero(k_inner[k]) for k in range(g) for _ in range(int(k_outer[k].sum()))
+            ]
+            rw.replace_input(
+                node, 1, np.stack([w[n, r] for n, r in enumerate(rows)]) if rows else w[:, :0]
+            )
+
+    def fold(self, node, rw, x, w0, kx, ky, ci) -> None:
+        """Add the contribution of removed constant input channels to the bias (or a map)."""
+        c = rw.const(x)
+        if c is None:
+            return
+        d = self.depends(node, w0)[ky]
+        removed = ~kx & c.slice_constant(1, ci) & d.any(axis=0)
+        if not removed.any():
+            return
+        shape = static_batch1(x)
+        if shape is None:  # dynamic spatial dims: uniform channels, no padding (see absorbable)
+            k = node.attrs.get("kernel_shape") or list(w0.shape[2:])
+            dil = node.attrs.get("dilations") or [1] * len(k)
+            shape = [1, ci, *[(kk - 1) * dd + 1 for kk, dd in zip(k, dil, strict=True)]]
+        xin = np.zeros(shape, dtype=w0.dtype)
+        xin[:, removed] = np.broadcast_to(c.value, shape)[:, removed]
+        contrib = rw.evaluate(node, [xin, w0])[0][:, ky]
+        rw.fold_into_bias(
+            node, bias_index=2, contrib=contrib, channel_axis=1, n_channels=int(removed.sum())
+        )
+
+
+@register("Conv")
+class Conv(_ConvBase):
+    pass
+
+
+@register("ConvTranspose")
+class ConvTranspose(_ConvBase):
+    transposed = True

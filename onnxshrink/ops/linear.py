@@ -1,0 +1,226 @@
+"""Gemm and MatMul: features through a (usually constant) weight matrix, constants folded.
+
+Output feature n reads input feature k when the weight W[k, n] is non-zero. A removed input
+feature is either unread by every kept output or constant; a constant one adds
+`value * W[k, :]` to the output, which goes into the bias (Gemm's C, the Add that follows a
+MatMul, or a new Add).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
+from onnxshrink.analyze.keep import KeepState
+from onnxshrink.ops.common import const_or_live, couple_broadcast
+from onnxshrink.ops.registry import Handler, register
+
+
+def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:
+    """(live rows of A) x (non-zero pattern of B) > 0, as bools, with numpy broadcasting."""
+    return np.matmul(live_a.astype(np.float32), nz.astype(np.float32)) > 0
+
+
+@register("Gemm")
+class Gemm(Handler):
+    def axes(self, node: gs.Node) -> tuple[int, int, int, int]:
+        """(A's M axis, A's K axis, B's K axis, B's N axis)."""
+        a = (1, 0) if int(node.attrs.get("transA", 0)) else (0, 1)
+        b = (1, 0) if int(node.attrs.get("transB", 0)) else (0, 1)
+        return a + b
+
+    def oriented(self, node: gs.Node, b: np.ndarray) -> np.ndarray:
+        return b.T if int(node.attrs.get("transB", 0)) else b
+
+    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+        a_t, b_t, c_t = node.inputs[0], node.inputs[1], ir.present(node, 2)
+        b = ctx.value(b_t)
+        if b is None or ctx.const(a_t) is None:
+            return None
+        b = self.oriented(node, b)
+        am, av = const_or_live(ctx, a_t, 2)
+        if int(node.attrs.get("transA", 0)):
+            am, av = am.T, av.T
+        const = ~_live_product(~am, b != 0)
+        if not const.any():
+            return None
+        alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+        y = alpha * (np.where(am, av, 0).astype(np.float64) @ b.astype(np.float64))
+        c = ctx.value(c_t) if c_t is not None else None
+        if c is not None:
+            y = y + beta * c.astype(np.float64)
+        const, y = np.broadcast_arrays(const, y.astype(b.dtype))
+        return [compress(np.array(const), np.array(y))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        a_t, b_t, c_t, y = node.inputs[0], node.inputs[1], ir.present(node, 2), node.outputs[0]
+        a_m, a_k, b_k, b_n = self.axes(node)
+        for t in (a_t, b_t, c_t):
+            ks.demand(t, pin=False)
+        ks.couple(a_t, a_m, y, 0, site=node)
+        ks.couple(b_t, b_n, y, 1, site=node)
+        ks.couple(a_t, a_k, b_t, b_k, site=node)
+        if c_t is not None:
+            couple_broadcast(ks, node, y, c_t)
+        b = ks.value(b_t)
+        if b is not None:
+            nz = self.oriented(node, b) != 0
+            ky = ks.kept(y, 1)
+            reads = nz[:, ky].any(axis=1) if ky is not None else nz.any(axis=1)
+            ca = ks.const(a_t)
+            absorb = (
+                ca.slice_constant(a_k, len(reads)) if ca is not None else np.zeros(len(reads), bool)
+            )
+            ks.keep(a_t, a_k, reads & ~absorb)
+        else:
+            ks.pin(a_t, a_k)
+
+    def rewrite(self, node: gs.Node, rw) -> None:
+        a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        a_m, a_k, _, _ = self.axes(node)
+        b0 = rw.original(b_t)
+        ca = rw.const(a_t)
+        if b0 is None or ca is None:
+            return
+        b0 = self.oriented(node, b0)
+        ka, ky = rw.kept(a_t, a_k), rw.kept(y, 1)
+        removed = ~ka & (b0[:, ky] != 0).any(axis=1)
+        rw.check_removed_constant(node, ca, a_k, removed)
+        if not removed.any():
+            return
+        am, av = ca.mask, ca.value
+        if a_k == 0:
+            am, av = am.T, av.T
+        a_c = np.where(removed[None, :] & am, av, 0).astype(np.float64)
+        alpha = float(node.attrs.get("alpha", 1.0))
+        delta = alpha * (a_c @ b0[:, ky].astype(np.float64))  # [1 or M, kept N]
+        rw.fold_into_gemm_c(node, delta, int(removed.sum()))
+
+
+@register("MatMul")
+class MatMul(Handler):
+    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+        a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        ra, rb, ry = ir.rank(a_t), ir.rank(b_t), ir.rank(y)
+        if None in (ra, rb, ry) or ra < 1 or rb < 1:
+            return None
+        ca, cb = ctx.const(a_t), ctx.const(b_t)
+        if ca is None or cb is None:
+            return None
+        am, av = const_or_live(ctx, a_t, max(ra, 2))
+        bm, bv = const_or_live(ctx, b_t, max(rb, 2))
+        if ra == 1:
+            am, av = am.reshape(1, -1), av.reshape(1, -1)
+        if rb == 1:
+            bm, bv = bm.reshape(-1, 1), bv.reshape(-1, 1)
+        b_full, a_full = ctx.value(b_t), ctx.value(a_t)
+        if b_full is not None:
+            nz = bv != 0
+            const = ~_live_product(~am, nz)
+        elif a_full is not None:
+            const = ~_live_product(av != 0, ~bm)
+        else:
+            const = am.all(axis=-1, keepdims=True) & bm.all(axis=-2, keepdims=True)
+        if not const.any():
+            return None
+        out = np.matmul(np.where(am, av, 0), np.where(bm, bv, 0))
+        const, out = np.broadcast_arrays(const, out)
+        const, out = np.array(const), np.array(out)
+        if ra == 1:
+            const, out = const[..., 0, :], out[..., 0, :]
+        if rb == 1:
+            const, out = const[..., 0], out[..., 0]
+        if const.ndim != ry:
+            return None
+        return [compress(const, out)]
+
+    def roles(self, node: gs.Node) -> tuple[int, int, int, int | None, int | None] | None:
+        """(rank A, rank B, rank Y, Y's M axis, Y's N axis)."""
+        ra, rb, ry = ir.rank(node.inputs[0]), ir.rank(node.inputs[1]), ir.rank(node.outputs[0])
+        if None in (ra, rb, ry) or ra < 1 or rb < 1:
+            return None
+        y_m = (ry - 2 if rb >= 2 else ry - 1) if ra >= 2 else None
+        y_n = ry - 1 if rb >= 2 else None
+        return ra, rb, ry, y_m, y_n
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        roles = self.roles(node)
+        if roles is None:
+            ks.barrier(node)
+            return
+        ra, rb, ry, y_m, y_n = roles
+        ks.demand(a_t, pin=False)
+        ks.demand(b_t, pin=False)
+        nb = ry - (y_m is not None) - (y_n is not None)  # broadcast batch axes of Y
+        for t, r, mats in ((a_t, ra, 2), (b_t, rb, 2)):
+            for j in range(r - mats):  # batch axes of the operand, right-aligned to Y's batch axes
+                ya = nb - (r - mats) + j
+                if ks.size(t, j) == 1 and ks.size(y, ya) != 1:
+                    ks.pin(t, j)
+                else:
+                    ks.couple(t, j, y, ya, site=node)
+        if y_m is not None:
+            ks.couple(a_t, ra - 2, y, y_m, site=node)
+        if y_n is not None:
+            ks.couple(b_t, rb - 1, y, y_n, site=node)
+        b_k = rb - 2 if rb >= 2 else 0
+        ks.couple(a_t, ra - 1, b_t, b_k, site=node)
+        b, a = ks.value(b_t), ks.value(a_t)
+        if b is not None:
+            nz = self._nz_b(b, rb)
+            kn = ks.kept(y, y_n) if y_n is not None else None
+            reads = nz[:, kn].any(axis=1) if kn is not None else nz.any(axis=1)
+            ca = ks.const(a_t)
+            absorb = np.zeros(len(reads), bool)
+            if ca is not None and rb == 2:
+                absorb = ca.slice_constant(ra - 1, len(reads))
+            ks.keep(a_t, ra - 1, reads & ~absorb)
+        elif a is not None:
+            nz = self._nz_a(a, ra)
+            km = ks.kept(y, y_m) if y_m is not None else None
+            reads = nz[km].any(axis=0) if km is not None else nz.any(axis=0)
+            ks.keep(b_t, b_k, reads)
+        else:
+            ks.pin(a_t, ra - 1)
+
+    @staticmethod
+    def _nz_b(b: np.ndarray, rb: int) -> np.ndarray:
+        """[K, N] non-zero pattern of B (any over batch axes)."""
+        if rb == 1:
+            return (b != 0).reshape(-1, 1)
+        nz = b != 0
+        return nz.reshape(-1, *nz.shape[-2:]).any(axis=0)
+
+    @staticmethod
+    def _nz_a(a: np.ndarray, ra: int) -> np.ndarray:
+        if ra == 1:
+            return (a != 0).reshape(1, -1)
+        nz = a != 0
+        return nz.reshape(-1, *nz.shape[-2:]).any(axis=0)
+
+    def rewrite(self, node: gs.Node, rw) -> None:
+        a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        roles = self.roles(node)
+        b0 = rw.original(b_t)
+        ca = rw.const(a_t)
+        if roles is None or b0 is None or ca is None:
+            return
+        ra, rb, ry, y_m, y_n = roles
+        nz = self._nz_b(b0, rb)
+        kn = rw.kept(y, y_n) if y_n is not None else None
+        cols = kn if kn is not None else slice(None)
+        ka = rw.kept(a_t, ra - 1)
+        removed = ~ka & nz[:, cols].reshape(len(ka), -1).any(axis=1)
+        rw.check_removed_constant(node, ca, ra - 1, removed)
+        if not removed.any():
+            return
+        am, av = const_or_live(rw, a_t, ra)
+        a_c = np.where(am & removed.reshape((1,) * (ra - 1) + (-1,)), av, 0).astype(np.float64)
+        bsel = b0.reshape(len(ka), -1) if rb == 1 else b0[..., cols]
+        delta = np.matmul(a_c, bsel.astype(np.float64))
+        if rb == 1:
+            delta = delta[..., 0]
+        rw.add_after(node, 0, delta.astype(b0.dtype), int(removed.sum()))

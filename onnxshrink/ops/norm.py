@@ -1,0 +1,138 @@
+"""Normalizations. BatchNorm and InstanceNorm act per channel; the others mix the axes they
+normalize over (their statistics see every index), so those axes keep everything."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
+from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.ops.common import along, channelwise_constants, const_or_live, couple_same, ints
+from onnxshrink.ops.registry import Handler, register
+
+
+@register("BatchNormalization")
+class BatchNorm(Handler):
+    """y = scale * (x - mean) / sqrt(var + eps) + bias, per channel (axis 1)."""
+
+    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(y)
+        scale = ctx.value(node.inputs[1])
+        if r is None or scale is None:
+            return None
+        xm, xv = const_or_live(ctx, x, r)
+        mask = xm | along(scale.reshape(-1) == 0, 1, r)  # zero scale: the channel is the bias
+        if not mask.any():
+            return None
+        params = [ctx.value(t) for t in node.inputs[1:5]]
+        if any(p is None for p in params):
+            return None
+        out = ctx.evaluate(_inference_copy(node), [np.where(xm, xv, 0).astype(xv.dtype), *params])[
+            0
+        ]
+        mask, out = np.broadcast_arrays(mask, out)
+        return [compress(np.array(mask), np.array(out))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        if any(t.outputs for t in node.outputs[1:]):
+            ks.barrier(
+                node, Reason("barrier", node.name, node.op, "training-mode outputs are used")
+            )
+            return
+        x, y = node.inputs[0], node.outputs[0]
+        ks.demand(x, pin=False)
+        couple_same(ks, node, x, y)
+        for p in node.inputs[1:5]:
+            ks.demand(p, pin=False)
+            ks.couple(y, 1, p, 0)
+
+
+def _inference_copy(node: gs.Node) -> gs.Node:
+    return gs.Node(
+        node.op,
+        attrs={k: v for k, v in node.attrs.items() if k != "training_mode"},
+        inputs=list(node.inputs),
+        outputs=list(node.outputs[:1]),
+    )
+
+
+@register("InstanceNormalization")
+class InstanceNorm(Handler):
+    """Statistics per (sample, channel) over the spatial axes: channels stay independent."""
+
+    def constants(self, node, ctx):
+        return channelwise_constants(ctx, node, invariant=False)
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        if r is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        ks.couple(x, 0, y, 0, site=node)
+        ks.couple(x, 1, y, 1, site=node)
+        for a in range(2, r):
+            ks.pin(x, a)
+            ks.pin(y, a)
+        for p in node.inputs[1:3]:
+            ks.demand(p, pin=False)
+            ks.couple(y, 1, p, 0)
+
+
+def normalized_axes(node: gs.Node, reader, r: int, opset: int) -> list[int] | None:
+    op = node.op
+    if op in ("Softmax", "LogSoftmax", "Hardmax"):
+        axis = ir.norm_axis(int(node.attrs.get("axis", -1 if opset >= 13 else 1)), r)
+        return [axis] if opset >= 13 else list(range(axis, r))  # before 13: flattened from axis
+    if op in ("LayerNormalization", "RMSNormalization"):
+        return list(range(ir.norm_axis(int(node.attrs.get("axis", -1)), r), r))
+    if op == "LpNormalization":
+        return [ir.norm_axis(int(node.attrs.get("axis", -1)), r)]
+    if op == "GroupNormalization":
+        return list(range(1, r))
+    if op == "LRN":
+        return [1]
+    if op == "MeanVarianceNormalization":
+        axes = ints(node, reader, "axes", 99)
+        return ir.norm_axes(axes if axes is not None else [0, 2, 3], r)
+    return None
+
+
+@register(
+    "Softmax",
+    "LogSoftmax",
+    "Hardmax",
+    "LayerNormalization",
+    "RMSNormalization",
+    "LpNormalization",
+    "GroupNormalization",
+    "LRN",
+    "MeanVarianceNormalization",
+)
+class AxisNormalization(Handler):
+    """Mixes the normalized axes: they keep every index; the other axes pass straight through."""
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        axes = normalized_axes(node, ks, r, ks.opset) if r is not None else None
+        if axes is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        couple_same(ks, node, x, y)
+        why = Reason("normalization", node.name, node.op)
+        for a in axes:
+            ks.pin(x, a, why)
+            ks.pin(y, a, why)
+        for t in node.inputs[1:]:
+            ks.demand(t)  # scale / bias over the normalized axes: kept whole
+        for extra in node.outputs[1:]:  # saved mean / inverse std-dev (LayerNormalization)
+            if ir.rank(extra) == r:
+                for a in range(r):
+                    if a not in axes:
+                        ks.couple(extra, a, y, a)

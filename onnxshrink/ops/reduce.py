@@ -1,0 +1,101 @@
+"""Reductions: the reduced axes combine every index and keep them all; the others pass through."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
+from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.ops.common import ints
+from onnxshrink.ops.registry import Handler, register
+
+REDUCE = (
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+)
+_UNIFORM_SAFE = ("ReduceMean", "ReduceMax", "ReduceMin")  # uniform in -> same value out
+
+
+def reduced_axes(node: gs.Node, reader, r: int) -> list[int] | None:
+    """Axes reduced over; None when they are not known statically."""
+    if (
+        "axes" not in node.attrs
+        and ir.present(node, 1) is not None
+        and reader.value(node.inputs[1]) is None
+    ):
+        return None
+    axes = ints(node, reader, "axes", 1)
+    if not axes:
+        if int(node.attrs.get("noop_with_empty_axes", 0)):
+            return []
+        return list(range(r))
+    return ir.norm_axes(axes, r)
+
+
+@register(*REDUCE)
+class Reduce(Handler):
+    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+        x = node.inputs[0]
+        c, r = ctx.const(x), ir.rank(x)
+        if c is None or r is None:
+            return None
+        axes = reduced_axes(node, ctx, r)
+        if axes is None:
+            return None
+        keepdims = bool(int(node.attrs.get("keepdims", 1)))
+        shape = list(c.value.shape)
+        for a in axes:
+            n = ir.static_dim(x, a)
+            if n is None:
+                if node.op not in _UNIFORM_SAFE or c.value.shape[a] != 1 or c.mask.shape[a] != 1:
+                    return None
+            else:
+                shape[a] = n
+        mask = np.broadcast_to(c.mask, np.broadcast_shapes(c.mask.shape, tuple(shape)))
+        mask = mask.all(axis=tuple(axes), keepdims=keepdims)
+        if not mask.any():
+            return None
+        xin = np.broadcast_to(c.value, np.broadcast_shapes(c.value.shape, tuple(shape)))
+        xin = np.where(np.broadcast_to(c.mask, xin.shape), xin, np.zeros((), xin.dtype))
+        ins = [xin, *[ctx.value(t) if t is not None else None for t in node.inputs[1:]]]
+        out = ctx.evaluate(node, ins)[0]
+        mask, out = np.broadcast_arrays(mask, out)
+        return [compress(np.array(mask), np.array(out))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        axes = reduced_axes(node, ks, r) if r is not None else None
+        if axes is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        for t in node.inputs[1:]:
+            ks.demand(t)
+        keepdims = bool(int(node.attrs.get("keepdims", 1)))
+        why = Reason(
+            "structure",
+            node.name,
+            node.op,
+            "a reduction combines every index of the axes it reduces",
+        )
+        j = 0
+        for a in range(r):
+            if a in axes:
+                ks.pin(x, a, why)
+                if keepdims:
+                    ks.pin(y, a)
+                    j += 1
+            else:
+                ks.couple(x, a, y, j, site=node)
+                j += 1

@@ -1,0 +1,492 @@
+"""Layout ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, ConstantOfShape.
+
+Reshape and Flatten split and merge axes. Matching input and output dims gives groups of axes
+with equal products; within a group the flat index space is shared, so the kept elements must
+form a product set on both sides (e.g. whole heads times whole head dims, or whole channels
+times every spatial position when flattening into a Linear). Target shapes that name a pruned
+size are rewritten, whether constant or computed from Shape.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
+from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.shapes import DimRef, Opaque
+from onnxshrink.ops.common import couple_broadcast, ints
+from onnxshrink.ops.registry import Handler, register
+
+Group = tuple[list[int], list[int]]
+
+
+# ------------------------------------------------------------------ axis groups
+def reshape_groups(a: list, b: list) -> list[Group] | None:
+    """Pair input dims `a` with output dims `b` into groups of equal product.
+
+    Static dims are ints; any other value is a token for a dynamic size that must meet an
+    equal token on the other side, alone. None when no consistent grouping exists."""
+    groups: list[Group] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        ai = a[i] if i < len(a) else None
+        bj = b[j] if j < len(b) else None
+        if ai == 1 and (bj is None or not isinstance(bj, int) or bj != 1):
+            groups.append(([i], []))
+            i += 1
+            continue
+        if bj == 1 and (ai is None or not isinstance(ai, int) or ai != 1):
+            groups.append(([], [j]))
+            j += 1
+            continue
+        if ai is None or bj is None:
+            return None
+        if not isinstance(ai, int) or not isinstance(bj, int):
+            if ai == bj:
+                groups.append(([i], [j]))
+                i += 1
+                j += 1
+                continue
+            return None
+        gi, gj, pa, pb = [i], [j], ai, bj
+        i += 1
+        j += 1
+        while pa != pb:
+            if pa < pb:
+                if i >= len(a) or not isinstance(a[i], int) or a[i] == 0:
+                    return None
+                pa *= a[i]
+                gi.append(i)
+                i += 1
+            else:
+                if j >= len(b) or not isinstance(b[j], int) or b[j] == 0:
+                    return None
+                pb *= b[j]
+                gj.append(j)
+                j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def _tokens(t: gs.Tensor) -> list | None:
+    d = ir.dims(t)
+    if d is None:
+        return None
+    return [
+        v if isinstance(v, int) and v >= 0 else (v if isinstance(v, str) else ("ref", t.name, k))
+        for k, v in enumerate(d)
+    ]
+
+
+def _pair_leftovers(a: list, b: list) -> tuple[list, list]:
+    """One unmatched dynamic dim on each side, with equal static products: the same size."""
+    la = [v for v in a if not isinstance(v, int) and v not in b]
+    lb = [v for v in b if not isinstance(v, int) and v not in a]
+    pa = int(np.prod([v for v in a if isinstance(v, int)], dtype=np.int64))
+    pb = int(np.prod([v for v in b if isinstance(v, int)], dtype=np.int64))
+    if len(la) == 1 and len(lb) == 1 and pa == pb:
+        b = [la[0] if v == lb[0] else v for v in b]
+    return a, b
+
+
+def size_items(node: gs.Node, reader, i: int) -> list | None:
+    """Elements of a shape-valued input: ints, DimRef or Opaque items; None if not known."""
+    t = ir.present(node, i)
+    if t is None:
+        return None
+    v = reader.value(t)
+    if v is not None:
+        return ir.int_list(v)
+    s = reader.sym(t) if hasattr(reader, "sym") else None
+    return list(s.items) if s is not None else None
+
+
+def tie_size_items(ks: KeepState, node: gs.Node, items: list, y: gs.Tensor) -> None:
+    """Output axis p has the size given by items[p]: a referenced axis keeps the same indices;
+    an opaque size cannot change, so the axis and what it was computed from keep everything."""
+    for p, it in enumerate(items):
+        if isinstance(it, DimRef):
+            t = ks.tensors.get(it.tensor)
+            if t is not None:
+                ks.couple(t, it.axis, y, p)
+        elif isinstance(it, Opaque):
+            why = Reason(
+                "shape", node.name, node.op, "the target size is computed from other sizes"
+            )
+            ks.pin(y, p, why)
+            for ref in it.deps:
+                t = ks.tensors.get(ref.tensor)
+                if t is not None:
+                    ks.pin(t, ref.axis, why)
+
+
+def rewrite_size_input(
+    rw, node: gs.Node, i: int, items: list, y: gs.Tensor, x: gs.Tensor | None = None
+) -> None:
+    """Replace literal sizes of pruned output axes in shape input i."""
+    allowzero = bool(int(node.attrs.get("allowzero", 0)))
+    new = list(items)
+    for p, it in enumerate(items):
+        if not isinstance(it, int):
+            continue
+        after = rw.kept_count(y, p)
+        if after is None or after == ir.static_dim(y, p) and it != 0:
+            continue
+        if it == -1:
+            continue
+        if it == 0 and not allowzero and x is not None and rw.kept_count(x, p) == after:
+            continue
+        if node.op == "Expand" and it == 1:
+            continue  # 1 keeps the input's size
+        new[p] = after
+    if new == items:
+        return
+    if all(isinstance(v, int) for v in new):
+        rw.replace_input(node, i, np.asarray(new, dtype=np.int64))
+        return
+    # Mixed: take unchanged (symbolic) elements from the original shape tensor, literals anew.
+    orig = node.inputs[i]
+    pieces, run = [], []
+
+    def flush():
+        if run:
+            pieces.append(rw.constant(np.asarray(run, dtype=np.int64), "shape"))
+            run.clear()
+
+    for p, (_old, now) in enumerate(zip(items, new, strict=True)):
+        if isinstance(now, int):
+            run.append(now)
+        else:
+            flush()
+            pieces.append(rw.slice1d(orig, p))
+    flush()
+    node.inputs[i] = rw.concat1d(pieces)
+
+
+# ------------------------------------------------------------------ helpers
+def _close_product(
+    ks: KeepState,
+    x: gs.Tensor,
+    in_axes: list[int],
+    y: gs.Tensor,
+    out_axes: list[int],
+    site: gs.Node,
+) -> None:
+    """Kept elements of a merged/split block form one set seen from both sides."""
+    ka = [ks.kept(x, a) for a in in_axes]
+    kb = [ks.kept(y, b) for b in out_axes]
+    if any(k is None for k in ka + kb):
+        for a in in_axes:
+            ks.pin(x, a)
+        for b in out_axes:
+            ks.pin(y, b)
+        return
+    fa = reduce(np.logical_and.outer, ka).reshape(-1)
+    fb = reduce(np.logical_and.outer, kb).reshape(-1)
+    if np.array_equal(fa, fb):
+        return
+    f = fa | fb
+    why = Reason("structure", site.name, site.op, "a reshape keeps whole blocks")
+    for side, axes, ks_ in ((x, in_axes, ka), (y, out_axes, kb)):
+        shaped = f.reshape([len(k) for k in ks_])
+        for n, a in enumerate(axes):
+            other = tuple(m for m in range(len(axes)) if m != n)
+            ks.keep(side, a, shaped.any(axis=other) if other else shaped, why)
+
+
+def keep_groups(
+    ks: KeepState, node: gs.Node, x: gs.Tensor, y: gs.Tensor, groups: list[Group] | None
+) -> None:
+    if groups is None:
+        why = Reason("structure", node.name, node.op, "input and output dims could not be matched")
+        ks.pin(x, reason=why)
+        ks.pin(y, reason=why)
+        return
+    for ga, gb in groups:
+        if not ga or not gb:
+            for a in ga:
+                ks.pin(x, a)
+            for b in gb:
+                ks.pin(y, b)
+        elif len(ga) == 1 and len(gb) == 1:
+            ks.couple(x, ga[0], y, gb[0], site=node)
+        else:
+            _close_product(ks, x, ga, y, gb, node)
+
+
+def reshape_constants(
+    ctx: ConstContext, x: gs.Tensor, y: gs.Tensor, groups: list[Group] | None
+) -> ConstInfo | None:
+    """Reshape the compressed mask/value group by group (expanding a group only when needed)."""
+    c = ctx.const(x)
+    if c is None or groups is None:
+        return None
+    din, dout = ir.dims(x), ir.dims(y)
+    m, v = c.mask, c.value
+    new_shape = []
+    for ga, gb in groups:
+        varying = any(m.shape[a] > 1 or v.shape[a] > 1 for a in ga)
+        if not varying:
+            new_shape += [1] * len(gb)
+            continue
+        if any(not isinstance(din[a], int) for a in ga) or any(
+            not isinstance(dout[b], int) for b in gb
+        ):
+            return None
+        target = list(m.shape)
+        for a in ga:
+            target[a] = din[a]
+        m = np.broadcast_to(m, np.broadcast_shapes(m.shape, tuple(target)))
+        v = np.broadcast_to(v, np.broadcast_shapes(v.shape, tuple(target)))
+        new_shape += [dout[b] for b in gb]
+    # Only grouped axes are expanded, so both arrays now share the sizes reshape needs.
+    full = np.broadcast_shapes(m.shape, v.shape)
+    m, v = np.broadcast_to(m, full), np.broadcast_to(v, full)
+    return compress(m.reshape(new_shape), v.reshape(new_shape))
+
+
+def _reshape_grouping(node: gs.Node, reader, x: gs.Tensor, y: gs.Tensor) -> list[Group] | None:
+    a, b = _tokens(x), _tokens(y)
+    if a is None or b is None:
+        return None
+    items = size_items(node, reader, 1)
+    allowzero = bool(int(node.attrs.get("allowzero", 0)))
+    if items is not None and len(items) == len(b):
+        for p, it in enumerate(items):
+            if isinstance(b[p], int):
+                continue
+            if isinstance(it, int) and it > 0:
+                b[p] = it
+            elif it == 0 and not allowzero and p < len(a):
+                b[p] = a[p]
+            elif isinstance(it, DimRef):
+                t = reader.tensors.get(it.tensor) if hasattr(reader, "tensors") else None
+                d = ir.dims(t) if t is not None else None
+                if d is not None and it.axis < len(d):
+                    b[p] = d[it.axis] if d[it.axis] is not None else ("ref", it.tensor, it.axis)
+    a, b = _pair_leftovers(a, b)
+    return reshape_groups(a, b)
+
+
+# ------------------------------------------------------------------ handlers
+@register("Reshape")
+class Reshape(Handler):
+    size_inputs = (1,)
+
+    def constants(self, node, ctx):
+        x, y = node.inputs[0], node.outputs[0]
+        return [reshape_constants(ctx, x, y, _reshape_grouping(node, ctx, x, y))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        ks.claim(node, 1)
+        ks.demand(x, pin=False)
+        ks.demand(node.inputs[1])
+        items = size_items(node, ks, 1)
+        if items is None:
+            ks.barrier(
+                node, Reason("shape", node.name, node.op, "the target shape is not understood")
+            )
+            return
+        keep_groups(ks, node, x, y, _reshape_grouping(node, ks, x, y))
+        tie_size_items(ks, node, items, y)
+        allowzero = bool(int(node.attrs.get("allowzero", 0)))
+        for p, it in enumerate(items):
+            if it == 0 and not allowzero:
+                ks.couple(x, p, y, p)  # 0 copies the input's size at the same position
+
+    def rewrite(self, node, rw):
+        items = size_items(node, rw, 1)
+        rewrite_size_input(rw, node, 1, items, node.outputs[0], node.inputs[0])
+
+
+@register("Flatten")
+class Flatten(Handler):
+    def _groups(self, node: gs.Node, x: gs.Tensor) -> list[Group] | None:
+        r = ir.rank(x)
+        if r is None:
+            return None
+        axis = ir.norm_axis(int(node.attrs.get("axis", 1)), r)
+        return [(list(range(axis)), [0]), (list(range(axis, r)), [1])]
+
+    def constants(self, node, ctx):
+        x, y = node.inputs[0], node.outputs[0]
+        return [reshape_constants(ctx, x, y, self._groups(node, x))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        ks.demand(x, pin=False)
+        keep_groups(ks, node, x, y, self._groups(node, x))
+
+
+@register("Transpose")
+class Transpose(Handler):
+    def perm(self, node: gs.Node, r: int) -> list[int]:
+        p = node.attrs.get("perm")
+        return [int(v) for v in p] if p is not None else list(range(r))[::-1]
+
+    def constants(self, node, ctx):
+        c, r = ctx.const(node.inputs[0]), ir.rank(node.inputs[0])
+        if c is None or r is None:
+            return None
+        p = self.perm(node, r)
+        return [ConstInfo(np.transpose(c.mask, p), np.transpose(c.value, p), c.whole)]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        if r is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        for i, a in enumerate(self.perm(node, r)):
+            ks.couple(x, a, y, i, site=node)
+
+
+def _squeeze_axes(node: gs.Node, reader, x: gs.Tensor) -> list[int] | None:
+    r = ir.rank(x)
+    if r is None:
+        return None
+    axes = ints(node, reader, "axes", 1)
+    if axes is None:
+        if "axes" not in node.attrs and ir.present(node, 1) is not None:
+            return None  # given, but not constant
+        d = ir.dims(x)
+        if any(not isinstance(v, int) for v in d):
+            return None
+        return [k for k, v in enumerate(d) if v == 1]
+    return ir.norm_axes(axes, r)
+
+
+@register("Squeeze")
+class Squeeze(Handler):
+    def constants(self, node, ctx):
+        c = ctx.const(node.inputs[0])
+        axes = _squeeze_axes(node, ctx, node.inputs[0])
+        if c is None or axes is None:
+            return None
+        return [
+            ConstInfo(
+                np.squeeze(c.mask, tuple(axes)),
+                np.squeeze(c.value, tuple(axes)) if c.value.ndim == c.mask.ndim else c.value,
+                c.whole,
+            )
+        ]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        axes = _squeeze_axes(node, ks, x)
+        if axes is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        for t in node.inputs[1:]:
+            ks.demand(t)
+        j = 0
+        for a in range(ir.rank(x)):
+            if a in axes:
+                ks.pin(x, a)
+            else:
+                ks.couple(x, a, y, j, site=node)
+                j += 1
+
+
+@register("Unsqueeze")
+class Unsqueeze(Handler):
+    def axes(self, node: gs.Node, reader) -> list[int] | None:
+        r = ir.rank(node.outputs[0])
+        axes = ints(node, reader, "axes", 1)
+        return None if axes is None or r is None else ir.norm_axes(axes, r)
+
+    def constants(self, node, ctx):
+        c, axes = ctx.const(node.inputs[0]), self.axes(node, ctx)
+        if c is None or axes is None:
+            return None
+        m, v = c.mask, c.value
+        for a in axes:
+            m = np.expand_dims(m, a)
+            v = np.expand_dims(v, a)
+        return [ConstInfo(m, v, c.whole)]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        axes = self.axes(node, ks)
+        if axes is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        for t in node.inputs[1:]:
+            ks.demand(t)
+        j = 0
+        for b in range(ir.rank(y)):
+            if b in axes:
+                ks.pin(y, b)
+            else:
+                ks.couple(x, j, y, b, site=node)
+                j += 1
+
+
+@register("Expand")
+class Expand(Handler):
+    """Broadcast to a shape: a copied axis ties to the input; a new or widened one is free to
+    keep any subset (its elements are copies), as long as the target size is rewritten."""
+
+    size_inputs = (1,)
+
+    def constants(self, node, ctx):
+        c, r = ctx.const(node.inputs[0]), ir.rank(node.outputs[0])
+        if c is None or r is None:
+            return None
+        pad = (1,) * (r - c.mask.ndim)
+        return [ConstInfo(c.mask.reshape(pad + c.mask.shape), c.value.reshape(pad + c.value.shape))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        ks.claim(node, 1)
+        items = size_items(node, ks, 1)
+        if items is None or ir.rank(y) is None or ir.rank(x) is None:
+            ks.barrier(node)
+            return
+        ks.demand(x, pin=False)
+        ks.demand(node.inputs[1])
+        couple_broadcast(ks, node, y, x)
+        off = ir.rank(y) - len(items)
+        tie_size_items(ks, node, [1] * off + items, y)
+
+    def rewrite(self, node, rw):
+        items = size_items(node, rw, 1)
+        y = node.outputs[0]
+        off = ir.rank(y) - len(items)
+        if off == 0:
+            rewrite_size_input(rw, node, 1, items, y)
+
+
+@register("ConstantOfShape")
+class ConstantOfShape(Handler):
+    size_inputs = (0,)
+
+    def constants(self, node, ctx):
+        r = ir.rank(node.outputs[0])
+        if r is None:
+            return None
+        val = node.attrs.get("value")
+        fill = (
+            np.asarray(val.values).reshape(-1)[:1] if val is not None else np.zeros(1, np.float32)
+        )
+        return [ConstInfo(np.ones((1,) * r, bool), fill.reshape((1,) * r))]
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        ks.claim(node, 0)
+        items = size_items(node, ks, 0)
+        if items is None:
+            ks.barrier(node)
+            return
+        ks.demand(node.inputs[0])
+        tie_size_items(ks, node, items, node.outputs[0])
+
+    def rewrite(self, node, rw):
+        rewrite_size_input(rw, node, 0, size_items(node, rw, 0), node.outputs[0])

@@ -1,0 +1,253 @@
+"""What a shrink did, as data and as text: model statistics, kept-channel explanations, sparsity."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import numpy_helper
+
+FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16,
+}
+
+
+@dataclass
+class ModelStats:
+    ops: dict[str, int]
+    nodes: int
+    params: int
+    macs: int
+    file_bytes: int | None = None
+
+
+def model_stats(
+    model: onnx.ModelProto,
+    input_shapes: dict[str, list[int]] | None = None,
+    file_bytes: int | None = None,
+) -> ModelStats:
+    ops = Counter(n.op_type for n in model.graph.node)
+    params = sum(
+        int(np.prod(t.dims, dtype=np.int64))
+        for t in model.graph.initializer
+        if t.data_type in FLOAT_TYPES
+    )
+    return ModelStats(
+        dict(sorted(ops.items())),
+        len(model.graph.node),
+        params,
+        count_macs(model, input_shapes or {}),
+        file_bytes,
+    )
+
+
+def _skeleton(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """The model without float weight data (shape inference needs only their dims)."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    g = light.graph
+    g.node.extend(model.graph.node)
+    g.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        if t.data_type in FLOAT_TYPES:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    inits = {t.name for t in model.graph.initializer}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        vi = g.input.add()
+        vi.CopyFrom(i)
+        if i.name in input_shapes:
+            dims = vi.type.tensor_type.shape.dim
+            for d, v in zip(dims, input_shapes[i.name], strict=False):
+                d.Clear()
+                d.dim_value = int(v)
+    return light
+
+
+def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:
+    """Multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul (dynamic dims count as 1)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model, input_shapes), data_prop=True)
+    except Exception:
+        return 0
+    shapes: dict[str, list[int]] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            shapes[vi.name] = [
+                d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim
+            ]
+    for t in model.graph.initializer:
+        shapes[t.name] = list(t.dims)
+    total = 0
+    for n in model.graph.node:
+        ins = [shapes.get(i) for i in n.input]
+        out = shapes.get(n.output[0]) if n.output else None
+        if out is None or any(s is None for s in ins[:2]):
+            continue
+        if n.op_type == "Conv":
+            total += int(np.prod(out)) * int(np.prod(ins[1][1:]))
+        elif n.op_type == "ConvTranspose":
+            total += int(np.prod(ins[0])) * int(np.prod(ins[1][1:]))
+        elif n.op_type == "Gemm":
+            trans_a = next((a.i for a in n.attribute if a.name == "transA"), 0)
+            k = ins[0][0] if trans_a else ins[0][-1]
+            total += int(np.prod(out)) * int(k)
+        elif n.op_type == "MatMul":
+            total += int(np.prod(out)) * int(ins[0][-1])
+    return total
+
+
+# ------------------------------------------------------------------ explanations
+@dataclass
+class KeptGroup:
+    """Zeroed slices of one weight axis that had to stay, and why."""
+
+    tensor: str
+    axis: int
+    count: int
+    reason: str
+    kind: str
+
+
+def explain_kept(analysis) -> list[KeptGroup]:
+    """For every all-zero slice of a weight (rank >= 2) that was kept: the root reason."""
+    ks = analysis.keep
+    untied = analysis.untied
+    groups: dict[tuple[str, int, str, str], int] = defaultdict(int)
+    seen = set()
+    for t in ks.tensors.values():
+        if not isinstance(t, gs.Constant) or t.name not in ks.demanded:
+            continue
+        values = np.asarray(t.values)
+        base = untied.get(t.name, t.name)
+        if values.ndim < 2 or not np.issubdtype(values.dtype, np.floating):
+            continue
+        for axis in range(values.ndim):
+            kept = ks.kept(t, axis)
+            if kept is None or kept.all() and values.shape[axis] == 1:
+                continue
+            nz = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).any(axis=1)
+            zero_kept = ~nz & kept
+            if not zero_kept.any():
+                continue
+            why = ks.why(t, axis)
+            for i in np.flatnonzero(zero_kept):
+                if (base, axis, int(i)) in seen:
+                    continue
+                seen.add((base, axis, int(i)))
+                r = why[i]
+                groups[(base, axis, str(r) if r else "kept", r.kind if r else "")] += 1
+    return [KeptGroup(n, a, c, reason, kind) for (n, a, reason, kind), c in sorted(groups.items())]
+
+
+@dataclass
+class Sparsity:
+    tensor: str
+    zeros: float  # fraction of zero elements left in the shrunk weight
+    elements: int
+
+
+def sparsity_left(model: onnx.ModelProto, minimum: float = 0.0) -> list[Sparsity]:
+    """Zeros that remain inside kept weights (rank >= 2): unstructured sparsity."""
+    out = []
+    for t in model.graph.initializer:
+        if t.data_type not in FLOAT_TYPES or len(t.dims) < 2:
+            continue
+        v = numpy_helper.to_array(t)
+        if v.size == 0:
+            continue
+        z = float(np.count_nonzero(v == 0)) / v.size
+        if z > minimum:
+            out.append(Sparsity(t.name, z, int(v.size)))
+    return out
+
+
+# ------------------------------------------------------------------ text
+def human(n: float, unit: str = "") -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {suffix}{unit}"
+    return f"{n:.0f} {unit}".rstrip()
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.2f} {suffix}"
+    return f"{n} B"
+
+
+def _change(before: float, after: float) -> str:
+    if not before or before == after:
+        return ""
+    return f"{(after - before) / before * 100:+.1f}%"
+
+
+def stats_table(before: ModelStats, after: ModelStats, timings: dict[str, float]) -> list[str]:
+    rows: list[tuple[str, str, str, str]] = []
+    for op in sorted(set(before.ops) | set(after.ops)):
+        b, a = before.ops.get(op, 0), after.ops.get(op, 0)
+        rows.append((op, str(b), str(a), _change(b, a)))
+    rows.append(("", "", "", ""))
+    rows.append(("Nodes", str(before.nodes), str(after.nodes), _change(before.nodes, after.nodes)))
+    rows.append(
+        (
+            "Parameters",
+            human(before.params),
+            human(after.params),
+            _change(before.params, after.params),
+        )
+    )
+    rows.append(("MACs", human(before.macs), human(after.macs), _change(before.macs, after.macs)))
+    if before.file_bytes is not None or after.file_bytes is not None:
+        rows.append(
+            (
+                "File size",
+                human_bytes(before.file_bytes),
+                human_bytes(after.file_bytes),
+                _change(before.file_bytes or 0, after.file_bytes or 0),
+            )
+        )
+    w0 = max(len(r[0]) for r in rows + [("Model",)])
+    w = [max(12, *(len(r[k]) for r in rows)) for k in (1, 2, 3)]
+    sep = "+" + "-" * (w0 + 2) + "+" + "+".join("-" * (x + 2) for x in w) + "+"
+    lines = [
+        sep,
+        f"| {'Model':<{w0}} | {'before':>{w[0]}} | {'after':>{w[1]}} | {'change':>{w[2]}} |",
+        sep,
+    ]
+    for r in rows:
+        if r == ("", "", "", ""):
+            lines.append(sep)
+            continue
+        lines.append(f"| {r[0]:<{w0}} | {r[1]:>{w[0]}} | {r[2]:>{w[1]}} | {r[3]:>{w[2]}} |")
+    lines.append(sep)
+    if timings:
+        lines.append("Time: " + " | ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+    return lines
+
+
+def to_jsonable(obj):
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: to_jsonable(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return str(obj)
+    return obj

@@ -1,0 +1,264 @@
+"""Rewrite the graph for the kept index sets: slice initializers, let each handler fix its node
+(attributes, shape inputs, folded constants), drop dead nodes, and export a checked model."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze import Analysis
+from onnxshrink.analyze.constants import ConstInfo
+from onnxshrink.analyze.evaluate import evaluate
+from onnxshrink.prepare import TWO_GB, retie
+
+
+class InternalError(RuntimeError):
+    """The analysis promised something the rewrite cannot honour: a bug, never a user error."""
+
+
+@dataclass
+class Fold:
+    node: str
+    op: str
+    channels: int
+    into: str  # "bias" | "constant map"
+
+
+@dataclass
+class RewriteResult:
+    model: onnx.ModelProto
+    folds: list[Fold] = field(default_factory=list)
+    removed_nodes: int = 0
+
+
+class Rewriter:
+    """What handlers' `rewrite` methods read (pre-shrink facts) and write (the new graph)."""
+
+    def __init__(self, analysis: Analysis):
+        self.graph = analysis.graph
+        self.ks = analysis.keep
+        self.opset = analysis.opset
+        self.tensors = self.ks.tensors
+        self.folds: list[Fold] = []
+        self._taken = set(self.tensors)
+        for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
+            self.ks.kept(t, 0)
+
+    # ------------------------------------------------------------ reads (pre-shrink)
+    def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None:
+        """Bool mask of kept indices along axis, or None when the axis is dynamic."""
+        return self.ks.kept(t, axis)
+
+    def kept_count(self, t: gs.Tensor, axis: int) -> int | None:
+        k = self.kept(t, axis)
+        return None if k is None else int(k.sum())
+
+    def const(self, t: gs.Tensor) -> ConstInfo | None:
+        return self.ks.const(t)
+
+    def value(self, t: gs.Tensor | None) -> np.ndarray | None:
+        """The original (pre-slice) value of a wholly constant tensor."""
+        return self.ks.value(t)
+
+    original = value
+
+    def sym(self, t: gs.Tensor | None):
+        return self.ks.sym(t)
+
+    def current(self, t: gs.Constant) -> np.ndarray:
+        return np.asarray(t.values)
+
+    def evaluate(self, node: gs.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        return evaluate(node, inputs, self.opset)
+
+    # ------------------------------------------------------------ writes
+    def _name(self, hint: str) -> str:
+        name = hint
+        k = 0
+        while name in self._taken:
+            k += 1
+            name = f"{hint}_{k}"
+        self._taken.add(name)
+        return name
+
+    def constant(self, values: np.ndarray, hint: str) -> gs.Constant:
+        return gs.Constant(self._name(f"onnxshrink_{hint}"), values=np.asarray(values))
+
+    def replace_input(self, node: gs.Node, i: int, values: np.ndarray) -> gs.Constant:
+        old = ir.present(node, i)
+        c = gs.Constant(
+            self._name(old.name if old is not None else f"{node.name}_in{i}"),
+            values=np.asarray(values),
+        )
+        while len(node.inputs) <= i:
+            node.inputs.append(gs.Variable.empty())
+        node.inputs[i] = c
+        return c
+
+    def _add_node(
+        self, op: str, inputs: list[gs.Tensor], hint: str, attrs: dict | None = None, dtype=None
+    ) -> gs.Variable:
+        out = gs.Variable(self._name(f"onnxshrink_{hint}"), dtype=dtype)
+        self.graph.nodes.append(
+            gs.Node(
+                op,
+                name=self._name(f"onnxshrink_{hint}_{op}"),
+                attrs=attrs or {},
+                inputs=inputs,
+                outputs=[out],
+            )
+        )
+        return out
+
+    def slice1d(self, t: gs.Tensor, p: int) -> gs.Variable:
+        ints = [self.constant(np.asarray([v], dtype=np.int64), "idx") for v in (p, p + 1, 0)]
+        return self._add_node("Slice", [t, *ints], "shape_part", dtype=np.int64)
+
+    def concat1d(self, parts: list[gs.Tensor]) -> gs.Variable:
+        return self._add_node("Concat", parts, "shape", {"axis": 0}, dtype=np.int64)
+
+    def add_after(self, node: gs.Node, out_index: int, values: np.ndarray, channels: int) -> None:
+        """Add a constant to output `out_index`: into the bias Add that follows, or a new Add."""
+        if not np.any(values):
+            return
+        y = node.outputs[out_index]
+        nxt = y.outputs[0] if len(y.outputs) == 1 else None
+        if nxt is not None and nxt.op == "Add" and y not in self.graph.outputs:
+            other = [i for i, t in enumerate(nxt.inputs) if t is not y]
+            if len(other) == 1 and isinstance(nxt.inputs[other[0]], gs.Constant):
+                c = nxt.inputs[other[0]]
+                merged = np.asarray(c.values).astype(np.float64) + values.astype(np.float64)
+                if merged.ndim <= max(ir.rank(nxt.outputs[0]) or 0, c.values.ndim):
+                    self.replace_input(nxt, other[0], merged.astype(c.values.dtype))
+                    self.folds.append(Fold(node.name, node.op, channels, "bias"))
+                    return
+        mid = gs.Variable(self._name(f"{y.name}_unfolded"), dtype=y.dtype)
+        node.outputs[out_index] = mid
+        c = self.constant(values, f"{node.name}_folded")
+        self.graph.nodes.append(
+            gs.Node("Add", name=self._name(f"{node.name}_fold"), inputs=[mid, c], outputs=[y])
+        )
+        self.folds.append(
+            Fold(
+                node.name,
+                node.op,
+                channels,
+                "constant map" if values.size > values.shape[-1] else "bias",
+            )
+        )
+
+    def fold_into_bias(
+        self,
+        node: gs.Node,
+        bias_index: int,
+        contrib: np.ndarray,
+        channel_axis: int,
+        n_channels: int,
+    ) -> None:
+        """Conv-style: a per-channel vector input; a non-uniform contribution becomes an Add."""
+        if not np.any(contrib):
+            return  # zero constants (whole zeroed groups) contribute nothing
+        co = contrib.shape[channel_axis]
+        flat = np.moveaxis(contrib, channel_axis, 0).reshape(co, -1).astype(np.float64)
+        scale = float(np.abs(flat).max()) if flat.size else 0.0
+        if flat.shape[1] == 1 or np.all(flat.max(axis=1) - flat.min(axis=1) <= 1e-6 * scale):
+            vec = flat.mean(axis=1)
+            b = ir.present(node, bias_index)
+            dtype = contrib.dtype
+            base = np.zeros(co) if b is None else np.asarray(b.values, dtype=np.float64)
+            self.replace_input(
+                node, bias_index, (base + vec).astype(b.values.dtype if b is not None else dtype)
+            )
+            self.folds.append(Fold(node.name, node.op, n_channels, "bias"))
+        else:
+            self.add_after(node, 0, contrib, n_channels)
+            self.folds[-1] = Fold(node.name, node.op, n_channels, "constant map")
+
+    def fold_into_gemm_c(self, node: gs.Node, delta: np.ndarray, n_channels: int) -> None:
+        if not np.any(delta):
+            return
+        beta = float(node.attrs.get("beta", 1.0))
+        c = ir.present(node, 2)
+        dtype = np.asarray(self.value(node.inputs[1])).dtype
+        if c is None or beta == 0.0:
+            new = delta
+            node.attrs["beta"] = 1.0
+        else:
+            new = np.asarray(c.values, dtype=np.float64) + delta / beta
+            dtype = c.values.dtype
+        if new.ndim == 2 and new.shape[0] == 1 and (c is None or c.values.ndim < 2):
+            new = new.reshape(-1)
+        self.replace_input(node, 2, new.astype(dtype))
+        self.folds.append(Fold(node.name, node.op, n_channels, "bias"))
+
+    def check_removed_constant(
+        self, node: gs.Node, c: ConstInfo | None, axis: int, removed: np.ndarray
+    ) -> None:
+        """Every removed input index a kept output still reads must be a constant."""
+        const = (
+            c.slice_constant(axis, len(removed)) if c is not None else np.zeros(len(removed), bool)
+        )
+        bad = removed & ~const
+        if bad.any():
+            raise InternalError(
+                f"{node.op} node {node.name!r}: input indices {np.flatnonzero(bad)[:8].tolist()} were "
+                "removed although live outputs read them"
+            )
+
+
+def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:
+    """Shrink `analysis.graph` in place and export it as a model like `original`."""
+    rw = Rewriter(analysis)
+    graph, ks = analysis.graph, analysis.keep
+    live = [n for n in graph.nodes if ks.node_live(n)]
+    dead = [n for n in graph.nodes if not ks.node_live(n)]
+    for t in list(rw.tensors.values()):
+        if isinstance(t, gs.Constant) and t.name in ks.demanded:
+            _slice_constant(t, ks)
+    for node in live:
+        handler = analysis.handler_for(node)
+        if handler is not None and node.name not in ks.barriers:
+            handler.rewrite(node, rw)
+    for node in dead:
+        node.inputs.clear()
+        node.outputs.clear()
+    io = {t.name for t in [*graph.inputs, *graph.outputs]}
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Variable) and t.name not in io:
+            t.shape = None
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    retie(graph, analysis.untied)
+    return RewriteResult(export(graph, original), rw.folds, len(dead))
+
+
+def _slice_constant(t: gs.Constant, ks) -> None:
+    values = np.asarray(t.values)
+    for a in range(values.ndim):
+        k = ks.kept(t, a)
+        if k is not None and len(k) == values.shape[a] and not k.all():
+            values = np.take(values, np.flatnonzero(k), axis=a)
+    if values is not t.values:
+        t.values = values
+
+
+def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
+    model = gs.export_onnx(graph, do_type_check=False)
+    model.ir_version = original.ir_version
+    del model.opset_import[:]
+    model.opset_import.extend(original.opset_import)
+    for f in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(model, f, getattr(original, f))
+    del model.metadata_props[:]
+    model.metadata_props.extend(original.metadata_props)
+    if original.functions and not model.functions:
+        model.functions.extend(original.functions)
+    if model.ByteSize() < TWO_GB:
+        with contextlib.suppress(Exception):
+            model = onnx.shape_inference.infer_shapes(model)
+        onnx.checker.check_model(model)
+    return model

@@ -1,0 +1,264 @@
+"""Prove the shrunk model against the reference with onnxruntime, on random and given inputs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxshrink.errors import ShrinkError
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    shape: list[int]
+    max_abs_error: float
+    max_rel_error: float  # max |shrunk - reference| / max |reference|
+    passed: bool
+
+
+@dataclass
+class ValidationReport:
+    passed: bool
+    rtol: float
+    atol: float
+    draws: int
+    provider: str
+    input_shapes: dict[str, list[int]]
+    outputs: list[OutputCheck] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """Polygraphy-style accuracy block."""
+        out = [
+            f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on {self.provider}"
+        ]
+        for o in self.outputs:
+            out.append(f"[I]     Comparing Output: '{o.name}' (shape={tuple(o.shape)})")
+            out.append(
+                f"[I]         Tolerance: [abs={self.atol:.5g}, rel={self.rtol:.5g}] | Checking max error relative to the output's magnitude"
+            )
+            out.append(
+                f"[I]         Minimum Required Tolerance: [abs={o.max_abs_error:.5g}] OR [rel={o.max_rel_error:.5g}]"
+            )
+            tag = "[I]         PASSED" if o.passed else "[E]         FAILED"
+            out.append(
+                f"{tag} | Output: '{o.name}' | Difference is {'within' if o.passed else 'NOT within'} tolerance (rel={self.rtol:.5g}, abs={self.atol:.5g})"
+            )
+        names = [o.name for o in self.outputs]
+        if self.passed:
+            out.append(f"[I]     PASSED | All outputs matched | Outputs: {names}")
+        else:
+            bad = [o.name for o in self.outputs if not o.passed]
+            out.append(f"[E]     FAILED | Mismatched outputs: {bad}")
+        return out
+
+
+def parse_shapes(specs: list[str] | None) -> dict[str, list[int]]:
+    """`name:1,3,224,224` (or `name:[1,3,224,224]`) -> {name: [1, 3, 224, 224]}."""
+    out: dict[str, list[int]] = {}
+    for spec in specs or []:
+        name, sep, dims = spec.rpartition(":")
+        dims = dims.strip().strip("[]()")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise ShrinkError(
+                f"--input-shapes '{spec}': expected name:d0,d1,... e.g. input:1,3,224,224"
+            ) from None
+    return out
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def resolve_shapes(model: onnx.ModelProto, given: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Concrete shapes for every graph input: given ones, static dims, and defaults for the
+    dynamic ones (2 for a leading batch axis, 16 otherwise; one value per dim name)."""
+    inputs = _graph_inputs(model)
+    names = {i.name for i in inputs}
+    for n in given:
+        if n not in names:
+            raise ShrinkError(
+                f"--input-shapes names '{n}', which is not a model input; inputs are {sorted(names)}."
+            )
+    symbols: dict[str, int] = {}
+    shapes: dict[str, list[int]] = {}
+    for inp in inputs:
+        dims = inp.type.tensor_type.shape.dim
+        if inp.name in given:
+            shape = given[inp.name]
+            if len(shape) != len(dims):
+                raise ShrinkError(
+                    f"--input-shapes '{inp.name}' has {len(shape)} dims; the model's input has {len(dims)}."
+                )
+            for d, v in zip(dims, shape, strict=True):
+                if d.HasField("dim_value") and d.dim_value != v:
+                    raise ShrinkError(
+                        f"--input-shapes '{inp.name}': dim {v} differs from the model's static {d.dim_value}."
+                    )
+                if d.HasField("dim_param"):
+                    symbols.setdefault(d.dim_param, v)
+            shapes[inp.name] = shape
+    for inp in inputs:
+        if inp.name in shapes:
+            continue
+        shape = []
+        for k, d in enumerate(inp.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            else:
+                default = 2 if k == 0 else 16
+                shape.append(symbols.setdefault(d.dim_param, default) if d.dim_param else default)
+        shapes[inp.name] = shape
+    return shapes
+
+
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Int inputs read as Gather indices: their exclusive upper bound (the table size)."""
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    bounds: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in shapes:
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+            size = shapes[n.input[0]][axis]
+            bounds[n.input[1]] = min(bounds.get(n.input[1], size), size)
+    return bounds
+
+
+def make_inputs(
+    model: onnx.ModelProto, shapes: dict[str, list[int]], draws: int, seed: int
+) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    bounds = _index_bounds(model)
+    feeds = []
+    for _ in range(draws):
+        feed = {}
+        for inp in _graph_inputs(model):
+            dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+            shape = shapes[inp.name]
+            if np.issubdtype(dtype, np.floating):
+                feed[inp.name] = rng.standard_normal(shape).astype(dtype)
+            elif dtype == np.bool_:
+                feed[inp.name] = rng.random(shape) < 0.5
+            elif np.issubdtype(dtype, np.integer):
+                feed[inp.name] = rng.integers(0, bounds.get(inp.name, 2), size=shape).astype(dtype)
+            else:
+                raise ShrinkError(
+                    f"input '{inp.name}' has type {dtype}, which validation cannot generate; give inputs with --inputs."
+                )
+        feeds.append(feed)
+    return feeds
+
+
+def load_inputs(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise ShrinkError(
+            f"{path}: no such inputs file (.npz with one array per model input)."
+        ) from None
+    except Exception as exc:
+        raise ShrinkError(
+            f"{path}: cannot be read as a .npz of input arrays ({str(exc)[:200]})."
+        ) from exc
+
+
+def session(model: onnx.ModelProto, provider: str):
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise ShrinkError(f"--provider {provider}: choose one of {sorted(PROVIDERS)}.")
+    ep = PROVIDERS[provider]
+    if ep not in ort.get_available_providers():
+        raise ShrinkError(
+            f"--provider {provider}: onnxruntime here has no {ep} (available: {ort.get_available_providers()}). Install onnxruntime-gpu for CUDA."
+        )
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if model.ByteSize() < 2**31:
+        return ort.InferenceSession(model.SerializeToString(), so, providers=[ep])
+    import tempfile
+    from pathlib import Path
+
+    from onnxshrink.io.model import save_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "model.onnx"
+        save_model(model, p, external=True)
+        return ort.InferenceSession(str(p), so, providers=[ep])
+
+
+def compare(
+    reference: onnx.ModelProto,
+    shrunk: onnx.ModelProto,
+    *,
+    input_shapes: dict[str, list[int]] | None = None,
+    inputs: list[dict[str, np.ndarray]] | None = None,
+    draws: int = 3,
+    seed: int = 0,
+    rtol: float = 1e-5,
+    atol: float = 0.0,
+    provider: str = "cpu",
+) -> ValidationReport:
+    t0 = time.perf_counter()
+    shapes = resolve_shapes(reference, input_shapes or {})
+    feeds = list(inputs or []) + make_inputs(reference, shapes, draws, seed)
+    ref_s, new_s = session(reference, provider), session(shrunk, provider)
+    names = [o.name for o in ref_s.get_outputs()]
+    worst = {
+        n: [0.0, 0.0, True, []] for n in names
+    }  # abs err, ref magnitude, exact-match ok, shape
+    for feed in feeds:
+        try:
+            r_out = ref_s.run(None, feed)
+        except Exception as exc:
+            raise ShrinkError(
+                f"the reference model does not run on the validation inputs ({str(exc).splitlines()[0][:300]}). Give input shapes with --input-shapes name:d0,d1,..."
+            ) from exc
+        s_out = new_s.run(None, feed)
+        for n, r, s in zip(names, r_out, s_out, strict=True):
+            w = worst[n]
+            w[3] = list(r.shape)
+            if r.shape != s.shape or r.dtype != s.dtype:
+                w[2] = False
+                w[0] = float("inf")
+                continue
+            if np.issubdtype(r.dtype, np.floating):
+                both_nan = np.isnan(r) & np.isnan(s)
+                diff = np.where(both_nan, 0.0, np.abs(r.astype(np.float64) - s.astype(np.float64)))
+                w[0] = max(w[0], float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0)))
+                w[1] = max(w[1], float(np.nanmax(np.abs(r), initial=0.0)))
+            elif not np.array_equal(r, s):
+                w[2] = False
+                w[0] = float("inf")
+    checks = []
+    for n in names:
+        err, mag, ok, shape = worst[n]
+        rel = err / mag if mag > 0 else (0.0 if err == 0 else float("inf"))
+        passed = ok and err <= atol + rtol * mag
+        checks.append(OutputCheck(n, shape, err, rel, passed))
+    return ValidationReport(
+        all(c.passed for c in checks),
+        rtol,
+        atol,
+        len(feeds),
+        provider,
+        shapes,
+        checks,
+        time.perf_counter() - t0,
+    )
