@@ -67,7 +67,9 @@ def _constants_to_initializers(graph: gs.Graph) -> None:
         out = node.outputs[0]
         const = gs.Constant(out.name, values=value)
         for consumer in list(out.outputs):
-            consumer.inputs[:] = [const if t is out else t for t in consumer.inputs]
+            for i, t in enumerate(consumer.inputs):
+                if t is out:
+                    consumer.inputs[i] = const
         node.outputs.clear()
     graph.cleanup(remove_unused_graph_inputs=False)
 

@@ -54,12 +54,17 @@ def _attrs(node: gs.Node) -> dict:
     return out
 
 
-def node_model(
-    node: gs.Node, inputs: Sequence[np.ndarray | None], n_outputs: int, opset: int
+def op_model(
+    op: str,
+    attrs: dict,
+    inputs: Sequence[np.ndarray | None],
+    n_outputs: int,
+    opset: int,
+    domain: str = "",
 ) -> onnx.ModelProto:
     in_names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]
     out_names = [f"o{k}" for k in range(n_outputs)]
-    onode = helper.make_node(node.op, in_names, out_names, domain=node.domain or "", **_attrs(node))
+    onode = helper.make_node(op, in_names, out_names, domain=domain, **attrs)
     graph_inputs = [
         helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
         for n, a in zip(in_names, inputs, strict=True)
@@ -68,7 +73,7 @@ def node_model(
     graph_outputs = [onnx.ValueInfoProto(name=n) for n in out_names]  # types left to the runtime
     graph = helper.make_graph([onode], "node", graph_inputs, graph_outputs)
     return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=_IR_VERSION
+        graph, opset_imports=[helper.make_opsetid(domain, opset)], ir_version=_IR_VERSION
     )
 
 
@@ -76,13 +81,26 @@ def evaluate(
     node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int, n_outputs: int | None = None
 ) -> list[np.ndarray]:
     """Run `node` on `inputs` (None for an absent optional input); returns its outputs."""
-    n_outputs = len(node.outputs) if n_outputs is None else n_outputs
+    n = len(node.outputs) if n_outputs is None else n_outputs
+    return evaluate_op(node.op, _attrs(node), inputs, opset, n, node.domain or "")
+
+
+def evaluate_op(
+    op: str,
+    attrs: dict,
+    inputs: Sequence[np.ndarray | None],
+    opset: int,
+    n_outputs: int = 1,
+    domain: str = "",
+) -> list[np.ndarray]:
+    """Run one ONNX op with `attrs` on `inputs`."""
+    inputs = list(inputs)
     while inputs and inputs[-1] is None:
-        inputs = inputs[:-1]
-    model = node_model(node, inputs, n_outputs, opset)
+        inputs.pop()
+    model = op_model(op, attrs, inputs, n_outputs, opset, domain)
     feeds = {f"i{k}": np.ascontiguousarray(a) for k, a in enumerate(inputs) if a is not None}
     try:
-        if node.op in _ORT_OPS:
+        if op in _ORT_OPS:
             return _run_ort(model, feeds)
         from onnx.reference import ReferenceEvaluator
 
@@ -90,8 +108,8 @@ def evaluate(
             warnings.simplefilter("ignore")
             outs = ReferenceEvaluator(model).run(None, feeds)
         return [np.asarray(o) for o in outs]
-    except Exception as exc:  # the evaluator does not support this node/attribute mix
-        raise EvaluationError(f"cannot evaluate {node.op} node {node.name!r}: {exc}") from exc
+    except Exception as exc:  # the evaluator does not support this op/attribute mix
+        raise EvaluationError(f"cannot evaluate {op}: {exc}") from exc
 
 
 def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

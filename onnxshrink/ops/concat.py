@@ -72,7 +72,9 @@ class Concat(Handler):
 
     def rewrite(self, node: gs.Node, rw) -> None:
         axis = ir.norm_axis(int(node.attrs["axis"]), ir.rank(node.outputs[0]))
-        node.inputs[:] = [t for t in node.inputs if rw.kept_count(t, axis) != 0]
+        keep = [t for t in node.inputs if rw.kept_count(t, axis) != 0]
+        node.inputs.clear()
+        node.inputs.extend(keep)
 
 
 # ------------------------------------------------------------------ Split

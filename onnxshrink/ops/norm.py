@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
+from onnxshrink.analyze.evaluate import evaluate_op
 from onnxshrink.analyze.keep import KeepState, Reason
 from onnxshrink.ops.common import along, channelwise_constants, const_or_live, couple_same, ints
 from onnxshrink.ops.registry import Handler, register
@@ -30,9 +31,9 @@ class BatchNorm(Handler):
         params = [ctx.value(t) for t in node.inputs[1:5]]
         if any(p is None for p in params):
             return None
-        out = ctx.evaluate(_inference_copy(node), [np.where(xm, xv, 0).astype(xv.dtype), *params])[
-            0
-        ]
+        attrs = {k: v for k, v in node.attrs.items() if k != "training_mode"}
+        xin = np.where(xm, xv, 0).astype(xv.dtype)
+        out = evaluate_op(node.op, attrs, [xin, *params], ctx.opset)[0]
         mask, out = np.broadcast_arrays(mask, out)
         return [compress(np.array(mask), np.array(out))]
 
@@ -48,15 +49,6 @@ class BatchNorm(Handler):
         for p in node.inputs[1:5]:
             ks.demand(p, pin=False)
             ks.couple(y, 1, p, 0)
-
-
-def _inference_copy(node: gs.Node) -> gs.Node:
-    return gs.Node(
-        node.op,
-        attrs={k: v for k, v in node.attrs.items() if k != "training_mode"},
-        inputs=list(node.inputs),
-        outputs=list(node.outputs[:1]),
-    )
 
 
 @register("InstanceNormalization")

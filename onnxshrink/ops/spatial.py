@@ -7,6 +7,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import compress
+from onnxshrink.analyze.evaluate import evaluate_op
 from onnxshrink.analyze.keep import KeepState, Reason
 from onnxshrink.ops.common import channelwise_constants, ints
 from onnxshrink.ops.registry import Handler, register
@@ -43,13 +44,7 @@ def _pad_mask(node: gs.Node, ctx, m: np.ndarray, rest: list, mode: str) -> np.nd
     if mode != "constant":
         return ctx.evaluate(node, [m, *rest])[0] > 0.5  # edge/reflect/wrap copy input cells
     if "pads" in node.attrs:  # opset < 11: the pad value is an attribute
-        copy = gs.Node(
-            "Pad",
-            attrs={**node.attrs, "value": 1.0},
-            inputs=list(node.inputs),
-            outputs=list(node.outputs),
-        )
-        return ctx.evaluate(copy, [m])[0] > 0.5
+        return evaluate_op("Pad", {**node.attrs, "value": 1.0}, [m], ctx.opset)[0] > 0.5
     rest = [*rest, None, None][:3]  # pads, constant_value, axes
     rest[1] = np.ones((), m.dtype)
     return ctx.evaluate(node, [m, *rest])[0] > 0.5
