@@ -24,13 +24,121 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
+FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16,
+}
+
+
+def skeleton(
+    model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None
+) -> onnx.ModelProto:
+    """The model without float weight data (shape inference needs only their dims), its graph
+    inputs optionally fixed to concrete shapes."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.node.extend(model.graph.node)
+    g.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        if t.data_type in FLOAT_TYPES:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    inits = {t.name for t in model.graph.initializer}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        vi = g.input.add()
+        vi.CopyFrom(i)
+        if input_shapes and i.name in input_shapes:
+            for d, v in zip(vi.type.tensor_type.shape.dim, input_shapes[i.name], strict=False):
+                d.Clear()
+                d.dim_value = int(v)
+    return light
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list | None:
+    t = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def _probe_shapes(model: onnx.ModelProto, pick) -> dict[str, list[int]]:
+    shapes, symbols = {}, {}
+    inits = {t.name for t in model.graph.initializer}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        dims = i.type.tensor_type.shape.dim
+        shapes[i.name] = [
+            d.dim_value
+            if d.HasField("dim_value")
+            else symbols.setdefault(d.dim_param or (i.name, k), pick(k))
+            for k, d in enumerate(dims)
+        ]
+    return shapes
+
+
+def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Make static the dims that shape inference left symbolic although they do not depend on
+    the dynamic input sizes (e.g. Reshape(x, Concat(Shape(x)[0], -1))): infer twice with two
+    different concrete input sizes; a dim equal in both runs is static."""
+    dynamic = any(
+        not d.HasField("dim_value") for i in model.graph.input for d in i.type.tensor_type.shape.dim
+    )
+    if not dynamic:
+        return model
+    runs = []
+    for pick in (lambda k: 2 if k == 0 else 96, lambda k: 3 if k == 0 else 160):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(
+                skeleton(model, _probe_shapes(model, pick)), data_prop=True
+            )
+        except Exception:
+            return model
+        runs.append({vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]})
+    known = {vi.name: vi for vi in model.graph.value_info}
+    keep_io = {i.name for i in [*model.graph.input, *model.graph.output]}
+    for name, probe in runs[0].items():
+        d1 = _dims(probe)
+        d2 = _dims(runs[1][name]) if name in runs[1] else None
+        if name in keep_io or d1 is None or d2 is None or len(d1) != len(d2):
+            continue
+        vi = known.get(name)
+        base = _dims(vi) if vi is not None else [None] * len(d1)
+        if base is None or len(base) != len(d1):
+            continue
+        if vi is None:
+            vi = model.graph.value_info.add()
+            vi.name = name
+            vi.type.tensor_type.elem_type = probe.type.tensor_type.elem_type
+        shape = vi.type.tensor_type.shape
+        shape.Clear()
+        for k, (a, b) in enumerate(zip(d1, d2, strict=True)):
+            dim = shape.dim.add()
+            if isinstance(base[k], int):
+                dim.dim_value = base[k]
+            elif isinstance(a, int) and a == b:
+                dim.dim_value = a
+            elif isinstance(base[k], str):
+                dim.dim_param = base[k]
+    return model
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     if model.ByteSize() >= TWO_GB:
         return model  # shape inference needs the protobuf in memory under 2 GB
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # a model onnx cannot infer: work with the shapes it carries
         return model
+    return complete_shapes(model)
 
 
 def prepare(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, str]]:

@@ -10,12 +10,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
-FLOAT_TYPES = {
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.DOUBLE,
-    onnx.TensorProto.BFLOAT16,
-}
+from onnxshrink.prepare import FLOAT_TYPES, skeleton
 
 
 @dataclass
@@ -47,37 +42,10 @@ def model_stats(
     )
 
 
-def _skeleton(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> onnx.ModelProto:
-    """The model without float weight data (shape inference needs only their dims)."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    g = light.graph
-    g.node.extend(model.graph.node)
-    g.output.extend(model.graph.output)
-    for t in model.graph.initializer:
-        if t.data_type in FLOAT_TYPES:
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
-            g.initializer.append(t)
-    inits = {t.name for t in model.graph.initializer}
-    for i in model.graph.input:
-        if i.name in inits:
-            continue
-        vi = g.input.add()
-        vi.CopyFrom(i)
-        if i.name in input_shapes:
-            dims = vi.type.tensor_type.shape.dim
-            for d, v in zip(dims, input_shapes[i.name], strict=False):
-                d.Clear()
-                d.dim_value = int(v)
-    return light
-
-
 def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:
     """Multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul (dynamic dims count as 1)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(_skeleton(model, input_shapes), data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton(model, input_shapes), data_prop=True)
     except Exception:
         return 0
     shapes: dict[str, list[int]] = {}

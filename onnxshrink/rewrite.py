@@ -90,11 +90,13 @@ class Rewriter:
         return gs.Constant(self._name(f"onnxshrink_{hint}"), values=np.asarray(values))
 
     def replace_input(self, node: gs.Node, i: int, values: np.ndarray) -> gs.Constant:
+        """Give input i new constant values: in place when only `node` reads it (the name stays)."""
         old = ir.present(node, i)
-        c = gs.Constant(
-            self._name(old.name if old is not None else f"{node.name}_in{i}"),
-            values=np.asarray(values),
-        )
+        if isinstance(old, gs.Constant) and all(c is node for c in old.outputs):
+            old.values = np.asarray(values)
+            return old
+        hint = old.name if old is not None else f"{node.name}_in{i}"
+        c = gs.Constant(self._name(hint), values=np.asarray(values))
         while len(node.inputs) <= i:
             node.inputs.append(gs.Variable.empty())
         node.inputs[i] = c

@@ -33,7 +33,7 @@ class Reason:
     detail: str = ""
 
     def __str__(self) -> str:
-        where = f"{self.op} node {self.node!r}" if self.node else ""
+        where = f"{self.op} node {self.node!r}" if self.node else f"an unnamed {self.op} node"
         text = {
             "interface": "it is part of a graph input or output",
             "live": "a live output depends on it",
@@ -183,9 +183,11 @@ class KeepState:
                 self.keep(t, a, np.ones(st[a].shape, dtype=bool), reason)
 
     def couple(
-        self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, site: gs.Node | None = None
+        self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, meet: gs.Node | None = None
     ) -> None:
-        """Axis a1 of t1 and a2 of t2 are indexed alike: keep the same indices in both."""
+        """Axis a1 of t1 and a2 of t2 are indexed alike: keep the same indices in both. `meet`
+        is the elementwise node combining them, if any: where a constant index of one meets a
+        live index of the other there, that is recorded as the reason the constant stays."""
         k1, k2 = self.kept(t1, a1), self.kept(t2, a2)
         if k1 is None and k2 is None:
             return
@@ -193,16 +195,16 @@ class KeepState:
             self.pin(t1, a1)
             self.pin(t2, a2)
             return
-        self._flow(t1, a1, t2, a2, site)
-        self._flow(t2, a2, t1, a1, site)
+        self._flow(t1, a1, t2, a2, meet)
+        self._flow(t2, a2, t1, a1, meet)
 
-    def _flow(self, src: gs.Tensor, sa: int, dst: gs.Tensor, da: int, site: gs.Node | None) -> None:
+    def _flow(self, src: gs.Tensor, sa: int, dst: gs.Tensor, da: int, meet: gs.Node | None) -> None:
         ks, kd = self.kept(src, sa), self.kept(dst, da)
         new = ks & ~kd
         if not new.any():
             return
         why = self._why[src.name][sa].copy()
-        if site is not None and len(site.inputs) > 1:
+        if meet is not None:
             cd, cs = self.const(dst), self.const(src)
             if cd is not None:
                 dconst = cd.slice_constant(da, len(kd))
@@ -211,7 +213,7 @@ class KeepState:
                 )
                 meets = new & dconst & ~sconst
                 if meets.any():
-                    why[meets] = self._rid(Reason("meets-live", site.name, site.op))
+                    why[meets] = self._rid(Reason("meets-live", meet.name, meet.op))
         self.keep(dst, da, new, why=why)
 
     def claim(self, node: gs.Node, i: int) -> None:

@@ -33,8 +33,11 @@ def align(r_out: int, r_in: int) -> int:
     return r_out - r_in
 
 
-def couple_broadcast(ks: KeepState, node: gs.Node, out: gs.Tensor, t: gs.Tensor) -> None:
-    """Tie the axes of input `t` to the output axes they broadcast to."""
+def couple_broadcast(
+    ks: KeepState, node: gs.Node, out: gs.Tensor, t: gs.Tensor, combine: bool = False
+) -> None:
+    """Tie the axes of input `t` to the output axes they broadcast to. `combine`: `node` mixes
+    its operands elementwise (a constant index meeting a live one is explained as such)."""
     r_out, r_in = ir.rank(out), ir.rank(t)
     if r_out is None or r_in is None or r_in > r_out:
         ks.pin(t)
@@ -46,7 +49,7 @@ def couple_broadcast(ks: KeepState, node: gs.Node, out: gs.Tensor, t: gs.Tensor)
         if si == 1 and so != 1:
             ks.pin(t, j)  # broadcast: one index stands for all
         else:
-            ks.couple(t, j, out, j + off, site=node)
+            ks.couple(t, j, out, j + off, meet=node if combine else None)
 
 
 def couple_same(ks: KeepState, node: gs.Node, a: gs.Tensor, b: gs.Tensor) -> None:
@@ -56,7 +59,7 @@ def couple_same(ks: KeepState, node: gs.Node, a: gs.Tensor, b: gs.Tensor) -> Non
         ks.pin(b)
         return
     for i in range(ra):
-        ks.couple(a, i, b, i, site=node)
+        ks.couple(a, i, b, i)
 
 
 def couple_map(

@@ -58,7 +58,7 @@ class Concat(Handler):
             ks.demand(t, pin=False)
             for a in range(r):
                 if a != axis:
-                    ks.couple(t, a, y, a, site=node)
+                    ks.couple(t, a, y, a)
             n = ks.size(t, axis)
             if n is None or ks.size(y, axis) is None:
                 ks.pin(t, axis)
@@ -128,7 +128,7 @@ class Split(Handler):
         for y, n in zip(node.outputs, sizes, strict=True):
             for a in range(ir.rank(x)):
                 if a != axis:
-                    ks.couple(x, a, y, a, site=node)
+                    ks.couple(x, a, y, a)
             couple_map(ks, y, axis, x, axis, np.arange(n) + off)
             k = ks.kept(y, axis)
             if k is not None and len(k) and not k.any():
@@ -217,7 +217,7 @@ class Slice(Handler):
             ks.demand(t)
         for a in range(ir.rank(x)):
             if a not in rng:
-                ks.couple(x, a, y, a, site=node)
+                ks.couple(x, a, y, a)
                 continue
             _, _, step, idx = rng[a]
             if idx is None or step != 1:
@@ -284,9 +284,9 @@ class Gather(Handler):
         ks.demand(x, pin=False)
         for a in range(r):
             if a < axis:
-                ks.couple(x, a, y, a, site=node)
+                ks.couple(x, a, y, a)
             elif a > axis:
-                ks.couple(x, a, y, a - 1 + ri, site=node)
+                ks.couple(x, a, y, a - 1 + ri)
         idx = ks.value(i_t)
         n = ks.size(x, axis)
         if idx is not None and n is not None and idx.ndim <= 1:
@@ -300,7 +300,7 @@ class Gather(Handler):
             ks.demand(i_t, pin=False)
             ks.pin(x, axis)
             for k in range(ri):
-                ks.couple(i_t, k, y, axis + k, site=node)
+                ks.couple(i_t, k, y, axis + k)
 
     def rewrite(self, node: gs.Node, rw) -> None:
         x, i_t, y = node.inputs[0], node.inputs[1], node.outputs[0]

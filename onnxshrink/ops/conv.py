@@ -100,7 +100,7 @@ class _ConvBase(Handler):
             return
         for t in (x, wt, bt):
             ks.demand(t, pin=False)
-        ks.couple(x, 0, y, 0, site=node)
+        ks.couple(x, 0, y, 0)
         for a in range(2, r):
             ks.pin(x, a)
             ks.pin(y, a)

@@ -121,7 +121,7 @@ class Elementwise(Handler):
         y = node.outputs[0]
         for t in self.operands(node):
             ks.demand(t, pin=False)
-            couple_broadcast(ks, node, y, t)
+            couple_broadcast(ks, node, y, t, combine=len(self.operands(node)) > 1)
         for extra in node.outputs[1:]:  # Dropout's mask
             couple_broadcast(ks, node, extra, y)
 

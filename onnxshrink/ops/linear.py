@@ -20,7 +20,18 @@ from onnxshrink.ops.registry import Handler, register
 
 def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:
     """(live rows of A) x (non-zero pattern of B) > 0, as bools, with numpy broadcasting."""
+    k = max(live_a.shape[-1], nz.shape[-2])
+    live_a = np.broadcast_to(live_a, live_a.shape[:-1] + (k,))
+    nz = np.broadcast_to(nz, nz.shape[:-2] + (k, nz.shape[-1]))
     return np.matmul(live_a.astype(np.float32), nz.astype(np.float32)) > 0
+
+
+def _full_k(m: np.ndarray, v: np.ndarray, k: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mask and value (live elements zeroed) broadcast to size k along the contracted axis."""
+    shape = list(np.broadcast_shapes(m.shape, v.shape))
+    shape[axis] = k
+    m = np.broadcast_to(m, shape)
+    return m, np.where(m, np.broadcast_to(v, shape), np.zeros((), v.dtype))
 
 
 @register("Gemm")
@@ -37,7 +48,7 @@ class Gemm(Handler):
     def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
         a_t, b_t, c_t = node.inputs[0], node.inputs[1], ir.present(node, 2)
         b = ctx.value(b_t)
-        if b is None or ctx.const(a_t) is None:
+        if b is None:
             return None
         b = self.oriented(node, b)
         am, av = const_or_live(ctx, a_t, 2)
@@ -47,7 +58,8 @@ class Gemm(Handler):
         if not const.any():
             return None
         alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
-        y = alpha * (np.where(am, av, 0).astype(np.float64) @ b.astype(np.float64))
+        _, av = _full_k(am, av, b.shape[0], 1)
+        y = alpha * (av.astype(np.float64) @ b.astype(np.float64))
         c = ctx.value(c_t) if c_t is not None else None
         if c is not None:
             y = y + beta * c.astype(np.float64)
@@ -59,9 +71,9 @@ class Gemm(Handler):
         a_m, a_k, b_k, b_n = self.axes(node)
         for t in (a_t, b_t, c_t):
             ks.demand(t, pin=False)
-        ks.couple(a_t, a_m, y, 0, site=node)
-        ks.couple(b_t, b_n, y, 1, site=node)
-        ks.couple(a_t, a_k, b_t, b_k, site=node)
+        ks.couple(a_t, a_m, y, 0)
+        ks.couple(b_t, b_n, y, 1)
+        ks.couple(a_t, a_k, b_t, b_k)
         if c_t is not None:
             couple_broadcast(ks, node, y, c_t)
         b = ks.value(b_t)
@@ -106,8 +118,7 @@ class MatMul(Handler):
         ra, rb, ry = ir.rank(a_t), ir.rank(b_t), ir.rank(y)
         if None in (ra, rb, ry) or ra < 1 or rb < 1:
             return None
-        ca, cb = ctx.const(a_t), ctx.const(b_t)
-        if ca is None or cb is None:
+        if ctx.const(a_t) is None and ctx.const(b_t) is None:
             return None
         am, av = const_or_live(ctx, a_t, max(ra, 2))
         bm, bv = const_or_live(ctx, b_t, max(rb, 2))
@@ -125,7 +136,10 @@ class MatMul(Handler):
             const = am.all(axis=-1, keepdims=True) & bm.all(axis=-2, keepdims=True)
         if not const.any():
             return None
-        out = np.matmul(np.where(am, av, 0), np.where(bm, bv, 0))
+        k = max(am.shape[-1], bm.shape[-2], av.shape[-1], bv.shape[-2])
+        _, av = _full_k(am, av, k, -1)
+        _, bv0 = _full_k(bm, bv, k, -2)
+        out = np.matmul(av, bv0)
         const, out = np.broadcast_arrays(const, out)
         const, out = np.array(const), np.array(out)
         if ra == 1:
@@ -161,13 +175,13 @@ class MatMul(Handler):
                 if ks.size(t, j) == 1 and ks.size(y, ya) != 1:
                     ks.pin(t, j)
                 else:
-                    ks.couple(t, j, y, ya, site=node)
+                    ks.couple(t, j, y, ya)
         if y_m is not None:
-            ks.couple(a_t, ra - 2, y, y_m, site=node)
+            ks.couple(a_t, ra - 2, y, y_m)
         if y_n is not None:
-            ks.couple(b_t, rb - 1, y, y_n, site=node)
+            ks.couple(b_t, rb - 1, y, y_n)
         b_k = rb - 2 if rb >= 2 else 0
-        ks.couple(a_t, ra - 1, b_t, b_k, site=node)
+        ks.couple(a_t, ra - 1, b_t, b_k)
         b, a = ks.value(b_t), ks.value(a_t)
         if b is not None:
             nz = self._nz_b(b, rb)

@@ -65,8 +65,8 @@ class InstanceNorm(Handler):
             ks.barrier(node)
             return
         ks.demand(x, pin=False)
-        ks.couple(x, 0, y, 0, site=node)
-        ks.couple(x, 1, y, 1, site=node)
+        ks.couple(x, 0, y, 0)
+        ks.couple(x, 1, y, 1)
         for a in range(2, r):
             ks.pin(x, a)
             ks.pin(y, a)
@@ -116,11 +116,11 @@ class AxisNormalization(Handler):
             ks.barrier(node)
             return
         ks.demand(x, pin=False)
-        couple_same(ks, node, x, y)
         why = Reason("normalization", node.name, node.op)
         for a in axes:
             ks.pin(x, a, why)
             ks.pin(y, a, why)
+        couple_same(ks, node, x, y)
         for t in node.inputs[1:]:
             ks.demand(t)  # scale / bias over the normalized axes: kept whole
         for extra in node.outputs[1:]:  # saved mean / inverse std-dev (LayerNormalization)

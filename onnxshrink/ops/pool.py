@@ -23,8 +23,8 @@ def channel_map_keep(node: gs.Node, ks: KeepState, x: gs.Tensor, y: gs.Tensor) -
         ks.barrier(node)
         return
     ks.demand(x, pin=False)
-    ks.couple(x, 0, y, 0, site=node)
-    ks.couple(x, 1, y, 1, site=node)
+    ks.couple(x, 0, y, 0)
+    ks.couple(x, 1, y, 1)
     for a in range(2, r):
         ks.pin(x, a)
         ks.pin(y, a)

@@ -97,5 +97,5 @@ class Reduce(Handler):
                     ks.pin(y, a)
                     j += 1
             else:
-                ks.couple(x, a, y, j, site=node)
+                ks.couple(x, a, y, j)
                 j += 1

@@ -213,7 +213,7 @@ def keep_groups(
             for b in gb:
                 ks.pin(y, b)
         elif len(ga) == 1 and len(gb) == 1:
-            ks.couple(x, ga[0], y, gb[0], site=node)
+            ks.couple(x, ga[0], y, gb[0])
         else:
             _close_product(ks, x, ga, y, gb, node)
 
@@ -344,7 +344,7 @@ class Transpose(Handler):
             return
         ks.demand(x, pin=False)
         for i, a in enumerate(self.perm(node, r)):
-            ks.couple(x, a, y, i, site=node)
+            ks.couple(x, a, y, i)
 
 
 def _squeeze_axes(node: gs.Node, reader, x: gs.Tensor) -> list[int] | None:
@@ -391,7 +391,7 @@ class Squeeze(Handler):
             if a in axes:
                 ks.pin(x, a)
             else:
-                ks.couple(x, a, y, j, site=node)
+                ks.couple(x, a, y, j)
                 j += 1
 
 
@@ -426,7 +426,7 @@ class Unsqueeze(Handler):
             if b in axes:
                 ks.pin(y, b)
             else:
-                ks.couple(x, j, y, b, site=node)
+                ks.couple(x, j, y, b)
                 j += 1
 
 

@@ -25,7 +25,7 @@ def _per_axis(
             ks.pin(x, a, why)
             ks.pin(y, a, why)
         else:
-            ks.couple(x, a, y, a, site=node)
+            ks.couple(x, a, y, a)
 
 
 # ------------------------------------------------------------------ Pad
@@ -173,6 +173,14 @@ class Resize(Handler):
 # ------------------------------------------------------------------ Tile
 @register("Tile")
 class Tile(Handler):
+    def constants(self, node, ctx):
+        c, reps = ctx.const(node.inputs[0]), ctx.value(node.inputs[1])
+        if c is None or reps is None:
+            return None
+        m, v = np.broadcast_arrays(c.mask, c.value)
+        tiles = [int(k) if m.shape[a] > 1 else 1 for a, k in enumerate(reps.reshape(-1))]
+        return [compress(np.tile(m, tiles), np.tile(v, tiles))]
+
     def keep(self, node: gs.Node, ks: KeepState) -> None:
         x, y = node.inputs[0], node.outputs[0]
         reps = ks.value(node.inputs[1])

@@ -1,0 +1,105 @@
+"""Shared test helpers: tiny models in ONNX text syntax, and the zoo exported once per session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>\n'
+
+
+def tiny(text: str, zero: dict | None = None, seed: int = 0, opset: int = 17, values: dict | None = None) -> onnx.ModelProto:
+    """A model from ONNX text. Graph inputs named with a capital letter (W, B, Scale...) become
+    initializers of random values; `zero` maps such names to index expressions set to 0, and
+    `values` gives exact arrays for some of them."""
+    if not text.lstrip().startswith("<"):
+        text = HEADER.format(opset=opset) + text
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(seed)
+    keep = []
+    for inp in model.graph.input:
+        if not inp.name[:1].isupper():
+            keep.append(inp)
+            continue
+        dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+        if values and inp.name in values:
+            arr = np.asarray(values[inp.name], dtype=dtype).reshape(dims)
+        elif np.issubdtype(dtype, np.floating):
+            arr = rng.standard_normal(dims).astype(dtype)
+        else:
+            arr = rng.integers(1, 4, size=dims).astype(dtype)
+        if zero and inp.name in zero:
+            arr[zero[inp.name]] = 0
+        model.graph.initializer.append(numpy_helper.from_array(arr, inp.name))
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    onnx.checker.check_model(model)
+    return model
+
+
+def init(model: onnx.ModelProto, name: str) -> np.ndarray:
+    for t in model.graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    raise KeyError(name)
+
+
+def shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    return {t.name: tuple(t.dims) for t in model.graph.initializer}
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def params(model: onnx.ModelProto) -> int:
+    from onnxshrink.report import model_stats
+
+    return model_stats(model).params
+
+
+def shrink_checked(model: onnx.ModelProto, **kwargs):
+    """Shrink with validation on; also re-check outputs here on fresh inputs."""
+    from onnxshrink import shrink
+    from onnxshrink.validate import make_inputs, resolve_shapes
+
+    result = shrink(model, validate=True, **kwargs)
+    feeds = make_inputs(model, resolve_shapes(model, kwargs.get("input_shapes") or {}), 2, seed=123)
+    for feed in feeds:
+        for a, b in zip(run(result.reference, feed), run(result.model, feed), strict=True):
+            assert a.shape == b.shape
+            assert np.abs(a - b).max() <= 1e-5 * max(np.abs(a).max(), 1e-30)
+    return result
+
+
+# ------------------------------------------------------------------ zoo exports (cached)
+@pytest.fixture(scope="session")
+def zoo_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("zoo")
+
+
+_EXPORTS: dict[tuple, Path] = {}
+
+
+def export_cached(directory: Path, key: tuple, build) -> Path:
+    """Export once per session per key; `build()` returns (module, input_shape, export kwargs)."""
+    if key not in _EXPORTS:
+        from models.zoo import export
+
+        module, input_shape, kwargs = build()
+        path = directory / ("_".join(str(k) for k in key) + ".onnx")
+        export(module, path, input_shape, **kwargs)
+        _EXPORTS[key] = path
+    return _EXPORTS[key]

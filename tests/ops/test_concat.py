@@ -1,0 +1,98 @@
+"""Concat, Split, Slice, Gather: index ranges move with offsets; sizes are rewritten."""
+
+import numpy as np
+import pytest
+from conftest import init, shapes, shrink_checked, tiny
+
+CONCAT = """
+agraph (float[1, 3, 4, 4] x, float[4, 3, 1, 1] Wa, float[4] Ba, float[3, 3, 3, 3] Wb, float[3] Bb, float[2, 7, 1, 1] W2) => (float[1, 2, 4, 4] y)
+{
+  a = Conv (x, Wa, Ba)
+  b = Conv <pads = [1, 1, 1, 1]> (x, Wb, Bb)
+  c = Concat <axis = 1> (a, b)
+  r = Relu (c)
+  y = Conv (r, W2)
+}
+"""
+
+
+def test_concat_branches_lose_their_own_channels():
+    zero = {"Wa": np.s_[[1]], "Ba": np.s_[[1]], "Wb": np.s_[[0, 2]], "Bb": np.s_[[0, 2]]}
+    result = shrink_checked(tiny(CONCAT, zero=zero))
+    s = shapes(result.model)
+    assert s["Wa"] == (3, 3, 1, 1)
+    assert s["Wb"] == (1, 3, 3, 3)
+    assert s["W2"] == (2, 4, 1, 1)
+
+
+def test_a_whole_branch_leaves_the_concat():
+    result = shrink_checked(tiny(CONCAT, zero={"Wb": np.s_[:], "Bb": np.s_[:]}))
+    assert "Wb" not in shapes(result.model)
+    assert shapes(result.model)["W2"] == (2, 4, 1, 1)
+    concat = next(n for n in result.model.graph.node if n.op_type == "Concat")
+    assert len(concat.input) == 1
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_split_sizes_follow_the_kept_channels(opset):
+    split = {11: "Split <axis = 1, split = [2, 4]> (r)", 13: "Split <axis = 1> (r, Sizes)",
+             18: "Split <axis = 1, num_outputs = 2> (r)"}[opset]
+    sizes = "[2, 4]" if opset < 18 else "[3, 3]"
+    extra = ", int64[2] Sizes" if opset == 13 else ""
+    text = f"""
+agraph (float[1, 3, 4, 4] x, float[6, 3, 1, 1] W1, float[6] B1, float[2, {sizes[1]}, 1, 1] Wp, float[2, {sizes[-2]}, 1, 1] Wq{extra}) => (float[1, 2, 4, 4] y)
+{{
+  c = Conv (x, W1, B1)
+  r = Relu (c)
+  p, q = {split}
+  u = Conv (p, Wp)
+  v = Conv (q, Wq)
+  y = Add (u, v)
+}}
+"""
+    model = tiny(text, zero={"W1": np.s_[[1, 4]], "B1": np.s_[[1, 4]]}, values={"Sizes": [2, 4]}, opset=opset)
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["W1"] == (4, 3, 1, 1)
+    first = 1 if opset < 18 else 2
+    assert s["Wp"] == (2, first, 1, 1)
+    assert s["Wq"] == (2, 4 - first, 1, 1)
+
+
+SLICE = """
+agraph (float[1, 3, 4, 4] x, float[6, 3, 1, 1] W1, float[6] B1, int64[1] St, int64[1] En, int64[1] Ax, float[2, 3, 1, 1] W2) => (float[1, 2, 4, 4] y)
+{
+  c = Conv (x, W1, B1)
+  r = Relu (c)
+  s = Slice (r, St, En, Ax)
+  y = Conv (s, W2)
+}
+"""
+
+
+def test_slice_bounds_are_rewritten():
+    # Channels 2..4 are read; channel 0 (outside) and 3 (inside, zeroed) go.
+    model = tiny(SLICE, zero={"W1": np.s_[[0, 3]], "B1": np.s_[[0, 3]]}, values={"St": [2], "En": [5], "Ax": [1]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (2, 3, 1, 1)  # only 2 and 4 remain: 1 and 5 unread
+    slc = next(n for n in result.model.graph.node if n.op_type == "Slice")
+    assert init(result.model, slc.input[1]).tolist() == [0]
+    assert init(result.model, slc.input[2]).tolist() == [2]
+
+
+GATHER = """
+agraph (float[1, 3, 4, 4] x, float[5, 3, 1, 1] W1, float[5] B1, int64[3] Idx, float[2, 3, 1, 1] W2) => (float[1, 2, 4, 4] y)
+{
+  c = Conv (x, W1, B1)
+  g = Gather <axis = 1> (c, Idx)
+  y = Conv (g, W2)
+}
+"""
+
+
+def test_gather_of_channels_remaps_its_indices():
+    model = tiny(GATHER, zero={"W2": np.s_[:, [1]]}, values={"Idx": [4, 0, 2]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (2, 3, 1, 1)  # channels 4 and 2
+    g = next(n for n in result.model.graph.node if n.op_type == "Gather")
+    assert init(result.model, g.input[1]).tolist() == [1, 0]

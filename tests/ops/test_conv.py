@@ -1,0 +1,204 @@
+"""Conv / ConvTranspose: channels through weights, groups, constants folded into biases."""
+
+import numpy as np
+from conftest import init, shapes, shrink_checked, tiny
+
+CHAIN = """
+agraph (float[1, 3, 8, 8] x, float[6, 3, 3, 3] W1, float[6] B1, float[5, 6, 3, 3] W2, float[5] B2) => (float[1, 5, 8, 8] y)
+{
+  a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+  r = Relu (a)
+  y = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
+}
+"""
+
+
+def chain(**zero):
+    return tiny(CHAIN, zero=zero, values={"B1": [1.0, -0.5, 0.3, 2.0, -1.0, 0.7]})
+
+
+def test_zeroed_filters_and_bias_remove_the_channel_from_both_convs():
+    result = shrink_checked(chain(W1=np.s_[[1, 4]], B1=np.s_[[1, 4]]))
+    s = shapes(result.model)
+    assert s["W1"] == (4, 3, 3, 3)
+    assert s["B1"] == (4,)
+    assert s["W2"] == (5, 4, 3, 3)
+    assert result.validation.passed
+    assert not result.folds  # a zero constant contributes nothing
+
+
+def test_unread_input_channels_are_removed_from_the_producer_too():
+    # W2 never reads channel 2 ("indirect sparsity"): W1's live filter 2 goes as well.
+    result = shrink_checked(chain(W2=np.s_[:, [2]]))
+    s = shapes(result.model)
+    assert s["W1"] == (5, 3, 3, 3)
+    assert s["W2"] == (5, 5, 3, 3)
+
+
+def test_constant_channel_through_padded_conv_becomes_a_constant_map():
+    # Filter zeroed, bias kept: relu(b) is a constant channel; with zero padding its
+    # contribution differs at the borders, so it is folded as one constant tensor.
+    result = shrink_checked(chain(W1=np.s_[[0]]))
+    assert shapes(result.model)["W1"] == (5, 3, 3, 3)
+    assert [f.into for f in result.folds] == ["constant map"]
+    assert result.after.ops.get("Add") == 1
+
+
+ONE_BY_ONE = """
+agraph (float[1, 3, 6, 6] x, float[4, 3, 3, 3] W1, float[4] B1, float[2, 4, 1, 1] W2, float[2] B2) => (float[1, 2, 6, 6] y)
+{
+  a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+  r = Relu (a)
+  y = Conv (r, W2, B2)
+}
+"""
+
+
+def test_constant_channel_into_unpadded_conv_folds_into_the_bias():
+    model = tiny(ONE_BY_ONE, zero={"W1": np.s_[[3]]}, values={"B1": [0.5, -1.0, 2.0, 1.5]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W2"] == (2, 3, 1, 1)
+    assert [f.into for f in result.folds] == ["bias"]
+    assert result.after.ops == {"Conv": 2, "Relu": 1}
+    # relu(1.5) * W2[:, 3] was added to B2
+    b2 = init(result.model, next(t.name for t in result.model.graph.initializer if t.dims == [2]))
+    w2 = init(model, "W2")[:, 3, 0, 0]
+    assert np.allclose(b2, init(model, "B2") + 1.5 * w2, rtol=1e-6)
+
+
+DYNAMIC = """
+agraph (float[1, 3, H, W] x, float[4, 3, 3, 3] W1, float[4] B1, float[2, 4, 3, 3] W2, float[2] B2) => (float[1, 2, H, W] y)
+{
+  a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+  r = Relu (a)
+  y = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
+}
+"""
+
+
+def test_constant_channel_is_kept_when_padding_and_dynamic_size_prevent_folding():
+    model = tiny(DYNAMIC, zero={"W1": np.s_[[3]]}, values={"B1": [0.5, -1.0, 2.0, 1.5]})
+    result = shrink_checked(model, input_shapes={"x": [1, 3, 7, 9]})
+    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+    kinds = {g.kind for g in result.kept_zeroed if g.tensor == "W1"}
+    assert kinds == {"not-absorbable"}
+
+
+GROUPED = """
+agraph (float[1, 4, 6, 6] x, float[8, 4, 1, 1] W1, float[8] B1, float[8, 4, 3, 3] W2, float[8] B2, float[3, 8, 1, 1] W3) => (float[1, 3, 6, 6] y)
+{
+  a = Conv (x, W1, B1)
+  r = Relu (a)
+  g = Conv <group = 2, pads = [1, 1, 1, 1]> (r, W2, B2)
+  s = Relu (g)
+  y = Conv (s, W3)
+}
+"""
+
+
+def test_grouped_conv_keeps_its_group_structure():
+    # One channel of each group (1 and 5) removed from the producer and the grouped conv.
+    zero = {"W1": np.s_[[1, 5]], "B1": np.s_[[1, 5]], "W2": np.s_[[1, 5]], "B2": np.s_[[1, 5]]}
+    result = shrink_checked(tiny(GROUPED, zero=zero))
+    s = shapes(result.model)
+    assert s["W1"] == (6, 4, 1, 1)
+    assert s["W2"] == (6, 3, 3, 3)
+    assert s["W3"] == (3, 6, 1, 1)
+    conv = [n for n in result.model.graph.node if n.op_type == "Conv"][1]
+    assert next(a.i for a in conv.attribute if a.name == "group") == 2
+
+
+def test_grouped_conv_drops_a_whole_group():
+    zero = {"W1": np.s_[4:], "B1": np.s_[4:], "W2": np.s_[4:], "B2": np.s_[4:]}
+    result = shrink_checked(tiny(GROUPED, zero=zero))
+    s = shapes(result.model)
+    assert s["W2"] == (4, 4, 3, 3)
+    conv = [n for n in result.model.graph.node if n.op_type == "Conv"][1]
+    assert next(a.i for a in conv.attribute if a.name == "group") == 1
+
+
+def test_uneven_group_masks_keep_equal_counts_per_group():
+    # Two channels pruned in group 0, none in group 1: a grouped conv needs the same count
+    # in every group, so group 0 keeps them.
+    zero = {"W1": np.s_[[0, 1]], "B1": np.s_[[0, 1]], "W2": np.s_[[0, 1]], "B2": np.s_[[0, 1]]}
+    result = shrink_checked(tiny(GROUPED, zero=zero))
+    assert shapes(result.model)["W2"] == (8, 4, 3, 3)
+    assert {g.kind for g in result.kept_zeroed if g.tensor == "W2"} == {"structure"}
+
+
+DEPTHWISE = """
+agraph (float[1, 3, 6, 6] x, float[6, 3, 1, 1] W1, float[6] B1, float[6, 1, 3, 3] D, float[6] DB, float[2, 6, 1, 1] W3) => (float[1, 2, 6, 6] y)
+{
+  a = Conv (x, W1, B1)
+  r = Clip <min = 0.0, max = 6.0> (a)
+  d = Conv <group = 6, pads = [1, 1, 1, 1]> (r, D, DB)
+  s = Clip <min = 0.0, max = 6.0> (d)
+  y = Conv (s, W3)
+}
+"""
+
+
+def test_depthwise_conv_loses_the_channels_of_its_input():
+    zero = {"W1": np.s_[[0, 3, 4]], "B1": np.s_[[0, 3, 4]], "D": np.s_[[0, 3, 4]], "DB": np.s_[[0, 3, 4]]}
+    result = shrink_checked(tiny(DEPTHWISE, zero=zero, opset=10))
+    s = shapes(result.model)
+    assert s["D"] == (3, 1, 3, 3)
+    assert s["W3"] == (2, 3, 1, 1)
+    dw = [n for n in result.model.graph.node if n.op_type == "Conv"][1]
+    assert next(a.i for a in dw.attribute if a.name == "group") == 3
+
+
+CONV1D = """
+agraph (float[1, 3, 16] x, float[5, 3, 3] W1, float[5] B1, float[4, 5, 3] W2) => (float[1, 4, 16] y)
+{
+  a = Conv <pads = [1, 1]> (x, W1, B1)
+  r = Relu (a)
+  y = Conv <pads = [1, 1]> (r, W2)
+}
+"""
+
+CONV3D = """
+agraph (float[1, 2, 4, 4, 4] x, float[5, 2, 3, 3, 3] W1, float[5] B1, float[3, 5, 1, 1, 1] W2) => (float[1, 3, 4, 4, 4] y)
+{
+  a = Conv <pads = [1, 1, 1, 1, 1, 1]> (x, W1, B1)
+  r = Relu (a)
+  y = Conv (r, W2)
+}
+"""
+
+
+def test_conv1d_and_conv3d():
+    r1 = shrink_checked(tiny(CONV1D, zero={"W1": np.s_[[2]], "B1": np.s_[[2]]}))
+    assert shapes(r1.model)["W2"] == (4, 4, 3)
+    r3 = shrink_checked(tiny(CONV3D, zero={"W1": np.s_[[0, 1]], "B1": np.s_[[0, 1]]}))
+    assert shapes(r3.model)["W2"] == (3, 3, 1, 1, 1)
+
+
+TRANSPOSED = """
+agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1, float[4, 6, 2, 2] T, float[6] TB, float[2, 6, 1, 1] W3) => (float[1, 2, 10, 10] y)
+{
+  a = Conv (x, W1, B1)
+  r = Relu (a)
+  t = ConvTranspose <strides = [2, 2]> (r, T, TB)
+  s = Relu (t)
+  y = Conv (s, W3)
+}
+"""
+
+
+def test_conv_transpose_prunes_input_and_output_channels():
+    zero = {"W1": np.s_[[1]], "B1": np.s_[[1]], "T": np.s_[:, [0, 5]], "TB": np.s_[[0, 5]]}
+    result = shrink_checked(tiny(TRANSPOSED, zero=zero))
+    s = shapes(result.model)
+    assert s["T"] == (3, 4, 2, 2)
+    assert s["W3"] == (2, 4, 1, 1)
+    assert s["W1"] == (3, 3, 1, 1)
+
+
+def test_conv_transpose_folds_a_constant_input_channel_as_a_map():
+    # stride 2, kernel 2: each output pixel sees one input pixel through one kernel tap, so
+    # the constant's contribution repeats the 2x2 kernel pattern: a constant map, not a bias.
+    model = tiny(TRANSPOSED, zero={"W1": np.s_[[2]]}, values={"B1": [1.0, 0.5, 2.0, -1.0]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["T"] == (3, 6, 2, 2)
+    assert [f.into for f in result.folds] == ["constant map"]

@@ -1,0 +1,121 @@
+"""Gemm and MatMul: features through weights; constant features folded into the bias."""
+
+import math
+
+import numpy as np
+from conftest import init, shapes, shrink_checked, tiny
+
+GEMM = """
+agraph (float[2, 6] x, float[5, 6] W1, float[5] B1, float[4, 5] W2, float[4] B2) => (float[2, 4] y)
+{
+  a = Gemm <transB = 1> (x, W1, B1)
+  r = Relu (a)
+  y = Gemm <transB = 1> (r, W2, B2)
+}
+"""
+
+
+def test_gemm_rows_and_columns_go_together():
+    result = shrink_checked(tiny(GEMM, zero={"W1": np.s_[[0, 3]], "B1": np.s_[[0, 3]]}))
+    s = shapes(result.model)
+    assert s["W1"] == (3, 6)
+    assert s["B1"] == (3,)
+    assert s["W2"] == (4, 3)
+
+
+def test_gemm_constant_feature_folds_into_c():
+    model = tiny(GEMM, zero={"W1": np.s_[[1]]}, values={"B1": [0.1, 2.0, -0.3, 0.4, 0.5]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W2"] == (4, 4)
+    assert [f.into for f in result.folds] == ["bias"]
+    b2 = init(result.model, "B2")
+    assert np.allclose(b2, init(model, "B2") + 2.0 * init(model, "W2")[:, 1], rtol=1e-6)
+
+
+GEMM_NO_C = """
+agraph (float[2, 6] x, float[6, 5] W1, float[5] B1, float[5, 4] W2) => (float[2, 4] y)
+{
+  a = Gemm (x, W1, B1)
+  r = Sigmoid (a)
+  y = Gemm <alpha = 2.0> (r, W2)
+}
+"""
+
+
+def test_gemm_without_c_gets_one_and_sigmoid_of_zero_is_half():
+    # A zeroed column of W1 (not transposed) with a zero bias gives sigmoid(0) = 0.5.
+    result = shrink_checked(tiny(GEMM_NO_C, zero={"W1": np.s_[:, [2]], "B1": np.s_[[2]]}))
+    s = shapes(result.model)
+    assert s["W1"] == (6, 4)
+    assert s["W2"] == (4, 4)
+    gemm = [n for n in result.model.graph.node if n.op_type == "Gemm"][1]
+    assert len(gemm.input) == 3
+    c = init(result.model, gemm.input[2])
+    model = tiny(GEMM_NO_C, zero={"W1": np.s_[:, [2]], "B1": np.s_[[2]]})
+    assert np.allclose(c, 2.0 * 0.5 * init(model, "W2")[2], rtol=1e-6)
+
+
+MATMUL = """
+agraph (float[2, 7, 6] x, float[6, 5] W1, float[5] B1, float[5, 3] W2, float[3] B2) => (float[2, 7, 3] y)
+{
+  m = MatMul (x, W1)
+  a = Add (m, B1)
+  r = Gelu (a)
+  n = MatMul (r, W2)
+  y = Add (n, B2)
+}
+"""
+
+
+def test_matmul_with_constant_weight_on_rank3_input():
+    result = shrink_checked(tiny(MATMUL, zero={"W1": np.s_[:, [0, 4]], "B1": np.s_[[0, 4]]}, opset=20))
+    s = shapes(result.model)
+    assert s["W1"] == (6, 3)
+    assert s["B1"] == (3,)
+    assert s["W2"] == (3, 3)
+    assert not result.folds
+
+
+def test_matmul_constant_neuron_folds_into_the_following_bias_add():
+    model = tiny(MATMUL, zero={"W1": np.s_[:, [1]]}, values={"B1": [0.3, 1.2, -0.4, 0.2, 0.9]}, opset=20)
+    result = shrink_checked(model)
+    assert shapes(result.model)["W2"] == (4, 3)
+    assert [f.into for f in result.folds] == ["bias"]
+    assert result.after.ops["Add"] == 2  # folded into B2, no new node
+    b2 = init(result.model, "B2")
+    g = 0.5 * 1.2 * (1 + math.erf(1.2 / math.sqrt(2)))  # gelu(1.2)
+    assert np.allclose(b2, init(model, "B2") + g * init(model, "W2")[1], rtol=1e-5)
+
+
+TRANSPOSED_WEIGHT = """
+agraph (float[3, 6] x, float[5, 6] W1, float[4, 5] W2) => (float[3, 4] y)
+{
+  t1 = Transpose <perm = [1, 0]> (W1)
+  a = MatMul (x, t1)
+  r = Relu (a)
+  t2 = Transpose <perm = [1, 0]> (W2)
+  y = MatMul (r, t2)
+}
+"""
+
+
+def test_matmul_through_an_explicit_weight_transpose():
+    # torch.onnx.export(optimize=False) keeps Linear weights as Transpose(W) -> MatMul.
+    result = shrink_checked(tiny(TRANSPOSED_WEIGHT, zero={"W1": np.s_[[1, 2]]}))
+    s = shapes(result.model)
+    assert s["W1"] == (3, 6)
+    assert s["W2"] == (4, 3)
+
+
+BOTH_LIVE = """
+agraph (float[2, 4, 6] q, float[2, 6, 5] k) => (float[2, 4, 5] y)
+{
+  y = MatMul (q, k)
+}
+"""
+
+
+def test_matmul_of_two_activations_keeps_everything():
+    result = shrink_checked(tiny(BOTH_LIVE))
+    assert result.after.params == 0
+    assert result.after.ops == {"MatMul": 1}

@@ -1,0 +1,111 @@
+"""Normalizations: BatchNorm/InstanceNorm per channel; LayerNorm, Softmax, GroupNorm mix channels."""
+
+import numpy as np
+from conftest import shapes, shrink_checked, tiny
+
+BN = """
+agraph (float[1, 3, 5, 5] x, float[4, 3, 3, 3] W1, float[4] S, float[4] B, float[4] M, float[4] V, float[2, 4, 1, 1] W2) => (float[1, 2, 5, 5] y)
+{
+  c = Conv <pads = [1, 1, 1, 1]> (x, W1)
+  n = BatchNormalization (c, S, B, M, V)
+  r = Relu (n)
+  y = Conv (r, W2)
+}
+"""
+
+VAR = {"V": [0.5, 1.2, 2.0, 0.8]}
+
+
+def test_unfolded_batchnorm_channels_go_with_the_conv():
+    zero = {"W1": np.s_[[1]], "S": np.s_[[1]], "B": np.s_[[1]]}
+    result = shrink_checked(tiny(BN, zero=zero, values=VAR))
+    s = shapes(result.model)
+    assert s["W1"] == (3, 3, 3, 3)
+    assert s["S"] == s["B"] == s["M"] == s["V"] == (3,)
+    assert s["W2"] == (2, 3, 1, 1)
+
+
+def test_zero_bn_scale_makes_a_constant_folded_into_the_next_bias():
+    # Scale 0: the channel is BN's shift whatever the conv; the conv keeps no filter for it.
+    model = tiny(BN, zero={"S": np.s_[[2]]}, values={**VAR, "B": [0.1, 0.2, 0.9, 0.3]})
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["W1"] == (3, 3, 3, 3)
+    assert s["W2"] == (2, 3, 1, 1)
+    assert [f.into for f in result.folds] == ["bias"]
+
+
+def test_conv_only_mask_leaves_a_batchnorm_shift_constant_and_folds_it():
+    # The usual pruner mask: the filter is zero, BatchNorm untouched.
+    model = tiny(BN, zero={"W1": np.s_[[0]]}, values={**VAR, "B": [2.0, 0.1, 0.2, 0.3]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (3, 3, 3, 3)
+    assert [f.into for f in result.folds] == ["bias"]
+
+
+LAYERNORM = """
+agraph (float[2, 3, 6] x, float[6, 4] W1, float[4] B1, float[4] G, float[4] Z, float[4, 2] W2) => (float[2, 3, 2] y)
+{
+  m = MatMul (x, W1)
+  a = Add (m, B1)
+  n = LayerNormalization <axis = -1> (a, G, Z)
+  y = MatMul (n, W2)
+}
+"""
+
+
+def test_layernorm_keeps_every_hidden_channel_and_says_why():
+    result = shrink_checked(tiny(LAYERNORM, zero={"W1": np.s_[:, [1]], "B1": np.s_[[1]]}, opset=17))
+    assert shapes(result.model)["W1"] == (6, 4)
+    [group] = [g for g in result.kept_zeroed if g.tensor == "W1" and g.axis == 1]
+    assert group.kind == "normalization" and "LayerNormalization" in group.reason
+
+
+SOFTMAX = """
+agraph (float[2, 6] x, float[5, 6] W1, float[5] B1, float[3, 5] W2) => (float[2, 3] y)
+{
+  a = Gemm <transB = 1> (x, W1, B1)
+  p = Softmax <axis = 1> (a)
+  y = Gemm <transB = 1> (p, W2)
+}
+"""
+
+
+def test_softmax_over_the_pruned_axis_keeps_it():
+    result = shrink_checked(tiny(SOFTMAX, zero={"W1": np.s_[[0]], "B1": np.s_[[0]]}))
+    assert shapes(result.model)["W1"] == (5, 6)
+    assert {g.kind for g in result.kept_zeroed if g.tensor == "W1"} == {"normalization"}
+
+
+INSTANCENORM = """
+agraph (float[1, 3, 5, 5] x, float[4, 3, 3, 3] W1, float[4] B1, float[4] S, float[4] T, float[2, 4, 1, 1] W2) => (float[1, 2, 5, 5] y)
+{
+  c = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+  n = InstanceNormalization (c, S, T)
+  r = Relu (n)
+  y = Conv (r, W2)
+}
+"""
+
+
+def test_instance_norm_is_per_channel():
+    zero = {"W2": np.s_[:, [3]]}
+    result = shrink_checked(tiny(INSTANCENORM, zero=zero))
+    s = shapes(result.model)
+    assert s["W1"] == (3, 3, 3, 3)
+    assert s["S"] == s["T"] == (3,)
+
+
+GROUPNORM = """
+agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1, float[4] S, float[4] T, float[2, 4, 1, 1] W2) => (float[1, 2, 5, 5] y)
+{
+  c = Conv (x, W1, B1)
+  n = GroupNormalization <num_groups = 2> (c, S, T)
+  y = Conv (n, W2)
+}
+"""
+
+
+def test_group_norm_keeps_its_channels():
+    result = shrink_checked(tiny(GROUPNORM, zero={"W1": np.s_[[0]], "B1": np.s_[[0]]}, opset=21))
+    assert shapes(result.model)["W1"] == (4, 3, 1, 1)
