@@ -26,7 +26,7 @@ class Fold:
     node: str
     op: str
     channels: int
-    into: str  # "bias" | "constant map"
+    into: str  # "bias" | "carrier channel" | "constant map"
 
 
 @dataclass
@@ -197,6 +197,9 @@ class Rewriter:
             new = new.reshape(-1)
         self.replace_input(node, 2, new.astype(dtype))
         self.folds.append(Fold(node.name, node.op, n_channels, "bias"))
+
+    def record_fold(self, node: gs.Node, channels: int, into: str) -> None:
+        self.folds.append(Fold(node.name, node.op, channels, into))
 
     def check_removed_constant(
         self, node: gs.Node, c: ConstInfo | None, axis: int, removed: np.ndarray

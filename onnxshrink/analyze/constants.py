@@ -45,6 +45,28 @@ class ConstInfo:
         per = m.all(axis=other) if other else m
         return np.broadcast_to(per.reshape(-1), (size,)) if per.size == 1 else per.reshape(-1)
 
+    def slice_values(self, axis: int, size: int) -> np.ndarray:
+        """Per index along `axis`: the value at the slice's first element (its value when the
+        slice is uniform)."""
+        v = np.moveaxis(
+            np.broadcast_to(self.value, np.broadcast_shapes(self.value.shape, self.mask.shape)),
+            axis,
+            0,
+        )
+        first = v.reshape(v.shape[0], -1)[:, 0]
+        return np.broadcast_to(first, (size,)) if first.size == 1 else first
+
+    def slice_zero(self, axis: int, size: int) -> np.ndarray:
+        """Per index along `axis`: is the slice constant and zero everywhere?"""
+        const = self.slice_constant(axis, size)
+        v = np.moveaxis(
+            np.broadcast_to(self.value, np.broadcast_shapes(self.value.shape, self.mask.shape)),
+            axis,
+            0,
+        )
+        zero = ~(v.reshape(v.shape[0], -1) != 0).any(axis=1)
+        return const & (np.broadcast_to(zero, (size,)) if zero.size == 1 else zero)
+
     def slice_uniform(self, axis: int, size: int) -> np.ndarray:
         """Per index along `axis`: is the slice constant with one value (no variation elsewhere)?"""
         const = self.slice_constant(axis, size)

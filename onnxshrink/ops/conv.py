@@ -2,8 +2,12 @@
 
 An output channel depends on the input channels of its group whose weights are not all zero.
 An input channel no kept output reads is removable; so is a constant input channel, whose
-contribution (it is input-independent) is added to the bias, or as a constant map after the
-conv when zero padding makes it vary at the borders (static shapes only).
+contribution (it is input-independent) is folded:
+- no padding, uniform constant: into the bias;
+- zero padding (or a transposed conv), uniform constants: the contribution varies at the
+  borders exactly as a channel of that constant would, so one constant channel is kept as a
+  carrier and the others' weights are added to its weights, scaled by their values;
+- otherwise, with static shapes: as one constant map added after the conv.
 """
 
 from __future__ import annotations
@@ -45,17 +49,29 @@ class _ConvBase(Handler):
         auto = auto.decode() if isinstance(auto, bytes) else auto
         return auto in ("NOTSET", "VALID") and not any(node.attrs.get("pads", []) or [])
 
+    def borders(self, node: gs.Node) -> bool:
+        """Does a uniform input give a non-uniform output (zero padding, transposed taps)?"""
+        return self.transposed or not self.no_padding(node)
+
     def absorbable(self, node: gs.Node, reader, x: gs.Tensor, ci: int) -> np.ndarray:
         """Input channels whose constant contribution can be folded exactly."""
         c = reader.const(x)
         if c is None:
             return np.zeros(ci, bool)
-        const = c.slice_constant(1, ci)
+        const, uniform = c.slice_constant(1, ci), c.slice_uniform(1, ci)
+        ok = c.slice_zero(1, ci)  # contributes nothing
         if static_batch1(x) is not None:
-            return const
-        if not self.transposed and self.no_padding(node):
-            return c.slice_uniform(1, ci)  # dynamic spatial size: only a border-free uniform map
-        return np.zeros(ci, bool)
+            ok |= const  # a constant map at worst
+        if not self.borders(node) or int(node.attrs.get("group", 1)) == 1:
+            ok |= uniform  # bias, or carried by one kept constant channel
+        return ok
+
+    def carriers(self, reader, x: gs.Tensor, ci: int) -> np.ndarray:
+        """Channels that can carry other constants through a padded conv: uniform, non-zero."""
+        c = reader.const(x)
+        if c is None:
+            return np.zeros(ci, bool)
+        return c.slice_uniform(1, ci) & ~c.slice_zero(1, ci)
 
     # -------------------------------------------------------------- forward
     def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
@@ -123,6 +139,23 @@ class _ConvBase(Handler):
         ky = ks.kept(y, 1)
         absorb = self.absorbable(node, ks, x, ci)
         reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
+        if g == 1 and self.borders(node):
+            # Uniform constants about to be removed need one kept constant channel to carry them;
+            # the lowest-index one, so that coupled tensors and other readers pick the same.
+            carriers = self.carriers(ks, x, ci)
+            kx = ks.kept(x, 1)
+            if (reads & carriers & ~kx).any() and not (carriers & kx).any():
+                ks.keep(
+                    x,
+                    1,
+                    [int(np.flatnonzero(carriers)[0])],
+                    Reason(
+                        "structure",
+                        node.name,
+                        node.op,
+                        "it carries the folded constant channels through the zero padding",
+                    ),
+                )
         cx = ks.const(x)
         if cx is not None:
             stuck = reads & ~absorb & cx.slice_constant(1, ci)
@@ -191,16 +224,29 @@ class _ConvBase(Handler):
             )
 
     def fold(self, node, rw, x, w0, kx, ky, ci) -> None:
-        """Add the contribution of removed constant input channels to the bias (or a map)."""
+        """Fold the contribution of removed constant input channels (see the module docstring)."""
         c = rw.const(x)
+        d = self.depends(node, w0)[ky]
+        reads = d.any(axis=0)
+        rw.check_removed_constant(node, c, 1, ~kx & reads)
         if c is None:
             return
-        d = self.depends(node, w0)[ky]
-        removed = ~kx & c.slice_constant(1, ci) & d.any(axis=0)
+        removed = ~kx & reads & ~c.slice_zero(1, ci)
         if not removed.any():
             return
+        g = int(node.attrs.get("group", 1))
+        if self.borders(node) and g == 1:
+            carrier = kx & self.carriers(rw, x, ci)
+            uniform = removed & c.slice_uniform(1, ci)
+            if carrier.any() and uniform.any():
+                self.fold_into_carrier(
+                    node, rw, c, w0, kx, ky, ci, uniform, int(np.flatnonzero(carrier)[0])
+                )
+                removed &= ~uniform
+            if not removed.any():
+                return
         shape = static_batch1(x)
-        if shape is None:  # dynamic spatial dims: uniform channels, no padding (see absorbable)
+        if shape is None:  # dynamic spatial dims: uniform channels, no borders (see absorbable)
             k = node.attrs.get("kernel_shape") or list(w0.shape[2:])
             dil = node.attrs.get("dilations") or [1] * len(k)
             shape = [1, ci, *[(kk - 1) * dd + 1 for kk, dd in zip(k, dil, strict=True)]]
@@ -210,6 +256,19 @@ class _ConvBase(Handler):
         rw.fold_into_bias(
             node, bias_index=2, contrib=contrib, channel_axis=1, n_channels=int(removed.sum())
         )
+
+    def fold_into_carrier(self, node, rw, c, w0, kx, ky, ci, removed, carrier) -> None:
+        """W[:, carrier] += sum over removed c of W[:, c] * value(c) / value(carrier)."""
+        values = c.slice_values(1, ci).astype(np.float64)
+        scale = values[removed] / values[carrier]
+        w = rw.current(node.inputs[1]).astype(np.float64)
+        col = int(kx[:carrier].sum())  # the carrier's position among the kept inputs
+        if self.transposed:
+            w[col] += np.tensordot(scale, w0[removed][:, ky].astype(np.float64), axes=1)
+        else:
+            w[:, col] += np.tensordot(w0[ky][:, removed].astype(np.float64), scale, axes=([1], [0]))
+        rw.replace_input(node, 1, w.astype(w0.dtype))
+        rw.record_fold(node, int(removed.sum()), "carrier channel")
 
 
 @register("Conv")

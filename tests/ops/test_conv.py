@@ -35,13 +35,18 @@ def test_unread_input_channels_are_removed_from_the_producer_too():
     assert s["W2"] == (5, 5, 3, 3)
 
 
-def test_constant_channel_through_padded_conv_becomes_a_constant_map():
-    # Filter zeroed, bias kept: relu(b) is a constant channel; with zero padding its
-    # contribution differs at the borders, so it is folded as one constant tensor.
-    result = shrink_checked(chain(W1=np.s_[[0]]))
+def test_constant_channels_through_a_padded_conv_share_one_carrier_channel():
+    # Filters zeroed, biases kept: relu(1.0) and relu(2.0) are constant channels. Through zero
+    # padding their contribution differs at the borders, just as a channel of constants does:
+    # channel 0 stays as the carrier and channel 3's weights are added to its own, scaled by 2.
+    model = chain(W1=np.s_[[0, 3]])
+    result = shrink_checked(model)
     assert shapes(result.model)["W1"] == (5, 3, 3, 3)
-    assert [f.into for f in result.folds] == ["constant map"]
-    assert result.after.ops.get("Add") == 1
+    assert [f.into for f in result.folds] == ["carrier channel"]
+    w2, w2_new = init(model, "W2"), init(result.model, "W2")
+    assert np.allclose(w2_new[:, 0], w2[:, 0] + 2.0 * w2[:, 3], rtol=1e-6)
+    [kept] = [g for g in result.kept_zeroed if g.tensor == "W1" and g.axis == 0]
+    assert kept.count == 1 and "carries" in kept.reason
 
 
 ONE_BY_ONE = """
@@ -67,21 +72,32 @@ def test_constant_channel_into_unpadded_conv_folds_into_the_bias():
 
 
 DYNAMIC = """
-agraph (float[1, 3, H, W] x, float[4, 3, 3, 3] W1, float[4] B1, float[2, 4, 3, 3] W2, float[2] B2) => (float[1, 2, H, W] y)
+agraph (float[1, 4, H, W] x, float[4, 4, 1, 1] W1, float[4] B1, float[4, 2, 3, 3] W2, float[4] B2) => (float[1, 4, H, W] y)
 {
-  a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+  a = Conv (x, W1, B1)
   r = Relu (a)
-  y = Conv <pads = [1, 1, 1, 1]> (r, W2, B2)
+  y = Conv <pads = [1, 1, 1, 1], group = 2> (r, W2, B2)
 }
 """
 
 
-def test_constant_channel_is_kept_when_padding_and_dynamic_size_prevent_folding():
-    model = tiny(DYNAMIC, zero={"W1": np.s_[[3]]}, values={"B1": [0.5, -1.0, 2.0, 1.5]})
-    result = shrink_checked(model, input_shapes={"x": [1, 3, 7, 9]})
-    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+def test_constant_channel_of_a_padded_grouped_conv_with_dynamic_size_is_kept():
+    # A grouped conv cannot share a carrier across groups, and with a dynamic size no
+    # constant map can be made: the channel stays, and the report says why.
+    model = tiny(DYNAMIC, zero={"W1": np.s_[[1, 3]]}, values={"B1": [0.5, 1.0, 2.0, 1.5]})
+    result = shrink_checked(model, input_shapes={"x": [1, 4, 7, 9]})
+    assert shapes(result.model)["W1"] == (4, 4, 1, 1)
     kinds = {g.kind for g in result.kept_zeroed if g.tensor == "W1"}
     assert kinds == {"not-absorbable"}
+
+
+def test_the_same_with_a_static_size_becomes_a_constant_map():
+    static = DYNAMIC.replace("H, W", "7, 9")
+    model = tiny(static, zero={"W1": np.s_[[1, 3]]}, values={"B1": [0.5, 1.0, 2.0, 1.5]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (2, 4, 1, 1)
+    assert [f.into for f in result.folds] == ["constant map"]
+    assert result.after.ops.get("Add") == 1
 
 
 GROUPED = """
@@ -195,10 +211,11 @@ def test_conv_transpose_prunes_input_and_output_channels():
     assert s["W1"] == (3, 3, 1, 1)
 
 
-def test_conv_transpose_folds_a_constant_input_channel_as_a_map():
-    # stride 2, kernel 2: each output pixel sees one input pixel through one kernel tap, so
-    # the constant's contribution repeats the 2x2 kernel pattern: a constant map, not a bias.
-    model = tiny(TRANSPOSED, zero={"W1": np.s_[[2]]}, values={"B1": [1.0, 0.5, 2.0, -1.0]})
+def test_conv_transpose_carries_constant_input_channels():
+    # Each output pixel of a stride-2, kernel-2 transposed conv sees one kernel tap: a constant
+    # input repeats the kernel pattern, exactly what a kept constant channel reproduces.
+    model = tiny(TRANSPOSED, zero={"W1": np.s_[[1, 2]]}, values={"B1": [1.0, 0.5, 2.0, -1.0]})
     result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (3, 3, 1, 1)
     assert shapes(result.model)["T"] == (3, 6, 2, 2)
-    assert [f.into for f in result.folds] == ["constant map"]
+    assert [f.into for f in result.folds] == ["carrier channel"]

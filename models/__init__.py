@@ -1,0 +1,1 @@
+"""Small model definitions for tests, benchmarks and the README demo."""
