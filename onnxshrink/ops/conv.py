@@ -62,9 +62,7 @@ class _ConvBase(Handler):
         ok = c.slice_zero(1, ci)  # contributes nothing
         if static_batch1(x) is not None:
             ok |= const  # a constant map at worst
-        if not self.borders(node) or int(node.attrs.get("group", 1)) == 1:
-            ok |= uniform  # bias, or carried by one kept constant channel
-        return ok
+        return ok | uniform  # the bias, or carried by a kept constant channel of its group
 
     def carriers(self, reader, x: gs.Tensor, ci: int) -> np.ndarray:
         """Channels that can carry other constants through a padded conv: uniform, non-zero."""
@@ -139,16 +137,20 @@ class _ConvBase(Handler):
         ky = ks.kept(y, 1)
         absorb = self.absorbable(node, ks, x, ci)
         reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
-        if g == 1 and self.borders(node):
-            # Uniform constants about to be removed need one kept constant channel to carry them;
-            # the lowest-index one, so that coupled tensors and other readers pick the same.
-            carriers = self.carriers(ks, x, ci)
-            kx = ks.kept(x, 1)
-            if (reads & carriers & ~kx).any() and not (carriers & kx).any():
+        if self.borders(node):
+            # Uniform constants about to be removed need one kept constant channel of their
+            # group to carry them: the lowest-index one, so coupled tensors pick the same.
+            carriers = self.carriers(ks, x, ci).reshape(g, ci // g)
+            kx = ks.kept(x, 1).reshape(g, ci // g)
+            wanted = (reads.reshape(g, -1) & carriers & ~kx).any(axis=1) & ~(carriers & kx).any(
+                axis=1
+            )
+            for k in np.flatnonzero(wanted):
+                pick = k * (ci // g) + int(np.flatnonzero(carriers[k])[0])
                 ks.keep(
                     x,
                     1,
-                    [int(np.flatnonzero(carriers)[0])],
+                    [pick],
                     Reason(
                         "structure",
                         node.name,
@@ -235,14 +237,12 @@ class _ConvBase(Handler):
         if not removed.any():
             return
         g = int(node.attrs.get("group", 1))
-        if self.borders(node) and g == 1:
-            carrier = kx & self.carriers(rw, x, ci)
-            uniform = removed & c.slice_uniform(1, ci)
-            if carrier.any() and uniform.any():
-                self.fold_into_carrier(
-                    node, rw, c, w0, kx, ky, ci, uniform, int(np.flatnonzero(carrier)[0])
-                )
-                removed &= ~uniform
+        if self.borders(node):
+            carriers = (kx & self.carriers(rw, x, ci)).reshape(g, ci // g)
+            carried = removed & c.slice_uniform(1, ci) & np.repeat(carriers.any(axis=1), ci // g)
+            if carried.any():
+                self.fold_into_carriers(node, rw, c, w0, kx, ky, g, carried, carriers)
+                removed &= ~carried
             if not removed.any():
                 return
         shape = static_batch1(x)
@@ -257,18 +257,27 @@ class _ConvBase(Handler):
             node, bias_index=2, contrib=contrib, channel_axis=1, n_channels=int(removed.sum())
         )
 
-    def fold_into_carrier(self, node, rw, c, w0, kx, ky, ci, removed, carrier) -> None:
-        """W[:, carrier] += sum over removed c of W[:, c] * value(c) / value(carrier)."""
+    def fold_into_carriers(self, node, rw, c, w0, kx, ky, g, carried, carriers) -> None:
+        """Per group: W[:, carrier] += sum over carried c of W[:, c] * value(c) / value(carrier)."""
+        ci, co = kx.size, ky.size
+        cin, cout = ci // g, co // g
         values = c.slice_values(1, ci).astype(np.float64)
-        scale = values[removed] / values[carrier]
         w = rw.current(node.inputs[1]).astype(np.float64)
-        col = int(kx[:carrier].sum())  # the carrier's position among the kept inputs
-        if self.transposed:
-            w[col] += np.tensordot(scale, w0[removed][:, ky].astype(np.float64), axes=1)
-        else:
-            w[:, col] += np.tensordot(w0[ky][:, removed].astype(np.float64), scale, axes=([1], [0]))
+        kept_out = np.flatnonzero(ky)
+        for k in np.flatnonzero(carried.reshape(g, cin).any(axis=1)):
+            car = k * cin + int(np.flatnonzero(carriers[k])[0])
+            rem = np.flatnonzero(carried.reshape(g, cin)[k]) + k * cin
+            scale = values[rem] / values[car]
+            if self.transposed:  # W: [inputs (sliced as kept), local outputs (all when grouped)]
+                src = w0[rem][:, ky] if g == 1 else w0[rem]
+                w[int(kx[:car].sum())] += np.tensordot(scale, src.astype(np.float64), axes=1)
+            else:  # W: [outputs (sliced as kept), local inputs (all when grouped)]
+                rows = np.flatnonzero(kept_out // cout == k)
+                col = int(kx[:car].sum()) if g == 1 else car - k * cin
+                src = w0[kept_out[rows]][:, rem - k * cin].astype(np.float64)
+                w[rows, col] += np.tensordot(src, scale, axes=([1], [0]))
         rw.replace_input(node, 1, w.astype(w0.dtype))
-        rw.record_fold(node, int(removed.sum()), "carrier channel")
+        rw.record_fold(node, int(carried.sum()), "carrier channel")
 
 
 @register("Conv")

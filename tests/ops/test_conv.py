@@ -71,7 +71,7 @@ def test_constant_channel_into_unpadded_conv_folds_into_the_bias():
     assert np.allclose(b2, init(model, "B2") + 1.5 * w2, rtol=1e-6)
 
 
-DYNAMIC = """
+GROUPED_PADDED = """
 agraph (float[1, 4, H, W] x, float[4, 4, 1, 1] W1, float[4] B1, float[4, 2, 3, 3] W2, float[4] B2) => (float[1, 4, H, W] y)
 {
   a = Conv (x, W1, B1)
@@ -81,23 +81,47 @@ agraph (float[1, 4, H, W] x, float[4, 4, 1, 1] W1, float[4] B1, float[4, 2, 3, 3
 """
 
 
-def test_constant_channel_of_a_padded_grouped_conv_with_dynamic_size_is_kept():
-    # A grouped conv cannot share a carrier across groups, and with a dynamic size no
-    # constant map can be made: the channel stays, and the report says why.
-    model = tiny(DYNAMIC, zero={"W1": np.s_[[1, 3]]}, values={"B1": [0.5, 1.0, 2.0, 1.5]})
+def test_grouped_padded_conv_carries_constants_per_group():
+    # Channels 0-3 constant; each group of the padded conv keeps one carrier (0 and 2) and
+    # folds its other constant into it. Works with a dynamic spatial size.
+    model = tiny(GROUPED_PADDED, zero={"W1": np.s_[:]}, values={"B1": [0.5, 1.0, 2.0, 1.5]})
     result = shrink_checked(model, input_shapes={"x": [1, 4, 7, 9]})
-    assert shapes(result.model)["W1"] == (4, 4, 1, 1)
-    kinds = {g.kind for g in result.kept_zeroed if g.tensor == "W1"}
-    assert kinds == {"not-absorbable"}
-
-
-def test_the_same_with_a_static_size_becomes_a_constant_map():
-    static = DYNAMIC.replace("H, W", "7, 9")
-    model = tiny(static, zero={"W1": np.s_[[1, 3]]}, values={"B1": [0.5, 1.0, 2.0, 1.5]})
-    result = shrink_checked(model)
     assert shapes(result.model)["W1"] == (2, 4, 1, 1)
-    assert [f.into for f in result.folds] == ["constant map"]
+    assert shapes(result.model)["W2"] == (4, 1, 3, 3)
+    assert [(f.into, f.channels) for f in result.folds] == [("carrier channel", 2)]
+    w2, w2_new = init(model, "W2"), init(result.model, "W2")
+    assert np.allclose(w2_new[:2, 0], w2[:2, 0] + 2.0 * w2[:2, 1], rtol=1e-6)
+    assert np.allclose(w2_new[2:, 0], w2[2:, 0] + 0.75 * w2[2:, 1], rtol=1e-6)
+
+
+NON_UNIFORM = """
+agraph (float[1, 3, 6, 6] x, float[3, 3, 1, 1] Wa, float[3] Ba, float[3, 3, 3, 3] Wb, float[3] Bb, float[2, 3, 3, 3] Wc) => (float[1, 2, 6, 6] y)
+{
+  a = Conv (x, Wa, Ba)
+  r = Relu (a)
+  b = Conv <pads = [1, 1, 1, 1]> (r, Wb, Bb)
+  s = Relu (b)
+  y = Conv <pads = [1, 1, 1, 1]> (s, Wc)
+}
+"""
+
+
+def test_a_constant_that_varies_at_the_borders_becomes_a_constant_map():
+    # Channel 0 of r is constant; channel 0 of b reads only it, through zero padding, so it is
+    # a constant that differs at the borders: no carrier fits it, Wc folds it as a map.
+    model = tiny(NON_UNIFORM, zero={"Wa": np.s_[[0]], "Wb": np.s_[[0], 1:]}, values={"Ba": [1.0, 0.2, 0.3], "Bb": [5.0, 0.1, 0.1]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["Wb"] == (2, 3, 3, 3)
+    assert "constant map" in [f.into for f in result.folds]
     assert result.after.ops.get("Add") == 1
+
+
+def test_with_a_dynamic_size_that_constant_cannot_be_computed_and_stays():
+    model = tiny(NON_UNIFORM.replace("6, 6", "H, W"), zero={"Wa": np.s_[[0]], "Wb": np.s_[[0], 1:]},
+                 values={"Ba": [1.0, 0.2, 0.3], "Bb": [5.0, 0.1, 0.1]})
+    result = shrink_checked(model, input_shapes={"x": [1, 3, 5, 7]})
+    assert shapes(result.model)["Wb"] == (3, 3, 3, 3)
+    assert "Add" not in result.after.ops
 
 
 GROUPED = """
