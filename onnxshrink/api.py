@@ -12,7 +12,7 @@ import onnx
 
 from onnxshrink.analyze import analyze
 from onnxshrink.bind import apply_masks, bind_masks
-from onnxshrink.errors import ValidationFailed
+from onnxshrink.errors import ShrinkError, ValidationFailed
 from onnxshrink.io.masks import flatten, read_masks
 from onnxshrink.io.model import load_model, save_model, uses_external_data
 from onnxshrink.prepare import default_opset, prepare
@@ -76,7 +76,8 @@ class ShrinkResult:
         return save_model(self.model, path, external=external)
 
 
-def _data_files(path: Path) -> list[Path]:
+def data_files(path: Path) -> list[Path]:
+    """The external data files a model file refers to."""
     m = onnx.load(str(path), load_external_data=False)
     locs = {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"}
     return [path.parent / loc for loc in locs]
@@ -108,6 +109,10 @@ def shrink(
     is written then unless `keep_failed`.
     """
     log = log or (lambda _msg: None)
+    if validate and draws < 1 and not inputs:
+        raise ShrinkError(
+            f"nothing to validate with: draws={draws} and no inputs given. Use draws >= 1 or give inputs."
+        )
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -122,9 +127,7 @@ def shrink(
     if isinstance(model, str | Path):
         src = Path(model)
         proto = load_model(src)
-        in_bytes = src.stat().st_size + sum(
-            p.stat().st_size for p in _data_files(src) if p.exists()
-        )
+        in_bytes = src.stat().st_size + sum(p.stat().st_size for p in data_files(src) if p.exists())
     elif isinstance(model, onnx.ModelProto):
         proto = model
     else:
@@ -193,7 +196,7 @@ def shrink(
         removed_nodes=rewritten.removed_nodes,
     )
     if output is not None and (result.passed or keep_failed):
-        protect = [src, *_data_files(src)] if src is not None else []
+        protect = [src, *data_files(src)] if src is not None else []
         external = (
             external_data if external_data is not None else bool(src and uses_external_data(src))
         )

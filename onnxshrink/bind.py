@@ -51,7 +51,7 @@ def bind_masks(
         if mask.size and not np.isin(mask, (0, 1)).all():
             bad = mask[~np.isin(mask, (0, 1))].reshape(-1)[0]
             raise ShrinkError(
-                f"{source}: mask '{name}' holds {bad!r}; masks must be 0/1 (or boolean). If these "
+                f"{source}: mask '{name}' holds {bad.item()!r}; masks must be 0/1 (or boolean). If these "
                 "are weights, not masks, pass the masked model instead and no masks file."
             )
         want = shapes[target]

@@ -96,17 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
-    result = None
     try:
         from onnxshrink.api import shrink
         from onnxshrink.validate import load_inputs, parse_shapes
 
+        if args.draws < 0:
+            raise ShrinkError(f"--draws {args.draws}: give a number of random draws >= 0.")
+        report = _report_path(args)
         shapes = parse_shapes(args.input_shapes)
         inputs = [load_inputs(args.inputs)] if args.inputs else None
         say(
             f"[I] onnxshrink {__version__} | model {args.model}"
             + (f" | masks {args.masks}" if args.masks else "")
         )
+        failure = None
         try:
             result = shrink(
                 args.model,
@@ -126,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                 log=lambda m: say(f"[I] {m}"),
             )
         except ValidationFailed as exc:
-            result = exc.result
-            _print_result(result, args, say)
-            print(f"[E] {exc}", file=sys.stderr)
-            return exc.exit_code
+            result, failure = exc.result, exc
         _print_result(result, args, say)
+        if report is not None:
+            report.write_text(json.dumps(result.to_dict(), indent=2))
+        if failure is not None:
+            print(f"[E] {failure}", file=sys.stderr)
+            return failure.exit_code
         return 0
     except ShrinkError as exc:
         print(f"[E] {exc}", file=sys.stderr)
@@ -149,9 +154,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             traceback.print_exc()
         return EXIT_INTERNAL
-    finally:
-        if args.report and result is not None:
-            Path(args.report).write_text(json.dumps(result.to_dict(), indent=2))
+
+
+def _report_path(args) -> Path | None:
+    """Where --report goes, checked before any work: never over an input or the output."""
+    if not args.report:
+        return None
+    report = Path(args.report).absolute()
+    if report.is_dir() or not report.parent.is_dir():
+        raise ShrinkError(f"--report {args.report}: give a file in an existing directory.")
+    taken = [args.model, args.masks, args.inputs, args.output]
+    if args.output:
+        taken.append(args.output + ".data")
+    try:
+        from onnxshrink.api import data_files
+
+        taken += data_files(Path(args.model))
+    except Exception:
+        pass  # an unreadable model is reported by the shrink itself
+    for other in taken:
+        if other and Path(other).absolute().resolve() == report.resolve():
+            raise ShrinkError(
+                f"--report {args.report}: that is also {other}; choose another report file."
+            )
+    return report
 
 
 def _print_result(result, args, say) -> None:

@@ -17,3 +17,9 @@ class ValidationFailed(ShrinkError):
     def __init__(self, message: str, result=None):
         super().__init__(message)
         self.result = result
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (for one-paragraph errors), or its type."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__

@@ -157,8 +157,8 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def _change(before: float, after: float) -> str:
-    if not before or before == after:
+def _change(before: float | None, after: float | None) -> str:
+    if not before or after is None or before == after:
         return ""
     return f"{(after - before) / before * 100:+.1f}%"
 
@@ -185,7 +185,7 @@ def stats_table(before: ModelStats, after: ModelStats, timings: dict[str, float]
                 "File size",
                 human_bytes(before.file_bytes),
                 human_bytes(after.file_bytes),
-                _change(before.file_bytes or 0, after.file_bytes or 0),
+                _change(before.file_bytes, after.file_bytes),
             )
         )
     w0 = max(len(r[0]) for r in rows + [("Model",)])

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxshrink.errors import ShrinkError
+from onnxshrink.errors import ShrinkError, first_line
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -174,7 +174,7 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
         ) from None
     except Exception as exc:
         raise ShrinkError(
-            f"{path}: cannot be read as a .npz of input arrays ({str(exc)[:200]})."
+            f"{path}: cannot be read as a .npz of input arrays ({first_line(exc)})."
         ) from exc
 
 
@@ -228,7 +228,7 @@ def compare(
             r_out = ref_s.run(None, feed)
         except Exception as exc:
             raise ShrinkError(
-                f"the reference model does not run on the validation inputs ({str(exc).splitlines()[0][:300]}). Give input shapes with --input-shapes name:d0,d1,..."
+                f"the reference model does not run on the validation inputs ({first_line(exc)}). Give input shapes with --input-shapes name:d0,d1,..."
             ) from exc
         s_out = new_s.run(None, feed)
         for n, r, s in zip(names, r_out, s_out, strict=True):

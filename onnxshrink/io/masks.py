@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxshrink.errors import ShrinkError
+from onnxshrink.errors import ShrinkError, first_line
 
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
@@ -43,15 +43,15 @@ def _read_pt(p: Path):
     try:
         return torch.load(str(p), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise ShrinkError(
-            f"{p}: holds objects other than tensors and plain containers, which onnxshrink will "
-            "not load: masks are read with torch.load(weights_only=True) so that a file cannot run "
-            "code. Save a plain dict instead: torch.save({name: mask_tensor}, path)."
-        ) from exc
-    except Exception as exc:
-        raise ShrinkError(
-            f"{p}: cannot be read as a torch file ({str(exc).strip().splitlines()[0][:200]})."
-        ) from exc
+        if "global" in str(exc).lower():  # a class or function reference: could run code
+            raise ShrinkError(
+                f"{p}: holds objects other than tensors and plain containers, which onnxshrink will "
+                "not load: masks are read with torch.load(weights_only=True) so that a file cannot "
+                "run code. Save a plain dict instead: torch.save({name: mask_tensor}, path)."
+            ) from exc
+        raise ShrinkError(f"{p}: cannot be read as a torch file ({first_line(exc)}).") from exc
+    except Exception as exc:  # a corrupt or truncated file
+        raise ShrinkError(f"{p}: cannot be read as a torch file ({first_line(exc)}).") from exc
 
 
 def _read_npz(p: Path):
@@ -60,7 +60,7 @@ def _read_npz(p: Path):
             return {k: f[k] for k in f.files}
     except Exception as exc:
         raise ShrinkError(
-            f"{p}: cannot be read as a .npz file of arrays ({str(exc).strip()[:200]})."
+            f"{p}: cannot be read as a .npz file of arrays ({first_line(exc)})."
         ) from exc
 
 
@@ -75,7 +75,7 @@ def _read_safetensors(p: Path):
         return load_file(str(p))
     except Exception as exc:
         raise ShrinkError(
-            f"{p}: cannot be read as a .safetensors file ({str(exc).strip()[:200]})."
+            f"{p}: cannot be read as a .safetensors file ({first_line(exc)})."
         ) from exc
 
 

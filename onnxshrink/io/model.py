@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from onnxshrink.errors import ShrinkError
+from onnxshrink.errors import ShrinkError, first_line
 
 TWO_GB = 2**31
 
@@ -41,7 +41,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as exc:
         raise ShrinkError(
-            f"{p}: not a valid ONNX model ({_short(exc)}). Check that the file is complete, "
+            f"{p}: not a valid ONNX model ({first_line(exc)}). Check that the file is complete, "
             "e.g. re-export it with torch.onnx.export."
         ) from exc
     if not model.graph.node or not model.graph.output:
@@ -56,8 +56,23 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         onnx.load_external_data_for_model(model, str(p.parent))
     except Exception as exc:
-        raise ShrinkError(f"{p}: its external data could not be read ({_short(exc)}).") from exc
+        raise ShrinkError(f"{p}: its external data could not be read ({first_line(exc)}).") from exc
+    check_model(model, str(p))
     return model
+
+
+def check_model(model: onnx.ModelProto, source: str = "model") -> None:
+    """Refuse a model onnx's checker rejects (e.g. a file cut short, losing its opset)."""
+    if not model.opset_import:
+        raise ShrinkError(f"{source}: not a valid ONNX model (it declares no opset); re-export it.")
+    if model.ByteSize() >= TWO_GB:
+        return  # the in-memory checker cannot take it; onnxruntime will judge it
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        raise ShrinkError(
+            f"{source}: not a valid ONNX model ({first_line(exc)}). Re-export it, or run onnx.checker.check_model on it to see why."
+        ) from exc
 
 
 def save_model(
@@ -79,6 +94,8 @@ def save_model(
             )
     if not out.parent.is_dir():
         raise ShrinkError(f"{out.parent}: the output directory does not exist.")
+    if out.is_dir():
+        raise ShrinkError(f"{out}: is a directory; give the output model's file name with -o.")
     external = external or model.ByteSize() >= TWO_GB
     written = []
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
@@ -102,8 +119,3 @@ def save_model(
         os.replace(tmp_model, out)
         written.insert(0, out)
     return written
-
-
-def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
