@@ -13,8 +13,9 @@ import onnx
 from onnxshrink.analyze import analyze
 from onnxshrink.bind import apply_masks, bind_masks
 from onnxshrink.errors import ShrinkError, ValidationFailed
-from onnxshrink.io.masks import flatten, read_masks
+from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import load_model, save_model, uses_external_data
+from onnxshrink.masks import MaskSet, normalize
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.report import (
     KeptGroup,
@@ -98,15 +99,19 @@ def shrink(
     provider: str = "cpu",
     keep_failed: bool = False,
     allow_unbound: bool = False,
+    masks_format: str = "auto",
+    weights: str | Path | Mapping | None = None,
     external_data: bool | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ShrinkResult:
     """Shrink a masked ONNX model to the channels its outputs need; prove and write it.
 
-    `model` is a path or ModelProto; `masks` a masks file, a {initializer name: 0/1 array}
-    dict, or None (the zeros already in the weights are the masks). Raises ShrinkError for bad
-    input and ValidationFailed (with `.result`) when the shrunk model does not match; nothing
-    is written then unless `keep_failed`.
+    `model` is a path or ModelProto; `masks` a masks file or dict in any pruner's format (see
+    onnxshrink.masks; `masks_format` overrides detection), or None: the zeros already in the
+    weights are the masks. `weights` (the original state dict, a file or dict) lets masks bind
+    by value when the exporter renamed their weights. Raises ShrinkError for bad input and
+    ValidationFailed (with `.result`) when the shrunk model does not match; nothing is written
+    then unless `keep_failed`.
     """
     log = log or (lambda _msg: None)
     if validate and draws < 1 and not inputs:
@@ -133,22 +138,31 @@ def shrink(
     else:
         raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
     source = str(masks) if isinstance(masks, str | Path) else "masks"
-    if masks is None:
-        mask_dict = {}
-    elif isinstance(masks, str | Path):
-        mask_dict = read_masks(masks)
-    else:
-        mask_dict = flatten(masks, "masks")
+    maskset = None
+    if isinstance(masks, MaskSet):
+        maskset = masks
+    elif masks is not None:
+        raw = load_masks_file(masks) if isinstance(masks, str | Path) else masks
+        maskset = normalize(raw, masks_format, source)
+    values = None
+    if weights is not None:
+        raw = load_masks_file(weights) if isinstance(weights, str | Path) else weights
+        values = flatten(raw, str(weights) if isinstance(weights, str | Path) else "weights")
     lap("load")
 
-    bound = bind_masks(proto, mask_dict, source=source, allow_unbound=allow_unbound)
+    bound = bind_masks(
+        proto, maskset or MaskSet(), source=source, allow_unbound=allow_unbound, values=values
+    )
     reference = apply_masks(proto, bound)
     lap("bind")
-    log(
-        f"bound {len(bound.masks)} mask(s) to initializers"
-        if mask_dict
-        else "no masks file: the zeros in the weights are the masks"
-    )
+    if maskset is None:
+        log("no masks file: the zeros in the weights are the masks")
+    else:
+        ways = sorted(set(bound.how.values()))
+        log(
+            f"{maskset.format} masks: {len(bound.how)} of {len(maskset.masks)} bound ({', '.join(ways)}) "
+            f"to {len(bound.masks)} initializer(s)"
+        )
 
     graph, untied = prepare(reference)
     analysis = analyze(graph, default_opset(reference), untied)

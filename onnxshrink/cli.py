@@ -188,6 +188,11 @@ def _print_result(result, args, say) -> None:
         say("[W] validation skipped (--no-validate): the output is not proven equivalent")
     for line in stats_table(result.before, result.after, result.timings):
         say(line)
+    if result.unbound_masks:
+        names = ", ".join(f"'{n}'" for n in result.unbound_masks[:10])
+        say(
+            f"[W] {len(result.unbound_masks)} mask(s) matched no initializer and were ignored (--allow-unbound): {names}"
+        )
     if result.folds:
         n = sum(f.channels for f in result.folds)
         maps = sum(f.into == "constant map" for f in result.folds)

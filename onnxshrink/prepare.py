@@ -185,6 +185,8 @@ def _constants_to_initializers(graph: gs.Graph) -> None:
 def _untie(graph: gs.Graph) -> dict[str, str]:
     uses: dict[str, list[tuple[gs.Node, int]]] = defaultdict(list)
     for node in graph.nodes:
+        if node.op in ("Shape", "Size"):
+            continue  # reads only sizes: it keeps seeing the tensor of the first other use
         for i, t in enumerate(node.inputs):
             if isinstance(t, gs.Constant):
                 uses[t.name].append((node, i))

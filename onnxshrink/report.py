@@ -28,11 +28,16 @@ def model_stats(
     file_bytes: int | None = None,
 ) -> ModelStats:
     ops = Counter(n.op_type for n in model.graph.node)
-    params = sum(
-        int(np.prod(t.dims, dtype=np.int64))
-        for t in model.graph.initializer
-        if t.data_type in FLOAT_TYPES
-    )
+    # Float constants, whether stored as initializers or Constant nodes (onnxshrink turns the
+    # latter into the former, which must not change the count).
+    consts = list(model.graph.initializer) + [
+        a.t
+        for n in model.graph.node
+        if n.op_type == "Constant"
+        for a in n.attribute
+        if a.name == "value"
+    ]
+    params = sum(int(np.prod(t.dims, dtype=np.int64)) for t in consts if t.data_type in FLOAT_TYPES)
     return ModelStats(
         dict(sorted(ops.items())),
         len(model.graph.node),

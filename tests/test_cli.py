@@ -154,7 +154,7 @@ def test_cli_shrinks_with_pt_masks_prints_table_and_writes_report(tmp_path, conv
 
     lines = p.stdout.splitlines()
     assert f"[I] onnxshrink 0.1.0 | model {path.name} | masks {conv2_pt.name}" in lines
-    assert "[I] bound 2 mask(s) to initializers" in lines
+    assert "[I] flat masks: 2 of 2 bound (name) to 2 initializer(s)" in lines
     assert "[I]     Comparing Output: 'y' (shape=(1, 4, 8, 8))" in lines
     assert any("PASSED | Output: 'y'" in line for line in lines)
     assert "[I]     PASSED | All outputs matched | Outputs: ['y']" in lines
@@ -440,7 +440,9 @@ def test_report_lists_unbound_masks_with_allow_unbound(tmp_path, conv2, capsys):
     assert r["masks_bound"] == 1
     # W1 filters 1 and 3 are zero but B1 is not: relu(B1) is folded into B2 (or dropped)
     assert r["after"]["params"] == BEFORE - REMOVED
-    assert "[I] bound 1 mask(s) to initializers" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "[I] flat masks: 1 of 2 bound (name) to 1 initializer(s)" in out
+    assert "[W] 1 mask(s) matched no initializer and were ignored (--allow-unbound): 'head.weight'" in out
 
 
 def test_input_shapes_sets_the_validation_shapes(tmp_path, capsys):
@@ -623,7 +625,7 @@ def test_allow_unbound_goes_on(tmp_path, conv2, capsys):
     assert main([str(path), str(tmp_path / "u.pt"), "-o", str(out)]) == 2
     assert not out.exists()
     assert main([str(path), str(tmp_path / "u.pt"), "-o", str(out), "--allow-unbound"]) == 0
-    assert "[I] bound 2 mask(s) to initializers" in capsys.readouterr().out
+    assert "[I] flat masks: 2 of 3 bound (name) to 2 initializer(s)" in capsys.readouterr().out
     assert params(onnx.load(out)) == AFTER
 
 

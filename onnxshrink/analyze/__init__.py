@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink.analyze.constants import ConstContext, propagate_constants
 from onnxshrink.analyze.keep import KeepState
-from onnxshrink.analyze.shapes import SymValue, propagate_shapes
+from onnxshrink.analyze.shapes import SymValue, propagate_shapes, refine_shapes
 
 
 @dataclass
@@ -34,6 +34,9 @@ def analyze(graph: gs.Graph, opset: int, untied: dict[str, str] | None = None) -
 
     consts = propagate_constants(graph, opset, lookup)
     syms = propagate_shapes(graph, consts)
+    if refine_shapes(graph, syms, consts):  # sizes only the shape values tell: redo with them
+        consts = propagate_constants(graph, opset, lookup)
+        syms = propagate_shapes(graph, consts)
     keep = KeepState(graph, consts, syms, lookup)
     keep.run()
     return Analysis(graph, opset, consts, syms, keep, untied or {})

@@ -15,6 +15,9 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.evaluate import NONDETERMINISTIC, EvaluationError, evaluate
 
+# Sizes change when axes are pruned, so what reads them is never a constant; nor is randomness.
+NOT_FOLDED = NONDETERMINISTIC | {"Shape", "Size"}
+
 
 @dataclass
 class ConstInfo:
@@ -172,12 +175,7 @@ def propagate_constants(graph: gs.Graph, opset: int, handler_for) -> ConstContex
                 t is None or (ctx.const(t) is not None and ctx.const(t).full) for t in ins
             )
         outs: list[ConstInfo | None] | None = None
-        if (
-            full_const
-            and node.op not in NONDETERMINISTIC
-            and node.inputs
-            and not _has_subgraph(node)
-        ):
+        if full_const and node.op not in NOT_FOLDED and node.inputs and not _has_subgraph(node):
             outs = _fold(node, ctx)
         if outs is None:
             handler = handler_for(node)

@@ -63,6 +63,7 @@ _ARITH = {
 }
 _PASS = {"Identity", "Cast", "CastLike"}
 _SHAPE_OPS = {
+    "Expand",
     "Shape",
     "Size",
     "Gather",
@@ -148,6 +149,19 @@ def _step(node: gs.Node, get) -> SymValue | None:
         return a
     if op in ("Unsqueeze", "Reshape", "Flatten"):
         return SymValue(a.items, scalar=False) if ir.rank(node.outputs[0]) == 1 else None
+    if op == "Expand":  # a shape vector broadcast to a 1-D target (e.g. [n] to [1])
+        target = get(ir.present(node, 1))
+        if (
+            target is None
+            or len(target.items) != 1
+            or not isinstance(target.items[0], int)
+            or a.scalar
+        ):
+            return None
+        n = target.items[0]
+        if len(a.items) == 1 and n > 1:
+            return SymValue(a.items * n)
+        return a if n in (1, len(a.items)) else None
     if op == "Squeeze":
         return SymValue(a.items, scalar=True) if len(a.items) == 1 else None
     if op == "Gather":
@@ -208,3 +222,58 @@ def _binary(op: str, p: int, q: int) -> int:
     if op == "Mod":
         return int(np.fmod(p, q)) if q else 0
     raise ValueError(op)
+
+
+def refine_shapes(graph: gs.Graph, syms: dict[str, SymValue], consts: ConstContext) -> bool:
+    """Fill output dims that shape inference left unknown but the size inputs of Expand,
+    ConstantOfShape and Reshape give (e.g. Expand(0, Shape(W)[0:1]), a zero bias the exporter
+    builds at run time). True when a dim was filled."""
+    changed = False
+    for node in graph.nodes:
+        if node.op not in ("Expand", "ConstantOfShape", "Reshape") or not node.outputs:
+            continue
+        size_in = node.inputs[0] if node.op == "ConstantOfShape" else ir.present(node, 1)
+        if size_in is None:
+            continue
+        v = consts.value(size_in)
+        items = (
+            [int(x) for x in v.reshape(-1)]
+            if v is not None
+            else (list(syms[size_in.name].items) if size_in.name in syms else None)
+        )
+        out = node.outputs[0]
+        dims = ir.dims(out)
+        if (
+            items is None
+            or dims is None
+            or len(dims) != len(items)
+            or all(isinstance(d, int) for d in dims)
+        ):
+            continue
+        new = list(dims)
+        for p, it in enumerate(items):
+            if isinstance(new[p], int):
+                continue
+            size = None
+            if (
+                isinstance(it, int)
+                and it > 1
+                or (isinstance(it, int) and it == 1 and node.op != "Expand")
+            ):
+                size = it
+            elif isinstance(it, DimRef):
+                size = (
+                    ir.static_dim(graph.tensors()[it.tensor], it.axis)
+                    if it.tensor in graph.tensors()
+                    else None
+                )
+            if node.op == "Expand" and size is not None:
+                x = ir.dims(node.inputs[0])
+                k = p - (len(new) - len(x)) if x is not None else -1
+                if x is not None and k >= 0 and isinstance(x[k], int) and x[k] not in (1, size):
+                    size = None
+            if size is not None:
+                new[p] = size
+                changed = True
+        out.shape = new
+    return changed

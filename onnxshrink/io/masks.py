@@ -1,7 +1,9 @@
-"""Read masks files into a flat {name: array} dict (.pt, .npz, .safetensors)."""
+"""Read masks files (.pt, .npz, .safetensors): `load_masks_file` gives their content as it is
+(the format is recognized in `onnxshrink.masks`), `read_masks` the flat {name: mask} dict."""
 
 from __future__ import annotations
 
+import collections
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +15,14 @@ from onnxshrink.errors import ShrinkError, first_line
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
-def read_masks(path: str | Path) -> dict[str, np.ndarray]:
+def read_masks(path: str | Path, fmt: str = "auto") -> dict[str, np.ndarray]:
+    """{parameter name: mask} from a masks file of any supported format."""
+    from onnxshrink.masks import normalize
+
+    return normalize(load_masks_file(path), fmt, str(path)).masks
+
+
+def load_masks_file(path: str | Path) -> Mapping:
     p = Path(path)
     if not p.exists():
         raise ShrinkError(
@@ -34,14 +43,16 @@ def read_masks(path: str | Path) -> dict[str, np.ndarray]:
         raise ShrinkError(
             f"{p}: expected a non-empty dict of mask tensors, found {type(raw).__name__}."
         )
-    return flatten(raw, p)
+    return raw
 
 
 def _read_pt(p: Path):
     import torch
 
     try:
-        return torch.load(str(p), map_location="cpu", weights_only=True)
+        # Pruners' state dicts hold these plain containers; they construct data, never run code.
+        with torch.serialization.safe_globals([collections.defaultdict, collections.OrderedDict]):
+            return torch.load(str(p), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "global" in str(exc).lower():  # a class or function reference: could run code
             raise ShrinkError(

@@ -85,7 +85,10 @@ class _ConvBase(Handler):
         out_const = ~(d & ~in_const[None, :]).any(axis=1)
         if not out_const.any():
             return None
-        b = ctx.value(bt) if bt is not None else np.zeros(co, dtype=w.dtype)
+        cb = ctx.const(bt) if bt is not None else ConstInfo.of_array(np.zeros(co, dtype=w.dtype))
+        if cb is None or not cb.full:
+            return None  # a bias computed from the inputs (not seen in practice)
+        b = np.broadcast_to(cb.value.reshape(-1), (co,))
         reads_const = (d & in_const[None, :]).any(axis=1)
         if not (out_const & reads_const).any():
             # Only zeroed filters: the channel is the bias.

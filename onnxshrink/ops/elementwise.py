@@ -145,7 +145,11 @@ class Dropout(Elementwise):
 
 @register("CastLike")
 class CastLike(Dropout):
-    """The second input only donates its dtype."""
+    """The second input only donates its dtype: its indices are not read."""
+
+    def keep(self, node, ks):
+        Elementwise.keep(self, node, ks)
+        ks.demand(node.inputs[1], pin=False)
 
     def constants(self, node, ctx):
         c = ctx.const(node.inputs[0])
