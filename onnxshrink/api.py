@@ -51,10 +51,11 @@ class ShrinkResult:
     sparsity: list[Sparsity] = field(default_factory=list)
     removed_nodes: int = 0
     written: list[str] = field(default_factory=list)
+    torch_validation: ValidationReport | None = None  # export_and_shrink: against the module itself
 
     @property
     def passed(self) -> bool:
-        return self.validation is None or self.validation.passed
+        return all(v is None or v.passed for v in (self.validation, self.torch_validation))
 
     def to_dict(self) -> dict:
         keys = (
@@ -70,6 +71,7 @@ class ShrinkResult:
             "sparsity",
             "removed_nodes",
             "written",
+            "torch_validation",
         )
         return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
 

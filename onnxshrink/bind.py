@@ -250,12 +250,17 @@ class Binder:
                 add(name, found, how)
             elif mask.all() and maskset.format == "state-dict":
                 bound.how[name] = "nothing masked"  # e.g. BN statistics of a masked state dict
+            elif name in maskset.optional:
+                continue  # e.g. the bias of a layer that has none
             else:
                 bound.unbound.append(name)
                 bound.hints[name] = self.hint(name)
         return bound
 
-    GENERIC = "no initializer, node scope or value matches it"
+    GENERIC = (
+        "no initializer, node scope or value matches it (if the exporter folded or renamed it, "
+        "e.g. a BatchNorm with the legacy exporter, pass the original weights with --weights)"
+    )
 
     def hint(self, name: str) -> str:
         module = name.rpartition(".")[0]
@@ -298,15 +303,11 @@ def bind_masks(
     if bound.unbound and not allow_unbound:
         names = ", ".join(f"'{n}'" for n in bound.unbound[:10])
         more = f" and {len(bound.unbound) - 10} more" if len(bound.unbound) > 10 else ""
-        specific = [
-            f"'{n}': {bound.hints[n]}"
-            for n in bound.unbound[:10]
-            if bound.hints.get(n) != binder.GENERIC
-        ]
+        specific = sorted({bound.hints[n] for n in bound.unbound[:10] if n in bound.hints})
         sample = ", ".join(f"'{n}'" for n in list(binder.shapes)[:6])
         raise ShrinkError(
             f"{source}: {len(bound.unbound)} mask(s) match no initializer of the model: {names}{more}. "
-            + ("".join(s + ". " for s in specific))
+            + "".join(h[0].upper() + h[1:] + ". " for h in specific)
             + f"Mask names must be initializer names or the framework's parameter names (for "
             f"torch.onnx.export, the state_dict names); the model has e.g. {sample}. Pass "
             "--allow-unbound to go on without them."

@@ -74,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-failed", action="store_true", help="write the output even when validation fails"
     )
     p.add_argument(
+        "--masks-format",
+        default="auto",
+        choices=["auto", "flat", "nni", "torch-prune", "torch-ao", "ao-data", "dpu", "state-dict"],
+        help="how to read the masks file (default: detected from its content)",
+    )
+    p.add_argument(
+        "--weights",
+        metavar="STATE_DICT",
+        help="the original weights (.pt/.npz/.safetensors state dict): masks whose weights the "
+        "exporter renamed or folded (legacy exporter, BatchNorm) then bind by value",
+    )
+    p.add_argument(
         "--allow-unbound", action="store_true", help="go on when some masks match no initializer"
     )
     p.add_argument(
@@ -125,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 provider=args.provider,
                 keep_failed=args.keep_failed,
                 allow_unbound=args.allow_unbound,
+                masks_format=args.masks_format,
+                weights=args.weights,
                 external_data=True if args.external_data else None,
                 log=lambda m: say(f"[I] {m}"),
             )
@@ -163,7 +177,7 @@ def _report_path(args) -> Path | None:
     report = Path(args.report).absolute()
     if report.is_dir() or not report.parent.is_dir():
         raise ShrinkError(f"--report {args.report}: give a file in an existing directory.")
-    taken = [args.model, args.masks, args.inputs, args.output]
+    taken = [args.model, args.masks, args.inputs, args.weights, args.output]
     if args.output:
         taken.append(args.output + ".data")
     try:

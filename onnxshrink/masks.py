@@ -35,9 +35,7 @@ _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:or
 class MaskSet:
     masks: dict[str, np.ndarray] = field(default_factory=dict)
     values: dict[str, np.ndarray] = field(default_factory=dict)  # original weights, by name
-    channel: set[str] = field(
-        default_factory=set
-    )  # names whose mask is one flag per output channel
+    optional: set[str] = field(default_factory=set)  # may not exist (a layer without bias)
     format: str = "flat"
 
 
@@ -125,9 +123,9 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
         elif fmt == "dpu":
             for k, v in flat.items():
                 module = k[: -len(".mask")] if k.endswith(".mask") else k
-                for param in ("weight", "bias"):
-                    out.masks[f"{module}.{param}"] = v.reshape(-1)
-                    out.channel.add(f"{module}.{param}")
+                out.masks[f"{module}.weight"] = v.reshape(-1)
+                out.masks[f"{module}.bias"] = v.reshape(-1)
+                out.optional.add(f"{module}.bias")
         elif fmt == "state-dict":
             for k, v in flat.items():
                 if np.issubdtype(v.dtype, np.floating):

@@ -50,8 +50,10 @@ def _read_pt(p: Path):
     import torch
 
     try:
-        # Pruners' state dicts hold these plain containers; they construct data, never run code.
-        with torch.serialization.safe_globals([collections.defaultdict, collections.OrderedDict]):
+        # Pruners' state dicts hold defaultdicts (torch.ao's "state"): read as plain dicts, the
+        # only thing such a global may construct here. No other code can run from the file.
+        safe = [(_plain_dict, "collections.defaultdict"), collections.OrderedDict, dict]
+        with torch.serialization.safe_globals(safe):
             return torch.load(str(p), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "global" in str(exc).lower():  # a class or function reference: could run code
@@ -63,6 +65,10 @@ def _read_pt(p: Path):
         raise ShrinkError(f"{p}: cannot be read as a torch file ({first_line(exc)}).") from exc
     except Exception as exc:  # a corrupt or truncated file
         raise ShrinkError(f"{p}: cannot be read as a torch file ({first_line(exc)}).") from exc
+
+
+def _plain_dict(*_factory) -> dict:
+    return {}
 
 
 def _read_npz(p: Path):
@@ -95,6 +101,8 @@ def to_numpy(v) -> np.ndarray | None:
         return v
     if hasattr(v, "detach") and hasattr(v, "numpy"):  # torch tensor
         t = v.detach().cpu()
+        if t.is_sparse:  # a data sparsifier saves its masks in sparse layout
+            t = t.to_dense()
         if str(t.dtype) == "torch.bfloat16":
             t = t.float()
         return t.numpy()

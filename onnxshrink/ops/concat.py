@@ -263,9 +263,20 @@ class Gather(Handler):
     def constants(self, node, ctx):
         x, i_t = node.inputs[0], node.inputs[1]
         c, idx, r = ctx.const(x), ctx.value(i_t), ir.rank(x)
-        if c is None or idx is None or r is None:
+        if c is None or r is None:
             return None
         axis = ir.norm_axis(int(node.attrs.get("axis", 0)), r)
+        if idx is None:  # looked up by the inputs: constant where every row is the same
+            ri = ir.rank(i_t)
+            m, v = np.broadcast_arrays(c.mask, c.value)
+            if ri is None or m.shape[axis] == 0:
+                return None
+            first = v.take([0], axis=axis)
+            same = (m & (v == first)).all(axis=axis, keepdims=True)
+            if not same.any():
+                return None
+            shape = same.shape[:axis] + (1,) * ri + same.shape[axis + 1 :]
+            return [compress(same.reshape(shape), first.reshape(shape))]
         m, v = np.broadcast_arrays(c.mask, c.value)
         if m.shape[axis] == 1:
             shape_m = m.shape[:axis] + (1,) * idx.ndim + m.shape[axis + 1 :]

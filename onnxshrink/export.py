@@ -1,0 +1,234 @@
+"""`export_and_shrink`: a masked PyTorch module in, a smaller ONNX model proven against it out."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from onnxshrink.api import ShrinkResult, shrink
+from onnxshrink.errors import ShrinkError, ValidationFailed
+from onnxshrink.io.model import save_model
+from onnxshrink.validate import OutputCheck, ValidationReport
+
+
+def pruning_masks(module) -> dict[str, np.ndarray]:
+    """Masks a module carries itself: torch.nn.utils.prune hooks (`<param>_mask` buffers) and
+    torch.ao.pruning parametrizations (FakeSparsity's `mask`), by parameter name."""
+    from torch.nn.utils import parametrize
+
+    masks: dict[str, np.ndarray] = {}
+    for path, m in module.named_modules():
+        prefix = f"{path}." if path else ""
+        for name, buf in m.named_buffers(recurse=False):
+            if name.endswith("_mask") and hasattr(m, name[: -len("_mask")] + "_orig"):
+                masks[prefix + name[: -len("_mask")]] = buf.detach().cpu().numpy()
+        if parametrize.is_parametrized(m):
+            for param, plist in m.parametrizations.items():
+                for p in plist:
+                    if hasattr(p, "mask"):
+                        mask = p.mask.detach().cpu().numpy()
+                        key = prefix + param
+                        masks[key] = masks[key] * mask if key in masks else mask
+    return masks
+
+
+def masked_copy(module, masks: Mapping[str, np.ndarray]):
+    """A copy of `module` with its pruning made permanent and `masks` multiplied in."""
+    import torch
+    from torch.nn.utils import parametrize, prune
+
+    with torch.no_grad():  # a pruned weight is recomputed by a hook; make it a leaf so it copies
+        for m in module.modules():
+            for hook in m._forward_pre_hooks.values():
+                if isinstance(hook, prune.BasePruningMethod):
+                    setattr(m, hook._tensor_name, hook.apply_mask(m))
+    mod = copy.deepcopy(module)
+    for _, m in mod.named_modules():
+        for hook in list(m._forward_pre_hooks.values()):
+            if isinstance(hook, prune.BasePruningMethod):
+                prune.remove(m, hook._tensor_name)
+        if parametrize.is_parametrized(m):
+            for param in list(m.parametrizations):
+                parametrize.remove_parametrizations(m, param, leave_parametrized=True)
+    params = dict(mod.named_parameters())
+    unknown = [n for n in masks if n not in params]
+    if unknown:
+        raise ShrinkError(
+            f"masks name {len(unknown)} parameter(s) the module does not have: "
+            f"{', '.join(repr(n) for n in unknown[:8])}. Use the module's parameter names "
+            f"(e.g. {', '.join(repr(n) for n in list(params)[:4])})."
+        )
+    with torch.no_grad():
+        for name, mask in masks.items():
+            p = params[name]
+            m = torch.as_tensor(np.asarray(mask), dtype=p.dtype)
+            if m.dim() == 1 and p.dim() > 1 and m.shape[0] == p.shape[0]:
+                m = m.reshape((-1,) + (1,) * (p.dim() - 1))
+            p.mul_(m)
+    return mod.eval()
+
+
+def _flat_outputs(out) -> list:
+    if isinstance(out, Mapping):
+        return [t for v in out.values() for t in _flat_outputs(v)]
+    if isinstance(out, list | tuple):
+        return [t for v in out for t in _flat_outputs(v)]
+    return [out]
+
+
+def _random_like(args: Sequence, rng: np.random.Generator) -> tuple:
+    import torch
+
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            out.append(
+                torch.from_numpy(rng.standard_normal(tuple(a.shape)).astype(np.float32)).to(a.dtype)
+            )
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def torch_compare(
+    module, shrunk, example_args: Sequence, draws: int, seed: int, rtol: float, atol: float
+) -> ValidationReport:
+    """Outputs of the PyTorch module itself vs the shrunk ONNX model, on random inputs."""
+    import torch
+
+    from onnxshrink.validate import session
+
+    t0 = time.perf_counter()
+    sess = session(shrunk, "cpu")
+    names = [i.name for i in sess.get_inputs()]
+    outs = [o.name for o in sess.get_outputs()]
+    rng = np.random.default_rng(seed)
+    worst = {n: [0.0, 0.0, []] for n in outs}
+    for k in range(max(draws, 1)):
+        args = tuple(example_args) if k == 0 else _random_like(example_args, rng)
+        with torch.no_grad():
+            ref = [t.detach().cpu().numpy() for t in _flat_outputs(module(*args))]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        feeds = {n: a.detach().cpu().numpy() for n, a in zip(names, tensors, strict=False)}
+        got = sess.run(None, feeds)
+        for n, r, s in zip(outs, ref, got, strict=False):
+            w = worst[n]
+            w[2] = list(r.shape)
+            if r.shape != s.shape:
+                w[0] = float("inf")
+                continue
+            w[0] = max(
+                w[0], float(np.abs(r.astype(np.float64) - s.astype(np.float64)).max(initial=0.0))
+            )
+            w[1] = max(w[1], float(np.abs(r).max(initial=0.0)))
+    checks = []
+    for n in outs:
+        err, mag, shape = worst[n]
+        rel = err / mag if mag > 0 else (0.0 if err == 0 else float("inf"))
+        checks.append(OutputCheck(n, shape, err, rel, err <= atol + rtol * mag))
+    shapes = {
+        n: list(a.shape)
+        for n, a in zip(names, [a for a in example_args if hasattr(a, "shape")], strict=False)
+    }
+    return ValidationReport(
+        all(c.passed for c in checks),
+        rtol,
+        atol,
+        max(draws, 1),
+        "cpu (vs PyTorch)",
+        shapes,
+        checks,
+        time.perf_counter() - t0,
+    )
+
+
+def export_and_shrink(
+    module,
+    example_args: Sequence,
+    masks: str | Path | Mapping | None = None,
+    output: str | Path | None = None,
+    *,
+    exporter: str = "dynamo",
+    dynamic_shapes=None,
+    input_names: Sequence[str] | None = None,
+    dynamic_axes: Mapping | None = None,
+    opset_version: int | None = None,
+    draws: int = 3,
+    seed: int = 0,
+    rtol: float = 1e-5,
+    atol: float = 0.0,
+    external_data: bool = False,
+    **shrink_options,
+) -> ShrinkResult:
+    """Export a masked PyTorch module to ONNX, shrink it, and prove it against the module.
+
+    Masks come from `masks` (a dict or masks file of any pruner's format, by parameter name),
+    from the module's own pruning state (torch.nn.utils.prune hooks, torch.ao.pruning
+    parametrizations), or both. They are applied in PyTorch before export, so every exporter
+    (`exporter="dynamo"` or `"legacy"`) carries them; the shrunk model is validated against
+    the exported masked model and against the module's own outputs. Returns the ShrinkResult,
+    with `torch_validation` set; raises ValidationFailed (nothing written) on a mismatch.
+    """
+    import torch
+
+    from onnxshrink.io.masks import load_masks_file
+    from onnxshrink.masks import normalize
+
+    if exporter not in ("dynamo", "legacy"):
+        raise ShrinkError(f"exporter={exporter!r}: choose 'dynamo' (torch's default) or 'legacy'.")
+    own = pruning_masks(module)
+    given = {}
+    if masks is not None:
+        raw = load_masks_file(masks) if isinstance(masks, str | Path) else masks
+        given = normalize(
+            raw,
+            shrink_options.pop("masks_format", "auto"),
+            str(masks) if isinstance(masks, str | Path) else "masks",
+        ).masks
+    masked = masked_copy(module, given)
+    args = tuple(example_args) if isinstance(example_args, list | tuple) else (example_args,)
+    with tempfile.TemporaryDirectory(prefix="onnxshrink-export-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        kwargs: dict = {"dynamo": exporter == "dynamo"}
+        if opset_version is not None:
+            kwargs["opset_version"] = opset_version
+        if exporter == "dynamo" and dynamic_shapes is not None:
+            kwargs["dynamic_shapes"] = dynamic_shapes
+        if exporter == "legacy":
+            if input_names is not None:
+                kwargs["input_names"] = list(input_names)
+            if dynamic_axes is not None:
+                kwargs["dynamic_axes"] = dict(dynamic_axes)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            try:
+                torch.onnx.export(masked, args, str(path), **kwargs)
+            except Exception as exc:
+                raise ShrinkError(
+                    f"torch.onnx.export failed on the module ({type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[0][:300]})."
+                ) from exc
+        result = shrink(
+            path, None, None, draws=draws, seed=seed, rtol=rtol, atol=atol, **shrink_options
+        )
+    result.masks_bound = len(set(own) | set(given))
+    result.torch_validation = torch_compare(masked, result.model, args, draws, seed, rtol, atol)
+    if not result.torch_validation.passed:
+        bad = [o.name for o in result.torch_validation.outputs if not o.passed]
+        raise ValidationFailed(
+            f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written.",
+            result,
+        )
+    if output is not None:
+        written = save_model(result.model, output, external=external_data)
+        result.written = [str(p) for p in written]
+        result.after.file_bytes = sum(p.stat().st_size for p in written)
+    return result
