@@ -26,7 +26,7 @@ class Fold:
     node: str
     op: str
     channels: int
-    into: str  # "bias" | "carrier channel" | "constant map"
+    into: str  # "bias" | "border correction" | "constant map"
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Rewriter:
         self.tensors = self.ks.tensors
         self.folds: list[Fold] = []
         self._taken = set(self.tensors)
+        self._ones: dict[tuple, gs.Variable] = {}
         for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
             self.ks.kept(t, 0)
 
@@ -102,7 +103,7 @@ class Rewriter:
         node.inputs[i] = c
         return c
 
-    def _add_node(
+    def add_node(
         self, op: str, inputs: list[gs.Tensor], hint: str, attrs: dict | None = None, dtype=None
     ) -> gs.Variable:
         out = gs.Variable(self._name(f"onnxshrink_{hint}"), dtype=dtype)
@@ -119,10 +120,10 @@ class Rewriter:
 
     def slice1d(self, t: gs.Tensor, p: int) -> gs.Variable:
         ints = [self.constant(np.asarray([v], dtype=np.int64), "idx") for v in (p, p + 1, 0)]
-        return self._add_node("Slice", [t, *ints], "shape_part", dtype=np.int64)
+        return self.add_node("Slice", [t, *ints], "shape_part", dtype=np.int64)
 
     def concat1d(self, parts: list[gs.Tensor]) -> gs.Variable:
-        return self._add_node("Concat", parts, "shape", {"axis": 0}, dtype=np.int64)
+        return self.add_node("Concat", parts, "shape", {"axis": 0}, dtype=np.int64)
 
     def add_after(self, node: gs.Node, out_index: int, values: np.ndarray, channels: int) -> None:
         """Add a constant to output `out_index`: into the bias Add that follows, or a new Add."""
@@ -139,12 +140,7 @@ class Rewriter:
                     self.replace_input(nxt, other[0], merged.astype(c.values.dtype))
                     self.folds.append(Fold(node.name, node.op, channels, "bias"))
                     return
-        mid = gs.Variable(self._name(f"{y.name}_unfolded"), dtype=y.dtype)
-        node.outputs[out_index] = mid
-        c = self.constant(values, f"{node.name}_folded")
-        self.graph.nodes.append(
-            gs.Node("Add", name=self._name(f"{node.name}_fold"), inputs=[mid, c], outputs=[y])
-        )
+        self.add_to_output(node, out_index, self.constant(values, f"{node.name}_folded"))
         self.folds.append(
             Fold(
                 node.name,
@@ -153,6 +149,43 @@ class Rewriter:
                 "constant map" if values.size > values.shape[-1] else "bias",
             )
         )
+
+    def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None:
+        """Output `out_index` of `node` becomes itself + `addend` (for every reader)."""
+        y = node.outputs[out_index]
+        mid = gs.Variable(self._name(f"{y.name}_unfolded"), dtype=y.dtype)
+        node.outputs[out_index] = mid
+        self.graph.nodes.append(
+            gs.Node("Add", name=self._name(f"{node.name}_fold"), inputs=[mid, addend], outputs=[y])
+        )
+
+    def ones_map(self, x: gs.Tensor, dtype) -> gs.Variable:
+        """A [1, 1, *spatial] map of ones the size of x's spatial dims, built at run time."""
+        dims = ir.dims(x)
+        static = dims is not None and all(isinstance(d, int) for d in dims[2:])
+        key = (tuple(dims[2:]) if static else x.name, np.dtype(dtype).str)
+        if key not in self._ones and static:  # one shared map per spatial size
+            size = self.constant(np.asarray([1, 1, *dims[2:]], np.int64), "ones_shape")
+            one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
+            self._ones[key] = self.add_node(
+                "ConstantOfShape", [size], "ones", {"value": one}, dtype
+            )
+        if key not in self._ones:
+            if self.opset >= 15:
+                spatial = self.add_node("Shape", [x], "spatial", {"start": 2}, np.int64)
+            else:
+                shape = self.add_node("Shape", [x], "shape", None, np.int64)
+                bounds = [
+                    self.constant(np.asarray([v], np.int64), "idx")
+                    for v in (2, np.iinfo(np.int64).max)
+                ]
+                spatial = self.add_node("Slice", [shape, *bounds], "spatial", None, np.int64)
+            dims = self.concat1d([self.constant(np.asarray([1, 1], np.int64), "one_one"), spatial])
+            one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
+            self._ones[key] = self.add_node(
+                "ConstantOfShape", [dims], "ones", {"value": one}, dtype
+            )
+        return self._ones[key]
 
     def fold_into_bias(
         self,

@@ -5,8 +5,9 @@ An input channel no kept output reads is removable; so is a constant input chann
 contribution (it is input-independent) is folded:
 - no padding, uniform constant: into the bias;
 - zero padding (or a transposed conv), uniform constants: the contribution varies at the
-  borders exactly as a channel of that constant would, so one constant channel is kept as a
-  carrier and the others' weights are added to its weights, scaled by their values;
+  borders; it equals the same conv applied to a map of ones with the kernel
+  sum over c of value(c) * W[:, c], which a one-input-channel conv adds at run time (exact for
+  any spatial size; the main conv keeps exactly the channels native pruning would);
 - otherwise, with static shapes: as one constant map added after the conv.
 """
 
@@ -62,14 +63,7 @@ class _ConvBase(Handler):
         ok = c.slice_zero(1, ci)  # contributes nothing
         if static_batch1(x) is not None:
             ok |= const  # a constant map at worst
-        return ok | uniform  # the bias, or carried by a kept constant channel of its group
-
-    def carriers(self, reader, x: gs.Tensor, ci: int) -> np.ndarray:
-        """Channels that can carry other constants through a padded conv: uniform, non-zero."""
-        c = reader.const(x)
-        if c is None:
-            return np.zeros(ci, bool)
-        return c.slice_uniform(1, ci) & ~c.slice_zero(1, ci)
+        return ok | uniform  # into the bias, or a border correction
 
     # -------------------------------------------------------------- forward
     def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
@@ -140,27 +134,6 @@ class _ConvBase(Handler):
         ky = ks.kept(y, 1)
         absorb = self.absorbable(node, ks, x, ci)
         reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
-        if self.borders(node):
-            # Uniform constants about to be removed need one kept constant channel of their
-            # group to carry them: the lowest-index one, so coupled tensors pick the same.
-            carriers = self.carriers(ks, x, ci).reshape(g, ci // g)
-            kx = ks.kept(x, 1).reshape(g, ci // g)
-            wanted = (reads.reshape(g, -1) & carriers & ~kx).any(axis=1) & ~(carriers & kx).any(
-                axis=1
-            )
-            for k in np.flatnonzero(wanted):
-                pick = k * (ci // g) + int(np.flatnonzero(carriers[k])[0])
-                ks.keep(
-                    x,
-                    1,
-                    [pick],
-                    Reason(
-                        "structure",
-                        node.name,
-                        node.op,
-                        "it carries the folded constant channels through the zero padding",
-                    ),
-                )
         cx = ks.const(x)
         if cx is not None:
             stuck = reads & ~absorb & cx.slice_constant(1, ci)
@@ -239,13 +212,10 @@ class _ConvBase(Handler):
         removed = ~kx & reads & ~c.slice_zero(1, ci)
         if not removed.any():
             return
-        g = int(node.attrs.get("group", 1))
-        if self.borders(node):
-            carriers = (kx & self.carriers(rw, x, ci)).reshape(g, ci // g)
-            carried = removed & c.slice_uniform(1, ci) & np.repeat(carriers.any(axis=1), ci // g)
-            if carried.any():
-                self.fold_into_carriers(node, rw, c, w0, kx, ky, g, carried, carriers)
-                removed &= ~carried
+        uniform = removed & c.slice_uniform(1, ci)
+        if self.borders(node) and uniform.any():
+            self.border_correction(node, rw, c, w0, ky, uniform)
+            removed &= ~uniform
             if not removed.any():
                 return
         shape = static_batch1(x)
@@ -260,27 +230,28 @@ class _ConvBase(Handler):
             node, bias_index=2, contrib=contrib, channel_axis=1, n_channels=int(removed.sum())
         )
 
-    def fold_into_carriers(self, node, rw, c, w0, kx, ky, g, carried, carriers) -> None:
-        """Per group: W[:, carrier] += sum over carried c of W[:, c] * value(c) / value(carrier)."""
-        ci, co = kx.size, ky.size
+    def border_correction(self, node, rw, c, w0, ky, removed) -> None:
+        """y += conv(ones, K) with K[o] = sum over removed c of value(c) * W[o, c]: what the
+        removed uniform constants contributed, borders included."""
+        g, ci, co = self.layout(node, w0)
         cin, cout = ci // g, co // g
-        values = c.slice_values(1, ci).astype(np.float64)
-        w = rw.current(node.inputs[1]).astype(np.float64)
+        values = np.where(removed, c.slice_values(1, ci).astype(np.float64), 0.0)
         kept_out = np.flatnonzero(ky)
-        for k in np.flatnonzero(carried.reshape(g, cin).any(axis=1)):
-            car = k * cin + int(np.flatnonzero(carriers[k])[0])
-            rem = np.flatnonzero(carried.reshape(g, cin)[k]) + k * cin
-            scale = values[rem] / values[car]
-            if self.transposed:  # W: [inputs (sliced as kept), local outputs (all when grouped)]
-                src = w0[rem][:, ky] if g == 1 else w0[rem]
-                w[int(kx[:car].sum())] += np.tensordot(scale, src.astype(np.float64), axes=1)
-            else:  # W: [outputs (sliced as kept), local inputs (all when grouped)]
-                rows = np.flatnonzero(kept_out // cout == k)
-                col = int(kx[:car].sum()) if g == 1 else car - k * cin
-                src = w0[kept_out[rows]][:, rem - k * cin].astype(np.float64)
-                w[rows, col] += np.tensordot(src, scale, axes=([1], [0]))
-        rw.replace_input(node, 1, w.astype(w0.dtype))
-        rw.record_fold(node, int(carried.sum()), "carrier channel")
+        grp = kept_out // cout  # each kept output's group: it reads that group's inputs
+        v = values.reshape(g, cin)[grp]  # [kept outputs, inputs of their group]
+        if self.transposed:  # W: [inputs, outputs per group, k...]
+            w = w0.reshape(g, cin, cout, *w0.shape[2:])[grp, :, kept_out % cout]
+        else:  # W: [outputs, inputs per group, k...]
+            w = w0[kept_out]
+        kernel = np.einsum("oi,oi...->o...", v, w.astype(np.float64)).astype(w0.dtype)
+        kernel = kernel[None] if self.transposed else kernel[:, None]
+        attrs = {k: val for k, val in node.attrs.items() if k != "group"}
+        ones = rw.ones_map(node.inputs[0], w0.dtype)
+        correction = rw.add_node(
+            node.op, [ones, rw.constant(kernel, f"{node.name}_border")], "border", attrs, w0.dtype
+        )
+        rw.add_to_output(node, 0, correction)
+        rw.record_fold(node, int(removed.sum()), "border correction")
 
 
 @register("Conv")

@@ -35,18 +35,20 @@ def test_unread_input_channels_are_removed_from_the_producer_too():
     assert s["W2"] == (5, 5, 3, 3)
 
 
-def test_constant_channels_through_a_padded_conv_share_one_carrier_channel():
+def test_constant_channels_through_a_padded_conv_get_a_border_correction():
     # Filters zeroed, biases kept: relu(1.0) and relu(2.0) are constant channels. Through zero
-    # padding their contribution differs at the borders, just as a channel of constants does:
-    # channel 0 stays as the carrier and channel 3's weights are added to its own, scaled by 2.
+    # padding their contribution differs at the borders: a one-channel conv over a map of ones,
+    # with the kernel 1.0 * W2[:, 0] + 2.0 * W2[:, 3], adds exactly that.
     model = chain(W1=np.s_[[0, 3]])
     result = shrink_checked(model)
-    assert shapes(result.model)["W1"] == (5, 3, 3, 3)
-    assert [f.into for f in result.folds] == ["carrier channel"]
-    w2, w2_new = init(model, "W2"), init(result.model, "W2")
-    assert np.allclose(w2_new[:, 0], w2[:, 0] + 2.0 * w2[:, 3], rtol=1e-6)
-    [kept] = [g for g in result.kept_zeroed if g.tensor == "W1" and g.axis == 0]
-    assert kept.count == 1 and "carries" in kept.reason
+    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+    assert shapes(result.model)["W2"] == (5, 4, 3, 3)
+    assert [f.into for f in result.folds] == ["border correction"]
+    assert result.after.ops["Conv"] == 3 and result.after.ops["Add"] == 1
+    w2 = init(model, "W2")
+    [kernel] = [init(result.model, t.name) for t in result.model.graph.initializer if t.name.endswith("_border")]
+    assert np.allclose(kernel[:, 0], 1.0 * w2[:, 0] + 2.0 * w2[:, 3], rtol=1e-6)
+    assert not result.kept_zeroed
 
 
 ONE_BY_ONE = """
@@ -81,17 +83,18 @@ agraph (float[1, 4, H, W] x, float[4, 4, 1, 1] W1, float[4] B1, float[4, 2, 3, 3
 """
 
 
-def test_grouped_padded_conv_carries_constants_per_group():
-    # Channels 0-3 constant; each group of the padded conv keeps one carrier (0 and 2) and
-    # folds its other constant into it. Works with a dynamic spatial size.
-    model = tiny(GROUPED_PADDED, zero={"W1": np.s_[:]}, values={"B1": [0.5, 1.0, 2.0, 1.5]})
+def test_grouped_padded_conv_border_correction_reads_each_group():
+    # Channels 0 (group 0) and 2 (group 1) are constant: each output's correction kernel holds
+    # the constant of its own group only. Works with a dynamic spatial size.
+    model = tiny(GROUPED_PADDED, zero={"W1": np.s_[[0, 2]]}, values={"B1": [0.5, 1.0, 2.0, 1.5]})
     result = shrink_checked(model, input_shapes={"x": [1, 4, 7, 9]})
     assert shapes(result.model)["W1"] == (2, 4, 1, 1)
     assert shapes(result.model)["W2"] == (4, 1, 3, 3)
-    assert [(f.into, f.channels) for f in result.folds] == [("carrier channel", 2)]
-    w2, w2_new = init(model, "W2"), init(result.model, "W2")
-    assert np.allclose(w2_new[:2, 0], w2[:2, 0] + 2.0 * w2[:2, 1], rtol=1e-6)
-    assert np.allclose(w2_new[2:, 0], w2[2:, 0] + 0.75 * w2[2:, 1], rtol=1e-6)
+    assert [(f.into, f.channels) for f in result.folds] == [("border correction", 2)]
+    w2 = init(model, "W2")
+    [kernel] = [init(result.model, t.name) for t in result.model.graph.initializer if t.name.endswith("_border")]
+    assert np.allclose(kernel[:2, 0], 0.5 * w2[:2, 0], rtol=1e-6)
+    assert np.allclose(kernel[2:, 0], 2.0 * w2[2:, 0], rtol=1e-6)
 
 
 NON_UNIFORM = """
@@ -107,21 +110,22 @@ agraph (float[1, 3, 6, 6] x, float[3, 3, 1, 1] Wa, float[3] Ba, float[3, 3, 3, 3
 
 
 def test_a_constant_that_varies_at_the_borders_becomes_a_constant_map():
-    # Channel 0 of r is constant; channel 0 of b reads only it, through zero padding, so it is
-    # a constant that differs at the borders: no carrier fits it, Wc folds it as a map.
+    # Channel 0 of r is a uniform constant (border-corrected in conv b); channel 0 of b reads
+    # only it, through zero padding, so it is a constant that differs at the borders: no kernel
+    # reproduces it, and conv c folds it as a constant map (static shapes).
     model = tiny(NON_UNIFORM, zero={"Wa": np.s_[[0]], "Wb": np.s_[[0], 1:]}, values={"Ba": [1.0, 0.2, 0.3], "Bb": [5.0, 0.1, 0.1]})
     result = shrink_checked(model)
-    assert shapes(result.model)["Wb"] == (2, 3, 3, 3)
-    assert "constant map" in [f.into for f in result.folds]
-    assert result.after.ops.get("Add") == 1
+    assert shapes(result.model)["Wb"] == (2, 2, 3, 3)
+    assert sorted(f.into for f in result.folds) == ["border correction", "constant map"]
+    assert result.after.ops.get("Add") == 2
 
 
 def test_with_a_dynamic_size_that_constant_cannot_be_computed_and_stays():
     model = tiny(NON_UNIFORM.replace("6, 6", "H, W"), zero={"Wa": np.s_[[0]], "Wb": np.s_[[0], 1:]},
                  values={"Ba": [1.0, 0.2, 0.3], "Bb": [5.0, 0.1, 0.1]})
     result = shrink_checked(model, input_shapes={"x": [1, 3, 5, 7]})
-    assert shapes(result.model)["Wb"] == (3, 3, 3, 3)
-    assert "Add" not in result.after.ops
+    assert shapes(result.model)["Wb"] == (3, 2, 3, 3)
+    assert [f.into for f in result.folds] == ["border correction"]
 
 
 GROUPED = """
@@ -235,11 +239,11 @@ def test_conv_transpose_prunes_input_and_output_channels():
     assert s["W1"] == (3, 3, 1, 1)
 
 
-def test_conv_transpose_carries_constant_input_channels():
+def test_conv_transpose_border_correction():
     # Each output pixel of a stride-2, kernel-2 transposed conv sees one kernel tap: a constant
-    # input repeats the kernel pattern, exactly what a kept constant channel reproduces.
+    # input repeats the kernel pattern, which the correction (a transposed conv of ones) adds.
     model = tiny(TRANSPOSED, zero={"W1": np.s_[[1, 2]]}, values={"B1": [1.0, 0.5, 2.0, -1.0]})
     result = shrink_checked(model)
-    assert shapes(result.model)["W1"] == (3, 3, 1, 1)
-    assert shapes(result.model)["T"] == (3, 6, 2, 2)
-    assert [f.into for f in result.folds] == ["carrier channel"]
+    assert shapes(result.model)["W1"] == (2, 3, 1, 1)
+    assert shapes(result.model)["T"] == (2, 6, 2, 2)
+    assert [f.into for f in result.folds] == ["border correction"]
