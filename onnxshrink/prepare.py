@@ -14,8 +14,6 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
-TWO_GB = 2**31
-
 
 def default_opset(model: onnx.ModelProto) -> int:
     for o in model.opset_import:
@@ -35,17 +33,19 @@ FLOAT_TYPES = {
 def skeleton(
     model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None
 ) -> onnx.ModelProto:
-    """The model without float weight data (shape inference needs only their dims), its graph
-    inputs optionally fixed to concrete shapes."""
+    """The model without its large float weights' data (shape inference needs only their dims;
+    small float constants such as Resize scales stay), its graph inputs optionally fixed to
+    concrete shapes."""
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
     light.functions.extend(model.functions)
     g = light.graph
+    g.name = model.graph.name or "graph"
     g.node.extend(model.graph.node)
     g.output.extend(model.graph.output)
     for t in model.graph.initializer:
-        if t.data_type in FLOAT_TYPES:
+        if t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64:
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
@@ -131,19 +131,32 @@ def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    if model.ByteSize() >= TWO_GB:
-        return model  # shape inference needs the protobuf in memory under 2 GB
+def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Shapes of the model's intermediate tensors, inferred on its skeleton (no weight data is
+    copied: shape inference of a large model would otherwise serialize it twice)."""
     try:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton(model), data_prop=True)
     except Exception:  # a model onnx cannot infer: work with the shapes it carries
-        return model
-    return complete_shapes(model)
+        return list(model.graph.value_info)
+    complete_shapes(inferred)
+    return list(inferred.graph.value_info)
 
 
 def prepare(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, str]]:
     """The gs graph to analyze, and {untied copy name: original initializer name}."""
-    graph = gs.import_onnx(infer_shapes(model))
+    graph = gs.import_onnx(model)
+    tensors = graph.tensors()
+    for vi in inferred_shapes(model):
+        t = tensors.get(vi.name)
+        if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):
+            tt = vi.type.tensor_type
+            if tt.elem_type:
+                t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            if tt.HasField("shape"):
+                t.shape = [
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in tt.shape.dim
+                ]
     _constants_to_initializers(graph)
     untied = _untie(graph)
     graph.toposort()

@@ -105,7 +105,7 @@ def explain_kept(analysis) -> list[KeptGroup]:
         base = untied.get(t.name, t.name)
         if values.ndim < 2 or not np.issubdtype(values.dtype, np.floating):
             continue
-        for axis in range(values.ndim):
+        for axis in range(min(values.ndim, 2)):  # output and input channels
             kept = ks.kept(t, axis)
             if kept is None or kept.all() and values.shape[axis] == 1:
                 continue

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +13,7 @@ from onnxshrink import ir
 from onnxshrink.analyze import Analysis
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.evaluate import evaluate
-from onnxshrink.prepare import TWO_GB, retie
+from onnxshrink.prepare import inferred_shapes, retie, skeleton
 
 
 class InternalError(RuntimeError):
@@ -204,11 +203,18 @@ class Rewriter:
         if flat.shape[1] == 1 or np.all(flat.max(axis=1) - flat.min(axis=1) <= 1e-6 * scale):
             vec = flat.mean(axis=1)
             b = ir.present(node, bias_index)
-            dtype = contrib.dtype
-            base = np.zeros(co) if b is None else np.asarray(b.values, dtype=np.float64)
-            self.replace_input(
-                node, bias_index, (base + vec).astype(b.values.dtype if b is not None else dtype)
-            )
+            dtype = np.asarray(self.current(node.inputs[1])).dtype  # the weight's
+            if b is None or isinstance(b, gs.Constant):
+                base = np.zeros(co) if b is None else np.asarray(b.values, dtype=np.float64)
+                self.replace_input(node, bias_index, (base + vec).astype(dtype))
+            else:  # a bias computed at run time (optimize=False exports): add to it
+                node.inputs[bias_index] = self.add_node(
+                    "Add",
+                    [b, self.constant(vec.astype(dtype), f"{node.name}_folded")],
+                    "bias",
+                    None,
+                    dtype,
+                )
             self.folds.append(Fold(node.name, node.op, n_channels, "bias"))
         else:
             self.add_after(node, 0, contrib, n_channels)
@@ -220,6 +226,9 @@ class Rewriter:
         beta = float(node.attrs.get("beta", 1.0))
         c = ir.present(node, 2)
         dtype = np.asarray(self.value(node.inputs[1])).dtype
+        if c is not None and not isinstance(c, gs.Constant) and beta != 0.0:  # computed at run time
+            self.add_after(node, 0, delta.astype(dtype), n_channels)
+            return
         if c is None or beta == 0.0:
             new = delta
             node.attrs["beta"] = 1.0
@@ -295,8 +304,7 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     model.metadata_props.extend(original.metadata_props)
     if original.functions and not model.functions:
         model.functions.extend(original.functions)
-    if model.ByteSize() < TWO_GB:
-        with contextlib.suppress(Exception):
-            model = onnx.shape_inference.infer_shapes(model)
-        onnx.checker.check_model(model)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred_shapes(model))
+    onnx.checker.check_model(skeleton(model))
     return model

@@ -77,10 +77,17 @@ class KeepState:
                 self._consumers.setdefault(t.name, []).append(node)
             for t in node.outputs:
                 self._producer[t.name] = node
+        self._memo: dict = {}
         self._queue: deque[gs.Node] = deque()
         self._queued: set[int] = set()
 
     # ---------------------------------------------------------------- queries
+    def memo(self, key, compute):
+        """Facts a handler derives from constants (e.g. a weight's zero pattern) once per run."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def dims(self, t: gs.Tensor) -> list | None:
         return ir.dims(t)
 

@@ -130,9 +130,9 @@ class _ConvBase(Handler):
             ks.couple(y, 1, wt, 0)
             ks.pin(wt, 1)
 
-        d = self.depends(node, w)
+        d = ks.memo(("depends", id(node)), lambda: self.depends(node, w))
         ky = ks.kept(y, 1)
-        absorb = self.absorbable(node, ks, x, ci)
+        absorb = ks.memo(("absorbable", id(node)), lambda: self.absorbable(node, ks, x, ci))
         reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
         cx = ks.const(x)
         if cx is not None:
@@ -204,7 +204,7 @@ class _ConvBase(Handler):
     def fold(self, node, rw, x, w0, kx, ky, ci) -> None:
         """Fold the contribution of removed constant input channels (see the module docstring)."""
         c = rw.const(x)
-        d = self.depends(node, w0)[ky]
+        d = rw.ks.memo(("depends", id(node)), lambda: self.depends(node, w0))[ky]
         reads = d.any(axis=0)
         rw.check_removed_constant(node, c, 1, ~kx & reads)
         if c is None:
@@ -213,8 +213,19 @@ class _ConvBase(Handler):
         if not removed.any():
             return
         uniform = removed & c.slice_uniform(1, ci)
-        if self.borders(node) and uniform.any():
-            self.border_correction(node, rw, c, w0, ky, uniform)
+        if uniform.any():
+            kernel = self.constant_kernel(c, w0, ky, uniform, node)
+            if self.borders(node):
+                self.border_correction(node, rw, kernel, int(uniform.sum()))
+            else:  # every output position sees the whole kernel: a bias
+                r = len(w0.shape)
+                rw.fold_into_bias(
+                    node,
+                    2,
+                    kernel.reshape(1, len(kernel), -1).sum(-1).reshape((1, -1) + (1,) * (r - 2)),
+                    1,
+                    int(uniform.sum()),
+                )
             removed &= ~uniform
             if not removed.any():
                 return
@@ -230,9 +241,9 @@ class _ConvBase(Handler):
             node, bias_index=2, contrib=contrib, channel_axis=1, n_channels=int(removed.sum())
         )
 
-    def border_correction(self, node, rw, c, w0, ky, removed) -> None:
-        """y += conv(ones, K) with K[o] = sum over removed c of value(c) * W[o, c]: what the
-        removed uniform constants contributed, borders included."""
+    def constant_kernel(self, c, w0, ky, removed, node) -> np.ndarray:
+        """K[o] = sum over removed inputs i of value(i) * W[o, i] (kept outputs o): what the
+        removed uniform constants add, as a kernel over a map of ones."""
         g, ci, co = self.layout(node, w0)
         cin, cout = ci // g, co // g
         values = np.where(removed, c.slice_values(1, ci).astype(np.float64), 0.0)
@@ -243,15 +254,17 @@ class _ConvBase(Handler):
             w = w0.reshape(g, cin, cout, *w0.shape[2:])[grp, :, kept_out % cout]
         else:  # W: [outputs, inputs per group, k...]
             w = w0[kept_out]
-        kernel = np.einsum("oi,oi...->o...", v, w.astype(np.float64)).astype(w0.dtype)
-        kernel = kernel[None] if self.transposed else kernel[:, None]
+        return np.einsum("oi,oi...->o...", v, w.astype(np.float64))
+
+    def border_correction(self, node, rw, kernel: np.ndarray, n_channels: int) -> None:
+        """y += conv(ones, K): the removed uniform constants' contribution, borders included."""
+        dtype = rw.current(node.inputs[1]).dtype
+        kernel = (kernel[None] if self.transposed else kernel[:, None]).astype(dtype)
         attrs = {k: val for k, val in node.attrs.items() if k != "group"}
-        ones = rw.ones_map(node.inputs[0], w0.dtype)
-        correction = rw.add_node(
-            node.op, [ones, rw.constant(kernel, f"{node.name}_border")], "border", attrs, w0.dtype
-        )
-        rw.add_to_output(node, 0, correction)
-        rw.record_fold(node, int(removed.sum()), "border correction")
+        ones = rw.ones_map(node.inputs[0], dtype)
+        weight = rw.constant(kernel, f"{node.name}_border")
+        rw.add_to_output(node, 0, rw.add_node(node.op, [ones, weight], "border", attrs, dtype))
+        rw.record_fold(node, n_channels, "border correction")
 
 
 @register("Conv")
