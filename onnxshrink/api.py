@@ -21,7 +21,6 @@ from onnxshrink.report import (
     KeptGroup,
     ModelStats,
     Sparsity,
-    explain_kept,
     model_stats,
     sparsity_left,
     to_jsonable,
@@ -168,7 +167,6 @@ def shrink(
 
     graph, untied = prepare(reference)
     analysis = analyze(graph, default_opset(reference), untied)
-    kept_zeroed = explain_kept(analysis)
     barriers = [
         {"node": name, "op": r.op, "reason": str(r)} for name, r in analysis.keep.barriers.items()
     ]
@@ -207,7 +205,7 @@ def shrink(
         unbound_masks=bound.unbound,
         folds=rewritten.folds,
         barriers=barriers,
-        kept_zeroed=kept_zeroed,
+        kept_zeroed=rewritten.kept_zeroed,
         sparsity=sparsity_left(shrunk),
         removed_nodes=rewritten.removed_nodes,
     )

@@ -93,7 +93,9 @@ class KeptGroup:
 
 
 def explain_kept(analysis) -> list[KeptGroup]:
-    """For every all-zero slice of a weight (rank >= 2) that was kept: the root reason."""
+    """For every all-zero slice of a weight (rank >= 2) the shrunk model still holds, the root
+    reason it was kept. Run on the rewritten graph (its values are the shrunk weights), before
+    initializer names are merged back: a slice is zero when all its kept entries are."""
     ks = analysis.keep
     untied = analysis.untied
     groups: dict[tuple[str, int, str, str], int] = defaultdict(int)
@@ -107,14 +109,13 @@ def explain_kept(analysis) -> list[KeptGroup]:
             continue
         for axis in range(min(values.ndim, 2)):  # output and input channels
             kept = ks.kept(t, axis)
-            if kept is None or kept.all() and values.shape[axis] == 1:
-                continue
-            nz = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).any(axis=1)
-            zero_kept = ~nz & kept
-            if not zero_kept.any():
+            if kept is None or int(kept.sum()) != values.shape[axis]:
+                continue  # sliced by its handler (a grouped conv's inputs), not by the axis
+            zero = ~np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).any(axis=1)
+            if not zero.any():
                 continue
             why = ks.why(t, axis)
-            for i in np.flatnonzero(zero_kept):
+            for i in np.flatnonzero(kept)[zero]:
                 if (base, axis, int(i)) in seen:
                     continue
                 seen.add((base, axis, int(i)))

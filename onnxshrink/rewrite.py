@@ -14,6 +14,7 @@ from onnxshrink.analyze import Analysis
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.evaluate import evaluate
 from onnxshrink.prepare import inferred_shapes, retie, skeleton
+from onnxshrink.report import explain_kept
 
 
 class InternalError(RuntimeError):
@@ -33,6 +34,7 @@ class RewriteResult:
     model: onnx.ModelProto
     folds: list[Fold] = field(default_factory=list)
     removed_nodes: int = 0
+    kept_zeroed: list = field(default_factory=list)  # report.KeptGroup
 
 
 class Rewriter:
@@ -279,8 +281,9 @@ def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:
         if isinstance(t, gs.Variable) and t.name not in io:
             t.shape = None
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    kept_zeroed = explain_kept(analysis)
     retie(graph, analysis.untied)
-    return RewriteResult(export(graph, original), rw.folds, len(dead))
+    return RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed)
 
 
 def _slice_constant(t: gs.Constant, ks) -> None:

@@ -223,6 +223,27 @@ class KeepState:
                     why[meets] = self._rid(Reason("meets-live", meet.name, meet.op))
         self.keep(dst, da, new, why=why)
 
+    def couple_map(
+        self, small: gs.Tensor, sa: int, big: gs.Tensor, ba: int, idx: np.ndarray
+    ) -> None:
+        """Index j of `small` along `sa` is index idx[j] of `big` along `ba` (a slice, a Concat
+        part, a gather): kept indices and their reasons flow both ways."""
+        ks_, kb = self.kept(small, sa), self.kept(big, ba)
+        if ks_ is None or kb is None:
+            self.pin(small, sa)
+            self.pin(big, ba)
+            return
+        idx = np.asarray(idx, dtype=np.int64)
+        if ks_.any():
+            mask = np.zeros(kb.shape, bool)
+            mask[idx[ks_]] = True
+            why = np.full(kb.shape, -1, np.int32)
+            why[idx[ks_]] = self._why[small.name][sa][ks_]
+            self.keep(big, ba, mask, why=why)
+        sel = kb[idx]
+        if sel.any():
+            self.keep(small, sa, sel, why=self._why[big.name][ba][idx])
+
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""
         self._claimed.add((id(node), i))

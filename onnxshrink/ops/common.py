@@ -62,23 +62,6 @@ def couple_same(ks: KeepState, node: gs.Node, a: gs.Tensor, b: gs.Tensor) -> Non
         ks.couple(a, i, b, i)
 
 
-def couple_map(
-    ks: KeepState, small: gs.Tensor, sa: int, big: gs.Tensor, ba: int, idx: np.ndarray
-) -> None:
-    """Index j of `small` along `sa` is index idx[j] of `big` along `ba` (a slice, a Concat part)."""
-    ksm, kbg = ks.kept(small, sa), ks.kept(big, ba)
-    if ksm is None or kbg is None:
-        ks.pin(small, sa)
-        ks.pin(big, ba)
-        return
-    idx = np.asarray(idx, dtype=np.int64)
-    if ksm.any():
-        ks.keep(big, ba, idx[ksm])
-    sel = kbg[idx]
-    if sel.any():
-        ks.keep(small, sa, sel)
-
-
 def pin_all(ks: KeepState, node: gs.Node, reason: Reason | None = None) -> None:
     for t in [*node.inputs, *node.outputs]:
         if t is not None and t.name:

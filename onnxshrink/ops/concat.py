@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
 from onnxshrink.analyze.keep import KeepState, Reason
-from onnxshrink.ops.common import const_or_live, couple_map, ints
+from onnxshrink.ops.common import const_or_live, ints
 from onnxshrink.ops.registry import Handler, register
 
 
@@ -64,7 +64,7 @@ class Concat(Handler):
                 ks.pin(t, axis)
                 ks.pin(y, axis)
                 continue
-            couple_map(ks, t, axis, y, axis, np.arange(n) + off)
+            ks.couple_map(t, axis, y, axis, np.arange(n) + off)
             off += n
 
     def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
@@ -129,7 +129,7 @@ class Split(Handler):
             for a in range(ir.rank(x)):
                 if a != axis:
                     ks.couple(x, a, y, a)
-            couple_map(ks, y, axis, x, axis, np.arange(n) + off)
+            ks.couple_map(y, axis, x, axis, np.arange(n) + off)
             k = ks.kept(y, axis)
             if k is not None and len(k) and not k.any():
                 ks.keep(y, axis, [0], why)
@@ -224,7 +224,7 @@ class Slice(Handler):
                 ks.pin(x, a, Reason("structure", node.name, node.op, "strided or dynamic slice"))
                 ks.pin(y, a)
             else:
-                couple_map(ks, y, a, x, a, idx)
+                ks.couple_map(y, a, x, a, idx)
 
     def rewrite(self, node: gs.Node, rw) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -306,7 +306,7 @@ class Gather(Handler):
             if idx.ndim == 0:
                 ks.keep(x, axis, [int(idx)])
             else:
-                couple_map(ks, y, axis, x, axis, idx)
+                ks.couple_map(y, axis, x, axis, idx)
         else:
             ks.demand(i_t, pin=False)
             ks.pin(x, axis)

@@ -8,7 +8,6 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
-from onnxshrink.analyze.evaluate import evaluate_op
 from onnxshrink.analyze.keep import KeepState, Reason
 from onnxshrink.ops.common import along, channelwise_constants, const_or_live, couple_same, ints
 from onnxshrink.ops.registry import Handler, register
@@ -31,9 +30,12 @@ class BatchNorm(Handler):
         params = [ctx.value(t) for t in node.inputs[1:5]]
         if any(p is None for p in params):
             return None
-        attrs = {k: v for k, v in node.attrs.items() if k != "training_mode"}
-        xin = np.where(xm, xv, 0).astype(xv.dtype)
-        out = evaluate_op(node.op, attrs, [xin, *params], ctx.opset)[0]
+        # Inference-mode formula. (onnx.reference's opset-9 kernel reads a momentum attribute as
+        # "use batch statistics", so it is not used here.)
+        scale, bias, mean, var = (along(p.reshape(-1).astype(np.float64), 1, r) for p in params)
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        xin = np.where(xm, xv, 0).astype(np.float64)
+        out = ((xin - mean) / np.sqrt(var + eps) * scale + bias).astype(xv.dtype)
         mask, out = np.broadcast_arrays(mask, out)
         return [compress(np.array(mask), np.array(out))]
 
