@@ -14,7 +14,7 @@ from onnxshrink.analyze import analyze
 from onnxshrink.bind import apply_masks, bind_masks
 from onnxshrink.errors import ShrinkError, ValidationFailed
 from onnxshrink.io.masks import flatten, load_masks_file
-from onnxshrink.io.model import load_model, save_model, uses_external_data
+from onnxshrink.io.model import load_external, load_model, save_model, uses_external_data
 from onnxshrink.masks import MaskSet, normalize
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.report import (
@@ -25,7 +25,7 @@ from onnxshrink.report import (
     sparsity_left,
     to_jsonable,
 )
-from onnxshrink.rewrite import Fold, apply
+from onnxshrink.rewrite import Fold, apply, release
 from onnxshrink.validate import ValidationReport, compare, resolve_shapes
 
 ModelLike = str | Path | onnx.ModelProto
@@ -34,7 +34,11 @@ MasksLike = str | Path | Mapping | None
 
 @dataclass
 class ShrinkResult:
-    """Everything a shrink produced; `to_dict()` is what `--report` writes."""
+    """Everything a shrink produced; `to_dict()` is what `--report` writes.
+
+    `reference` is the input model with the masks applied. When the input was a path whose
+    weights live in an external data file and validation was skipped, the unmasked weights of
+    `reference` still refer to that file (they were never loaded into it)."""
 
     model: onnx.ModelProto
     reference: onnx.ModelProto
@@ -129,10 +133,12 @@ def shrink(
         t = now
 
     src: Path | None = None
+    base_dir = None
     in_bytes = None
     if isinstance(model, str | Path):
         src = Path(model)
-        proto = load_model(src)
+        proto = load_model(src, keep_external=True)  # weights are read once, by prepare()
+        base_dir = str(src.parent)
         in_bytes = src.stat().st_size + sum(p.stat().st_size for p in data_files(src) if p.exists())
     elif isinstance(model, onnx.ModelProto):
         proto = model
@@ -152,9 +158,14 @@ def shrink(
     lap("load")
 
     bound = bind_masks(
-        proto, maskset or MaskSet(), source=source, allow_unbound=allow_unbound, values=values
+        proto,
+        maskset or MaskSet(),
+        source=source,
+        allow_unbound=allow_unbound,
+        values=values,
+        base_dir=base_dir,
     )
-    reference = apply_masks(proto, bound)
+    reference = apply_masks(proto, bound, base_dir)
     lap("bind")
     if maskset is None:
         log("no masks file: the zeros in the weights are the masks")
@@ -165,7 +176,7 @@ def shrink(
             f"to {len(bound.masks)} initializer(s)"
         )
 
-    graph, untied = prepare(reference)
+    graph, untied = prepare(reference, base_dir)
     analysis = analyze(graph, default_opset(reference), untied)
     barriers = [
         {"node": name, "op": r.op, "reason": str(r)} for name, r in analysis.keep.barriers.items()
@@ -174,11 +185,15 @@ def shrink(
 
     rewritten = apply(analysis, reference)
     shrunk = rewritten.model
+    release(graph)  # the shrunk weights now live in `shrunk`
+    del analysis, graph
     lap("rewrite")
 
     report = None
     if validate:
         log("validating with onnxruntime ...")
+        if base_dir is not None:
+            load_external(reference, Path(base_dir), str(src))
         report = compare(
             reference,
             shrunk,

@@ -70,8 +70,14 @@ def _is_fused_bn(node: onnx.NodeProto) -> bool:
 
 
 class Binder:
-    def __init__(self, model: onnx.ModelProto, values: dict[str, np.ndarray] | None = None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        values: dict[str, np.ndarray] | None = None,
+        base_dir: str | None = None,
+    ):
         self.model = model
+        self.base_dir = base_dir
         self.inits = {t.name: t for t in model.graph.initializer}
         self.shapes = {n: tuple(int(d) for d in t.dims) for n, t in self.inits.items()}
         self.values = values or {}
@@ -89,7 +95,9 @@ class Binder:
 
     def array(self, name: str) -> np.ndarray:
         if name not in self._arrays:
-            self._arrays[name] = numpy_helper.to_array(self.inits[name])
+            self._arrays[name] = numpy_helper.to_array(
+                self.inits[name], base_dir=self.base_dir or ""
+            )
         return self._arrays[name]
 
     # ------------------------------------------------------------------ strategies
@@ -295,10 +303,11 @@ def bind_masks(
     source: str = "masks",
     allow_unbound: bool = False,
     values: dict[str, np.ndarray] | None = None,
+    base_dir: str | None = None,
 ) -> BoundMasks:
     if not isinstance(maskset, MaskSet):
         maskset = MaskSet(masks=dict(maskset))
-    binder = Binder(model, {**maskset.values, **(values or {})})
+    binder = Binder(model, {**maskset.values, **(values or {})}, base_dir)
     bound = binder.bind(maskset, source)
     if bound.unbound and not allow_unbound:
         names = ", ".join(f"'{n}'" for n in bound.unbound[:10])
@@ -315,8 +324,11 @@ def bind_masks(
     return bound
 
 
-def apply_masks(model: onnx.ModelProto, bound: BoundMasks) -> onnx.ModelProto:
-    """The reference model: every masked initializer multiplied by its mask."""
+def apply_masks(
+    model: onnx.ModelProto, bound: BoundMasks, base_dir: str | None = None
+) -> onnx.ModelProto:
+    """The reference model: every masked initializer multiplied by its mask (external weights
+    are read from `base_dir`; the masked ones are then held in the model)."""
     if not bound.masks:
         return model
     ref = onnx.ModelProto()
@@ -325,7 +337,7 @@ def apply_masks(model: onnx.ModelProto, bound: BoundMasks) -> onnx.ModelProto:
         mask = bound.masks.get(t.name)
         if mask is None:
             continue
-        values = numpy_helper.to_array(t)
+        values = numpy_helper.to_array(t, base_dir=base_dir or "")
         masked = np.where(mask != 0, values, np.zeros((), values.dtype)).astype(values.dtype)
         t.CopyFrom(numpy_helper.from_array(masked, t.name))
     return ref

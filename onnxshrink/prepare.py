@@ -8,6 +8,7 @@ own; `retie` merges the uses that end up identical again.
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -45,7 +46,8 @@ def skeleton(
     g.node.extend(model.graph.node)
     g.output.extend(model.graph.output)
     for t in model.graph.initializer:
-        if t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64:
+        external = t.data_location == onnx.TensorProto.EXTERNAL
+        if external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64):
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
@@ -142,10 +144,22 @@ def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return list(inferred.graph.value_info)
 
 
-def prepare(model: onnx.ModelProto) -> tuple[gs.Graph, dict[str, str]]:
-    """The gs graph to analyze, and {untied copy name: original initializer name}."""
+def prepare(
+    model: onnx.ModelProto, base_dir: str | Path | None = None
+) -> tuple[gs.Graph, dict[str, str]]:
+    """The gs graph to analyze, and {untied copy name: original initializer name}. Weights the
+    model keeps in external data files are read from `base_dir` straight into numpy."""
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
+    for t in tensors.values():
+        lazy = getattr(t, "_values", None)
+        if (
+            isinstance(t, gs.Constant)
+            and hasattr(lazy, "tensor")
+            and lazy.tensor.data_location == onnx.TensorProto.EXTERNAL
+        ):
+            t.values = numpy_helper.to_array(lazy.tensor, base_dir=str(base_dir or "."))
+            t.data_location = None  # held in memory from now on
     for vi in inferred_shapes(model):
         t = tensors.get(vi.name)
         if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):

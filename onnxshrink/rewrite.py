@@ -273,6 +273,9 @@ def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:
         handler = analysis.handler_for(node)
         if handler is not None and node.name not in ks.barriers:
             handler.rewrite(node, rw)
+    # The original weights are no longer needed: free them before the export copies the graph.
+    analysis.consts.consts.clear()
+    ks.forget()
     for node in dead:
         node.inputs.clear()
         node.outputs.clear()
@@ -284,6 +287,15 @@ def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:
     kept_zeroed = explain_kept(analysis)
     retie(graph, analysis.untied)
     return RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed)
+
+
+def release(graph: gs.Graph) -> None:
+    """Drop the graph's weight arrays now (its nodes and tensors form reference cycles, which
+    only a full garbage collection would free; that costs more than it saves here)."""
+    for t in graph.tensors().values():
+        loaded = getattr(t, "_values", None)  # not the lazy (never loaded) ones
+        if isinstance(t, gs.Constant) and isinstance(loaded, np.ndarray):
+            t.values = np.zeros((0,), dtype=loaded.dtype)
 
 
 def _slice_constant(t: gs.Constant, ks) -> None:

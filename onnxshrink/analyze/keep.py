@@ -82,6 +82,10 @@ class KeepState:
         self._queued: set[int] = set()
 
     # ---------------------------------------------------------------- queries
+    def forget(self) -> None:
+        """Drop what was derived from the weights (kept sets and reasons stay)."""
+        self._memo.clear()
+
     def memo(self, key, compute):
         """Facts a handler derives from constants (e.g. a weight's zero pattern) once per run."""
         if key not in self._memo:

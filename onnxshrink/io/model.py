@@ -31,7 +31,10 @@ def uses_external_data(path: str | Path) -> bool:
         return False
 
 
-def load_model(path: str | Path) -> onnx.ModelProto:
+def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto:
+    """The model at `path`, checked. With `keep_external`, weights stored in external data
+    files stay there (only their presence and sizes are checked): the caller reads them when it
+    needs them (`onnxshrink.prepare` does, straight into numpy), so they are not held twice."""
     p = Path(path)
     if not p.exists():
         raise ShrinkError(f"{p}: no such file. Give the path of an ONNX model (.onnx).")
@@ -53,12 +56,36 @@ def load_model(path: str | Path) -> onnx.ModelProto:
             "Keep the external data file beside the .onnx file (torch.onnx.export writes "
             "<model>.onnx.data)."
         )
-    try:
-        onnx.load_external_data_for_model(model, str(p.parent))
-    except Exception as exc:
-        raise ShrinkError(f"{p}: its external data could not be read ({first_line(exc)}).") from exc
+    if keep_external:
+        _check_external_sizes(model, p)
+    else:
+        load_external(model, p.parent, str(p))
     check_model(model, str(p))
     return model
+
+
+def load_external(model: onnx.ModelProto, base_dir: Path, source: str = "model") -> None:
+    """Read the external data of `model` into it (in place)."""
+    try:
+        onnx.load_external_data_for_model(model, str(base_dir))
+    except Exception as exc:
+        raise ShrinkError(
+            f"{source}: its external data could not be read ({first_line(exc)})."
+        ) from exc
+
+
+def _check_external_sizes(model: onnx.ModelProto, p: Path) -> None:
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        f = p.parent / info.get("location", "")
+        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        if f.stat().st_size < end:
+            raise ShrinkError(
+                f"{p}: its external data could not be read ({f.name} is shorter than tensor "
+                f"'{t.name}' needs: {f.stat().st_size} < {end} bytes)."
+            )
 
 
 def check_model(model: onnx.ModelProto, source: str = "model") -> None:
@@ -101,17 +128,7 @@ def save_model(
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
         tmp_model = Path(tmp) / out.name
         if external:
-            copy = onnx.ModelProto()
-            copy.CopyFrom(model)  # saving as external data rewrites the proto it is given
-            onnx.save_model(
-                copy,
-                str(tmp_model),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=data.name,
-                size_threshold=1024,
-            )
-            if (Path(tmp) / data.name).exists():
+            if _write_external(model, tmp_model, Path(tmp) / data.name):
                 os.replace(Path(tmp) / data.name, data)
                 written.append(data)
         else:
@@ -119,3 +136,40 @@ def save_model(
         os.replace(tmp_model, out)
         written.insert(0, out)
     return written
+
+
+def _write_external(
+    model: onnx.ModelProto, path: Path, data_path: Path, threshold: int = 1024
+) -> bool:
+    """Save `model` to `path` with every initializer of `threshold` bytes or more in `data_path`
+    (named relative to the model). The caller's proto is left as it was. True if data was written.
+
+    (onnx.save_model(save_as_external_data=True) refuses when a file of the data file's name
+    exists in the current directory, whatever directory the model is saved to.)"""
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    offset = 0
+    with open(data_path, "wb") as f:
+        for t in skeleton.graph.initializer:
+            if not t.HasField("raw_data") or len(t.raw_data) < threshold:
+                continue
+            pad = -offset % 4096  # aligned, as onnx writes it (lets readers map the file)
+            f.write(b"\0" * pad)
+            offset += pad
+            raw = t.raw_data
+            f.write(raw)
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            del t.external_data[:]
+            for key, value in (
+                ("location", data_path.name),
+                ("offset", str(offset)),
+                ("length", str(len(raw))),
+            ):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+            offset += len(raw)
+    onnx.save_model(skeleton, str(path))
+    if offset == 0:
+        data_path.unlink()
+    return offset > 0
