@@ -14,6 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# Conv(3->6, 3x3, padded) -> Relu -> Conv(6->4, 1x1): 196 parameters; the CLI and I/O tests' model.
+CONV2 = """
+g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4] B2)
+  => (float[1,4,8,8] y) {
+  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  r = Relu(h)
+  y = Conv(r, W2, B2)
+}
+"""
+
 HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>\n'
 
 

@@ -5,20 +5,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import init, params, tiny
+from conftest import CONV2, init, params, tiny
 
 from onnxshrink import shrink
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks
 from onnxshrink.errors import ShrinkError
 
-CONV2 = """
-g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4] B2)
-  => (float[1,4,8,8] y) {
-  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
-  r = Relu(h)
-  y = Conv(r, W2, B2)
-}
-"""
 # Older exporters read weights through Identity nodes; the mask may name the Identity output.
 ALIASED = """
 g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4] B2)

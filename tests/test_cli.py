@@ -16,20 +16,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import export_cached, init, params, run, tiny
+from conftest import CONV2, export_cached, init, params, run, tiny
 
 from onnxshrink import ShrinkError, ValidationFailed, shrink
 from onnxshrink.cli import main
 
 # Conv(3->6, 3x3) -> Relu -> Conv(6->4, 1x1). Parameters: 162 + 6 + 24 + 4 = 196.
-CONV2 = """
-g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4] B2)
-  => (float[1,4,8,8] y) {
-  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
-  r = Relu(h)
-  y = Conv(r, W2, B2)
-}
-"""
 DROP = [1, 3]
 KEEP = [0, 2, 4, 5]
 BEFORE = 196

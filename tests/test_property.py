@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import pytest
+from conftest import init as initializer_value
 from hypothesis import HealthCheck, Phase, event, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -872,13 +873,6 @@ def run_shrink(model: onnx.ModelProto, masks=None):
     return result
 
 
-def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
-    for t in model.graph.initializer:
-        if t.name == name:
-            return numpy_helper.to_array(t)
-    raise KeyError(name)
-
-
 def shrunk_weight(result, rec: Weighted) -> tuple[np.ndarray, int] | None:
     """The weight of node `rec.node` in the shrunk model and the node's group count; None when
     the node was removed."""
@@ -890,7 +884,7 @@ def shrunk_weight(result, rec: Weighted) -> tuple[np.ndarray, int] | None:
     name = node.input[1]
     if name != rec.weight:  # restacked grouped weights get a fresh name; a plain slice keeps it
         assert rec.op == "Conv" and group > 1, (rec.node, name, rec.weight)
-    return _initializer(result.model, name), group
+    return initializer_value(result.model, name), group
 
 
 def sides(rec: Weighted, w: np.ndarray, group: int) -> tuple[int, int]:

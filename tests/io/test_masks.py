@@ -9,21 +9,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import init, params, tiny
+from conftest import CONV2, init, params, tiny
 from safetensors.numpy import save_file
 
 from onnxshrink import shrink
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io.masks import flatten, read_masks
 
-CONV2 = """
-g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4] B2)
-  => (float[1,4,8,8] y) {
-  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
-  r = Relu(h)
-  y = Conv(r, W2, B2)
-}
-"""
 FLAGS = np.array([1, 0, 1, 0, 1, 1], np.float32)  # keep channels 0, 2, 4, 5
 KEEP = np.flatnonzero(FLAGS)
 AFTER = 196 - 2 * (27 + 1 + 4)
