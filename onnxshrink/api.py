@@ -176,12 +176,14 @@ def shrink(
             f"to {len(bound.masks)} initializer(s)"
         )
 
+    log(f"analyzing {len(reference.graph.node)} nodes ...")
     graph, untied = prepare(reference, base_dir)
     analysis = analyze(graph, default_opset(reference), untied)
     barriers = [
         {"node": name, "op": r.op, "reason": str(r)} for name, r in analysis.keep.barriers.items()
     ]
     lap("analyze")
+    log(f"analyzed in {timings['analyze']:.2f} s; rewriting ...")
 
     rewritten = apply(analysis, reference)
     shrunk = rewritten.model
