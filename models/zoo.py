@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-Member = tuple[str, int, int]  # (parameter name, axis, offset of the group's channel 0)
+# (parameter name, axis, the indices along that axis that channel i of the group owns)
+Member = tuple[str, int, Callable[[int], np.ndarray]]
 
 
 class Grouped(nn.Module):
@@ -29,24 +30,44 @@ class Grouped(nn.Module):
         if unknown:
             raise KeyError(f"unknown groups {sorted(unknown)}")
         self.widths = {**defaults, **widths}
-        self.blocks: dict[str, int] = {}  # group -> number of conv groups it must stay divisible by
-        self._members: list[tuple[str, nn.Module, str, int, int]] = []
+        self.divisible: dict[
+            str, int
+        ] = {}  # group -> number of conv groups it must stay divisible by
+        self._members: list[tuple[str, nn.Module, str, int, Callable[[int], np.ndarray]]] = []
 
     def w(self, group: str) -> int:
         return self.widths[group]
 
-    def produce(self, group: str, module: nn.Module, offset: int = 0) -> None:
-        """`module`'s output channels (weight rows, bias; BN scale and shift) belong to `group`."""
+    def produce(self, group: str, module: nn.Module, offset: int = 0, block: int = 1) -> None:
+        """`module`'s output channels (weight rows, bias; BN scale and shift) belong to `group`:
+        channel i owns `block` of them from offset + i * block (a head owns head_dim rows)."""
         for param in ("weight", "bias"):
             if getattr(module, param, None) is not None:
-                self._members.append((group, module, param, 0, offset))
+                self.claim(
+                    group,
+                    module,
+                    param,
+                    0,
+                    lambda i, o=offset, b=block: np.arange(o + i * b, o + (i + 1) * b),
+                )
+
+    def claim(
+        self,
+        group: str,
+        module: nn.Module,
+        param: str,
+        axis: int,
+        indices: Callable[[int], np.ndarray],
+    ) -> None:
+        """Channel i of `group` owns `indices(i)` along `axis` of `module.param`."""
+        self._members.append((group, module, param, axis, indices))
 
     def group_members(self) -> dict[str, list[Member]]:
         names = {id(m): n for n, m in self.named_modules()}
         out: dict[str, list[Member]] = defaultdict(list)
-        for group, module, param, axis, offset in self._members:
+        for group, module, param, axis, indices in self._members:
             prefix = names[id(module)]
-            out[group].append((f"{prefix}.{param}" if prefix else param, axis, offset))
+            out[group].append((f"{prefix}.{param}" if prefix else param, axis, indices))
         return dict(out)
 
 
@@ -95,7 +116,7 @@ class Bottleneck(nn.Module):
             conv_bn(cin, owner.w(out), 1, stride) if stride != 1 or cin != owner.w(out) else None
         )
         if groups > 1:
-            owner.blocks[a] = owner.blocks[b] = groups
+            owner.divisible[a] = owner.divisible[b] = groups
         for g, m in ((a, self.c1), (b, self.c2), (out, self.c3)):
             owner.produce(g, m[0])
             owner.produce(g, m[1])
@@ -434,6 +455,10 @@ class Inception(Grouped):
 class Entry:
     build: Callable[[dict[str, int] | None], Grouped]
     input_shape: tuple[int, ...] = (1, 3, 32, 32)
+    example: Callable[[], tuple] | None = None  # example inputs, when not one float tensor
+
+    def inputs(self) -> tuple:
+        return self.example() if self.example else (torch.randn(*self.input_shape),)
 
 
 ZOO: dict[str, Entry] = {
@@ -493,7 +518,7 @@ def choose_kept(model: Grouped, fraction: float, seed: int = 0) -> dict[str, np.
     rng = np.random.default_rng(seed)
     kept = {}
     for group, n in model.widths.items():
-        blocks = model.blocks.get(group, 1)
+        blocks = model.divisible.get(group, 1)
         per = n // blocks
         k = max(1, round(per * (1 - fraction)))
         kept[group] = np.sort(
@@ -510,10 +535,11 @@ def zero_groups(model: Grouped, kept: dict[str, np.ndarray]) -> dict[str, torch.
     for group, members in model.group_members().items():
         n = model.widths[group]
         drop = np.setdiff1d(np.arange(n), kept[group])
-        for name, axis, offset in members:
+        for name, axis, indices in members:
             m = masks.setdefault(name, torch.ones_like(params[name]))
-            idx = torch.as_tensor(drop + offset, dtype=torch.long)
-            m.index_fill_(axis, idx, 0.0)
+            if len(drop):
+                idx = torch.as_tensor(np.concatenate([indices(i) for i in drop]), dtype=torch.long)
+                m.index_fill_(axis, idx, 0.0)
     with torch.no_grad():
         for name, m in masks.items():
             params[name].mul_(m)
@@ -525,19 +551,33 @@ def native_widths(kept: dict[str, np.ndarray]) -> dict[str, int]:
 
 
 def export(
-    model: nn.Module, path, input_shape: tuple[int, ...], dynamic_batch: bool = False, **kwargs
+    model: nn.Module,
+    path,
+    input_shape: tuple[int, ...] | tuple,
+    dynamic_batch: bool = False,
+    dynamic: dict[int, str] | None = None,
+    **kwargs,
 ) -> None:
-    """torch.onnx.export with its defaults (the dynamo exporter), quietly."""
+    """torch.onnx.export with its defaults (the dynamo exporter), quietly. `input_shape` is one
+    float input's shape or a tuple of example tensors; `dynamic` ({axis: name}, applied to every
+    input; `dynamic_batch` is {0: "batch"}) makes those axes dynamic."""
     import contextlib
     import io
     import warnings
 
-    x = torch.randn(*input_shape)
+    args = (
+        input_shape
+        if input_shape and isinstance(input_shape[0], torch.Tensor)
+        else (torch.randn(*input_shape),)
+    )
+    dynamic = dynamic or ({0: "batch"} if dynamic_batch else None)
     extra = dict(kwargs)
-    if dynamic_batch and extra.get("dynamo", True):
-        extra["dynamic_shapes"] = ({0: torch.export.Dim("batch")},)
-    elif dynamic_batch:
-        extra |= {"input_names": ["x"], "dynamic_axes": {"x": {0: "batch"}}}
+    if dynamic and extra.get("dynamo", True):
+        dims = {a: torch.export.Dim(n, min=2 if n != "batch" else 1) for a, n in dynamic.items()}
+        extra["dynamic_shapes"] = tuple({a: dims[a] for a in dynamic if a < t.dim()} for t in args)
+    elif dynamic:
+        names = [f"input{k}" if k else "x" for k in range(len(args))]
+        extra |= {"input_names": names, "dynamic_axes": {n: dict(dynamic) for n in names}}
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(path), **extra)
+        torch.onnx.export(model, args, str(path), **extra)

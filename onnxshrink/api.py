@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from onnxshrink.analyze import analyze
-from onnxshrink.bind import apply_masks, bind_masks
+from onnxshrink.bind import apply_masks, bind_masks, weight_modules
 from onnxshrink.errors import ShrinkError, ValidationFailed
 from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import load_external, load_model, save_model, uses_external_data
@@ -180,12 +180,15 @@ def shrink(
     graph, untied = prepare(reference, base_dir)
     analysis = analyze(graph, default_opset(reference), untied)
     barriers = [
-        {"node": name, "op": r.op, "reason": str(r)} for name, r in analysis.keep.barriers.items()
+        {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
     ]
     lap("analyze")
     log(f"analyzed in {timings['analyze']:.2f} s; rewriting ...")
 
     rewritten = apply(analysis, reference)
+    modules = weight_modules(reference)
+    for g in rewritten.kept_zeroed:
+        g.module = modules.get(g.tensor, "")
     shrunk = rewritten.model
     release(graph)  # the shrunk weights now live in `shrunk`
     del analysis, graph

@@ -62,6 +62,21 @@ def module_of_dynamo_node(node: onnx.NodeProto) -> str | None:
     return None
 
 
+def weight_modules(model: onnx.ModelProto) -> dict[str, str]:
+    """Initializers the exporter named apart from their module (`val_10`, `onnx::MatMul_12`,
+    often a transposed copy) -> the module whose node reads them, for reports."""
+    inits = {t.name for t in model.graph.initializer}
+    out: dict[str, str] = {}
+    for n in model.graph.node:
+        module = module_of_dynamo_node(n) or module_of_legacy_name(n.name)
+        if not module:
+            continue
+        for name in n.input:
+            if name in inits and not name.startswith(module + ".") and name not in out:
+                out[name] = module
+    return out
+
+
 def _is_fused_bn(node: onnx.NodeProto) -> bool:
     return any(
         p.key == "pkg.onnxscript.rewriter.rule_name" and "FuseBatchNorm" in p.value

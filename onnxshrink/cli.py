@@ -227,7 +227,8 @@ def _print_result(result, args, say) -> None:
         )
     if args.explain:
         for g in result.kept_zeroed:
-            say(f"[I]     {g.tensor} (axis {g.axis}): {g.count} kept: {g.reason}")
+            where = f" in {g.module}" if g.module else ""
+            say(f"[I]     {g.tensor}{where} (axis {g.axis}): {g.count} kept: {g.reason}")
         for b in result.barriers:
             say(f"[I]     node {b['node']!r} ({b['op']}): {b['reason']}")
     zeros = sum(s.zeros * s.elements for s in result.sparsity)

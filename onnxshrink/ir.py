@@ -57,6 +57,22 @@ def consumers(t: gs.Tensor) -> list[gs.Node]:
     return list(t.outputs)
 
 
+def outer_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """Tensors from outside that a node's subgraphs (Loop, If, Scan bodies) read: inputs the node
+    does not list, but needs as much as those it does. May include the subgraphs' own
+    initializers; callers look the names up in the enclosing graph."""
+    subs = list(node.subgraphs(recursive=True))
+    local = {t.name for g in subs for t in g.inputs}
+    local |= {t.name for g in subs for n in g.nodes for t in n.outputs}
+    found: dict[str, gs.Tensor] = {}
+    for g in subs:
+        for n in g.nodes:
+            for t in n.inputs:
+                if t is not None and t.name and t.name not in local:
+                    found.setdefault(t.name, t)
+    return list(found.values())
+
+
 def norm_axis(axis: int, r: int) -> int:
     return axis + r if axis < 0 else axis
 

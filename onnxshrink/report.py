@@ -29,13 +29,21 @@ def model_stats(
 ) -> ModelStats:
     ops = Counter(n.op_type for n in model.graph.node)
     # Float constants, whether stored as initializers or Constant nodes (onnxshrink turns the
-    # latter into the former, which must not change the count).
-    consts = list(model.graph.initializer) + [
-        a.t
-        for n in model.graph.node
-        if n.op_type == "Constant"
-        for a in n.attribute
-        if a.name == "value"
+    # latter into the former, which must not change the count), in subgraphs too (a weight only
+    # a Loop body reads may be stored there).
+    consts = [
+        c
+        for g in _graphs(model.graph)
+        for c in [
+            *g.initializer,
+            *(
+                a.t
+                for n in g.node
+                if n.op_type == "Constant"
+                for a in n.attribute
+                if a.name == "value"
+            ),
+        ]
     ]
     params = sum(int(np.prod(t.dims, dtype=np.int64)) for t in consts if t.data_type in FLOAT_TYPES)
     return ModelStats(
@@ -45,6 +53,14 @@ def model_stats(
         count_macs(model, input_shapes or {}),
         file_bytes,
     )
+
+
+def _graphs(graph: onnx.GraphProto):
+    yield graph
+    for n in graph.node:
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                yield from _graphs(g)
 
 
 def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:
@@ -90,6 +106,26 @@ class KeptGroup:
     count: int
     reason: str
     kind: str
+    module: str = ""  # the module reading it, when the exporter named the weight apart
+
+
+_WEIGHT_INPUTS = {
+    "Conv": (1,),
+    "ConvTranspose": (1,),
+    "Gemm": (0, 1),
+    "MatMul": (0, 1),
+    "Gather": (0,),
+}
+
+
+def _is_weight(t: gs.Constant) -> bool:
+    """Read as the weight of a Conv, Gemm, MatMul or Gather (not a rotary table or a mask)."""
+    return any(
+        i in _WEIGHT_INPUTS.get(n.op, ())
+        for n in t.outputs
+        for i, x in enumerate(n.inputs)
+        if x is t
+    )
 
 
 def explain_kept(analysis) -> list[KeptGroup]:
@@ -101,7 +137,7 @@ def explain_kept(analysis) -> list[KeptGroup]:
     groups: dict[tuple[str, int, str, str], int] = defaultdict(int)
     seen = set()
     for t in ks.tensors.values():
-        if not isinstance(t, gs.Constant) or t.name not in ks.demanded:
+        if not isinstance(t, gs.Constant) or t.name not in ks.demanded or not _is_weight(t):
             continue
         values = np.asarray(t.values)
         base = untied.get(t.name, t.name)

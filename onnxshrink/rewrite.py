@@ -271,7 +271,7 @@ def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:
             _slice_constant(t, ks)
     for node in live:
         handler = analysis.handler_for(node)
-        if handler is not None and node.name not in ks.barriers:
+        if handler is not None and id(node) not in ks.barriers:
             handler.rewrite(node, rw)
     # The original weights are no longer needed: free them before the export copies the graph.
     analysis.consts.consts.clear()

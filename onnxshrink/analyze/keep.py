@@ -69,7 +69,9 @@ class KeepState:
         self.reasons: list[Reason] = []
         self._reason_id: dict[Reason, int] = {}
         self._claimed: set[tuple[int, int]] = set()
-        self.barriers: dict[str, Reason] = {}  # node name -> why it is a barrier
+        self.barriers: dict[
+            int, Reason
+        ] = {}  # id(node) -> why it is a barrier (names may be empty)
         self._consumers: dict[str, list[gs.Node]] = {}
         self._producer: dict[str, gs.Node] = {}
         for node in graph.nodes:
@@ -78,6 +80,7 @@ class KeepState:
             for t in node.outputs:
                 self._producer[t.name] = node
         self._memo: dict = {}
+        self._changes = 0
         self._queue: deque[gs.Node] = deque()
         self._queued: set[int] = set()
 
@@ -183,6 +186,7 @@ class KeepState:
         if not new.any():
             return
         arr |= new
+        self._changes += 1
         w = self._why[t.name][axis]
         w[new] = why[new] if why is not None else self._rid(reason)
         self._touch(t)
@@ -255,8 +259,9 @@ class KeepState:
     def barrier(self, node: gs.Node, reason: Reason | None = None) -> None:
         """Keep every index of every input and output of `node`."""
         reason = reason or Reason("barrier", node.name, node.op)
-        self.barriers.setdefault(node.name, reason)
-        for t in node.inputs:
+        self.barriers.setdefault(id(node), reason)
+        outer = [t for t in ir.outer_inputs(node) if self.tensors.get(t.name) is t]
+        for t in [*node.inputs, *outer]:
             if t is not None and t.name:
                 self.demand(t, pin=False)
                 self.pin(t, reason=reason)
@@ -319,12 +324,17 @@ class KeepState:
         self._pin_symbol_deps(node)
 
     def _repair(self) -> bool:
-        """A live node whose demanded input lost every index of an axis keeps one of them."""
-        changed = False
+        """Once the closure is stable, structural choices: each live node's handler settles what
+        its structure needs (equal groups, non-empty Split parts), and a live node whose demanded
+        input lost every index of an axis keeps one. Made only now, so that no early, arbitrary
+        pick locks in more than the final sets need. True if anything was added."""
+        before = self._changes
         for node in self.graph.nodes:
             if not self.node_live(node):
                 continue
             handler = self.handler_for(node)
+            if handler is not None and id(node) not in self.barriers:
+                handler.settle(node, self)
             for i, t in enumerate(node.inputs):
                 if t is None or t.name not in self.demanded:
                     continue
@@ -343,5 +353,4 @@ class KeepState:
                                 "an input needs at least one channel",
                             ),
                         )
-                        changed = True
-        return changed
+        return self._changes != before

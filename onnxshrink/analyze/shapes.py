@@ -227,9 +227,13 @@ def _binary(op: str, p: int, q: int) -> int:
 def refine_shapes(graph: gs.Graph, syms: dict[str, SymValue], consts: ConstContext) -> bool:
     """Fill output dims that shape inference left unknown but the size inputs of Expand,
     ConstantOfShape and Reshape give (e.g. Expand(0, Shape(W)[0:1]), a zero bias the exporter
-    builds at run time). True when a dim was filled."""
+    builds at run time), or that a Slice with run-time bounds leaves as they were. True when a
+    dim was filled."""
     changed = False
     for node in graph.nodes:
+        if node.op == "Slice" and node.outputs:
+            changed |= _refine_slice(node, consts)
+            continue
         if node.op not in ("Expand", "ConstantOfShape", "Reshape") or not node.outputs:
             continue
         size_in = node.inputs[0] if node.op == "ConstantOfShape" else ir.present(node, 1)
@@ -255,25 +259,56 @@ def refine_shapes(graph: gs.Graph, syms: dict[str, SymValue], consts: ConstConte
             if isinstance(new[p], int):
                 continue
             size = None
-            if (
-                isinstance(it, int)
-                and it > 1
-                or (isinstance(it, int) and it == 1 and node.op != "Expand")
-            ):
+            if isinstance(it, int) and it >= 0:
                 size = it
-            elif isinstance(it, DimRef):
-                size = (
-                    ir.static_dim(graph.tensors()[it.tensor], it.axis)
-                    if it.tensor in graph.tensors()
-                    else None
-                )
-            if node.op == "Expand" and size is not None:
+            elif isinstance(it, DimRef) and it.tensor in graph.tensors():
+                size = ir.static_dim(graph.tensors()[it.tensor], it.axis)
+            if node.op == "Expand" and size is not None:  # broadcast with the input's dim
                 x = ir.dims(node.inputs[0])
                 k = p - (len(new) - len(x)) if x is not None else -1
-                if x is not None and k >= 0 and isinstance(x[k], int) and x[k] not in (1, size):
-                    size = None
+                xd = x[k] if k >= 0 else 1
+                if not isinstance(xd, int):
+                    size = None if size == 1 else size
+                elif size == 1 or xd == size:
+                    size = xd
+                elif xd != 1:
+                    size = None  # not broadcastable: leave it to shape inference
+            elif size == 0 and node.op == "Reshape":
+                size = None  # 0 copies the input's dim (or is literal): left as inferred
             if size is not None:
                 new[p] = size
                 changed = True
         out.shape = new
     return changed
+
+
+def _refine_slice(node: gs.Node, consts: ConstContext) -> bool:
+    """A Slice keeps the input's dims on the axes it does not slice; shape inference drops them
+    all when the bounds are computed at run time."""
+    x, y = node.inputs[0], node.outputs[0]
+    xd, yd = ir.dims(x), ir.dims(y)
+    if xd is None or yd is None or len(xd) != len(yd):
+        return False
+    if "axes" in node.attrs:
+        axes = list(node.attrs["axes"])
+    elif "starts" in node.attrs:
+        axes = list(range(len(node.attrs["starts"])))
+    elif ir.present(node, 3) is not None:
+        v = consts.value(node.inputs[3])
+        if v is None:
+            return False
+        axes = [int(a) for a in v.reshape(-1)]
+    else:
+        n = ir.static_dim(node.inputs[1], 0)
+        if n is None:
+            return False
+        axes = list(range(n))
+    sliced = {ir.norm_axis(a, len(xd)) for a in axes}
+    new = [
+        xd[a] if a not in sliced and not isinstance(d, int) and isinstance(xd[a], int) else d
+        for a, d in enumerate(yd)
+    ]
+    if new == list(yd):
+        return False
+    y.shape = new
+    return True

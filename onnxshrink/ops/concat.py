@@ -122,18 +122,22 @@ class Split(Handler):
         for t in node.inputs[1:]:
             ks.demand(t)
         off = 0
-        why = Reason(
-            "structure", node.name, node.op, "each part of a Split keeps at least one index"
-        )
         for y, n in zip(node.outputs, sizes, strict=True):
             for a in range(ir.rank(x)):
                 if a != axis:
                     ks.couple(x, a, y, a)
             ks.couple_map(y, axis, x, axis, np.arange(n) + off)
+            off += n
+
+    def settle(self, node: gs.Node, ks: KeepState) -> None:
+        axis, _ = split_sizes(node, ks, node.inputs[0])
+        why = Reason(
+            "structure", node.name, node.op, "each part of a Split keeps at least one index"
+        )
+        for y in node.outputs:
             k = ks.kept(y, axis)
             if k is not None and len(k) and not k.any():
                 ks.keep(y, axis, [0], why)
-            off += n
 
     def rewrite(self, node: gs.Node, rw) -> None:
         x = node.inputs[0]
@@ -165,13 +169,14 @@ def slice_ranges(
     else:
         starts, ends = ints(node, reader, "", 1), ints(node, reader, "", 2)
         axes, steps = ints(node, reader, "", 3), ints(node, reader, "", 4)
-        if starts is None or ends is None:
-            return None
-        if (axes is None and ir.present(node, 3) is not None) or (
-            steps is None and ir.present(node, 4) is not None
-        ):
-            return None
-        axes = axes if axes is not None else list(range(len(starts)))
+        if axes is None:
+            if ir.present(node, 3) is not None or starts is None:
+                return None
+            axes = list(range(len(starts)))
+        if starts is None or ends is None or (steps is None and ir.present(node, 4) is not None):
+            # Bounds computed at run time (e.g. up to a dynamic sequence length): the sliced
+            # axes are known, what they keep is not.
+            return {ir.norm_axis(int(a), r): (0, 0, 1, None) for a in axes}
         steps = steps if steps is not None else [1] * len(starts)
     out = {}
     for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
@@ -309,7 +314,13 @@ class Gather(Handler):
                 ks.couple_map(y, axis, x, axis, idx)
         else:
             ks.demand(i_t, pin=False)
-            ks.pin(x, axis)
+            ks.pin(
+                x,
+                axis,
+                Reason(
+                    "structure", node.name, node.op, "its rows are looked up by run-time indices"
+                ),
+            )
             for k in range(ri):
                 ks.couple(i_t, k, y, axis + k)
 

@@ -103,7 +103,8 @@ class _ConvBase(Handler):
         w = ks.value(wt)
         r = ir.rank(x)
         if w is None or r is None or ir.rank(y) != r:
-            ks.barrier(node, Reason("barrier", node.name, node.op, "weights are not constant"))
+            why = "weights are not constant" if w is None else "shape inference gave no shapes"
+            ks.barrier(node, Reason("barrier", node.name, node.op, why))
             return
         g, ci, co = self.layout(node, w)
         if ks.size(x, 1) != ci or ks.size(y, 1) != co:
@@ -119,7 +120,6 @@ class _ConvBase(Handler):
         w_in, w_out = (0, 1) if self.transposed else (1, 0)
         if bt is not None:
             ks.couple(y, 1, bt, 0)
-        cin, cout = ci // g, co // g
         if g == 1:
             ks.couple(x, 1, wt, w_in)
             ks.couple(y, 1, wt, w_out)
@@ -150,8 +150,14 @@ class _ConvBase(Handler):
                     ),
                 )
         ks.keep(x, 1, reads & ~absorb)
+
+    def settle(self, node: gs.Node, ks: KeepState) -> None:
+        w = ks.value(node.inputs[1])
+        if w is None:
+            return
+        g, ci, co = self.layout(node, w)
         if g > 1:
-            self.keep_groups(node, ks, x, y, g, cin, cout)
+            self.keep_groups(node, ks, node.inputs[0], node.outputs[0], g, ci // g, co // g)
 
     def keep_groups(self, node, ks, x, y, g, cin, cout) -> None:
         """Kept groups must all keep the same numbers of input and output channels."""

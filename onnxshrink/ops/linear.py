@@ -134,6 +134,13 @@ class MatMul(Handler):
             const = ~_live_product(av != 0, ~bm)
         else:
             const = am.all(axis=-1, keepdims=True) & bm.all(axis=-2, keepdims=True)
+            # A row or column that is constant zero makes its products zero whatever the other
+            # side (e.g. a head whose V projection is masked: probs @ 0).
+            const = (
+                const
+                | (am & (av == 0)).all(axis=-1, keepdims=True)
+                | (bm & (bv == 0)).all(axis=-2, keepdims=True)
+            )
         if not const.any():
             return None
         k = max(am.shape[-1], bm.shape[-2], av.shape[-1], bv.shape[-2])
@@ -227,6 +234,8 @@ class MatMul(Handler):
         kn = rw.kept(y, y_n) if y_n is not None else None
         cols = kn if kn is not None else slice(None)
         ka = rw.kept(a_t, ra - 1)
+        if ka is None:
+            return
         removed = ~ka & nz[:, cols].reshape(len(ka), -1).any(axis=1)
         rw.check_removed_constant(node, ca, ra - 1, removed)
         if not removed.any():

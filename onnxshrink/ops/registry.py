@@ -32,6 +32,10 @@ class Handler:
     def rewrite(self, node: gs.Node, rw) -> None:
         return None
 
+    def settle(self, node: gs.Node, ks: KeepState) -> None:
+        """Structural needs decided once the closure is stable (see KeepState._repair)."""
+        return None
+
     def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
         """Inputs that may lose every index along an axis (e.g. a Concat branch removed whole)."""
         return ()

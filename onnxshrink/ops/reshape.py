@@ -1,4 +1,4 @@
-"""Layout ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, ConstantOfShape.
+"""Layout ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, ConstantOfShape, Range.
 
 Reshape and Flatten split and merge axes. Matching input and output dims gives groups of axes
 with equal products; within a group the flat index space is shared, so the kept elements must
@@ -28,8 +28,31 @@ Group = tuple[list[int], list[int]]
 def reshape_groups(a: list, b: list) -> list[Group] | None:
     """Pair input dims `a` with output dims `b` into groups of equal product.
 
-    Static dims are ints; any other value is a token for a dynamic size that must meet an
-    equal token on the other side, alone. None when no consistent grouping exists."""
+    Static dims are ints; any other value is a token for a dynamic size. Groups are matched from
+    both ends; where dynamic sizes do not pair up (shape inference gave the same size two
+    names), what is left in the middle is one group: the element count is the same on both
+    sides, so equal products at both ends leave equal products in between. None when not even
+    that is consistent."""
+    head, i, j = _scan(a, b)
+    if i == len(a) and j == len(b):
+        return head
+    ra, rb = a[i:][::-1], b[j:][::-1]
+    tail, ti, tj = _scan(ra, rb)
+    ea, eb = len(a) - ti, len(b) - tj
+
+    def back(g: Group) -> Group:
+        return ([len(a) - 1 - k for k in g[0]][::-1], [len(b) - 1 - k for k in g[1]][::-1])
+
+    middle = (list(range(i, ea)), list(range(j, eb)))
+    statics = [v for v in [*a[i:ea], *b[j:eb]] if isinstance(v, int)]
+    if not any(not isinstance(v, int) for v in [*a[i:ea], *b[j:eb]]) and statics:
+        return None  # static on both sides yet unmatched: not a reshape of equal sizes
+    return [*head, middle, *[back(g) for g in reversed(tail)]]
+
+
+def _scan(a: list, b: list) -> tuple[list[Group], int, int]:
+    """Match groups left to right until a dynamic size meets one it cannot be shown equal to;
+    the groups and where it stopped in `a` and `b`."""
     groups: list[Group] = []
     i = j = 0
     while i < len(a) or j < len(b):
@@ -44,32 +67,33 @@ def reshape_groups(a: list, b: list) -> list[Group] | None:
             j += 1
             continue
         if ai is None or bj is None:
-            return None
+            break
         if not isinstance(ai, int) or not isinstance(bj, int):
-            if ai == bj:
-                groups.append(([i], [j]))
-                i += 1
-                j += 1
-                continue
-            return None
-        gi, gj, pa, pb = [i], [j], ai, bj
-        i += 1
-        j += 1
+            if ai != bj:
+                break
+            groups.append(([i], [j]))
+            i += 1
+            j += 1
+            continue
+        gi, gj, pa, pb, ni, nj = [i], [j], ai, bj, i + 1, j + 1
         while pa != pb:
             if pa < pb:
-                if i >= len(a) or not isinstance(a[i], int) or a[i] == 0:
-                    return None
-                pa *= a[i]
-                gi.append(i)
-                i += 1
+                if ni >= len(a) or not isinstance(a[ni], int) or a[ni] == 0:
+                    break
+                pa *= a[ni]
+                gi.append(ni)
+                ni += 1
             else:
-                if j >= len(b) or not isinstance(b[j], int) or b[j] == 0:
-                    return None
-                pb *= b[j]
-                gj.append(j)
-                j += 1
+                if nj >= len(b) or not isinstance(b[nj], int) or b[nj] == 0:
+                    break
+                pb *= b[nj]
+                gj.append(nj)
+                nj += 1
+        if pa != pb:
+            break
         groups.append((gi, gj))
-    return groups
+        i, j = ni, nj
+    return groups, i, j
 
 
 def _tokens(t: gs.Tensor) -> list | None:
@@ -190,7 +214,15 @@ def _close_product(
     if np.array_equal(fa, fb):
         return
     f = fa | fb
-    why = Reason("structure", site.name, site.op, "a reshape keeps whole blocks")
+    split = max((ka, kb), key=len)
+    why = Reason(
+        "structure",
+        site.name,
+        site.op,
+        f"it views these {len(fa)} indices as {' x '.join(str(len(k)) for k in split)} "
+        "(e.g. heads x head dims), so one goes only with its whole block, and the rest of "
+        "this block is live",
+    )
     for side, axes, ks_ in ((x, in_axes, ka), (y, out_axes, kb)):
         shaped = f.reshape([len(k) for k in ks_])
         for n, a in enumerate(axes):
@@ -490,3 +522,14 @@ class ConstantOfShape(Handler):
 
     def rewrite(self, node, rw):
         rewrite_size_input(rw, node, 0, size_items(node, rw, 0), node.outputs[0])
+
+
+@register("Range", since=11)
+class Range(Handler):
+    """Values and length come from its scalar inputs (e.g. position ids up to a dynamic sequence
+    length): there is no channel to remove, and nothing that blocks its consumers."""
+
+    def keep(self, node: gs.Node, ks: KeepState) -> None:
+        for t in node.inputs:
+            ks.demand(t)
+        ks.pin(node.outputs[0])

@@ -80,6 +80,27 @@ def test_slice_bounds_are_rewritten():
     assert init(result.model, slc.input[2]).tolist() == [2]
 
 
+def test_slice_to_a_run_time_length_keeps_the_sliced_axis_and_prunes_the_others():
+    # A causal-mask style slice: positions 0..T-1 of the sequence axis, T read from the input.
+    text = """
+agraph (float[1, T, 8] x, float[8, 6] W1, float[6, 4] W2, int64[1] Zero, int64[1] One) => (float[1, S, 4] y)
+{
+  h = MatMul (x, W1)
+  r = Relu (h)
+  shp = Shape (x)
+  t = Gather <axis = 0> (shp, One)
+  end = Sub (t, One)
+  s = Slice (r, Zero, end, One)
+  y = MatMul (s, W2)
+}
+"""
+    model = tiny(text, zero={"W1": np.s_[:, [1, 4]]}, values={"Zero": [0], "One": [1]})
+    result = shrink_checked(model, input_shapes={"x": [1, 5, 8]})
+    assert not result.barriers
+    assert shapes(result.model)["W1"] == (8, 4)
+    assert shapes(result.model)["W2"] == (4, 4)
+
+
 GATHER = """
 agraph (float[1, 3, 4, 4] x, float[5, 3, 1, 1] W1, float[5] B1, int64[3] Idx, float[2, 3, 1, 1] W2) => (float[1, 2, 4, 4] y)
 {

@@ -150,4 +150,32 @@ def test_reshape_groups_pairs_dims_of_equal_product():
     assert reshape_groups(["N", 8, 4, 4], ["N", 128]) == [([0], [0]), ([1, 2, 3], [1])]
     assert reshape_groups([6, 1], [6]) == [([0], [0]), ([1], [])]
     assert reshape_groups([4, 6], [6, 4]) == [([0, 1], [0, 1])]
-    assert reshape_groups(["N", 4], ["M", 4]) is None
+    # Sizes that shape inference named apart (N, M): matched from both ends, the rest is one group
+    assert reshape_groups(["N", 4], ["M", 4]) == [([0], [0]), ([1], [1])]
+    assert reshape_groups(["u1", "u2", 64], ["b", "s", 4, 16]) == [([0, 1], [0, 1]), ([2], [2, 3])]
+    assert reshape_groups([4, 6], [5, 5]) is None
+
+
+def test_range_of_a_run_time_length_is_no_barrier():
+    # Position ids 0..T-1 added to every hidden channel: channels 1 and 4 then carry positions
+    # only, and go because W2 does not read them.
+    text = """
+agraph (float[1, T, 8] x, float[8, 6] W1, float[6, 4] W2, int64 Zero, int64 One, int64[1] Ax) => (float[1, T, 4] y)
+{
+  h = MatMul (x, W1)
+  shp = Shape (x)
+  t = Gather <axis = 0> (shp, One)
+  ids = Range (Zero, t, One)
+  f = Cast <to = 1> (ids)
+  pos = Unsqueeze (f, Ax)
+  a = Add (h, pos)
+  r = Relu (a)
+  y = MatMul (r, W2)
+}
+"""
+    zero = {"W1": np.s_[:, [1, 4]], "W2": np.s_[[1, 4]]}
+    model = tiny(text, zero=zero, values={"Zero": 0, "One": 1, "Ax": [1]})
+    result = shrink_checked(model, input_shapes={"x": [1, 5, 8]})
+    assert not result.barriers
+    assert shapes(result.model)["W1"] == (8, 4)
+    assert shapes(result.model)["W2"] == (4, 4)

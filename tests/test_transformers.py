@@ -1,0 +1,194 @@
+"""Transformers: attention heads and FFN neurons, exactly, through the exporters' reshapes.
+
+Four architectures (models/transformers.py): BERT-like (post-LN, GELU, attention-mask input),
+ViT-like (patch conv, pre-LN), GPT-like (causal, fused QKV split in three) and LLaMA-like
+(RMSNorm, rotary embeddings, grouped-query attention, SwiGLU). Half of every layer's heads and
+FFN neurons are masked as a head-pruning method masks them; the shrunk model must have exactly
+the parameter count of the same architecture built with fewer heads and neurons.
+"""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from conftest import export_cached, params, shapes, shrink_checked, tiny
+
+from models.transformers import TRANSFORMERS, BagOfEmbeddings
+from models.zoo import choose_kept, native_widths, randomize, zero_groups
+from onnxshrink import shrink
+
+DYNAMIC = {0: "batch", 1: "seq"}
+
+
+def masked_and_native(zoo_dir, name, **export):
+    entry = TRANSFORMERS[name]
+    key = tuple(sorted((k, str(v)) for k, v in export.items()))
+
+    def masked():
+        model = randomize(entry.build(), seed=1)
+        zero_groups(model, choose_kept(model, 0.5, seed=2))
+        return model, entry.inputs(), export
+
+    def native():
+        kept = choose_kept(randomize(entry.build(), seed=1), 0.5, seed=2)
+        return randomize(entry.build(native_widths(kept)), seed=3), entry.inputs(), export
+
+    return (
+        export_cached(zoo_dir, ("tf", name, "masked", key), masked),
+        export_cached(zoo_dir, ("tf", name, "native", key), native),
+    )
+
+
+def check(result, native_path):
+    assert result.validation.passed
+    assert max(o.max_rel_error for o in result.validation.outputs) <= 1e-5
+    assert result.after.params == params(onnx.load(native_path))
+    assert result.after.params < 0.7 * result.before.params
+    assert not result.barriers
+    assert not result.kept_zeroed
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMERS))
+def test_half_the_heads_and_neurons_reach_the_native_size(zoo_dir, name):
+    masked, native = masked_and_native(zoo_dir, name)
+    check(shrink(masked), native)
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_legacy_exporter(zoo_dir, name):
+    masked, native = masked_and_native(zoo_dir, name, dynamo=False)
+    check(shrink(masked), native)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_dynamic_batch_and_sequence(zoo_dir, name):
+    masked, native = masked_and_native(zoo_dir, name, dynamic=DYNAMIC)
+    inputs = [i.name for i in onnx.load(masked, load_external_data=False).graph.input]
+    result = shrink(masked, input_shapes={n: [2, 12] for n in inputs})
+    check(result, native)
+    assert result.validation.input_shapes[inputs[0]] == [2, 12]
+    dims = result.model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_param  # still dynamic
+
+
+HEAD = 8  # head_dim of the zoo transformers (d_model 32, 4 heads)
+
+
+@pytest.fixture(scope="module")
+def one_head_masked(zoo_dir):
+    """BERT with head 1 of layer 0 masked in one projection only: q, k, v (rows and bias) or o
+    (columns)."""
+    entry = TRANSFORMERS["bert"]
+
+    def build(which):
+        model = randomize(entry.build(), seed=5)
+        attn = model.blocks[0].attn
+        with torch.no_grad():
+            if which == "o":
+                attn.o.weight[:, HEAD : 2 * HEAD] = 0
+            else:
+                lin = getattr(attn, which)
+                lin.weight[HEAD : 2 * HEAD] = 0
+                lin.bias[HEAD : 2 * HEAD] = 0
+        return model, entry.inputs(), {}
+
+    return lambda which: export_cached(zoo_dir, ("head", which), lambda: build(which))
+
+
+@pytest.mark.parametrize("which", ["v", "o"])
+def test_a_head_masked_in_v_or_o_is_dead_and_goes(one_head_masked, which):
+    result = shrink(one_head_masked(which))
+    assert result.validation.passed
+    d_model = 32
+    one_head = (
+        3 * (d_model * HEAD + HEAD) + HEAD * d_model
+    )  # its q, k, v rows and biases, o columns
+    assert result.before.params - result.after.params == one_head
+
+
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_a_head_masked_in_q_or_k_alone_is_not_dead_and_stays(one_head_masked, which):
+    # Zero queries (or keys) give uniform attention: the head outputs the mean of V.
+    result = shrink(one_head_masked(which))
+    assert (
+        result.validation.passed and max(o.max_rel_error for o in result.validation.outputs) <= 1e-5
+    )
+    assert result.after.params == result.before.params
+    [kept] = result.kept_zeroed
+    assert kept.count == HEAD and kept.axis == 1  # the head's rows, stored transposed for MatMul
+    assert kept.module == f"blocks.0.attn.{which}"  # named for --explain by the module reading it
+    assert "4 x 8" in kept.reason and kept.kind == "structure"  # the heads x head-dims view
+
+
+def test_ffn_neuron_with_a_bias_becomes_a_constant_folded_into_the_down_projection(zoo_dir):
+    entry = TRANSFORMERS["gpt"]
+
+    def build():
+        model = randomize(entry.build(), seed=6)
+        with torch.no_grad():
+            model.blocks[0].mlp.up.weight[[3, 7, 11]] = 0  # rows masked, biases left: gelu(b)
+        return model, entry.inputs(), {}
+
+    result = shrink(export_cached(zoo_dir, ("ffn-const",), build))
+    assert (
+        result.validation.passed and max(o.max_rel_error for o in result.validation.outputs) <= 1e-5
+    )
+    assert result.before.params - result.after.params == 3 * (32 + 1 + 32)  # row, bias, down column
+    assert [f.into for f in result.folds] == ["bias"]
+
+
+def test_hidden_size_masked_is_kept_because_layernorm_sees_it(zoo_dir):
+    entry = TRANSFORMERS["vit"]
+
+    def build():
+        model = randomize(entry.build(), seed=7)
+        with torch.no_grad():
+            model.blocks[0].mlp.down.weight[[2, 5]] = 0  # two hidden units written by the FFN
+            model.blocks[0].mlp.down.bias[[2, 5]] = 0
+        return model, entry.inputs(), {}
+
+    result = shrink(export_cached(zoo_dir, ("hidden",), build))
+    assert result.validation.passed
+    assert result.after.params == result.before.params
+    [kept] = result.kept_zeroed
+    assert kept.count == 2 and kept.kind in ("normalization", "meets-live")
+    assert np.isfinite(result.validation.outputs[0].max_rel_error)
+
+
+def test_embedding_columns_go_and_masked_rows_are_kept_and_reported(zoo_dir):
+    def build():
+        model = randomize(BagOfEmbeddings(vocab=50, dim=16, classes=4), seed=8)
+        with torch.no_grad():
+            model.tok.weight[:, [1, 5, 9]] = 0  # three features, masked for every token
+            model.tok.weight[[3, 4]] = 0  # two tokens
+        ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+        return model, (ids,), {}
+
+    result = shrink(export_cached(zoo_dir, ("bag",), build))
+    assert result.validation.passed and max(o.max_rel_error for o in result.validation.outputs) == 0
+    assert result.before.params - result.after.params == 3 * (50 + 4)  # table and head columns
+    [rows] = result.kept_zeroed
+    assert (rows.tensor, rows.axis, rows.count) == ("tok.weight", 0, 2)
+    assert "run-time indices" in rows.reason
+
+
+FUSED_ATTENTION = """
+agraph (float[1, 5, 16] x, float[16, 16] Wq, float[16, 16] Wk, float[16, 16] Wv, float[16, 16] Wo) => (float[1, 5, 16] y)
+{
+  q = MatMul (x, Wq)
+  k = MatMul (x, Wk)
+  v = MatMul (x, Wv)
+  a = Attention <q_num_heads = 4, kv_num_heads = 4> (q, k, v)
+  y = MatMul (a, Wo)
+}
+"""
+
+
+def test_fused_attention_op_is_a_reported_barrier():
+    # Opset 23's Attention: head 1 is dead (V columns and O rows masked) but the fused op is not
+    # handled yet, so everything is kept, exactly, and the report names the op.
+    model = tiny(FUSED_ATTENTION, zero={"Wv": np.s_[:, 4:8], "Wo": np.s_[4:8]}, opset=23)
+    result = shrink_checked(model)
+    assert set(shapes(result.model).values()) == {(16, 16)}
+    assert [b["op"] for b in result.barriers] == ["Attention"]
+    assert "no handler" in result.barriers[0]["reason"]
