@@ -133,15 +133,91 @@ def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+_FOLD_LIMIT = 4096  # elements: shape arithmetic, not weights
+
+
+def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Replace nodes whose inputs are all small constants by their values, in place (meant for a
+    skeleton): shape inference propagates values through Shape/Gather/Concat but not through
+    e.g. the legacy exporter's Where(Equal(c, -1), 1, c) that builds an Expand target, and
+    without the value every size downstream of it is unknown."""
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxshrink.analyze.evaluate import NONDETERMINISTIC
+
+    g = model.graph
+    small = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) <= _FOLD_LIMIT]
+    known = {t.name: numpy_helper.to_array(t) for t in small}
+    outputs = {o.name for o in g.output}
+    kept, folded = [], []
+    for n in g.node:
+        ins = [i for i in n.input if i]
+        foldable = (
+            n.domain in ("", "ai.onnx")
+            and n.op_type not in NONDETERMINISTIC
+            and all(i in known for i in ins)
+            and not any(o in outputs for o in n.output)
+            and not any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in n.attribute
+            )
+        )
+        values = _evaluate_node(model, n, known, ReferenceEvaluator) if foldable else None
+        if values is None:
+            kept.append(n)
+            continue
+        for name, v in zip(n.output, values, strict=True):
+            known[name] = v
+            folded.append(numpy_helper.from_array(v, name))
+    if folded:
+        del g.node[:]
+        g.node.extend(kept)
+        g.initializer.extend(folded)
+    return model
+
+
+def _evaluate_node(model, node, known, evaluator) -> list[np.ndarray] | None:
+    feeds = {i: known[i] for i in node.input if i}
+    graph = onnx.helper.make_graph(
+        [node],
+        "fold",
+        [
+            onnx.helper.make_tensor_value_info(
+                i, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape
+            )
+            for i, v in feeds.items()
+        ],
+        [onnx.helper.make_value_info(o, onnx.TypeProto()) for o in node.output],
+    )
+    one = onnx.helper.make_model(graph, opset_imports=model.opset_import)
+    one.ir_version = model.ir_version
+    try:
+        out = evaluator(one).run(None, feeds)
+    except Exception:  # not evaluable here: left to shape inference as it is
+        return None
+    out = [np.asarray(v) for v in out]
+    if any(v.dtype == object or v.size > _FOLD_LIMIT for v in out):
+        return None
+    return out
+
+
 def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Shapes of the model's intermediate tensors, inferred on its skeleton (no weight data is
-    copied: shape inference of a large model would otherwise serialize it twice)."""
+    copied: shape inference of a large model would otherwise serialize it twice), with its
+    shape arithmetic folded first."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton(model), data_prop=True)
+        light = fold_shape_arithmetic(skeleton(model))
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # a model onnx cannot infer: work with the shapes it carries
         return list(model.graph.value_info)
     complete_shapes(inferred)
-    return list(inferred.graph.value_info)
+    original = {t.name for t in model.graph.initializer}
+    folded = [
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in inferred.graph.initializer
+        if t.name not in original
+    ]
+    return [*inferred.graph.value_info, *folded]
 
 
 def prepare(

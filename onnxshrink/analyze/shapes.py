@@ -79,6 +79,8 @@ _SHAPE_OPS = {
     "Abs",
     "Floor",
     "Ceil",
+    "Equal",
+    "Where",
     *_ARITH,
     *_PASS,
 }
@@ -101,7 +103,7 @@ def propagate_shapes(graph: gs.Graph, consts: ConstContext) -> dict[str, SymValu
     for node in graph.nodes:
         if node.op not in _SHAPE_OPS or not node.outputs:
             continue
-        if node.op in ("Concat", "Div", "Mod", *_ARITH):
+        if node.op in ("Concat", "Div", "Mod", "Equal", "Where", *_ARITH):
             if not any(t is not None and t.name in syms for t in node.inputs):
                 continue
         elif node.op not in ("Shape", "Size") and node.inputs[0].name not in syms:
@@ -142,6 +144,15 @@ def _step(node: gs.Node, get) -> SymValue | None:
         if r is None:
             return None
         return SymValue((Opaque(frozenset(DimRef(x.name, a) for a in range(r))),), scalar=True)
+    if op == "Where":  # the legacy exporter's expand: Where(Equal(shape, -1), 1, shape)
+        c, t, f = (get(ir.present(node, i)) for i in range(3))
+        if c is None or t is None or f is None or not all(isinstance(i, int) for i in c.items):
+            return None
+        n = max(len(c.items), len(t.items), len(f.items))
+        c_, t_, f_ = (v.items * n if len(v.items) == 1 else v.items for v in (c, t, f))
+        if not len(c_) == len(t_) == len(f_) == n:
+            return None
+        return SymValue(tuple(p if k else q for k, p, q in zip(c_, t_, f_, strict=True)))
     a = get(x)
     if a is None:
         return None
@@ -201,11 +212,28 @@ def _step(node: gs.Node, get) -> SymValue | None:
         return None
     out = []
     for p, q in zip(ai, bi, strict=True):
-        if isinstance(p, int) and isinstance(q, int):
+        if op == "Equal":
+            known = _equal(p, q)
+            if known is None:
+                return None
+            out.append(int(known))
+        elif isinstance(p, int) and isinstance(q, int):
             out.append(_binary(op, p, q))
         else:
             out.append(_opaque(SymValue((p,)), SymValue((q,))))
     return SymValue(tuple(out), scalar=a.scalar and b.scalar)
+
+
+def _equal(p: Item, q: Item) -> bool | None:
+    """Whether two items are equal, when that is known: a size (a tensor's dim) is never
+    negative; the same dim is equal to itself."""
+    if isinstance(p, int) and isinstance(q, int):
+        return p == q
+    if isinstance(p, DimRef) and isinstance(q, int) or isinstance(q, DimRef) and isinstance(p, int):
+        return False if min(x for x in (p, q) if isinstance(x, int)) < 0 else None
+    if isinstance(p, DimRef) and p == q:
+        return True
+    return None
 
 
 def _unary(op: str, i: Item, a: SymValue) -> Item:
@@ -227,12 +255,18 @@ def _binary(op: str, p: int, q: int) -> int:
 def refine_shapes(graph: gs.Graph, syms: dict[str, SymValue], consts: ConstContext) -> bool:
     """Fill output dims that shape inference left unknown but the size inputs of Expand,
     ConstantOfShape and Reshape give (e.g. Expand(0, Shape(W)[0:1]), a zero bias the exporter
-    builds at run time), or that a Slice with run-time bounds leaves as they were. True when a
+    builds at run time), or that a Slice with run-time bounds leaves as they were, and carry
+    them on through elementwise ops (shape inference ran before these were known). True when a
     dim was filled."""
     changed = False
+    outputs = {t.name for t in graph.outputs}
     for node in graph.nodes:
         if node.op == "Slice" and node.outputs:
             changed |= _refine_slice(node, consts)
+            continue
+        if node.op in _SAME_SHAPE or node.op in _BROADCAST:
+            if node.outputs and node.outputs[0].name not in outputs:
+                changed |= _refine_elementwise(node)
             continue
         if node.op not in ("Expand", "ConstantOfShape", "Reshape") or not node.outputs:
             continue
@@ -308,6 +342,47 @@ def _refine_slice(node: gs.Node, consts: ConstContext) -> bool:
         xd[a] if a not in sliced and not isinstance(d, int) and isinstance(xd[a], int) else d
         for a, d in enumerate(yd)
     ]
+    if new == list(yd):
+        return False
+    y.shape = new
+    return True
+
+
+# Ops whose first output has the shape of their first input, or of their inputs broadcast.
+_SAME_SHAPE = {
+    *("Identity", "Cast", "CastLike", "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid"),
+    *("Tanh", "Erf", "Gelu", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Not", "Sign"),
+    *("Softmax", "LogSoftmax", "Clip", "Dropout", "Elu", "Selu", "Celu", "Softplus", "Mish"),
+    *("HardSwish", "Floor", "Ceil", "Round", "IsNaN", "IsInf", "LayerNormalization"),
+}
+_BROADCAST = {
+    *("Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where"),
+    *("And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"),
+}
+
+
+def _refine_elementwise(node: gs.Node) -> bool:
+    """Fill unknown output dims from the inputs: copied for same-shape ops, broadcast
+    otherwise (known when some input has a size > 1, or all share one symbol or 1)."""
+    y = node.outputs[0]
+    yd = ir.dims(y)
+    ins = [node.inputs[0]] if node.op in _SAME_SHAPE else [t for t in node.inputs if t is not None]
+    dims = [ir.dims(t) for t in ins]
+    if yd is None or any(d is None for d in dims) or any(len(d) > len(yd) for d in dims):
+        return False
+    new = list(yd)
+    for k in range(len(yd)):
+        if isinstance(yd[k], int):
+            continue
+        at = [d[k - len(yd) + len(d)] if k - len(yd) + len(d) >= 0 else 1 for d in dims]
+        big = {v for v in at if isinstance(v, int) and v != 1}
+        syms = {v for v in at if not isinstance(v, int)}
+        if len(big) == 1:  # whatever the unknown sizes, they broadcast to it
+            new[k] = big.pop()
+        elif not big and not syms:
+            new[k] = 1
+        elif not big and len(syms) == 1 and None not in syms:
+            new[k] = syms.pop()
     if new == list(yd):
         return False
     y.shape = new
