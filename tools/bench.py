@@ -1,6 +1,8 @@
 """onnxshrink benchmark: how much smaller, how fast, how much memory, how exact, how quick to run.
 
-For every model of `models.zoo.ZOO` and `BENCH` (ResNet-50 sized) and two kinds of masks:
+For every model of `models.zoo.ZOO`, `models.transformers.TRANSFORMERS` (BERT-, ViT-, GPT- and
+LLaMA-like: heads and FFN neurons are the groups) and `BENCH` (ResNet-50 sized), and two kinds
+of masks (transformers have no BatchNorm, so only the first):
 
 * ``groups``: `choose_kept(model, fraction)` then `zero_groups`, i.e. each dropped channel has
   its conv filter *and* its BatchNorm scale/shift zeroed, so it is exactly 0 after the BN. The
@@ -202,7 +204,7 @@ def export_models(name: str, entry, variants, workdir: Path, seed: int, fraction
     kept = choose_kept(masked, fraction, seed)
     masks = zero_groups(masked, kept)
     if "groups" in paths and not paths["groups"].exists():
-        export(masked, paths["groups"], entry.input_shape)
+        export(masked, paths["groups"], entry.inputs())
     if "conv-only" in paths and not paths["conv-only"].exists():
         conv = randomize(entry.build(), seed)
         params = dict(conv.named_parameters())
@@ -215,18 +217,19 @@ def export_models(name: str, entry, variants, workdir: Path, seed: int, fraction
                     applied += 1
         if not applied:
             raise RuntimeError(f"{name}: no Conv2d/Linear masks to apply")
-        export(conv, paths["conv-only"], entry.input_shape)
+        export(conv, paths["conv-only"], entry.inputs())
     if not paths["native"].exists():
         native = randomize(entry.build(native_widths(kept)), seed)
-        export(native, paths["native"], entry.input_shape)
+        export(native, paths["native"], entry.inputs())
     return paths
 
 
 # ------------------------------------------------------------------ latency
 def latency(
-    paths: dict[str, Path], shape, seconds: float, min_runs: int = 20, warmup: int = 5
+    paths: dict[str, Path], example: tuple, seconds: float, min_runs: int = 20, warmup: int = 5
 ) -> dict[str, dict]:
-    """Median onnxruntime latency (ms) of each model, 1 thread, run round-robin on one input."""
+    """Median onnxruntime latency (ms) of each model, 1 thread, run round-robin on one input
+    (`example`: the entry's torch example inputs, in the models' input order)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -235,11 +238,11 @@ def latency(
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    arrays = [np.asarray(t.numpy()) for t in example]
     sessions = {}
     for key, p in paths.items():
         s = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
-        sessions[key] = (s, {s.get_inputs()[0].name: x})
+        sessions[key] = (s, {i.name: a for i, a in zip(s.get_inputs(), arrays, strict=True)})
     for s, feed in sessions.values():
         for _ in range(warmup):
             s.run(None, feed)
@@ -278,7 +281,14 @@ def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -
     from onnxshrink.validate import compare, resolve_shapes
 
     t0 = time.perf_counter()
-    paths = export_models(name, entry, args.variants, workdir, args.seed, args.fraction)
+    from models.transformers import TRANSFORMERS
+
+    variants = list(args.variants)
+    if name in TRANSFORMERS:  # no BatchNorm: conv-only masks would be the groups masks again
+        variants = [v for v in variants if v != "conv-only"]
+    if not variants:
+        return []
+    paths = export_models(name, entry, variants, workdir, args.seed, args.fraction)
     log(f"{name}: exported in {time.perf_counter() - t0:.1f} s")
 
     native_proto = onnx.load(str(paths["native"]))
@@ -289,7 +299,7 @@ def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -
 
     records = []
     lat_paths = {"native": paths["native"]}
-    for variant in args.variants:
+    for variant in variants:
         src = paths[variant]
         out = workdir / f"{src.stem}-shrunk.onnx"
         for stale in _files(out):  # from an earlier run in the same --workdir
@@ -356,7 +366,7 @@ def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -
         lat_paths[f"{variant}/shrunk"] = out
 
     t0 = time.perf_counter()
-    lat = latency(lat_paths, entry.input_shape, latency_seconds)
+    lat = latency(lat_paths, entry.inputs(), latency_seconds)
     log(f"{name}: latency measured in {time.perf_counter() - t0:.1f} s")
     for r in records:
         v = r["variant"]
@@ -611,9 +621,10 @@ def main(argv: list[str] | None = None) -> int:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     quiet_torch()
+    from models.transformers import TRANSFORMERS
     from models.zoo import BENCH, ZOO
 
-    everything = {**ZOO, **BENCH}
+    everything = {**ZOO, **TRANSFORMERS, **BENCH}
     if args.models:
         names = [n.strip() for n in args.models.split(",") if n.strip()]
         unknown = [n for n in names if n not in everything]
