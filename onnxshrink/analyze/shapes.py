@@ -256,17 +256,18 @@ def refine_shapes(graph: gs.Graph, syms: dict[str, SymValue], consts: ConstConte
     """Fill output dims that shape inference left unknown but the size inputs of Expand,
     ConstantOfShape and Reshape give (e.g. Expand(0, Shape(W)[0:1]), a zero bias the exporter
     builds at run time), or that a Slice with run-time bounds leaves as they were, and carry
-    them on through elementwise ops (shape inference ran before these were known). True when a
-    dim was filled."""
+    them on through elementwise ops and Concat (shape inference ran before these were known, or
+    gave up where input dims had different symbols). True when a dim was filled."""
     changed = False
     outputs = {t.name for t in graph.outputs}
     for node in graph.nodes:
         if node.op == "Slice" and node.outputs:
             changed |= _refine_slice(node, consts)
             continue
-        if node.op in _SAME_SHAPE or node.op in _BROADCAST:
+        if node.op in _SAME_SHAPE or node.op in _BROADCAST or node.op == "Concat":
             if node.outputs and node.outputs[0].name not in outputs:
-                changed |= _refine_elementwise(node)
+                refine = _refine_concat if node.op == "Concat" else _refine_elementwise
+                changed |= refine(node)
             continue
         if node.op not in ("Expand", "ConstantOfShape", "Reshape") or not node.outputs:
             continue
@@ -383,6 +384,34 @@ def _refine_elementwise(node: gs.Node) -> bool:
             new[k] = 1
         elif not big and len(syms) == 1 and None not in syms:
             new[k] = syms.pop()
+    if new == list(yd):
+        return False
+    y.shape = new
+    return True
+
+
+def _refine_concat(node: gs.Node) -> bool:
+    """Inputs agree on every axis but the joined one, whose size is their sum."""
+    y = node.outputs[0]
+    yd = ir.dims(y)
+    dims = [ir.dims(t) for t in node.inputs]
+    if yd is None or any(d is None or len(d) != len(yd) for d in dims):
+        return False
+    axis = ir.norm_axis(int(node.attrs.get("axis", 0)), len(yd))
+    new = list(yd)
+    for k in range(len(yd)):
+        if isinstance(yd[k], int):
+            continue
+        at = [d[k] for d in dims]
+        if k == axis:
+            if all(isinstance(v, int) for v in at):
+                new[k] = sum(at)
+            continue
+        known = {v for v in at if isinstance(v, int)}
+        if len(known) == 1:
+            new[k] = known.pop()
+        elif not known and len(set(at)) == 1 and at[0] is not None:
+            new[k] = at[0]
     if new == list(yd):
         return False
     y.shape = new

@@ -21,6 +21,24 @@ def _expand_axis(m: np.ndarray, v: np.ndarray, axis: int, n: int) -> tuple[np.nd
 
 
 # ------------------------------------------------------------------ Concat
+def _joined_uniform(ctx, inputs, axis: int, r: int) -> ConstInfo | None:
+    """Parts of run-time lengths: the join is known only where every part is the same along
+    the joined axis (e.g. a channel constant over the whole sequence)."""
+    parts = [np.broadcast_arrays(*const_or_live(ctx, t, r)) for t in inputs]
+    if any(m.shape[axis] != 1 for m, _ in parts):
+        return None
+    m0, v0 = parts[0]
+    full = np.broadcast_shapes(*(m.shape for m, _ in parts))
+    m0, v0 = np.broadcast_to(m0, full), np.broadcast_to(v0, full)
+    same = np.ones(full, bool)
+    for m, v in parts[1:]:
+        m, v = np.broadcast_to(m, full), np.broadcast_to(v, full)
+        same &= m & m0 & (v == v0)
+    if len(parts) == 1:
+        same = m0
+    return compress(same, np.where(same, v0, 0).astype(v0.dtype)) if same.any() else None
+
+
 @register("Concat")
 class Concat(Handler):
     def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
@@ -29,11 +47,13 @@ class Concat(Handler):
         if r is None or all(ctx.const(t) is None for t in node.inputs):
             return None
         axis = ir.norm_axis(int(node.attrs["axis"]), r)
+        if any(ir.rank(t) != r for t in node.inputs):
+            return None
+        if any(ir.static_dim(t, axis) is None for t in node.inputs):
+            return [_joined_uniform(ctx, node.inputs, axis, r)]
         parts = []
         for t in node.inputs:
             n = ir.static_dim(t, axis)
-            if n is None or ir.rank(t) != r:
-                return None
             m, v = const_or_live(ctx, t, r)
             m, v = np.broadcast_arrays(m, v)
             parts.append(_expand_axis(m, v, axis, n))

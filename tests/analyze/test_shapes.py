@@ -33,3 +33,28 @@ def test_a_where_built_expand_target_is_understood_and_its_size_broadcasts():
     assert shapes(result.model)["W1"] == (6, 3)
     assert shapes(result.model)["W2"] == (3, 3)
     assert not result.barriers
+
+
+# Two run-time slices joined again: shape inference knows neither part's dims, nor the join's.
+SLICES_JOINED = """
+agraph (float[N, T, 6] x, float[6, 5] W1, float[5, 3] W2, int64[1] Zero, int64[1] One, int64[1] Two) => (float[N, S, 3] y)
+{
+  h = MatMul (x, W1)
+  r = Relu (h)
+  shp = Shape (x)
+  t = Gather <axis = 0> (shp, One)
+  half = Div (t, Two)
+  a = Slice (r, Zero, half, One)
+  b = Slice (r, half, t, One)
+  c = Concat <axis = 1> (b, a)
+  y = MatMul (c, W2)
+}
+"""
+
+
+def test_dims_of_run_time_slices_are_carried_through_their_concat():
+    values = {"Zero": [0], "One": [1], "Two": [2]}
+    model = tiny(SLICES_JOINED, zero={"W1": np.s_[:, [0, 4]]}, values=values)
+    result = shrink_checked(model, input_shapes={"x": [2, 6, 6]})
+    assert shapes(result.model)["W1"] == (6, 3)
+    assert shapes(result.model)["W2"] == (3, 3)
