@@ -35,10 +35,6 @@ def is_static(t: gs.Tensor) -> bool:
     return d is not None and all(isinstance(v, int) and v >= 0 for v in d)
 
 
-def is_constant(t: gs.Tensor | None) -> bool:
-    return isinstance(t, gs.Constant)
-
-
 def present(node: gs.Node, i: int) -> gs.Tensor | None:
     """Input i of node, or None when it is absent or given as the empty name (optional input)."""
     if i >= len(node.inputs):
@@ -85,22 +81,3 @@ def int_list(values: np.ndarray | Sequence[int] | None) -> list[int] | None:
     if values is None:
         return None
     return [int(v) for v in np.asarray(values).reshape(-1)]
-
-
-def is_float_dtype(dtype) -> bool:
-    try:
-        return np.issubdtype(np.dtype(dtype), np.floating)
-    except TypeError:
-        # ml_dtypes (bfloat16, float8) are not numpy floating subtypes but are floats.
-        return "float" in str(dtype)
-
-
-def param_count(graph: gs.Graph) -> int:
-    """Number of floating-point parameters: the elements of float initializers."""
-    seen: set[str] = set()
-    total = 0
-    for t in graph.tensors().values():
-        if isinstance(t, gs.Constant) and t.name not in seen and is_float_dtype(t.dtype):
-            seen.add(t.name)
-            total += int(np.prod(t.shape, dtype=np.int64))
-    return total

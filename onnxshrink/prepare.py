@@ -340,7 +340,3 @@ def retie(graph: gs.Graph, untied: dict[str, str]) -> None:
                 name += "_"
             d.name = name
             taken.add(name)
-
-
-def to_initializer_proto(name: str, values: np.ndarray) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(values), name=name)

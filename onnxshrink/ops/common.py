@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress, expand_to
-from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.keep import KeepState
 
 
 def ints(node: gs.Node, reader, attr: str, index: int) -> list[int] | None:
@@ -22,10 +22,6 @@ def ints(node: gs.Node, reader, attr: str, index: int) -> list[int] | None:
         return None
     v = reader.value(t)
     return None if v is None else ir.int_list(v)
-
-
-def has_param(node: gs.Node, attr: str, index: int) -> bool:
-    return attr in node.attrs or ir.present(node, index) is not None
 
 
 def align(r_out: int, r_in: int) -> int:
@@ -60,12 +56,6 @@ def couple_same(ks: KeepState, node: gs.Node, a: gs.Tensor, b: gs.Tensor) -> Non
         return
     for i in range(ra):
         ks.couple(a, i, b, i)
-
-
-def pin_all(ks: KeepState, node: gs.Node, reason: Reason | None = None) -> None:
-    for t in [*node.inputs, *node.outputs]:
-        if t is not None and t.name:
-            ks.pin(t, reason=reason or Reason("structure", node.name, node.op))
 
 
 def const_or_live(ctx, t: gs.Tensor, r: int) -> tuple[np.ndarray, np.ndarray]:
