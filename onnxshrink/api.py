@@ -14,7 +14,7 @@ from onnxshrink.analyze import analyze
 from onnxshrink.bind import apply_masks, bind_masks, weight_modules
 from onnxshrink.errors import ShrinkError, ValidationFailed
 from onnxshrink.io.masks import flatten, load_masks_file
-from onnxshrink.io.model import load_external, load_model, save_model, uses_external_data
+from onnxshrink.io.model import data_files, load_external, load_model, save_model
 from onnxshrink.masks import MaskSet, normalize
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.report import (
@@ -82,13 +82,6 @@ class ShrinkResult:
         return save_model(self.model, path, external=external)
 
 
-def data_files(path: Path) -> list[Path]:
-    """The external data files a model file refers to."""
-    m = onnx.load(str(path), load_external_data=False)
-    locs = {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"}
-    return [path.parent / loc for loc in locs]
-
-
 def shrink(
     model: ModelLike,
     masks: MasksLike = None,
@@ -135,11 +128,13 @@ def shrink(
     src: Path | None = None
     base_dir = None
     in_bytes = None
+    src_data: list[Path] = []  # the input's external data files: never overwritten
     if isinstance(model, str | Path):
         src = Path(model)
         proto = load_model(src, keep_external=True)  # weights are read once, by prepare()
         base_dir = str(src.parent)
-        in_bytes = src.stat().st_size + sum(p.stat().st_size for p in data_files(src) if p.exists())
+        src_data = data_files(src, proto)
+        in_bytes = src.stat().st_size + sum(p.stat().st_size for p in src_data if p.exists())
     elif isinstance(model, onnx.ModelProto):
         proto = model
     else:
@@ -230,10 +225,8 @@ def shrink(
         removed_nodes=rewritten.removed_nodes,
     )
     if output is not None and (result.passed or keep_failed):
-        protect = [src, *data_files(src)] if src is not None else []
-        external = (
-            external_data if external_data is not None else bool(src and uses_external_data(src))
-        )
+        protect = [src, *src_data] if src is not None else []
+        external = external_data if external_data is not None else bool(src_data)
         written = save_model(shrunk, output, external=external, protect=protect)
         result.written = [str(p) for p in written]
         after.file_bytes = sum(p.stat().st_size for p in written)

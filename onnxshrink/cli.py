@@ -181,7 +181,7 @@ def _report_path(args) -> Path | None:
     if args.output:
         taken.append(args.output + ".data")
     try:
-        from onnxshrink.api import data_files
+        from onnxshrink.io.model import data_files
 
         taken += data_files(Path(args.model))
     except Exception:

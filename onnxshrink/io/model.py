@@ -31,6 +31,14 @@ def uses_external_data(path: str | Path) -> bool:
         return False
 
 
+def data_files(path: str | Path, model: onnx.ModelProto | None = None) -> list[Path]:
+    """The external data files the model at `path` refers to (`model`: that file, if already
+    loaded without its external data, so that it is not read again)."""
+    if model is None:
+        model = onnx.load(str(path), load_external_data=False)
+    return [Path(path).parent / loc for loc in _external_locations(model)]
+
+
 def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto:
     """The model at `path`, checked. With `keep_external`, weights stored in external data
     files stay there (only their presence and sizes are checked): the caller reads them when it
