@@ -15,7 +15,7 @@ from onnxshrink.bind import apply_masks, bind_masks, weight_modules
 from onnxshrink.errors import ShrinkError, ValidationFailed
 from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import data_files, load_external, load_model, save_model
-from onnxshrink.masks import MaskSet, normalize
+from onnxshrink.masks import MaskSet, load_maskset
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.report import (
     KeptGroup,
@@ -144,8 +144,7 @@ def shrink(
     if isinstance(masks, MaskSet):
         maskset = masks
     elif masks is not None:
-        raw = load_masks_file(masks) if isinstance(masks, str | Path) else masks
-        maskset = normalize(raw, masks_format, source)
+        maskset = load_maskset(masks, masks_format)
     values = None
     if weights is not None:
         raw = load_masks_file(weights) if isinstance(weights, str | Path) else weights

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from onnxshrink import __version__
 from onnxshrink.errors import ShrinkError, ValidationFailed
+from onnxshrink.masks import FORMATS
 from onnxshrink.report import human, human_bytes, stats_table
 
 EXIT_INTERNAL = 3
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--masks-format",
         default="auto",
-        choices=["auto", "flat", "nni", "torch-prune", "torch-ao", "ao-data", "dpu", "state-dict"],
+        choices=FORMATS,
         help="how to read the masks file (default: detected from its content)",
     )
     p.add_argument(

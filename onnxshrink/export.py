@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxshrink.api import ShrinkResult, shrink
-from onnxshrink.errors import ShrinkError, ValidationFailed
+from onnxshrink.errors import ShrinkError, ValidationFailed, first_line
 from onnxshrink.io.model import save_model
 from onnxshrink.validate import OutputCheck, ValidationReport
 
@@ -179,20 +179,13 @@ def export_and_shrink(
     """
     import torch
 
-    from onnxshrink.io.masks import load_masks_file
-    from onnxshrink.masks import normalize
+    from onnxshrink.masks import load_maskset
 
     if exporter not in ("dynamo", "legacy"):
         raise ShrinkError(f"exporter={exporter!r}: choose 'dynamo' (torch's default) or 'legacy'.")
     own = pruning_masks(module)
-    given = {}
-    if masks is not None:
-        raw = load_masks_file(masks) if isinstance(masks, str | Path) else masks
-        given = normalize(
-            raw,
-            shrink_options.pop("masks_format", "auto"),
-            str(masks) if isinstance(masks, str | Path) else "masks",
-        ).masks
+    fmt = shrink_options.pop("masks_format", "auto")
+    given = load_maskset(masks, fmt).masks if masks is not None else {}
     masked = masked_copy(module, given)
     args = tuple(example_args) if isinstance(example_args, list | tuple) else (example_args,)
     with tempfile.TemporaryDirectory(prefix="onnxshrink-export-") as tmp:
@@ -214,7 +207,7 @@ def export_and_shrink(
             except Exception as exc:
                 raise ShrinkError(
                     f"torch.onnx.export failed on the module ({type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[0][:300]})."
+                    f"{first_line(exc)})."
                 ) from exc
         result = shrink(
             path, None, None, draws=draws, seed=seed, rtol=rtol, atol=atol, **shrink_options

@@ -21,11 +21,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from onnxshrink.errors import ShrinkError
-from onnxshrink.io.masks import flatten, to_numpy
+from onnxshrink.io.masks import flatten, load_masks_file, to_numpy
 
 FORMATS = ("auto", "flat", "nni", "torch-prune", "torch-ao", "ao-data", "dpu", "state-dict")
 _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:original|0\.mask)$")
@@ -81,6 +82,13 @@ def _weight_like(a: np.ndarray) -> bool:
         return False
     other = a[(a != 0) & (a != 1)]
     return np.unique(other[:4096]).size >= 3
+
+
+def load_maskset(masks: str | Path | Mapping, fmt: str = "auto") -> MaskSet:
+    """A masks file (read here) or an in-memory dict, in any format, normalized."""
+    if isinstance(masks, str | Path):
+        return normalize(load_masks_file(masks), fmt, str(masks))
+    return normalize(masks, fmt, "masks")
 
 
 def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet:

@@ -17,9 +17,9 @@ PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 def read_masks(path: str | Path, fmt: str = "auto") -> dict[str, np.ndarray]:
     """{parameter name: mask} from a masks file of any supported format."""
-    from onnxshrink.masks import normalize
+    from onnxshrink.masks import load_maskset  # the formats build on this module
 
-    return normalize(load_masks_file(path), fmt, str(path)).masks
+    return load_maskset(path, fmt).masks
 
 
 def load_masks_file(path: str | Path) -> Mapping:
