@@ -180,9 +180,10 @@ def shrink(
     log(f"analyzed in {timings['analyze']:.2f} s; rewriting ...")
 
     rewritten = apply(analysis, reference)
-    modules = weight_modules(reference)
-    for g in rewritten.kept_zeroed:
-        g.module = modules.get(g.tensor, "")
+    if rewritten.kept_zeroed:  # name the modules of exporter-renamed weights for --explain
+        modules = weight_modules(reference)
+        for g in rewritten.kept_zeroed:
+            g.module = modules.get(g.tensor, "")
     shrunk = rewritten.model
     release(graph)  # the shrunk weights now live in `shrunk`
     del analysis, graph

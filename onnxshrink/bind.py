@@ -62,13 +62,18 @@ def module_of_dynamo_node(node: onnx.NodeProto) -> str | None:
     return None
 
 
+def module_of(node: onnx.NodeProto) -> str | None:
+    """The module a node was exported from, as either exporter records it."""
+    return module_of_dynamo_node(node) or module_of_legacy_name(node.name)
+
+
 def weight_modules(model: onnx.ModelProto) -> dict[str, str]:
     """Initializers the exporter named apart from their module (`val_10`, `onnx::MatMul_12`,
     often a transposed copy) -> the module whose node reads them, for reports."""
     inits = {t.name for t in model.graph.initializer}
     out: dict[str, str] = {}
     for n in model.graph.node:
-        module = module_of_dynamo_node(n) or module_of_legacy_name(n.name)
+        module = module_of(n)
         if not module:
             continue
         for name in n.input:
@@ -103,7 +108,7 @@ class Binder:
         }
         self.scopes: dict[str, list[onnx.NodeProto]] = {}
         for n in model.graph.node:
-            mod = module_of_dynamo_node(n) or module_of_legacy_name(n.name)
+            mod = module_of(n)
             if mod:
                 self.scopes.setdefault(mod, []).append(n)
         self._arrays: dict[str, np.ndarray] = {}

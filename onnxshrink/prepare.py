@@ -141,9 +141,9 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
     skeleton): shape inference propagates values through Shape/Gather/Concat but not through
     e.g. the legacy exporter's Where(Equal(c, -1), 1, c) that builds an Expand target, and
     without the value every size downstream of it is unknown."""
-    from onnx.reference import ReferenceEvaluator
-
     from onnxshrink.analyze.evaluate import NONDETERMINISTIC
+
+    opset = default_opset(model)
 
     g = model.graph
     small = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) <= _FOLD_LIMIT]
@@ -162,7 +162,7 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
                 for a in n.attribute
             )
         )
-        values = _evaluate_node(model, n, known, ReferenceEvaluator) if foldable else None
+        values = _evaluate(n, known, opset) if foldable else None
         if values is None:
             kept.append(n)
             continue
@@ -176,24 +176,14 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _evaluate_node(model, node, known, evaluator) -> list[np.ndarray] | None:
-    feeds = {i: known[i] for i in node.input if i}
-    graph = onnx.helper.make_graph(
-        [node],
-        "fold",
-        [
-            onnx.helper.make_tensor_value_info(
-                i, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape
-            )
-            for i, v in feeds.items()
-        ],
-        [onnx.helper.make_value_info(o, onnx.TypeProto()) for o in node.output],
-    )
-    one = onnx.helper.make_model(graph, opset_imports=model.opset_import)
-    one.ir_version = model.ir_version
+def _evaluate(node: onnx.NodeProto, known: dict, opset: int) -> list[np.ndarray] | None:
+    from onnxshrink.analyze.evaluate import EvaluationError, evaluate_op
+
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    inputs = [known[i] if i else None for i in node.input]
     try:
-        out = evaluator(one).run(None, feeds)
-    except Exception:  # not evaluable here: left to shape inference as it is
+        out = evaluate_op(node.op_type, attrs, inputs, opset, len(node.output))
+    except EvaluationError:  # not evaluable here: left to shape inference as it is
         return None
     out = [np.asarray(v) for v in out]
     if any(v.dtype == object or v.size > _FOLD_LIMIT for v in out):
