@@ -161,17 +161,16 @@ class Rewriter:
         )
 
     def ones_map(self, x: gs.Tensor, dtype) -> gs.Variable:
-        """A [1, 1, *spatial] map of ones the size of x's spatial dims, built at run time."""
+        """A [1, 1, *spatial] map of ones the size of x's spatial dims: one shared map per static
+        size, or built from x's shape at run time."""
         dims = ir.dims(x)
         static = dims is not None and all(isinstance(d, int) for d in dims[2:])
         key = (tuple(dims[2:]) if static else x.name, np.dtype(dtype).str)
-        if key not in self._ones and static:  # one shared map per spatial size
+        if key in self._ones:
+            return self._ones[key]
+        if static:
             size = self.constant(np.asarray([1, 1, *dims[2:]], np.int64), "ones_shape")
-            one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
-            self._ones[key] = self.add_node(
-                "ConstantOfShape", [size], "ones", {"value": one}, dtype
-            )
-        if key not in self._ones:
+        else:
             if self.opset >= 15:
                 spatial = self.add_node("Shape", [x], "spatial", {"start": 2}, np.int64)
             else:
@@ -181,11 +180,9 @@ class Rewriter:
                     for v in (2, np.iinfo(np.int64).max)
                 ]
                 spatial = self.add_node("Slice", [shape, *bounds], "spatial", None, np.int64)
-            dims = self.concat1d([self.constant(np.asarray([1, 1], np.int64), "one_one"), spatial])
-            one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
-            self._ones[key] = self.add_node(
-                "ConstantOfShape", [dims], "ones", {"value": one}, dtype
-            )
+            size = self.concat1d([self.constant(np.asarray([1, 1], np.int64), "one_one"), spatial])
+        one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
+        self._ones[key] = self.add_node("ConstantOfShape", [size], "ones", {"value": one}, dtype)
         return self._ones[key]
 
     def fold_into_bias(

@@ -45,41 +45,37 @@ class ConstInfo:
         """Per index along `axis`: is the whole slice constant?"""
         m = self.mask
         other = tuple(a for a in range(m.ndim) if a != axis)
-        per = m.all(axis=other) if other else m
-        return np.broadcast_to(per.reshape(-1), (size,)) if per.size == 1 else per.reshape(-1)
+        return _per_index(m.all(axis=other) if other else m, size)
 
     def slice_values(self, axis: int, size: int) -> np.ndarray:
         """Per index along `axis`: the value at the slice's first element (its value when the
         slice is uniform)."""
-        v = np.moveaxis(
-            np.broadcast_to(self.value, np.broadcast_shapes(self.value.shape, self.mask.shape)),
-            axis,
-            0,
-        )
-        first = v.reshape(v.shape[0], -1)[:, 0]
-        return np.broadcast_to(first, (size,)) if first.size == 1 else first
+        return _per_index(self._rows(axis)[:, 0], size)
 
     def slice_zero(self, axis: int, size: int) -> np.ndarray:
         """Per index along `axis`: is the slice constant and zero everywhere?"""
-        const = self.slice_constant(axis, size)
-        v = np.moveaxis(
-            np.broadcast_to(self.value, np.broadcast_shapes(self.value.shape, self.mask.shape)),
-            axis,
-            0,
-        )
-        zero = ~(v.reshape(v.shape[0], -1) != 0).any(axis=1)
-        return const & (np.broadcast_to(zero, (size,)) if zero.size == 1 else zero)
+        zero = ~(self._rows(axis) != 0).any(axis=1)
+        return self.slice_constant(axis, size) & _per_index(zero, size)
 
     def slice_uniform(self, axis: int, size: int) -> np.ndarray:
         """Per index along `axis`: is the slice constant with one value (no variation elsewhere)?"""
         const = self.slice_constant(axis, size)
         v = self.value
-        other = tuple(a for a in range(v.ndim) if a != axis and v.shape[a] > 1)
-        if not other:
+        if all(v.shape[a] == 1 for a in range(v.ndim) if a != axis):
             return const
-        moved = np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
-        flat = moved.max(axis=1) == moved.min(axis=1)
-        return const & (np.broadcast_to(flat, (size,)) if flat.size == 1 else flat)
+        rows = np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
+        return const & _per_index(rows.max(axis=1) == rows.min(axis=1), size)
+
+    def _rows(self, axis: int) -> np.ndarray:
+        """The values (at the mask's shape) as one row per index along `axis`."""
+        v = np.broadcast_to(self.value, np.broadcast_shapes(self.value.shape, self.mask.shape))
+        return np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
+
+
+def _per_index(flags: np.ndarray, size: int) -> np.ndarray:
+    """One entry per index of an axis of `size`, from a compressed (size-1) or full array."""
+    flags = flags.reshape(-1)
+    return np.broadcast_to(flags, (size,)) if flags.size == 1 else flags
 
 
 def compress(mask: np.ndarray, value: np.ndarray) -> ConstInfo | None:

@@ -69,9 +69,8 @@ class KeepState:
         self.reasons: list[Reason] = []
         self._reason_id: dict[Reason, int] = {}
         self._claimed: set[tuple[int, int]] = set()
-        self.barriers: dict[
-            int, Reason
-        ] = {}  # id(node) -> why it is a barrier (names may be empty)
+        # id(node) -> why it is a barrier (by identity: node names may be empty)
+        self.barriers: dict[int, Reason] = {}
         self._consumers: dict[str, list[gs.Node]] = {}
         self._producer: dict[str, gs.Node] = {}
         for node in graph.nodes:

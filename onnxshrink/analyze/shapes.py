@@ -258,72 +258,84 @@ def refine_shapes(graph: gs.Graph, syms: dict[str, SymValue], consts: ConstConte
     builds at run time), or that a Slice with run-time bounds leaves as they were, and carry
     them on through elementwise ops and Concat (shape inference ran before these were known, or
     gave up where input dims had different symbols). True when a dim was filled."""
-    changed = False
+    tensors = graph.tensors()
     outputs = {t.name for t in graph.outputs}
+    changed = False
     for node in graph.nodes:
-        if node.op == "Slice" and node.outputs:
-            changed |= _refine_slice(node, consts)
+        if not node.outputs:
             continue
-        if node.op in _SAME_SHAPE or node.op in _BROADCAST or node.op == "Concat":
-            if node.outputs and node.outputs[0].name not in outputs:
-                refine = _refine_concat if node.op == "Concat" else _refine_elementwise
-                changed |= refine(node)
+        interface = node.outputs[0].name in outputs
+        if node.op == "Slice":
+            new = _slice_dims(node, consts)
+        elif node.op in ("Expand", "ConstantOfShape", "Reshape"):
+            new = _sized_dims(node, syms, consts, tensors)
+        elif node.op == "Concat" and not interface:
+            new = _concat_dims(node)
+        elif (node.op in _SAME_SHAPE or node.op in _BROADCAST) and not interface:
+            new = _elementwise_dims(node)
+        else:
             continue
-        if node.op not in ("Expand", "ConstantOfShape", "Reshape") or not node.outputs:
-            continue
-        size_in = node.inputs[0] if node.op == "ConstantOfShape" else ir.present(node, 1)
-        if size_in is None:
-            continue
-        v = consts.value(size_in)
-        items = (
-            [int(x) for x in v.reshape(-1)]
-            if v is not None
-            else (list(syms[size_in.name].items) if size_in.name in syms else None)
-        )
-        out = node.outputs[0]
-        dims = ir.dims(out)
-        if (
-            items is None
-            or dims is None
-            or len(dims) != len(items)
-            or all(isinstance(d, int) for d in dims)
-        ):
-            continue
-        new = list(dims)
-        for p, it in enumerate(items):
-            if isinstance(new[p], int):
-                continue
-            size = None
-            if isinstance(it, int) and it >= 0:
-                size = it
-            elif isinstance(it, DimRef) and it.tensor in graph.tensors():
-                size = ir.static_dim(graph.tensors()[it.tensor], it.axis)
-            if node.op == "Expand" and size is not None:  # broadcast with the input's dim
-                x = ir.dims(node.inputs[0])
-                k = p - (len(new) - len(x)) if x is not None else -1
-                xd = x[k] if k >= 0 else 1
-                if not isinstance(xd, int):
-                    size = None if size == 1 else size
-                elif size == 1 or xd == size:
-                    size = xd
-                elif xd != 1:
-                    size = None  # not broadcastable: leave it to shape inference
-            elif size == 0 and node.op == "Reshape":
-                size = None  # 0 copies the input's dim (or is literal): left as inferred
-            if size is not None:
-                new[p] = size
-                changed = True
-        out.shape = new
+        changed |= _fill(node.outputs[0], new)
     return changed
 
 
-def _refine_slice(node: gs.Node, consts: ConstContext) -> bool:
+def _fill(y: gs.Tensor, new: list | None) -> bool:
+    """Give `y` the dims `new` (computed only where `y`'s were not static); True if any changed."""
+    if new is None or new == list(ir.dims(y) or []):
+        return False
+    y.shape = new
+    return True
+
+
+def _sized_dims(
+    node: gs.Node, syms: dict[str, SymValue], consts: ConstContext, tensors: dict
+) -> list | None:
+    """Expand, ConstantOfShape, Reshape: the dims their size input names."""
+    size_in = node.inputs[0] if node.op == "ConstantOfShape" else ir.present(node, 1)
+    if size_in is None:
+        return None
+    v = consts.value(size_in)
+    items = (
+        [int(x) for x in v.reshape(-1)]
+        if v is not None
+        else (list(syms[size_in.name].items) if size_in.name in syms else None)
+    )
+    dims = ir.dims(node.outputs[0])
+    if items is None or dims is None or len(dims) != len(items):
+        return None
+    new = list(dims)
+    for p, it in enumerate(items):
+        if isinstance(new[p], int):
+            continue
+        size = None
+        if isinstance(it, int) and it >= 0:
+            size = it
+        elif isinstance(it, DimRef) and it.tensor in tensors:
+            size = ir.static_dim(tensors[it.tensor], it.axis)
+        if node.op == "Expand" and size is not None:  # broadcast with the input's dim
+            x = ir.dims(node.inputs[0])
+            k = p - (len(new) - len(x)) if x is not None else -1
+            xd = x[k] if k >= 0 else 1
+            if not isinstance(xd, int):
+                size = None if size == 1 else size
+            elif size == 1 or xd == size:
+                size = xd
+            elif xd != 1:
+                size = None  # not broadcastable: leave it to shape inference
+        elif size == 0 and node.op == "Reshape":
+            size = None  # 0 copies the input's dim (or is literal): left as inferred
+        if size is not None:
+            new[p] = size
+    return new
+
+
+def _slice_dims(node: gs.Node, consts: ConstContext) -> list | None:
     """A Slice keeps the input's dims on the axes it does not slice; shape inference drops them
     all when the bounds are computed at run time."""
     x, y = node.inputs[0], node.outputs[0]
     xd, yd = ir.dims(x), ir.dims(y)
     if xd is None or yd is None or len(xd) != len(yd):
-        return False
+        return None
     if "axes" in node.attrs:
         axes = list(node.attrs["axes"])
     elif "starts" in node.attrs:
@@ -331,22 +343,18 @@ def _refine_slice(node: gs.Node, consts: ConstContext) -> bool:
     elif ir.present(node, 3) is not None:
         v = consts.value(node.inputs[3])
         if v is None:
-            return False
+            return None
         axes = [int(a) for a in v.reshape(-1)]
     else:
         n = ir.static_dim(node.inputs[1], 0)
         if n is None:
-            return False
+            return None
         axes = list(range(n))
     sliced = {ir.norm_axis(a, len(xd)) for a in axes}
-    new = [
+    return [
         xd[a] if a not in sliced and not isinstance(d, int) and isinstance(xd[a], int) else d
         for a, d in enumerate(yd)
     ]
-    if new == list(yd):
-        return False
-    y.shape = new
-    return True
 
 
 # Ops whose first output has the shape of their first input, or of their inputs broadcast.
@@ -362,15 +370,14 @@ _BROADCAST = {
 }
 
 
-def _refine_elementwise(node: gs.Node) -> bool:
-    """Fill unknown output dims from the inputs: copied for same-shape ops, broadcast
-    otherwise (known when some input has a size > 1, or all share one symbol or 1)."""
-    y = node.outputs[0]
-    yd = ir.dims(y)
+def _elementwise_dims(node: gs.Node) -> list | None:
+    """Unknown output dims from the inputs: copied for same-shape ops, broadcast otherwise
+    (known when some input has a size > 1, or all share one symbol or 1)."""
+    yd = ir.dims(node.outputs[0])
     ins = [node.inputs[0]] if node.op in _SAME_SHAPE else [t for t in node.inputs if t is not None]
     dims = [ir.dims(t) for t in ins]
     if yd is None or any(d is None for d in dims) or any(len(d) > len(yd) for d in dims):
-        return False
+        return None
     new = list(yd)
     for k in range(len(yd)):
         if isinstance(yd[k], int):
@@ -384,19 +391,15 @@ def _refine_elementwise(node: gs.Node) -> bool:
             new[k] = 1
         elif not big and len(syms) == 1 and None not in syms:
             new[k] = syms.pop()
-    if new == list(yd):
-        return False
-    y.shape = new
-    return True
+    return new
 
 
-def _refine_concat(node: gs.Node) -> bool:
+def _concat_dims(node: gs.Node) -> list | None:
     """Inputs agree on every axis but the joined one, whose size is their sum."""
-    y = node.outputs[0]
-    yd = ir.dims(y)
+    yd = ir.dims(node.outputs[0])
     dims = [ir.dims(t) for t in node.inputs]
     if yd is None or any(d is None or len(d) != len(yd) for d in dims):
-        return False
+        return None
     axis = ir.norm_axis(int(node.attrs.get("axis", 0)), len(yd))
     new = list(yd)
     for k in range(len(yd)):
@@ -412,7 +415,4 @@ def _refine_concat(node: gs.Node) -> bool:
             new[k] = known.pop()
         elif not known and len(set(at)) == 1 and at[0] is not None:
             new[k] = at[0]
-    if new == list(yd):
-        return False
-    y.shape = new
-    return True
+    return new
