@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models.zoo import randomize  # noqa: E402  (the repository root, for `models`)
+
 L, D, H, F = 2, 64, 4, 128  # layers, hidden, heads, FFN width
 HD = D // H
 HEADS = [0, 2]
@@ -37,14 +40,6 @@ NEURONS = list(range(0, F, 2))
 
 def head_rows(heads: list[int]) -> list[int]:
     return [r for h in heads for r in range(h * HD, (h + 1) * HD)]
-
-
-def randomize(model: nn.Module) -> nn.Module:
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return model
 
 
 def zero(linear: nn.Module, rows=None, cols=None) -> None:
