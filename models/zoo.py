@@ -507,6 +507,48 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
+def default_init(model: nn.Module, seed: int = 0) -> nn.Module:
+    """The initialization libraries give a fresh model (HuggingFace's `_init_weights`): weights
+    normal(0, 0.02), biases zero, norms' scales one and shifts zero, BatchNorm statistics at
+    their defaults. Equal parameters (every zero bias, every unit scale) are what exporters
+    merge into one initializer; users export such models, so tests must too."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear | nn.Conv2d | nn.Embedding):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 0.02)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
+            elif isinstance(m, nn.LayerNorm | nn.BatchNorm2d):
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+                if isinstance(m, nn.BatchNorm2d):
+                    m.reset_running_stats()
+            elif hasattr(m, "weight") and isinstance(m.weight, nn.Parameter) and m.weight.dim() == 1:
+                m.weight.fill_(1.0)  # RMSNorm
+        for name, p in model.named_parameters(recurse=True):
+            if "." not in name and p.dim() >= 2:  # a model's own tensors (ViT's cls and positions)
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return model.eval()
+
+
+def distinct_params(model) -> int:
+    """Float parameters of an ONNX model with equal initializers counted once: unlike the stored
+    count, it does not depend on which equal tensors an exporter merged (default-initialized
+    models have many: every zero bias, every unit scale), so a shrunk model and a natively built
+    one compare."""
+    from onnx import numpy_helper
+
+    from onnxshrink.prepare import FLOAT_TYPES
+
+    seen = set()
+    for t in model.graph.initializer:
+        if t.data_type in FLOAT_TYPES:
+            a = numpy_helper.to_array(t)
+            seen.add((a.dtype.str, a.shape, a.tobytes()))
+    return sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in seen)
+
+
 def _is_bn(model: nn.Module, param_name: str) -> bool:
     owner = model.get_submodule(param_name.rsplit(".", 1)[0]) if "." in param_name else model
     return isinstance(owner, nn.BatchNorm2d) and param_name.endswith(".weight")

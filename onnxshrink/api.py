@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from onnxshrink.analyze import analyze
-from onnxshrink.bind import apply_masks, bind_masks, weight_modules
+from onnxshrink.bind import apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import ShrinkError, ValidationFailed
 from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import data_files, load_external, load_model, save_model
@@ -48,6 +48,8 @@ class ShrinkResult:
     timings: dict[str, float]
     masks_bound: int = 0
     unbound_masks: list[str] = field(default_factory=list)
+    input_masked: bool | None = None  # the input already held every mask's zeros (None: no masks)
+    shared_initializers: dict[str, list[str]] = field(default_factory=dict)  # untied per parameter
     folds: list[Fold] = field(default_factory=list)
     barriers: list[dict] = field(default_factory=list)
     kept_zeroed: list[KeptGroup] = field(default_factory=list)
@@ -68,6 +70,8 @@ class ShrinkResult:
             "timings",
             "masks_bound",
             "unbound_masks",
+            "input_masked",
+            "shared_initializers",
             "folds",
             "barriers",
             "kept_zeroed",
@@ -99,6 +103,7 @@ def shrink(
     allow_unbound: bool = False,
     masks_format: str = "auto",
     weights: str | Path | Mapping | None = None,
+    input_masked: bool | None = None,
     external_data: bool | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ShrinkResult:
@@ -107,7 +112,9 @@ def shrink(
     `model` is a path or ModelProto; `masks` a masks file or dict in any pruner's format (see
     onnxshrink.masks; `masks_format` overrides detection), or None: the zeros already in the
     weights are the masks. `weights` (the original state dict, a file or dict) lets masks bind
-    by value when the exporter renamed their weights. Raises ShrinkError for bad input and
+    by value when the exporter renamed their weights. `input_masked`: whether the model already
+    holds the masks' zeros (None: told by its weights, and masks that disagree with them are
+    refused; False: the masks are applied whatever the model holds). Raises ShrinkError for bad input and
     ValidationFailed (with `.result`) when the shrunk model does not match; nothing is written
     then unless `keep_failed`.
     """
@@ -159,7 +166,8 @@ def shrink(
         values=values,
         base_dir=base_dir,
     )
-    reference = apply_masks(proto, bound, base_dir)
+    held = check_reference(bound, input_masked, source)
+    reference = proto if held else apply_masks(proto, bound, base_dir)
     lap("bind")
     if maskset is None:
         log("no masks file: the zeros in the weights are the masks")
@@ -169,6 +177,13 @@ def shrink(
             f"{maskset.format} masks: {len(bound.how)} of {len(maskset.masks)} bound ({', '.join(ways)}) "
             f"to {len(bound.masks)} initializer(s)"
         )
+        log(
+            "the model already holds the masks: the reference is the model as given"
+            if held
+            else "the masks are applied to the model: the reference is the model with them applied"
+        )
+        for init, params in bound.shared.items():
+            log(f"initializer '{init}' is shared by several parameters: untied for {', '.join(params)}")
 
     log(f"analyzing {len(reference.graph.node)} nodes ...")
     graph, untied = prepare(reference, base_dir)
@@ -218,6 +233,8 @@ def shrink(
         timings=timings,
         masks_bound=len(bound.masks),
         unbound_masks=bound.unbound,
+        input_masked=held if maskset is not None else None,
+        shared_initializers=bound.shared,
         folds=rewritten.folds,
         barriers=barriers,
         kept_zeroed=rewritten.kept_zeroed,

@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         "exporter renamed or folded (legacy exporter, BatchNorm) then bind by value",
     )
     p.add_argument(
+        "--unmasked-input",
+        action="store_true",
+        help="the model was exported before (some of) the masks were applied: apply them all "
+        "(by default masks that the model's zeros contradict are refused)",
+    )
+    p.add_argument(
         "--allow-unbound", action="store_true", help="go on when some masks match no initializer"
     )
     p.add_argument(
@@ -140,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 allow_unbound=args.allow_unbound,
                 masks_format=args.masks_format,
                 weights=args.weights,
+                input_masked=False if args.unmasked_input else None,
                 external_data=True if args.external_data else None,
                 log=lambda m: say(f"[I] {m}"),
             )

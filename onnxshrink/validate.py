@@ -12,6 +12,8 @@ from onnx import helper
 from onnxshrink.errors import ShrinkError, first_line
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# onnxruntime's threads per session (0: its default, one per core). Tests set 1.
+SESSION_THREADS = 0
 
 
 @dataclass
@@ -190,6 +192,9 @@ def session(model: onnx.ModelProto, provider: str):
         )
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if SESSION_THREADS:
+        so.intra_op_num_threads = so.inter_op_num_threads = SESSION_THREADS
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # The proof is about ONNX semantics: graph rewrites of the runtime are not part of it (one in
     # onnxruntime 1.31 fuses a zero Pad into a MaxPool, which pads with -inf instead).
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import onnx
-import pytest
-from onnx import numpy_helper
+# One thread each for torch, onnxruntime and BLAS: on a busy 2-core machine, thread pools that
+# spin-wait for each other made the suite take 84 minutes instead of a few.
+for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import pytest  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -68,10 +74,27 @@ def shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(t.dims) for t in model.graph.initializer}
 
 
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+def pytest_configure(config):
+    import torch
+
+    from onnxshrink import validate
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    validate.SESSION_THREADS = 1
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run a model with onnxruntime (one thread, no spinning), independently of onnxshrink."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+run = ort_run
 
 
 def params(model: onnx.ModelProto) -> int:

@@ -199,3 +199,108 @@ def test_apply_keeps_float16_and_zeroes_non_finite_weights():
 def test_apply_without_masks_returns_the_model_itself(model):
     assert apply_masks(model, BoundMasks()) is model
     assert apply_masks(model, bind_masks(model, {"x": np.ones(1)}, allow_unbound=True)) is model
+
+
+# ------------------------------------------------------------------ layouts from the graph
+def named(model: onnx.ModelProto, *names: str) -> onnx.ModelProto:
+    """Give the nodes legacy-exporter names, which carry their module scope."""
+    for node, name in zip(model.graph.node, names, strict=True):
+        node.name = name
+    return model
+
+
+SQUARE = np.array([[0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]], np.uint8)  # output 0 masked
+
+
+@pytest.mark.parametrize(
+    "text, name, zeroed",
+    [
+        # MatMul's B is [in, out]: a Linear weight ([out, in]) stored for it is transposed.
+        ("y = MatMul(x, V3)", "/fc/MatMul", (slice(None), 0)),
+        # Gemm says with transB how B is stored.
+        ("y = Gemm<transB=1>(x, V3)", "/fc/Gemm", (0, slice(None))),
+        ("y = Gemm<transB=0>(x, V3)", "/fc/Gemm", (slice(None), 0)),
+    ],
+)
+def test_a_square_weight_takes_the_mask_the_way_its_reader_stores_it(text, name, zeroed):
+    model = named(tiny(f"g (float[1,4] x, float[4,4] V3) => (float[1,4] y) {{ {text} }}", seed=3), name)
+    [b] = bind_masks(model, {"fc.weight": SQUARE}).bindings
+    assert b.how == "scope"
+    expected = np.ones((4, 4), np.uint8)
+    expected[zeroed] = 0
+    np.testing.assert_array_equal(b.values, expected)
+
+
+@pytest.mark.parametrize(
+    "text, axis",
+    [
+        ("y = MatMul(x, W)", 1),  # [in, out] as named (a Keras kernel): flags along the outputs
+        ("wt = Transpose(W)\n y = MatMul(x, wt)", 0),  # stored [out, in], transposed in the graph
+        ("y = Gemm<transB=1>(x, W)", 0),
+    ],
+)
+def test_per_output_flags_follow_the_reader_not_the_shape(text, axis):
+    model = tiny(f"g (float[1,4] x, float[4,4] W) => (float[1,4] y) {{ {text} }}", seed=3)
+    [b] = bind_masks(model, {"W": np.array([1, 0, 1, 1])}).bindings
+    assert b.how == "name"
+    assert np.flatnonzero(b.values.min(axis=1 - axis)).tolist() == [0, 2, 3]
+    assert b.values.max(axis=axis).tolist() == [1, 1, 1, 1]
+
+
+def test_per_output_flags_on_a_matrix_no_op_gives_roles_are_refused():
+    model = tiny("g (float[4,4] x, float[4,4] W) => (float[4,4] y) { y = Mul(x, W) }", seed=3)
+    with pytest.raises(ShrinkError) as info:
+        bind_masks(model, {"W": np.array([1, 0, 1, 1])}, source="f.pt")
+    text = message(info)
+    assert "'W'" in text and "says which axis holds its output channels" in text
+
+
+def test_a_mask_of_the_transposed_shape_is_not_transposed_by_guess(model):
+    with pytest.raises(ShrinkError, match=r"mask 'W2' has shape \[1, 1, 6, 4\]"):
+        bind_masks(model, {"W2": np.ones((1, 1, 6, 4))})
+
+
+# ------------------------------------------------------------------ the reference
+def masked_conv2(flags) -> onnx.ModelProto:
+    zero = np.flatnonzero(np.asarray(flags) == 0)
+    return tiny(CONV2, seed=31, zero={"W1": zero, "B1": zero})
+
+
+def test_masks_the_model_already_holds_leave_it_as_the_reference():
+    model = masked_conv2(FLAGS)
+    result = shrink(model, {"W1": w1_mask(), "B1": FLAGS})
+    assert result.input_masked is True
+    assert result.reference is model
+    assert params(result.model) == params(model) - 2 * (27 + 1 + 4)
+
+
+def test_masks_of_an_unmasked_model_are_applied():
+    model = tiny(CONV2, seed=31)
+    result = shrink(model, {"W1": w1_mask(), "B1": FLAGS})
+    assert result.input_masked is False
+    np.testing.assert_array_equal(init(result.reference, "W1"), init(model, "W1") * w1_mask())
+
+
+def test_a_mask_the_masked_model_contradicts_is_refused_with_what_it_would_change():
+    model = masked_conv2(FLAGS)  # filters 1 and 3 zeroed
+    other = np.array([1, 1, 0, 0, 1, 1], np.float32)  # filters 2 and 3: 2 would change
+    with pytest.raises(ShrinkError) as info:
+        shrink(model, {"W1": w1_mask(other)})
+    text = message(info)
+    assert "'W1' (initializer 'W1') would change 27 of the 54 weights it masks" in text
+    assert "the other 27 are already zero" in text and "--unmasked-input" in text
+    # The user says it is a further round of masking: applied.
+    result = shrink(model, {"W1": w1_mask(other)}, input_masked=False)
+    assert result.input_masked is False
+    assert params(result.model) == params(model) - 3 * (27 + 1 + 4)
+
+
+def test_masks_some_of_which_the_model_holds_and_some_not_are_refused():
+    model = masked_conv2(FLAGS)
+    w2 = np.ones((4, 6, 1, 1), np.float32)
+    w2[1] = 0  # not zero in the model
+    with pytest.raises(ShrinkError) as info:
+        shrink(model, {"W1": w1_mask(), "W2": w2})
+    text = message(info)
+    assert "1 mask(s) do not match the model: 'W2'" in text
+    assert "already holds the zeros of 1 other mask(s)" in text

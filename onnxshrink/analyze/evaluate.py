@@ -118,7 +118,8 @@ def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nd
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    so.intra_op_num_threads = 1
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)

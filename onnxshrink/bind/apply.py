@@ -1,0 +1,194 @@
+"""The reference model: the input with every mask applied, checked against the input itself.
+
+The proof compares the shrunk model with this reference, so the reference must be the model the
+user means. Most inputs are masked models exported as they are: their weights already hold the
+zeros the masks describe, and applying the masks must change nothing. A mask that would change
+such a model (along the wrong axis of a square weight, from another model) is refused by name,
+with how many weights it would change; a model that holds none of the masks' zeros was exported
+before masking, and the masks are applied.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxshrink.bind.binding import Binding, BoundMasks
+from onnxshrink.bind.graph import ModelIndex, Site
+from onnxshrink.errors import ShrinkError
+
+UNMASKED_FLAG = "--unmasked-input"
+
+
+@dataclass
+class Effect:
+    """What applying one mask would do to the model as given."""
+
+    name: str
+    initializer: str
+    masked: int = 0  # elements the mask zeroes or recomputes
+    changed: int = 0  # of those, elements whose value would change
+    largest: float = 0.0  # the largest |value| that would change
+    informative: bool = False  # the initializer holds non-zero values where the mask applies
+
+    @property
+    def state(self) -> str:
+        if self.masked == 0 or (self.changed == 0 and not self.informative):
+            return "silent"  # masks nothing, or only an all-zero tensor (a zero bias)
+        if self.changed == 0:
+            return "applied"
+        return "unapplied" if self.changed == self.masked else "partly"
+
+
+def _effect(index: ModelIndex, b: Binding) -> Effect:
+    e = Effect(b.mask, b.initializer)
+    if b.attach is not None:
+        idx, rows = b.replace  # type: ignore[misc]
+        nz = np.abs(rows) > 0
+        e.masked = e.changed = int(nz.sum())
+        e.largest = float(np.abs(rows).max(initial=0.0))
+        e.informative = e.changed > 0
+        return e
+    arr = index.array(b.initializer)
+    zeroed = np.broadcast_to(b.values == 0, arr.shape)
+    hit = arr[zeroed]
+    e.masked = int(zeroed.sum())
+    e.changed = int(np.count_nonzero(hit))
+    e.largest = float(np.abs(hit.astype(np.float64)).max(initial=0.0))
+    e.informative = bool(np.any(arr))
+    if b.replace is not None:
+        idx, rows = b.replace
+        now = arr[idx].astype(np.float64)
+        flat_now, flat_new = now.reshape(len(idx), -1), rows.reshape(len(idx), -1)
+        scale = np.maximum(np.abs(flat_now).max(axis=1), np.abs(flat_new).max(axis=1))
+        differs = (np.abs(flat_now - flat_new) > 1e-5 * scale[:, None] + 1e-12).any(axis=1)
+        e.masked += int(differs.sum()) * flat_now.shape[1]
+        e.changed += int(differs.sum()) * flat_now.shape[1]
+        if differs.any():
+            e.largest = max(e.largest, float(np.abs(flat_new - flat_now)[differs].max()))
+    return e
+
+
+def check_reference(
+    bound: BoundMasks, input_masked: bool | None = None, source: str = "masks"
+) -> bool:
+    """Does the model already hold every mask's zeros? With `input_masked` None, decided from
+    the weights (and refused when they disagree); True demands it; False skips the check.
+    Returns whether the masks change nothing (the reference is the model as given)."""
+    index = bound.index
+    if input_masked is False or index is None or not bound.bindings:
+        return not bound.bindings
+    effects: dict[str, Effect] = {}
+    for b in bound.bindings:
+        e = _effect(index, b)
+        if b.mask in effects:  # one mask over several bindings (a folded BatchNorm's pair)
+            f = effects[b.mask]
+            f.masked, f.changed = f.masked + e.masked, f.changed + e.changed
+            f.largest, f.informative = max(f.largest, e.largest), f.informative or e.informative
+        else:
+            effects[b.mask] = e
+    states = defaultdict(list)
+    for e in effects.values():
+        states[e.state].append(e)
+    wrong = states["partly"] + (states["unapplied"] if states["applied"] or input_masked else [])
+    if not wrong:
+        return not states["unapplied"]
+    held = len(states["applied"])
+    lines = "; ".join(_describe(e) for e in wrong[:5])
+    more = f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""
+    raise ShrinkError(
+        f"{source}: {len(wrong)} mask(s) do not match the model: {lines}{more}. "
+        + (
+            f"The model already holds the zeros of {held} other mask(s), so it was exported "
+            "masked and applying these would change it: "
+            if held
+            else ""
+        )
+        + "a mask along the wrong axis of a weight, or a mask of another model, does this. "
+        f"If the model was exported before these masks were applied, pass {UNMASKED_FLAG} "
+        "(API: input_masked=False) and they are applied."
+    )
+
+
+def _describe(e: Effect) -> str:
+    already = e.masked - e.changed
+    return (
+        f"'{e.name}' (initializer '{e.initializer}') would change {e.changed:,} of the "
+        f"{e.masked:,} weights it masks (largest |w| {e.largest:.3g})"
+        + (f", the other {already:,} are already zero" if already else "")
+    )
+
+
+def apply_masks(
+    model: onnx.ModelProto, bound: BoundMasks, base_dir: str | None = None
+) -> onnx.ModelProto:
+    """The reference model: each mask applied to the readers its parameter stands for (an
+    initializer shared by parameters that end up different is untied, each copy named after its
+    parameter when that name is free). External weights are read from `base_dir`; the masked
+    ones are then held in the model."""
+    if not bound.bindings:
+        return model
+    index = bound.index if bound.index is not None and bound.index.model is model else None
+    index = index or ModelIndex(model, base_dir)
+    ref = onnx.ModelProto()
+    ref.CopyFrom(model)
+    inits = {t.name: t for t in ref.graph.initializer}
+    taken = set(inits) | {o for n in ref.graph.node for o in n.output} | {
+        i.name for i in ref.graph.input
+    }
+    per_init: dict[str, list[Binding]] = defaultdict(list)
+    for b in bound.bindings:
+        if b.attach is not None:
+            _attach(ref, index, b, taken)
+        else:
+            per_init[b.initializer].append(b)
+    for name, bindings in per_init.items():
+        arr = index.array(name)
+        groups: dict[tuple[int, ...], list[Site]] = defaultdict(list)
+        for s in index.sites[name]:
+            groups[tuple(j for j, b in enumerate(bindings) if b.sites is None or s in b.sites)].append(s)
+        variants = {key: _masked(arr, [bindings[j] for j in key]) for key in groups}
+        first, *others = sorted(variants, key=lambda key: (len(key) > 0, key))
+        _store(inits[name], variants[first])
+        for key in others:
+            if np.array_equal(variants[key], variants[first]):
+                continue
+            owner = bindings[key[0]].mask
+            copy = owner if owner not in taken else f"{name}__{owner}"
+            while copy in taken:
+                copy += "_"
+            taken.add(copy)
+            ref.graph.initializer.append(numpy_helper.from_array(variants[key], copy))
+            for s in groups[key]:
+                ref.graph.node[s.node].input[s.input] = copy
+            bound.shared.setdefault(name, []).append(owner)
+    return ref
+
+
+def _masked(arr: np.ndarray, bindings: list[Binding]) -> np.ndarray:
+    for b in bindings:
+        arr = b.masked(arr)
+    return arr
+
+
+def _store(t: onnx.TensorProto, values: np.ndarray) -> None:
+    t.CopyFrom(numpy_helper.from_array(values, t.name))
+
+
+def _attach(ref: onnx.ModelProto, index: ModelIndex, b: Binding, taken: set[str]) -> None:
+    """A bias the exporter dropped (it was zero) that the masks make non-zero."""
+    node = ref.graph.node[b.attach.node]  # type: ignore[union-attr]
+    w = index.array(index.resolve(node.input[1]) or "")
+    bias = b.masked(np.zeros(w.shape[0], w.dtype))
+    name = b.initializer
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    ref.graph.initializer.append(numpy_helper.from_array(bias, name))
+    while len(node.input) < 3:
+        node.input.append("")
+    node.input[2] = name

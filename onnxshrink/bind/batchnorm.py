@@ -1,0 +1,156 @@
+"""Masks on a BatchNorm that the exporter folded into the conv before it.
+
+The fused conv computes W' = W * s and b' = (b - mean) * s + beta, with s = gamma / sqrt(var +
+eps) per output channel. A channel whose masked gamma and beta are both zero is zero in the
+masked model: W' and b' are masked there, whatever its statistics (masks on running_mean and
+running_var of such a channel are redundant). Any other masked parameter changes W' or b' to
+values that only the original weights can give (`--weights`): they are computed here and
+replace those channels' fused values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxshrink.bind.binding import Binding
+from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm
+
+PARAMS = ("weight", "bias", "running_mean", "running_var")
+DEFAULT_EPS = 1e-5  # torch's BatchNorm default; inferred from the fused values when they allow
+
+NEEDS_VALUES = (
+    "the BatchNorm is folded into the conv before it, and its masks change the fused weights in "
+    "a way only the original weights give: pass them (--weights state_dict.pt), mask its weight "
+    "and bias together (a channel whose scale and shift are both zero is zero), or export with "
+    "optimize=False so that the BatchNorm stays a node"
+)
+
+
+def fused_conv(index: ModelIndex, values: dict, module: str) -> tuple[int, str | None] | str | None:
+    """(node index, name of the conv's original weight in `values`) of the conv this
+    BatchNorm was folded into: recorded by the dynamo exporter's optimizer on the node, or found
+    by value (the fused weights are a conv's scaled per channel by s = gamma / sqrt(var + eps),
+    the fused bias is (b - mean) * s + beta). A hint when the values fit several convs (a fresh
+    BatchNorm's parameters are the same as every other's of its width), None when none."""
+    for k in index.scopes.get(module, []):
+        n = index.nodes[k]
+        if n.op_type == "Conv" and is_fused_batchnorm(n):
+            w = index.resolve(n.input[1])
+            return k, (w if w in values else None)
+    g, v = values.get(f"{module}.weight"), values.get(f"{module}.running_var")
+    beta, mean = values.get(f"{module}.bias"), values.get(f"{module}.running_mean")
+    if g is None or v is None or beta is None or mean is None:
+        return None
+    scale = g.astype(np.float64).reshape(-1) / np.sqrt(v.astype(np.float64).reshape(-1) + DEFAULT_EPS)
+    found = []
+    for k, n in enumerate(index.nodes):
+        w = index.resolve(n.input[1]) if n.op_type == "Conv" and len(n.input) > 1 else None
+        if w is None or index.shapes[w][0] != scale.shape[0]:
+            continue
+        fused = index.array(w)
+        b = index.resolve(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        fused_b = index.array(b).astype(np.float64) if b else np.zeros(scale.shape[0])
+        for name, orig in values.items():
+            if orig.shape != fused.shape or not np.allclose(
+                orig * scale.reshape((-1,) + (1,) * (orig.ndim - 1)), fused, rtol=1e-4, atol=1e-6
+            ):
+                continue
+            conv_b = values.get(name[: -len("weight")] + "bias") if name.endswith("weight") else None
+            b0 = 0.0 if conv_b is None else conv_b.astype(np.float64).reshape(-1)
+            want = (b0 - mean.astype(np.float64).reshape(-1)) * scale + beta.reshape(-1)
+            if np.allclose(fused_b, want, rtol=1e-4, atol=1e-6):
+                found.append((k, name))
+    if len({k for k, _ in found}) > 1:
+        convs = ", ".join(sorted({index.nodes[k].name or f"#{k}" for k, _ in found})[:4])
+        return (
+            f"its values fit the folded weights of {len(found)} convs ({convs}): several "
+            "BatchNorms have equal parameters (e.g. freshly initialized ones), and this export "
+            "does not record which conv each was folded into. Export with the dynamo exporter "
+            "(torch.onnx.export's default records the fold), or with optimize=False"
+        )
+    return found[0] if found else None
+
+
+def bind_folded(
+    index: ModelIndex, values: dict, module: str, masks: dict[str, np.ndarray]
+) -> list[Binding] | str | None:
+    """Bindings for the masks of a folded BatchNorm `module`; a hint when they need values the
+    user did not give; None when the BatchNorm was not folded into a conv here."""
+    found = fused_conv(index, values, module)
+    if found is None or isinstance(found, str):
+        return found
+    k, w_name = found
+    conv = index.nodes[k]
+    w_init = index.resolve(conv.input[1])
+    b_init = index.resolve(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+    fused_w = index.array(w_init)
+    n = fused_w.shape[0]
+    zero = {}
+    for p in PARAMS:
+        m = masks.get(f"{module}.{p}")
+        if m is not None and m.size != n:
+            return f"its masks must have one flag per channel ({n}), '{module}.{p}' has {m.size}"
+        zero[p] = np.zeros(n, bool) if m is None else np.asarray(m).reshape(-1) == 0
+    orig = {p: values.get(f"{module}.{p}") for p in PARAMS}
+    w_orig = values.get(w_name) if w_name else None
+    known = w_name is not None and all(v is not None for v in orig.values()) and w_orig is not None
+    touched = zero["weight"] | zero["bias"] | zero["running_mean"] | zero["running_var"]
+    if known:
+        g, beta, mean, var = (
+            np.where(zero[p], 0.0, orig[p].astype(np.float64).reshape(-1)) for p in PARAMS
+        )
+        dead = touched & (g == 0) & (beta == 0)
+    else:
+        dead = zero["weight"] & zero["bias"]
+    rest = touched & ~dead
+    if rest.any() and not known:
+        return NEEDS_VALUES
+    keep = ~dead
+    w_rows = b_rows = None
+    if rest.any():  # new fused values for these channels, from the masked parameters
+        eps = _eps(fused_w, w_orig, orig, ~touched)
+        s = g / np.sqrt(var + eps)
+        idx = np.flatnonzero(rest)
+        conv_b = values.get(w_name[: -len("weight")] + "bias") if w_name.endswith("weight") else None
+        b0 = np.zeros(n) if conv_b is None else conv_b.astype(np.float64).reshape(-1)
+        w_rows = (idx, w_orig.astype(np.float64)[idx] * s[idx].reshape((-1,) + (1,) * (fused_w.ndim - 1)))
+        b_rows = (idx, (b0[idx] - mean[idx]) * s[idx] + beta[idx])
+    how = "folded BatchNorm"
+    out = [
+        Binding(f"{module}.weight", w_init, _rows(keep, fused_w.shape), _own(index, w_init, (Site(k, 1),)), how, w_rows)
+    ]
+    if b_init is not None:
+        out.append(
+            Binding(f"{module}.bias", b_init, keep.astype(np.uint8), _own(index, b_init, (Site(k, 2),)), how, b_rows)
+        )
+    elif b_rows is not None and np.any(b_rows[1]):  # the exporter dropped a zero bias: add one
+        out.append(
+            Binding(f"{module}.bias", f"{w_init}_bias", keep.astype(np.uint8), None, how, b_rows, attach=Site(k, 2))
+        )
+    return out
+
+
+def _rows(keep: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return np.broadcast_to(keep.astype(np.uint8).reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+
+
+def _own(index: ModelIndex, init: str, sites: tuple[Site, ...]) -> tuple[Site, ...] | None:
+    """`sites`, or None when they are all the initializer's readers."""
+    return None if set(index.sites[init]) <= set(sites) else sites
+
+
+def _eps(fused: np.ndarray, w: np.ndarray, orig: dict, untouched: np.ndarray) -> float:
+    """The BatchNorm's epsilon as the fold used it: from s = W'/W = gamma / sqrt(var + eps) on
+    channels the masks leave alone (torch's default when no channel tells)."""
+    g = orig["weight"].astype(np.float64).reshape(-1)
+    var = orig["running_var"].astype(np.float64).reshape(-1)
+    w2 = w.reshape(w.shape[0], -1).astype(np.float64)
+    f2 = fused.reshape(fused.shape[0], -1).astype(np.float64)
+    found = []
+    for c in np.flatnonzero(untouched):
+        j = int(np.argmax(np.abs(w2[c])))
+        if w2[c, j] == 0 or f2[c, j] == 0 or g[c] == 0:
+            continue
+        found.append((g[c] * w2[c, j] / f2[c, j]) ** 2 - var[c])
+    eps = float(np.median(found)) if found else DEFAULT_EPS
+    return eps if eps > 0 else DEFAULT_EPS

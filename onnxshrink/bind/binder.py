@@ -1,0 +1,270 @@
+"""Bind masks (named after the framework's parameters) to the model's initializers.
+
+A mask binds, in order, by:
+1. exact initializer name, or an Identity alias of one: the initializer is the parameter;
+2. a folded BatchNorm's parameters and statistics, bound together (see `batchnorm`);
+3. the module scope the exporter recorded on nodes (dynamo's `pkg.torch.onnx.name_scopes`,
+   legacy node names like `/layer1/layer1.0/conv1/Conv`): the op in that module that reads the
+   parameter, with the op's layout (a Linear weight stored transposed for MatMul);
+4. value, when the original weights are known (in the masks file, or `--weights`): equal,
+   transposed, or scaled per output channel (a folded BatchNorm).
+
+Nothing is decided by a shape coincidence: the axes come from the op reading the initializer
+(`graph.ModelIndex.layout`), and a mask whose axes nothing settles is refused by name. A mask
+applies to the readers its parameter stands for: when an exporter merged equal parameters into
+one initializer, only the readers in the mask's module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxshrink.bind import batchnorm
+from onnxshrink.bind.binding import Binding, BoundMasks
+from onnxshrink.bind.graph import (
+    ELEMENTWISE_PARAM,
+    PARAM_INPUTS,
+    Layout,
+    ModelIndex,
+    Site,
+    inside,
+    is_fused_batchnorm,
+)
+from onnxshrink.errors import ShrinkError
+from onnxshrink.masks import MaskSet, check_binary
+
+
+class Ambiguous(Exception):
+    """Nothing in the graph or the values settles where a mask goes: it is refused by name."""
+
+
+class Binder:
+    def __init__(self, index: ModelIndex, values: dict[str, np.ndarray], source: str):
+        self.index = index
+        self.values = values
+        self.source = source
+
+    # ------------------------------------------------------------------ laying a mask
+    def fit(self, name: str, mask: np.ndarray, init: str, layout: Layout | None) -> np.ndarray:
+        """The mask in the initializer's layout: as given (transposed when the graph says the
+        initializer is a transposed copy of the parameter), or one flag per output channel,
+        broadcast along the output axis the reading op gives."""
+        shape = self.index.shapes[init]
+        if layout is not None and layout.transposed and mask.ndim == 2:
+            mask = mask.T
+        if mask.shape == shape:
+            return np.ascontiguousarray(mask)
+        if mask.ndim == 1 and shape:
+            axis = 0 if len(shape) == 1 else (layout.out if layout is not None else None)
+            if axis is None:
+                raise Ambiguous(
+                    f"it has one flag per channel, but no op reading '{init}' (shape "
+                    f"{list(shape)}) says which axis holds its output channels; give a mask of "
+                    "the weight's full shape"
+                )
+            if shape[axis] == mask.shape[0]:
+                return np.broadcast_to(
+                    mask.reshape([-1 if a == axis else 1 for a in range(len(shape))]), shape
+                )
+        raise ShrinkError(
+            f"{self.source}: mask '{name}' has shape {list(mask.shape)} but initializer '{init}' "
+            f"has shape {list(shape)}"
+            + (" (stored transposed for the op reading it)" if layout and layout.transposed else "")
+            + ". Give a mask of the weight's shape, or one flag per output channel."
+        )
+
+    def out_layout(self, init: str, sites: tuple[Site, ...] | None) -> Layout | None:
+        """The initializer as its readers see it, stored as the parameter is (for a mask bound by
+        name): the output axis all readers agree on, or None."""
+        found = {self.index.layout(s) for s in (sites or self.index.sites[init])}
+        outs = {lay.out for lay in found if lay is not None}
+        if None in found or len(outs) != 1:
+            return None
+        return Layout(outs.pop(), None, False)
+
+    # ------------------------------------------------------------------ whose readers
+    def attribute(self, init: str, module: str) -> tuple[Site, ...] | None:
+        """The readers of `init` that a parameter of `module` stands for: all of them when they
+        are all one module's, else those inside `module` (the exporter merged equal
+        parameters of several modules into this initializer)."""
+        sites = self.index.sites[init]
+        if len({self.index.module(s) for s in sites}) <= 1:
+            return None
+        mine = tuple(s for s in sites if inside(self.index.module(s), module))
+        if not mine:
+            modules = sorted({self.index.module(s) or "?" for s in sites})
+            raise Ambiguous(
+                f"initializer '{init}' is read by several modules ({', '.join(modules[:6])}): "
+                "the exporter merged equal parameters into it, and no reader is in this mask's "
+                "module"
+            )
+        return None if len(mine) == len(sites) else mine
+
+    # ------------------------------------------------------------------ routes
+    def by_name(self, name: str, mask: np.ndarray) -> list[Binding] | None:
+        init = self.index.resolve(name)
+        if init is None:
+            return None
+        sites = self.attribute(init, name.rpartition(".")[0]) if "." in name else None
+        laid = self.fit(name, mask, init, self.out_layout(init, sites))
+        return [Binding(name, init, laid, sites, "name" if init == name else "alias")]
+
+    def by_scope(self, name: str, mask: np.ndarray) -> list[Binding] | None:
+        module, _, param = name.rpartition(".")
+        found: dict[str, tuple[list[Site], Layout | None]] = {}
+        for k in self.index.scopes.get(module, []):
+            n = self.index.nodes[k]
+            if n.op_type == "Conv" and is_fused_batchnorm(n):
+                continue  # holds the BatchNorm's parameters folded: bound by `batchnorm`
+            slot = PARAM_INPUTS.get(n.op_type, {}).get(param)
+            if slot is None and ELEMENTWISE_PARAM.get(n.op_type) == param:
+                slots = [i for i, x in enumerate(n.input) if self.index.resolve(x)]
+                slot = slots[0] if len(slots) == 1 else None
+            init = self.index.resolve(n.input[slot]) if slot is not None and slot < len(n.input) else None
+            if init is None:
+                continue
+            site = Site(k, slot)
+            layout = self.index.layout(site)
+            if layout is None and len(self.index.shapes[init]) > 1:
+                continue  # an op that gives a matrix's axes no roles: not bound by scope
+            sites, lay = found.setdefault(init, ([], layout))
+            if lay != layout:
+                raise Ambiguous(f"its module reads initializer '{init}' in two different layouts")
+            sites.append(site)
+        out = []
+        for init, (sites, layout) in found.items():
+            own = None if set(self.index.sites[init]) <= set(sites) else tuple(sites)
+            out.append(Binding(name, init, self.fit(name, mask, init, layout), own, "scope"))
+        return out or None
+
+    def bias_absent(self, name: str) -> bool:
+        """The mask's module computes a Conv or Gemm with no bias input: the exporter dropped
+        a bias that is zero (the dynamo exporter's optimizer does), and masking it changes
+        nothing."""
+        module, _, param = name.rpartition(".")
+        if param != "bias":
+            return False
+        ops = [self.index.nodes[k] for k in self.index.scopes.get(module, [])]
+        with_slot = [n for n in ops if n.op_type in ("Conv", "ConvTranspose", "Gemm")]
+        return bool(with_slot) and all(len(n.input) < 3 or not n.input[2] for n in with_slot)
+
+    def by_value(self, name: str, mask: np.ndarray) -> list[Binding] | None:
+        orig = self.values.get(name)
+        if orig is None or not np.issubdtype(orig.dtype, np.floating) or orig.size < 2:
+            return None
+        if np.all(orig == orig.reshape(-1)[0]):
+            raise Ambiguous(
+                "its original values are all equal, so they cannot tell which initializer holds it"
+            )
+        candidates: dict[str, set[bool]] = {}
+        for init, shape in self.index.shapes.items():
+            if shape == orig.shape:
+                arr = self.index.array(init)
+                if np.array_equal(arr, orig) or _row_proportional(arr, orig):
+                    candidates.setdefault(init, set()).add(False)
+            if orig.ndim == 2 and shape == orig.T.shape and np.array_equal(self.index.array(init), orig.T):
+                candidates.setdefault(init, set()).add(True)
+        if not candidates:
+            return None
+        module = name.rpartition(".")[0]
+        if len(candidates) > 1:  # equal parameters: the one read in this mask's module
+            mine = {
+                i: t
+                for i, t in candidates.items()
+                if any(inside(self.index.module(s), module) for s in self.index.sites[i])
+            }
+            if len(mine) != 1:
+                raise Ambiguous(
+                    f"its original values equal {len(candidates)} initializers "
+                    f"({', '.join(sorted(candidates)[:4])}) and the graph does not say which is its own"
+                )
+            candidates = mine
+        [(init, ways)] = candidates.items()
+        sites = self.attribute(init, module)
+        if len(ways) == 2:  # a symmetric matrix: its values cannot say which way the mask goes
+            layouts = {self.index.layout(s) for s in (sites or self.index.sites[init])}
+            if None in layouts or len({lay.transposed for lay in layouts}) != 1:
+                raise Ambiguous(
+                    f"initializer '{init}' is symmetric, so its values cannot say which way the "
+                    "mask goes, and no op reading it says"
+                )
+            transposed = layouts.pop().transposed
+        else:
+            transposed = ways.pop()
+        layout = self.out_layout(init, sites)
+        layout = Layout(layout.out if layout else 0, None, transposed)
+        return [Binding(name, init, self.fit(name, mask, init, layout), sites, "value")]
+
+    # ------------------------------------------------------------------ all together
+    def bind(self, maskset: MaskSet) -> BoundMasks:
+        bound = BoundMasks(index=self.index)
+        masks = {k: np.asarray(v) for k, v in maskset.masks.items()}
+        done: set[str] = set()
+        for name, mask in masks.items():
+            check_binary(name, mask, self.source)
+            if name in done:
+                continue
+            module, _, param = name.rpartition(".")
+            try:
+                found = self.by_name(name, mask)
+                if found is None and param in batchnorm.PARAMS:
+                    folded = batchnorm.bind_folded(self.index, self.values, module, masks)
+                    if isinstance(folded, list):
+                        group = [f"{module}.{p}" for p in batchnorm.PARAMS if f"{module}.{p}" in masks]
+                        bound.bindings += folded
+                        for g in group:
+                            bound.how[g] = "folded BatchNorm"
+                        done |= set(group)
+                        continue
+                    if isinstance(folded, str):
+                        raise Ambiguous(folded)
+                found = found or self.by_scope(name, mask) or self.by_value(name, mask)
+            except Ambiguous as why:
+                if mask.all():
+                    bound.how[name] = "nothing masked"
+                else:
+                    bound.unbound.append(name)
+                    bound.hints[name] = str(why)
+                    bound.ambiguous.add(name)
+                continue
+            if found:
+                bound.bindings += found
+                bound.how[name] = found[0].how
+            elif mask.all() and maskset.format == "state-dict":
+                bound.how[name] = "nothing masked"  # e.g. BN statistics of a masked state dict
+            elif name in maskset.optional:
+                continue  # e.g. the bias of a layer that has none
+            elif self.bias_absent(name):
+                bound.how[name] = "absent (a zero bias the exporter dropped)"
+            else:
+                bound.unbound.append(name)
+                bound.hints[name] = self.hint(name)
+        return bound
+
+    GENERIC = (
+        "no initializer, node scope or value matches it (if the exporter folded or renamed it, "
+        "e.g. a BatchNorm with the legacy exporter, pass the original weights with --weights)"
+    )
+
+    def hint(self, name: str) -> str:
+        if name.rpartition(".")[0] in self.index.scopes:
+            return (
+                "its module is in the graph but its weight was renamed or transformed by the "
+                "exporter; pass the original weights (--weights state_dict.pt) to match it by value"
+            )
+        return self.GENERIC
+
+
+def _row_proportional(a: np.ndarray, b: np.ndarray) -> bool:
+    """a[o] == s[o] * b[o] for some per-output-channel s (a folded BatchNorm)."""
+    if a.ndim < 2:
+        return False
+    a2 = a.reshape(a.shape[0], -1).astype(np.float64)
+    b2 = b.reshape(b.shape[0], -1).astype(np.float64)
+    if not np.array_equal(a2 == 0, b2 == 0):
+        return False
+    with np.errstate(all="ignore"):
+        ratio = np.where(b2 != 0, a2 / b2, np.nan)
+    lo, hi = np.nanmin(ratio, axis=1, initial=np.inf), np.nanmax(ratio, axis=1, initial=-np.inf)
+    rows = np.isfinite(lo)
+    return bool(rows.any()) and bool(np.allclose(lo[rows], hi[rows], rtol=1e-5, atol=0))
