@@ -1,14 +1,43 @@
 """onnxshrink: turn a masked (pruned) ONNX model into a physically smaller one that computes
-exactly the same function, proven with onnxruntime."""
+exactly the same function, proven with onnxruntime.
+
+    result = onnxshrink.shrink("model.onnx", "masks.pt", "small.onnx")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from onnxshrink.api import ShrinkResult, shrink  # noqa: E402
-from onnxshrink.errors import ShrinkError, ValidationFailed  # noqa: E402
-from onnxshrink.export import export_and_shrink  # noqa: E402
+# Public names and the module each lives in: imported on first use, so that `onnxshrink --help`
+# does not load onnx, onnxruntime or the op handlers.
+_PUBLIC = {
+    "shrink": "onnxshrink.api",
+    "ShrinkResult": "onnxshrink.api",
+    "ShrinkOptions": "onnxshrink.options",
+    "ShrinkError": "onnxshrink.errors",
+    "ValidationFailed": "onnxshrink.errors",
+    "export_and_shrink": "onnxshrink.export",
+}
+
+if TYPE_CHECKING:
+    from onnxshrink.api import ShrinkResult, shrink
+    from onnxshrink.errors import ShrinkError, ValidationFailed
+    from onnxshrink.export import export_and_shrink
+    from onnxshrink.options import ShrinkOptions
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'onnxshrink' has no attribute {name!r}")
+
 
 __all__ = [
     "ShrinkError",
+    "ShrinkOptions",
     "ShrinkResult",
     "ValidationFailed",
     "__version__",

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
-from onnxshrink.analyze import analyze
-from onnxshrink.bind import apply_masks, bind_masks, check_reference, weight_modules
+from onnxshrink.analyze import Analysis, analyze
+from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import ShrinkError, ValidationFailed
 from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import data_files, load_external, load_model, save_model
 from onnxshrink.masks import MaskSet, load_maskset
+from onnxshrink.ops import lookup
+from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.report import (
     KeptGroup,
@@ -25,7 +28,7 @@ from onnxshrink.report import (
     sparsity_left,
     to_jsonable,
 )
-from onnxshrink.rewrite import Fold, apply, release
+from onnxshrink.rewrite import Fold, RewriteResult, apply, release
 from onnxshrink.validate import ValidationReport, compare, resolve_shapes
 
 ModelLike = str | Path | onnx.ModelProto
@@ -51,7 +54,7 @@ class ShrinkResult:
     input_masked: bool | None = None  # the input already held every mask's zeros (None: no masks)
     shared_initializers: dict[str, list[str]] = field(default_factory=dict)  # untied per parameter
     folds: list[Fold] = field(default_factory=list)
-    barriers: list[dict] = field(default_factory=list)
+    barriers: list[dict[str, str]] = field(default_factory=list)
     kept_zeroed: list[KeptGroup] = field(default_factory=list)
     sparsity: list[Sparsity] = field(default_factory=list)
     removed_nodes: int = 0
@@ -62,7 +65,7 @@ class ShrinkResult:
     def passed(self) -> bool:
         return all(v is None or v.passed for v in (self.validation, self.torch_validation))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         keys = (
             "before",
             "after",
@@ -91,146 +94,60 @@ def shrink(
     masks: MasksLike = None,
     output: str | Path | None = None,
     *,
-    validate: bool = True,
-    input_shapes: dict[str, list[int]] | None = None,
-    inputs: list[dict[str, np.ndarray]] | None = None,
-    draws: int = 3,
-    seed: int = 0,
-    rtol: float = 1e-5,
-    atol: float = 0.0,
-    provider: str = "cpu",
-    keep_failed: bool = False,
-    allow_unbound: bool = False,
-    masks_format: str = "auto",
-    weights: str | Path | Mapping | None = None,
-    input_masked: bool | None = None,
-    external_data: bool | None = None,
-    log: Callable[[str], None] | None = None,
+    options: ShrinkOptions | None = None,
+    **option_values: Any,
 ) -> ShrinkResult:
     """Shrink a masked ONNX model to the channels its outputs need; prove and write it.
 
     `model` is a path or ModelProto; `masks` a masks file or dict in any pruner's format (see
-    onnxshrink.masks; `masks_format` overrides detection), or None: the zeros already in the
-    weights are the masks. `weights` (the original state dict, a file or dict) lets masks bind
-    by value when the exporter renamed their weights. `input_masked`: whether the model already
-    holds the masks' zeros (None: told by its weights, and masks that disagree with them are
-    refused; False: the masks are applied whatever the model holds). Raises ShrinkError for bad input and
-    ValidationFailed (with `.result`) when the shrunk model does not match; nothing is written
-    then unless `keep_failed`.
+    onnxshrink.masks), or None: the zeros already in the weights are the masks. How to shrink,
+    prove and write is a `ShrinkOptions` (`options`), or its fields as keyword arguments
+    (`validate=False`, `input_shapes=...`, `weights=...`, `rtol=...`; see ShrinkOptions).
+    Raises ShrinkError for bad input and ValidationFailed (with `.result`) when the shrunk model
+    does not match; nothing is written then unless `keep_failed`.
     """
-    log = log or (lambda _msg: None)
-    if validate and draws < 1 and not inputs:
+    opts = (options or ShrinkOptions()).but(**option_values)
+    if opts.validate and opts.draws < 1 and not opts.inputs:
         raise ShrinkError(
-            f"nothing to validate with: draws={draws} and no inputs given. Use draws >= 1 or give inputs."
+            f"nothing to validate with: draws={opts.draws} and no inputs given. Use draws >= 1 or give inputs."
         )
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
+    clock = _Clock()
+    source = read_model(model)
+    maskset, values = read_masks(masks, opts)
+    clock.lap("load")
 
-    def lap(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        timings[name] = now - t
-        t = now
+    masks_name = str(masks) if isinstance(masks, str | Path) else "masks"
+    bound, reference, held = bind(source, maskset, values, masks_name, opts)
+    clock.lap("bind")
+    _log_binding(opts, maskset, bound, held)
 
-    src: Path | None = None
-    base_dir = None
-    in_bytes = None
-    src_data: list[Path] = []  # the input's external data files: never overwritten
-    if isinstance(model, str | Path):
-        src = Path(model)
-        proto = load_model(src, keep_external=True)  # weights are read once, by prepare()
-        base_dir = str(src.parent)
-        src_data = data_files(src, proto)
-        in_bytes = src.stat().st_size + sum(p.stat().st_size for p in src_data if p.exists())
-    elif isinstance(model, onnx.ModelProto):
-        proto = model
-    else:
-        raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
-    source = str(masks) if isinstance(masks, str | Path) else "masks"
-    maskset = None
-    if isinstance(masks, MaskSet):
-        maskset = masks
-    elif masks is not None:
-        maskset = load_maskset(masks, masks_format)
-    values = None
-    if weights is not None:
-        raw = load_masks_file(weights) if isinstance(weights, str | Path) else weights
-        values = flatten(raw, str(weights) if isinstance(weights, str | Path) else "weights")
-    lap("load")
-
-    bound = bind_masks(
-        proto,
-        maskset or MaskSet(),
-        source=source,
-        allow_unbound=allow_unbound,
-        values=values,
-        base_dir=base_dir,
-    )
-    held = check_reference(bound, input_masked, source)
-    reference = proto if held else apply_masks(proto, bound, base_dir)
-    lap("bind")
-    if maskset is None:
-        log("no masks file: the zeros in the weights are the masks")
-    else:
-        ways = sorted(set(bound.how.values()))
-        log(
-            f"{maskset.format} masks: {len(bound.how)} of {len(maskset.masks)} bound ({', '.join(ways)}) "
-            f"to {len(bound.masks)} initializer(s)"
-        )
-        log(
-            "the model already holds the masks: the reference is the model as given"
-            if held
-            else "the masks are applied to the model: the reference is the model with them applied"
-        )
-        for init, params in bound.shared.items():
-            log(f"initializer '{init}' is shared by several parameters: untied for {', '.join(params)}")
-
-    log(f"analyzing {len(reference.graph.node)} nodes ...")
-    graph, untied = prepare(reference, base_dir)
-    analysis = analyze(graph, default_opset(reference), untied)
+    opts.say(f"analyzing {len(reference.graph.node)} nodes ...")
+    analysis = analyze_model(reference, source.base_dir)
     barriers = [
         {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
     ]
-    lap("analyze")
-    log(f"analyzed in {timings['analyze']:.2f} s; rewriting ...")
+    clock.lap("analyze")
+    opts.say(f"analyzed in {clock.timings['analyze']:.2f} s; rewriting ...")
 
-    rewritten = apply(analysis, reference)
-    if rewritten.kept_zeroed:  # name the modules of exporter-renamed weights for --explain
-        modules = weight_modules(reference)
-        for g in rewritten.kept_zeroed:
-            g.module = modules.get(g.tensor, "")
+    rewritten = rewrite(analysis, reference)
     shrunk = rewritten.model
-    release(graph)  # the shrunk weights now live in `shrunk`
-    del analysis, graph
-    lap("rewrite")
+    clock.lap("rewrite")
 
     report = None
-    if validate:
-        log("validating with onnxruntime ...")
-        if base_dir is not None:
-            load_external(reference, Path(base_dir), str(src))
-        report = compare(
-            reference,
-            shrunk,
-            input_shapes=input_shapes,
-            inputs=inputs,
-            draws=draws,
-            seed=seed,
-            rtol=rtol,
-            atol=atol,
-            provider=provider,
-        )
-        lap("validate")
-    shapes = report.input_shapes if report else resolve_shapes(reference, input_shapes or {})
-    before = model_stats(reference, shapes, in_bytes)
-    after = model_stats(shrunk, shapes)
+    if opts.validate:
+        opts.say("validating with onnxruntime ...")
+        if source.base_dir is not None:
+            load_external(reference, Path(source.base_dir), str(source.path))
+        report = compare(reference, shrunk, opts)
+        clock.lap("validate")
+    shapes = report.input_shapes if report else resolve_shapes(reference, opts.input_shapes or {})
     result = ShrinkResult(
         model=shrunk,
         reference=reference,
-        before=before,
-        after=after,
+        before=model_stats(reference, shapes, source.file_bytes),
+        after=model_stats(shrunk, shapes),
         validation=report,
-        timings=timings,
+        timings=clock.timings,
         masks_bound=len(bound.masks),
         unbound_masks=bound.unbound,
         input_masked=held if maskset is not None else None,
@@ -241,22 +158,130 @@ def shrink(
         sparsity=sparsity_left(shrunk),
         removed_nodes=rewritten.removed_nodes,
     )
-    if output is not None and (result.passed or keep_failed):
-        protect = [src, *src_data] if src is not None else []
-        external = external_data if external_data is not None else bool(src_data)
-        written = save_model(shrunk, output, external=external, protect=protect)
-        result.written = [str(p) for p in written]
-        after.file_bytes = sum(p.stat().st_size for p in written)
-        lap("save")
+    if output is not None and (result.passed or opts.keep_failed):
+        save(result, source, output, opts)
+        clock.lap("save")
     if not result.passed:
+        assert report is not None
         bad = [o.name for o in report.outputs if not o.passed]
         raise ValidationFailed(
             f"the shrunk model does not match the reference on output(s) {bad}"
-            + (
-                "; it was written anyway (--keep-failed)."
-                if result.written
-                else "; nothing was written."
-            ),
+            + ("; it was written anyway (--keep-failed)." if result.written else "; nothing was written."),
             result,
         )
     return result
+
+
+# ---------------------------------------------------------------------- stages
+@dataclass
+class Source:
+    """The input model: its proto (external weights not loaded yet), and where it came from."""
+
+    proto: onnx.ModelProto
+    path: Path | None = None
+    base_dir: str | None = None  # where its external data lives
+    data: list[Path] = field(default_factory=list)  # its external data files: never overwritten
+    file_bytes: int | None = None
+
+
+def read_model(model: ModelLike) -> Source:
+    if isinstance(model, str | Path):
+        path = Path(model)
+        proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
+        data = data_files(path, proto)
+        size = path.stat().st_size + sum(p.stat().st_size for p in data if p.exists())
+        return Source(proto, path, str(path.parent), data, size)
+    if isinstance(model, onnx.ModelProto):
+        return Source(model)
+    raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
+
+
+def read_masks(
+    masks: MasksLike, opts: ShrinkOptions
+) -> tuple[MaskSet | None, dict[str, np.ndarray] | None]:
+    """The masks in any format, and the original weights given to bind them by value."""
+    maskset = masks if isinstance(masks, MaskSet) else None
+    if maskset is None and masks is not None:
+        maskset = load_maskset(masks, opts.masks_format)
+    values = None
+    if opts.weights is not None:
+        w = opts.weights
+        raw = load_masks_file(w) if isinstance(w, str | Path) else w
+        values = flatten(raw, str(w) if isinstance(w, str | Path) else "weights")
+    return maskset, values
+
+
+def bind(
+    source: Source,
+    maskset: MaskSet | None,
+    values: dict[str, np.ndarray] | None,
+    masks_name: str,
+    opts: ShrinkOptions,
+) -> tuple[BoundMasks, onnx.ModelProto, bool]:
+    """Bind the masks; the reference model (the input with them applied); whether the input
+    already held them (the reference is then the input itself)."""
+    bound = bind_masks(
+        source.proto,
+        maskset or MaskSet(),
+        source=masks_name,
+        allow_unbound=opts.allow_unbound,
+        values=values,
+        base_dir=source.base_dir,
+    )
+    held = check_reference(bound, opts.input_masked, masks_name)
+    reference = source.proto if held else apply_masks(source.proto, bound, source.base_dir)
+    bound.index = None  # its cached weight arrays: prepare() reads the reference's
+    return bound, reference, held
+
+
+def analyze_model(reference: onnx.ModelProto, base_dir: str | None) -> Analysis:
+    graph, untied = prepare(reference, base_dir)
+    opset = default_opset(reference)
+    return analyze(graph, opset, lookup(opset), untied)
+
+
+def rewrite(analysis: Analysis, reference: onnx.ModelProto) -> RewriteResult:
+    rewritten = apply(analysis, reference)
+    if rewritten.kept_zeroed:  # name the modules of exporter-renamed weights for --explain
+        modules = weight_modules(reference)
+        for g in rewritten.kept_zeroed:
+            g.module = modules.get(g.tensor, "")
+    release(analysis.graph)  # the shrunk weights now live in the rewritten model
+    return rewritten
+
+
+def save(result: ShrinkResult, source: Source, output: str | Path, opts: ShrinkOptions) -> None:
+    protect = [source.path, *source.data] if source.path is not None else []
+    external = opts.external_data if opts.external_data is not None else bool(source.data)
+    written = save_model(result.model, output, external=external, protect=protect)
+    result.written = [str(p) for p in written]
+    result.after.file_bytes = sum(p.stat().st_size for p in written)
+
+
+def _log_binding(opts: ShrinkOptions, maskset: MaskSet | None, bound: BoundMasks, held: bool) -> None:
+    if maskset is None:
+        opts.say("no masks file: the zeros in the weights are the masks")
+        return
+    ways = sorted(set(bound.how.values()))
+    opts.say(
+        f"{maskset.format} masks: {len(bound.how)} of {len(maskset.masks)} bound ({', '.join(ways)}) "
+        f"to {len(bound.masks)} initializer(s)"
+    )
+    opts.say(
+        "the model already holds the masks: the reference is the model as given"
+        if held
+        else "the masks are applied to the model: the reference is the model with them applied"
+    )
+    for init, params in bound.shared.items():
+        opts.say(f"initializer '{init}' is shared by several parameters: untied for {', '.join(params)}")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = now - self._t
+        self._t = now

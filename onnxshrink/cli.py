@@ -10,8 +10,7 @@ from pathlib import Path
 
 from onnxshrink import __version__
 from onnxshrink.errors import ShrinkError, ValidationFailed
-from onnxshrink.masks import FORMATS
-from onnxshrink.report import human, human_bytes, stats_table
+from onnxshrink.options import MASKS_FORMATS
 
 EXIT_INTERNAL = 3
 
@@ -77,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--masks-format",
         default="auto",
-        choices=FORMATS,
+        choices=MASKS_FORMATS,
         help="how to read the masks file (default: detected from its content)",
     )
     p.add_argument(
@@ -117,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     try:
         from onnxshrink.api import shrink
+        from onnxshrink.options import ShrinkOptions
         from onnxshrink.validate import load_inputs, parse_shapes
 
         if args.draws < 0:
@@ -130,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         failure = None
         try:
-            result = shrink(
-                args.model,
-                args.masks,
-                args.output,
+            options = ShrinkOptions(
                 validate=not args.no_validate,
                 input_shapes=shapes,
                 inputs=inputs,
@@ -150,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 external_data=True if args.external_data else None,
                 log=lambda m: say(f"[I] {m}"),
             )
+            result = shrink(args.model, args.masks, args.output, options=options)
         except ValidationFailed as exc:
             result, failure = exc.result, exc
         _print_result(result, args, say)
@@ -203,6 +201,8 @@ def _report_path(args) -> Path | None:
 
 
 def _print_result(result, args, say) -> None:
+    from onnxshrink.report import human, human_bytes, stats_table
+
     if result.validation is not None:
         for line in result.validation.lines():
             say(line)

@@ -14,9 +14,13 @@ class ValidationFailed(ShrinkError):
 
     exit_code = 1
 
-    def __init__(self, message: str, result=None):
+    def __init__(self, message: str, result: object = None):
         super().__init__(message)
         self.result = result
+
+
+class InternalError(RuntimeError):
+    """The analysis promised something the rewrite cannot honour: a bug, never a user error."""
 
 
 def first_line(exc: BaseException) -> str:

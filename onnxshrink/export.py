@@ -10,12 +10,15 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnx
 
 from onnxshrink.api import ShrinkResult, shrink
 from onnxshrink.errors import ShrinkError, ValidationFailed, first_line
 from onnxshrink.io.model import save_model
+from onnxshrink.options import ShrinkOptions
 from onnxshrink.validate import OutputCheck, ValidationReport
 
 
@@ -99,9 +102,10 @@ def _random_like(args: Sequence, rng: np.random.Generator) -> tuple:
 
 
 def torch_compare(
-    module, shrunk, example_args: Sequence, draws: int, seed: int, rtol: float, atol: float
+    module: Any, shrunk: onnx.ModelProto, example_args: Sequence, opts: ShrinkOptions
 ) -> ValidationReport:
     """Outputs of the PyTorch module itself vs the shrunk ONNX model, on random inputs."""
+    draws, seed, rtol, atol = opts.draws, opts.seed, opts.rtol, opts.atol
     import torch
 
     from onnxshrink.validate import session
@@ -161,12 +165,8 @@ def export_and_shrink(
     input_names: Sequence[str] | None = None,
     dynamic_axes: Mapping | None = None,
     opset_version: int | None = None,
-    draws: int = 3,
-    seed: int = 0,
-    rtol: float = 1e-5,
-    atol: float = 0.0,
-    external_data: bool = False,
-    **shrink_options,
+    options: ShrinkOptions | None = None,
+    **option_values: Any,
 ) -> ShrinkResult:
     """Export a masked PyTorch module to ONNX, shrink it, and prove it against the module.
 
@@ -175,8 +175,10 @@ def export_and_shrink(
     parametrizations), or both. They are applied in PyTorch before export, so every exporter
     (`exporter="dynamo"` or `"legacy"`) carries them; the shrunk model is validated against
     the exported masked model and against the module's own outputs. Returns the ShrinkResult,
-    with `torch_validation` set; raises ValidationFailed (nothing written) on a mismatch.
+    with `torch_validation` set; raises ValidationFailed (nothing written) on a mismatch. How to
+    shrink, prove and write: a ShrinkOptions, or its fields as keyword arguments.
     """
+    opts = (options or ShrinkOptions()).but(**option_values)
     import torch
 
     from onnxshrink.masks import load_maskset
@@ -184,8 +186,7 @@ def export_and_shrink(
     if exporter not in ("dynamo", "legacy"):
         raise ShrinkError(f"exporter={exporter!r}: choose 'dynamo' (torch's default) or 'legacy'.")
     own = pruning_masks(module)
-    fmt = shrink_options.pop("masks_format", "auto")
-    given = load_maskset(masks, fmt).masks if masks is not None else {}
+    given = load_maskset(masks, opts.masks_format).masks if masks is not None else {}
     masked = masked_copy(module, given)
     args = tuple(example_args) if isinstance(example_args, list | tuple) else (example_args,)
     with tempfile.TemporaryDirectory(prefix="onnxshrink-export-") as tmp:
@@ -209,11 +210,9 @@ def export_and_shrink(
                     f"torch.onnx.export failed on the module ({type(exc).__name__}: "
                     f"{first_line(exc)})."
                 ) from exc
-        result = shrink(
-            path, None, None, draws=draws, seed=seed, rtol=rtol, atol=atol, **shrink_options
-        )
+        result = shrink(path, None, None, options=opts)
     result.masks_bound = len(set(own) | set(given))
-    result.torch_validation = torch_compare(masked, result.model, args, draws, seed, rtol, atol)
+    result.torch_validation = torch_compare(masked, result.model, args, opts)
     if not result.torch_validation.passed:
         bad = [o.name for o in result.torch_validation.outputs if not o.passed]
         raise ValidationFailed(
@@ -221,7 +220,7 @@ def export_and_shrink(
             result,
         )
     if output is not None:
-        written = save_model(result.model, output, external=external_data)
+        written = save_model(result.model, output, external=bool(opts.external_data))
         result.written = [str(p) for p in written]
         result.after.file_bytes = sum(p.stat().st_size for p in written)
     return result

@@ -27,8 +27,9 @@ import numpy as np
 
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io.masks import flatten, load_masks_file, to_numpy
+from onnxshrink.options import MASKS_FORMATS
 
-FORMATS = ("auto", "flat", "nni", "torch-prune", "torch-ao", "ao-data", "dpu", "state-dict")
+FORMATS = MASKS_FORMATS
 _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:original|0\.mask)$")
 
 
@@ -89,6 +90,11 @@ def load_maskset(masks: str | Path | Mapping, fmt: str = "auto") -> MaskSet:
     if isinstance(masks, str | Path):
         return normalize(load_masks_file(masks), fmt, str(masks))
     return normalize(masks, fmt, "masks")
+
+
+def read_masks(path: str | Path, fmt: str = "auto") -> dict[str, np.ndarray]:
+    """{parameter name: mask} from a masks file of any supported format."""
+    return load_maskset(path, fmt).masks
 
 
 def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
-from onnxshrink.prepare import FLOAT_TYPES, skeleton
+from onnxshrink.ops.contract import OpNode
+from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
 
 
 @dataclass
@@ -27,25 +30,23 @@ def model_stats(
     input_shapes: dict[str, list[int]] | None = None,
     file_bytes: int | None = None,
 ) -> ModelStats:
+    from onnxshrink.ops import facts
+
     ops = Counter(n.op_type for n in model.graph.node)
     # Float constants, whether stored as initializers or Constant nodes (onnxshrink turns the
     # latter into the former, which must not change the count), in subgraphs too (a weight only
     # a Loop body reads may be stored there).
-    consts = [
-        c
-        for g in _graphs(model.graph)
-        for c in [
-            *g.initializer,
-            *(
-                a.t
-                for n in g.node
-                if n.op_type == "Constant"
-                for a in n.attribute
-                if a.name == "value"
-            ),
-        ]
-    ]
-    params = sum(int(np.prod(t.dims, dtype=np.int64)) for t in consts if t.data_type in FLOAT_TYPES)
+    opset = default_opset(model)
+    params = 0
+    for g in _graphs(model.graph):
+        params += sum(
+            int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer if t.data_type in FLOAT_TYPES
+        )
+        for n in g.node:
+            handler, op = facts(n, opset) if not n.input else (None, None)
+            value = handler.constant_value(op) if handler is not None and op is not None else None
+            if value is not None and np.issubdtype(value.dtype, np.floating):
+                params += int(value.size)
     return ModelStats(
         dict(sorted(ops.items())),
         len(model.graph.node),
@@ -64,7 +65,8 @@ def _graphs(graph: onnx.GraphProto):
 
 
 def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:
-    """Multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul (dynamic dims count as 1)."""
+    """Multiply-accumulates of the ops whose handlers count them (Conv, ConvTranspose, Gemm,
+    MatMul, ...); dynamic dims count as 1."""
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton(model, input_shapes), data_prop=True)
     except Exception:
@@ -77,22 +79,15 @@ def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> in
             ]
     for t in model.graph.initializer:
         shapes[t.name] = list(t.dims)
+    from onnxshrink.ops import facts
+
+    opset = default_opset(model)
     total = 0
     for n in model.graph.node:
-        ins = [shapes.get(i) for i in n.input]
         out = shapes.get(n.output[0]) if n.output else None
-        if out is None or any(s is None for s in ins[:2]):
-            continue
-        if n.op_type == "Conv":
-            total += int(np.prod(out)) * int(np.prod(ins[1][1:]))
-        elif n.op_type == "ConvTranspose":
-            total += int(np.prod(ins[0])) * int(np.prod(ins[1][1:]))
-        elif n.op_type == "Gemm":
-            trans_a = next((a.i for a in n.attribute if a.name == "transA"), 0)
-            k = ins[0][0] if trans_a else ins[0][-1]
-            total += int(np.prod(out)) * int(k)
-        elif n.op_type == "MatMul":
-            total += int(np.prod(out)) * int(ins[0][-1])
+        handler, op = facts(n, opset)
+        if out is not None and handler is not None:
+            total += handler.macs(op, [shapes.get(i) for i in n.input], out)
     return total
 
 
@@ -109,23 +104,19 @@ class KeptGroup:
     module: str = ""  # the module reading it, when the exporter named the weight apart
 
 
-_WEIGHT_INPUTS = {
-    "Conv": (1,),
-    "ConvTranspose": (1,),
-    "Gemm": (0, 1),
-    "MatMul": (0, 1),
-    "Gather": (0,),
-}
-
-
-def _is_weight(t: gs.Constant) -> bool:
-    """Read as the weight of a Conv, Gemm, MatMul or Gather (not a rotary table or a mask)."""
-    return any(
-        i in _WEIGHT_INPUTS.get(n.op, ())
-        for n in t.outputs
-        for i, x in enumerate(n.inputs)
-        if x is t
-    )
+def _is_weight(t: gs.Constant, handler_for: Callable[[gs.Node], Any]) -> bool:
+    """Read as a layer's weight (a Conv, Gemm or MatMul weight, an embedding table), not a
+    rotary table or a mask."""
+    for n in t.outputs:
+        handler = handler_for(n)
+        if handler is None:
+            continue
+        op = OpNode.of(n)
+        for i, x in enumerate(n.inputs):
+            axes = handler.weight_axes(op, i, t.values.ndim) if x is t else None
+            if axes is not None and axes.family != "vector":
+                return True
+    return False
 
 
 def explain_kept(analysis) -> list[KeptGroup]:
@@ -137,7 +128,9 @@ def explain_kept(analysis) -> list[KeptGroup]:
     groups: dict[tuple[str, int, str, str], int] = defaultdict(int)
     seen = set()
     for t in ks.tensors.values():
-        if not isinstance(t, gs.Constant) or t.name not in ks.demanded or not _is_weight(t):
+        if not isinstance(t, gs.Constant) or t.name not in ks.demanded:
+            continue
+        if not _is_weight(t, analysis.handler_for):
             continue
         values = np.asarray(t.values)
         base = untied.get(t.name, t.name)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -13,12 +15,11 @@ from onnxshrink import ir
 from onnxshrink.analyze import Analysis
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.evaluate import evaluate
+from onnxshrink.errors import InternalError
 from onnxshrink.prepare import inferred_shapes, retie, skeleton
 from onnxshrink.report import explain_kept
 
-
-class InternalError(RuntimeError):
-    """The analysis promised something the rewrite cannot honour: a bug, never a user error."""
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Rewriter:
         self.graph = analysis.graph
         self.ks = analysis.keep
         self.opset = analysis.opset
+        self.handler_for = analysis.handler_for
         self.tensors = self.ks.tensors
         self.folds: list[Fold] = []
         self._taken = set(self.tensors)
@@ -75,8 +77,12 @@ class Rewriter:
     def current(self, t: gs.Constant) -> np.ndarray:
         return np.asarray(t.values)
 
-    def evaluate(self, node: gs.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        return evaluate(node, inputs, self.opset)
+    def evaluate(self, node: gs.Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        handler = self.handler_for(node)
+        return evaluate(node, inputs, self.opset, ort=bool(handler and handler.evaluate_with_ort))
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        return self.ks.memo(key, compute)
 
     # ------------------------------------------------------------ writes
     def _name(self, hint: str) -> str:
@@ -126,30 +132,29 @@ class Rewriter:
     def concat1d(self, parts: list[gs.Tensor]) -> gs.Variable:
         return self.add_node("Concat", parts, "shape", {"axis": 0}, dtype=np.int64)
 
-    def add_after(self, node: gs.Node, out_index: int, values: np.ndarray, channels: int) -> None:
-        """Add a constant to output `out_index`: into the bias Add that follows, or a new Add."""
+    def add_constant(
+        self,
+        node: gs.Node,
+        out_index: int,
+        values: np.ndarray,
+        channels: int,
+        into: str | None = None,
+    ) -> None:
+        """Add a constant to output `out_index`: into its only reader when that reader's handler
+        absorbs it (a bias Add), else with a new Add."""
         if not np.any(values):
             return
         y = node.outputs[out_index]
         nxt = y.outputs[0] if len(y.outputs) == 1 else None
-        if nxt is not None and nxt.op == "Add" and y not in self.graph.outputs:
-            other = [i for i, t in enumerate(nxt.inputs) if t is not y]
-            if len(other) == 1 and isinstance(nxt.inputs[other[0]], gs.Constant):
-                c = nxt.inputs[other[0]]
-                merged = np.asarray(c.values).astype(np.float64) + values.astype(np.float64)
-                if merged.ndim <= max(ir.rank(nxt.outputs[0]) or 0, c.values.ndim):
-                    self.replace_input(nxt, other[0], merged.astype(c.values.dtype))
-                    self.folds.append(Fold(node.name, node.op, channels, "bias"))
-                    return
+        if nxt is not None and y not in self.graph.outputs:
+            handler = self.handler_for(nxt)
+            slots = [i for i, t in enumerate(nxt.inputs) if t is y]
+            if handler is not None and len(slots) == 1 and handler.absorb_addend(nxt, slots[0], values, self):
+                self.record_fold(node, channels, into or "bias")
+                return
         self.add_to_output(node, out_index, self.constant(values, f"{node.name}_folded"))
-        self.folds.append(
-            Fold(
-                node.name,
-                node.op,
-                channels,
-                "constant map" if values.size > values.shape[-1] else "bias",
-            )
-        )
+        kind = "constant map" if values.size > values.shape[-1] else "bias"
+        self.record_fold(node, channels, into or kind)
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None:
         """Output `out_index` of `node` becomes itself + `addend` (for every reader)."""
@@ -184,60 +189,6 @@ class Rewriter:
         one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
         self._ones[key] = self.add_node("ConstantOfShape", [size], "ones", {"value": one}, dtype)
         return self._ones[key]
-
-    def fold_into_bias(
-        self,
-        node: gs.Node,
-        bias_index: int,
-        contrib: np.ndarray,
-        channel_axis: int,
-        n_channels: int,
-    ) -> None:
-        """Conv-style: a per-channel vector input; a non-uniform contribution becomes an Add."""
-        if not np.any(contrib):
-            return  # zero constants (whole zeroed groups) contribute nothing
-        co = contrib.shape[channel_axis]
-        flat = np.moveaxis(contrib, channel_axis, 0).reshape(co, -1).astype(np.float64)
-        scale = float(np.abs(flat).max()) if flat.size else 0.0
-        if flat.shape[1] == 1 or np.all(flat.max(axis=1) - flat.min(axis=1) <= 1e-6 * scale):
-            vec = flat.mean(axis=1)
-            b = ir.present(node, bias_index)
-            dtype = np.asarray(self.current(node.inputs[1])).dtype  # the weight's
-            if b is None or isinstance(b, gs.Constant):
-                base = np.zeros(co) if b is None else np.asarray(b.values, dtype=np.float64)
-                self.replace_input(node, bias_index, (base + vec).astype(dtype))
-            else:  # a bias computed at run time (optimize=False exports): add to it
-                node.inputs[bias_index] = self.add_node(
-                    "Add",
-                    [b, self.constant(vec.astype(dtype), f"{node.name}_folded")],
-                    "bias",
-                    None,
-                    dtype,
-                )
-            self.folds.append(Fold(node.name, node.op, n_channels, "bias"))
-        else:
-            self.add_after(node, 0, contrib, n_channels)
-            self.folds[-1] = Fold(node.name, node.op, n_channels, "constant map")
-
-    def fold_into_gemm_c(self, node: gs.Node, delta: np.ndarray, n_channels: int) -> None:
-        if not np.any(delta):
-            return
-        beta = float(node.attrs.get("beta", 1.0))
-        c = ir.present(node, 2)
-        dtype = np.asarray(self.value(node.inputs[1])).dtype
-        if c is not None and not isinstance(c, gs.Constant) and beta != 0.0:  # computed at run time
-            self.add_after(node, 0, delta.astype(dtype), n_channels)
-            return
-        if c is None or beta == 0.0:
-            new = delta
-            node.attrs["beta"] = 1.0
-        else:
-            new = np.asarray(c.values, dtype=np.float64) + delta / beta
-            dtype = c.values.dtype
-        if new.ndim == 2 and new.shape[0] == 1 and (c is None or c.values.ndim < 2):
-            new = new.reshape(-1)
-        self.replace_input(node, 2, new.astype(dtype))
-        self.folds.append(Fold(node.name, node.op, n_channels, "bias"))
 
     def record_fold(self, node: gs.Node, channels: int, into: str) -> None:
         self.folds.append(Fold(node.name, node.op, channels, into))

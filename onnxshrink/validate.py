@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -10,6 +11,7 @@ import onnx
 from onnx import helper
 
 from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.options import ShrinkOptions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # onnxruntime's threads per session (0: its default, one per core). Tests set 1.
@@ -87,7 +89,9 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def resolve_shapes(model: onnx.ModelProto, given: dict[str, list[int]]) -> dict[str, list[int]]:
+def resolve_shapes(
+    model: onnx.ModelProto, given: Mapping[str, list[int]]
+) -> dict[str, list[int]]:
     """Concrete shapes for every graph input: given ones, static dims, and defaults for the
     dynamic ones (2 for a leading batch axis, 16 otherwise; one value per dim name)."""
     inputs = _graph_inputs(model)
@@ -130,14 +134,20 @@ def resolve_shapes(model: onnx.ModelProto, given: dict[str, list[int]]) -> dict[
 
 
 def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """Int inputs read as Gather indices: their exclusive upper bound (the table size)."""
+    """Int inputs read as indices into a table (Gather): their exclusive upper bound."""
+    from onnxshrink.ops import facts
+    from onnxshrink.prepare import default_opset
+
     shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    opset = default_opset(model)
     bounds: dict[str, int] = {}
     for n in model.graph.node:
-        if n.op_type == "Gather" and len(n.input) > 1 and n.input[0] in shapes:
-            axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
-            size = shapes[n.input[0]][axis]
-            bounds[n.input[1]] = min(bounds.get(n.input[1], size), size)
+        handler, op = facts(n, opset)
+        for i, (table, axis) in (handler.index_inputs(op) if handler else {}).items():
+            if i < len(n.input) and table < len(n.input) and n.input[table] in shapes:
+                dims = shapes[n.input[table]]
+                size = dims[axis if axis >= 0 else axis + len(dims)]
+                bounds[n.input[i]] = min(bounds.get(n.input[i], size), size)
     return bounds
 
 
@@ -212,21 +222,15 @@ def session(model: onnx.ModelProto, provider: str):
 
 
 def compare(
-    reference: onnx.ModelProto,
-    shrunk: onnx.ModelProto,
-    *,
-    input_shapes: dict[str, list[int]] | None = None,
-    inputs: list[dict[str, np.ndarray]] | None = None,
-    draws: int = 3,
-    seed: int = 0,
-    rtol: float = 1e-5,
-    atol: float = 0.0,
-    provider: str = "cpu",
+    reference: onnx.ModelProto, shrunk: onnx.ModelProto, opts: ShrinkOptions | None = None
 ) -> ValidationReport:
+    """Run both models on the given and random inputs; the worst error per output."""
+    opts = opts or ShrinkOptions()
+    rtol, atol = opts.rtol, opts.atol
     t0 = time.perf_counter()
-    shapes = resolve_shapes(reference, input_shapes or {})
-    feeds = list(inputs or []) + make_inputs(reference, shapes, draws, seed)
-    ref_s, new_s = session(reference, provider), session(shrunk, provider)
+    shapes = resolve_shapes(reference, opts.input_shapes or {})
+    feeds = list(opts.inputs or []) + make_inputs(reference, shapes, opts.draws, opts.seed)
+    ref_s, new_s = session(reference, opts.provider), session(shrunk, opts.provider)
     names = [o.name for o in ref_s.get_outputs()]
     worst = {
         n: [0.0, 0.0, True, []] for n in names
@@ -265,7 +269,7 @@ def compare(
         rtol,
         atol,
         len(feeds),
-        provider,
+        opts.provider,
         shapes,
         checks,
         time.perf_counter() - t0,

@@ -278,6 +278,7 @@ def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -
     import onnx
 
     from onnxshrink.report import model_stats
+    from onnxshrink.options import ShrinkOptions
     from onnxshrink.validate import compare, resolve_shapes
 
     t0 = time.perf_counter()
@@ -311,7 +312,7 @@ def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -
             f"peak +{m['peak_increase'] / MIB:.1f} MiB"
         )
         masked_proto, shrunk_proto = onnx.load(str(src)), onnx.load(str(out))
-        report = compare(masked_proto, shrunk_proto, draws=args.draws, seed=args.seed)
+        report = compare(masked_proto, shrunk_proto, ShrinkOptions(draws=args.draws, seed=args.seed))
         del masked_proto, shrunk_proto
         worst = max(report.outputs, key=lambda o: o.max_rel_error)
         in_bytes = file_bytes(src)

@@ -1,14 +1,21 @@
-"""Analyze a graph: constants forward, shape symbols forward, then the keep closure."""
+"""Analyze a graph: constants forward, shape symbols forward, then the keep closure.
+
+The analysis knows no op: every step asks the node's handler (`lookup`, from onnxshrink.ops).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import onnx_graphsurgeon as gs
 
 from onnxshrink.analyze.constants import ConstContext, propagate_constants
 from onnxshrink.analyze.keep import KeepState
 from onnxshrink.analyze.shapes import SymValue, propagate_shapes, refine_shapes
+
+Lookup = Callable[[gs.Node], Any]
 
 
 @dataclass
@@ -19,24 +26,17 @@ class Analysis:
     syms: dict[str, SymValue]
     keep: KeepState
     untied: dict[str, str]
-
-    def handler_for(self, node: gs.Node):
-        from onnxshrink.ops import handler_for
-
-        return handler_for(node, self.opset)
+    handler_for: Lookup
 
 
-def analyze(graph: gs.Graph, opset: int, untied: dict[str, str] | None = None) -> Analysis:
-    from onnxshrink.ops import handler_for
-
-    def lookup(node: gs.Node):
-        return handler_for(node, opset)
-
+def analyze(
+    graph: gs.Graph, opset: int, lookup: Lookup, untied: dict[str, str] | None = None
+) -> Analysis:
     consts = propagate_constants(graph, opset, lookup)
-    syms = propagate_shapes(graph, consts)
-    if refine_shapes(graph, syms, consts):  # sizes only the shape values tell: redo with them
-        consts = propagate_constants(graph, opset, lookup)
-        syms = propagate_shapes(graph, consts)
+    syms = propagate_shapes(graph, consts, lookup)
+    if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
+        consts = propagate_constants(graph, opset, lookup, syms)
+        syms = propagate_shapes(graph, consts, lookup)
     keep = KeepState(graph, consts, syms, lookup)
     keep.run()
-    return Analysis(graph, opset, consts, syms, keep, untied or {})
+    return Analysis(graph, opset, consts, syms, keep, untied or {}, lookup)

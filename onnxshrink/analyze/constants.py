@@ -7,16 +7,17 @@ exact (structural, with exact zeros from the weights), never guessed from sample
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.evaluate import NONDETERMINISTIC, EvaluationError, evaluate
+from onnxshrink.analyze.evaluate import EvaluationError, evaluate
 
-# Sizes change when axes are pruned, so what reads them is never a constant; nor is randomness.
-NOT_FOLDED = NONDETERMINISTIC | {"Shape", "Size"}
+Lookup = Callable[[gs.Node], Any]
 
 
 @dataclass
@@ -129,12 +130,18 @@ def static_batch1(t: gs.Tensor) -> list[int] | None:
 
 
 class ConstContext:
-    """What a handler's `constants` method can read."""
+    """What a handler's `constants` method can read (ops.contract.ConstView)."""
 
-    def __init__(self, graph: gs.Graph, opset: int):
+    def __init__(self, graph: gs.Graph, opset: int, lookup: Lookup, syms: Mapping | None = None):
         self.graph = graph
         self.opset = opset
+        self.lookup = lookup
+        self.tensors = graph.tensors()
+        self.syms = syms or {}  # shape values from an earlier pass, when there was one
         self.consts: dict[str, ConstInfo] = {}
+
+    def sym(self, t: gs.Tensor | None) -> Any:
+        return None if t is None else self.syms.get(t.name)
 
     def const(self, t: gs.Tensor | None) -> ConstInfo | None:
         return None if t is None else self.consts.get(t.name)
@@ -151,13 +158,22 @@ class ConstContext:
             return np.broadcast_to(c.value, d)
         return None
 
-    def evaluate(self, node: gs.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        return evaluate(node, inputs, self.opset)
+    def evaluate(self, node: gs.Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        handler = self.lookup(node)
+        return evaluate(node, inputs, self.opset, ort=bool(handler and handler.evaluate_with_ort))
 
 
-def propagate_constants(graph: gs.Graph, opset: int, handler_for) -> ConstContext:
+def foldable(handler: Any) -> bool:
+    """May a node with all-constant inputs be evaluated to a constant? Not when it reads sizes
+    (they change when axes are pruned) or is not a function of its inputs (random ops)."""
+    return handler is None or (handler.deterministic and not handler.sizes_only)
+
+
+def propagate_constants(
+    graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping | None = None
+) -> ConstContext:
     """Walk the graph in topological order, recording constant elements of every tensor."""
-    ctx = ConstContext(graph, opset)
+    ctx = ConstContext(graph, opset, handler_for, syms)
     for t in graph.tensors().values():
         if isinstance(t, gs.Constant):
             ctx.consts[t.name] = ConstInfo.of_array(t.values)
@@ -171,15 +187,14 @@ def propagate_constants(graph: gs.Graph, opset: int, handler_for) -> ConstContex
                 t is None or (ctx.const(t) is not None and ctx.const(t).full) for t in ins
             )
         outs: list[ConstInfo | None] | None = None
-        if full_const and node.op not in NOT_FOLDED and node.inputs and not _has_subgraph(node):
+        handler = handler_for(node)
+        if full_const and foldable(handler) and node.inputs and not _has_subgraph(node):
             outs = _fold(node, ctx)
-        if outs is None:
-            handler = handler_for(node)
-            if handler is not None:
-                try:
-                    outs = handler.constants(node, ctx)
-                except EvaluationError:
-                    outs = None
+        if outs is None and handler is not None:
+            try:
+                outs = handler.constants(node, ctx)
+            except EvaluationError:
+                outs = None
         for t, c in zip(node.outputs, outs or [], strict=False):
             if c is not None:
                 ctx.consts[t.name] = c

@@ -4,41 +4,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-# Heavy kernels go to onnxruntime; light ones to onnx's numpy reference evaluator, which costs
-# no session build. Both give ONNX semantics for every attribute, so no op is re-implemented here.
-_ORT_OPS = {
-    "Conv",
-    "ConvTranspose",
-    "MaxPool",
-    "AveragePool",
-    "LpPool",
-    "Resize",
-    "Upsample",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "GlobalLpPool",
-    "MatMul",
-    "Gemm",
-    "InstanceNormalization",
-    "BatchNormalization",  # onnx.reference's opset-9 kernel takes a momentum attribute as training
-    "LRN",
-}
-# Ops whose value is not a function of their inputs: never folded.
-NONDETERMINISTIC = {
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-    "Dropout",
-}
+# Heavy kernels go to onnxruntime, light ones to onnx's numpy reference evaluator, which costs no
+# session build (the op's handler says which: `Handler.evaluate_with_ort`). Both give ONNX
+# semantics for every attribute, so no op is re-implemented here.
 _IR_VERSION = 8  # understood by every onnxruntime this project supports
 
 
@@ -79,29 +54,37 @@ def op_model(
 
 
 def evaluate(
-    node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int, n_outputs: int | None = None
+    node: gs.Node,
+    inputs: Sequence[np.ndarray | None],
+    opset: int,
+    *,
+    ort: bool = False,
+    n_outputs: int | None = None,
 ) -> list[np.ndarray]:
     """Run `node` on `inputs` (None for an absent optional input); returns its outputs."""
     n = len(node.outputs) if n_outputs is None else n_outputs
-    return evaluate_op(node.op, _attrs(node), inputs, opset, n, node.domain or "")
+    return evaluate_op(node.op, _attrs(node), inputs, opset, n, node.domain or "", ort=ort)
 
 
 def evaluate_op(
     op: str,
-    attrs: dict,
+    attrs: dict[str, Any],
     inputs: Sequence[np.ndarray | None],
     opset: int,
     n_outputs: int = 1,
     domain: str = "",
+    *,
+    ort: bool = False,
 ) -> list[np.ndarray]:
-    """Run one ONNX op with `attrs` on `inputs`."""
+    """Run one ONNX op with `attrs` on `inputs`, with onnxruntime (`ort`) or onnx's reference
+    evaluator; EvaluationError when it cannot."""
     inputs = list(inputs)
     while inputs and inputs[-1] is None:
         inputs.pop()
     model = op_model(op, attrs, inputs, n_outputs, opset, domain)
     feeds = {f"i{k}": np.ascontiguousarray(a) for k, a in enumerate(inputs) if a is not None}
     try:
-        if op in _ORT_OPS:
+        if ort:
             return _run_ort(model, feeds)
         from onnx.reference import ReferenceEvaluator
 

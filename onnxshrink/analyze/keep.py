@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo
 from onnxshrink.analyze.shapes import SymValue
+from onnxshrink.errors import InternalError
 
 
 @dataclass(frozen=True)
@@ -305,21 +306,24 @@ class KeepState:
                 break
 
     def _visit(self, node: gs.Node) -> None:
+        handler = self.handler_for(node)
         if node.outputs and all(t.name in self.syms for t in node.outputs):
             # A shape computation: its values flow on symbolically; consumers decide.
-            for t in node.inputs:
-                if t is None or not t.name:
-                    continue
-                if node.op in ("Shape", "Size"):
-                    self.demand(t, pin=False)
-                else:
-                    self.demand(t)
+            sizes = handler.sizes_only if handler is not None else ()
+            for i, t in enumerate(node.inputs):
+                if t is not None and t.name:
+                    self.demand(t, pin=i not in sizes)
             return
-        handler = self.handler_for(node)
         if handler is None:
             self.barrier(node, Reason("barrier", node.name, node.op, "no handler for this op"))
             return
         handler.keep(node, self)
+        for i, t in enumerate(node.inputs):  # the contract: a handler demands what it reads
+            if t is not None and t.name and t.name not in self.demanded:
+                raise InternalError(
+                    f"{type(handler).__name__}.keep did not demand input {i} of {node.op} node "
+                    f"{node.name!r}"
+                )
         self._pin_symbol_deps(node)
 
     def _repair(self) -> bool:

@@ -34,7 +34,7 @@ def fused_conv(index: ModelIndex, values: dict, module: str) -> tuple[int, str |
     BatchNorm's parameters are the same as every other's of its width), None when none."""
     for k in index.scopes.get(module, []):
         n = index.nodes[k]
-        if n.op_type == "Conv" and is_fused_batchnorm(n):
+        if is_fused_batchnorm(n) and _conv_weight(index, k) is not None:
             w = index.resolve(n.input[1])
             return k, (w if w in values else None)
     g, v = values.get(f"{module}.weight"), values.get(f"{module}.running_var")
@@ -44,7 +44,7 @@ def fused_conv(index: ModelIndex, values: dict, module: str) -> tuple[int, str |
     scale = g.astype(np.float64).reshape(-1) / np.sqrt(v.astype(np.float64).reshape(-1) + DEFAULT_EPS)
     found = []
     for k, n in enumerate(index.nodes):
-        w = index.resolve(n.input[1]) if n.op_type == "Conv" and len(n.input) > 1 else None
+        w = _conv_weight(index, k)
         if w is None or index.shapes[w][0] != scale.shape[0]:
             continue
         fused = index.array(w)
@@ -69,6 +69,17 @@ def fused_conv(index: ModelIndex, values: dict, module: str) -> tuple[int, str |
             "(torch.onnx.export's default records the fold), or with optimize=False"
         )
     return found[0] if found else None
+
+
+def _conv_weight(index: ModelIndex, k: int) -> str | None:
+    """The initializer node k reads as a conv weight with output channels first (what a
+    BatchNorm after it folds into), if it is such a conv."""
+    n = index.nodes[k]
+    w = index.resolve(n.input[1]) if len(n.input) > 1 else None
+    if w is None:
+        return None
+    axes = index.axes(Site(k, 1))
+    return w if axes is not None and axes.family == "conv" and axes.out == 0 else None
 
 
 def bind_folded(

@@ -22,8 +22,6 @@ import numpy as np
 from onnxshrink.bind import batchnorm
 from onnxshrink.bind.binding import Binding, BoundMasks
 from onnxshrink.bind.graph import (
-    ELEMENTWISE_PARAM,
-    PARAM_INPUTS,
     Layout,
     ModelIndex,
     Site,
@@ -114,12 +112,9 @@ class Binder:
         found: dict[str, tuple[list[Site], Layout | None]] = {}
         for k in self.index.scopes.get(module, []):
             n = self.index.nodes[k]
-            if n.op_type == "Conv" and is_fused_batchnorm(n):
+            if is_fused_batchnorm(n):
                 continue  # holds the BatchNorm's parameters folded: bound by `batchnorm`
-            slot = PARAM_INPUTS.get(n.op_type, {}).get(param)
-            if slot is None and ELEMENTWISE_PARAM.get(n.op_type) == param:
-                slots = [i for i, x in enumerate(n.input) if self.index.resolve(x)]
-                slot = slots[0] if len(slots) == 1 else None
+            slot = self.index.param_slot(k, param)
             init = self.index.resolve(n.input[slot]) if slot is not None and slot < len(n.input) else None
             if init is None:
                 continue
@@ -138,15 +133,13 @@ class Binder:
         return out or None
 
     def bias_absent(self, name: str) -> bool:
-        """The mask's module computes a Conv or Gemm with no bias input: the exporter dropped
-        a bias that is zero (the dynamo exporter's optimizer does), and masking it changes
-        nothing."""
+        """The mask's module computes ops that have a slot for this parameter (a Conv's or a
+        Gemm's bias) but leave it empty: the exporter dropped a parameter that is zero (the
+        dynamo exporter's optimizer does), and masking it changes nothing."""
         module, _, param = name.rpartition(".")
-        if param != "bias":
-            return False
-        ops = [self.index.nodes[k] for k in self.index.scopes.get(module, [])]
-        with_slot = [n for n in ops if n.op_type in ("Conv", "ConvTranspose", "Gemm")]
-        return bool(with_slot) and all(len(n.input) < 3 or not n.input[2] for n in with_slot)
+        slots = [(k, self.index.param_slot(k, param)) for k in self.index.scopes.get(module, [])]
+        slots = [(k, i) for k, i in slots if i is not None]
+        return bool(slots) and all(not self.index.facts[k][1].has_input(i) for k, i in slots)
 
     def by_value(self, name: str, mask: np.ndarray) -> list[Binding] | None:
         orig = self.values.get(name)

@@ -4,10 +4,10 @@ A *site* is one (node, input) that reads an initializer, directly or through Ide
 Shape and Size readers are not sites: they read sizes, which masks do not change.
 
 The *layout* of a site says which axis of the initializer is the output axis and which the
-input axis of the op reading it (a MatMul's B is [.., in, out]; Gemm's B is [out, in] with
-transB; a Conv weight is [out, in/group, ..]; a ConvTranspose weight [in, out/group, ..]),
-following Transpose nodes between the initializer and the op. A framework parameter's own
-layout is torch's: Linear weights are [out, in] (F.linear), conv weights as ONNX stores them.
+input axis of the op reading it (each op's handler says: a MatMul's B is [.., in, out]; Gemm's
+B is [out, in] with transB; a Conv weight is [out, in/group, ..]), following Transpose nodes
+between the initializer and the op. A framework parameter's own layout is torch's: Linear
+weights are [out, in] (F.linear), conv weights as ONNX stores them.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-# Sizes only: a mask does not change what these read.
-SIZE_READERS = ("Shape", "Size")
+from onnxshrink.ops import WeightAxes, facts
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def module_of(node: onnx.NodeProto) -> str | None:
 
 
 def is_fused_batchnorm(node: onnx.NodeProto) -> bool:
-    """A Conv the dynamo exporter's optimizer made by folding a BatchNorm into it."""
+    """A node the dynamo exporter's optimizer made by folding a BatchNorm into a Conv."""
     rule = _metadata(node, "pkg.onnxscript.rewriter.rule_name")
     return rule is not None and "FuseBatchNorm" in rule
 
@@ -90,29 +89,34 @@ def inside(module: str | None, scope: str) -> bool:
 
 
 class ModelIndex:
-    """Read-only facts about a model's initializers and their readers."""
+    """Read-only facts about a model's initializers and their readers (each op's handler says
+    what its inputs are)."""
 
     def __init__(self, model: onnx.ModelProto, base_dir: str | None = None):
+        from onnxshrink.prepare import default_opset
+
         self.model = model
         self.nodes = list(model.graph.node)
+        self.opset = default_opset(model)
+        self.facts = [facts(n, self.opset) for n in self.nodes]
         self.base_dir = base_dir or ""
         self.inits = {t.name: t for t in model.graph.initializer}
         self.shapes = {n: tuple(int(d) for d in t.dims) for n, t in self.inits.items()}
         # Identity outputs that stand for an initializer (older exporters read weights so).
         self.aliases: dict[str, str] = {}
-        for n in self.nodes:
-            if n.op_type == "Identity" and n.input:
+        for n, (h, _) in zip(self.nodes, self.facts, strict=True):
+            if h is not None and h.is_alias and n.input:
                 src = self.aliases.get(n.input[0], n.input[0])
                 if src in self.inits:
                     self.aliases[n.output[0]] = src
         self.consumers: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self.sites: dict[str, list[Site]] = defaultdict(list)
-        for k, n in enumerate(self.nodes):
+        for k, (n, (h, _)) in enumerate(zip(self.nodes, self.facts, strict=True)):
+            sizes = h.sizes_only if h is not None else ()
+            alias = h is not None and h.is_alias and n.output[0] in self.aliases
             for i, name in enumerate(n.input):
                 self.consumers[name].append((k, i))
-                if n.op_type in SIZE_READERS or (
-                    n.op_type == "Identity" and n.output[0] in self.aliases
-                ):
+                if i in sizes or alias:
                     continue  # sizes only, or an alias: its readers are the sites
                 init = self.aliases.get(name, name)
                 if init in self.inits:
@@ -140,86 +144,49 @@ class ModelIndex:
     def module(self, site: Site) -> str | None:
         return self.modules[site.node]
 
+    def constant_inputs(self, k: int) -> list[bool]:
+        return [self.resolve(x) is not None for x in self.nodes[k].input]
+
+    def param_slot(self, k: int, param: str) -> int | None:
+        """The input of node k that holds framework parameter `param` (e.g. "bias"), if any."""
+        handler, op = self.facts[k]
+        if handler is None:
+            return None
+        return handler.param_inputs(op, self.constant_inputs(k)).get(param)
+
     # ------------------------------------------------------------------ layouts
-    def layout(self, site: Site) -> Layout | None:
-        """How `site` reads its initializer; None when the op gives its axes no roles."""
+    def axes(self, site: Site) -> WeightAxes | None:
+        """The roles of the initializer's axes as `site` reads it; None when the op gives none."""
         init = self.resolve(self.node(site).input[site.input])
         if init is None:
             return None
-        rank = len(self.shapes[init])
-        axes = self._axes(site.node, site.input, rank, depth=0)
+        return self._axes(site.node, site.input, len(self.shapes[init]), depth=0)
+
+    def layout(self, site: Site) -> Layout | None:
+        """How `site` reads its initializer; None when the op gives its axes no roles."""
+        axes = self.axes(site)
         if axes is None:
             return None
-        out, inp, family = axes
         # torch stores a Linear weight [out, in]: read the other way, it is a transposed copy.
         # Conv, ConvTranspose, embedding and per-channel vectors are stored as torch has them.
-        return Layout(out, inp, family == "linear" and inp is not None and out > inp)
+        return Layout(axes.out, axes.inp, axes.family == "linear" and axes.inp is not None and axes.out > axes.inp)
 
-    def _axes(self, k: int, i: int, rank: int, depth: int) -> tuple[int, int | None, str] | None:
-        """(output axis, input axis, op family) of input i of node k, in that input's axes."""
-        n = self.nodes[k]
-        op = n.op_type
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        if op in ("Identity", "Cast", "Transpose") and i == 0 and depth < 8:
-            perm = list(attrs.get("perm", range(rank)[::-1])) if op == "Transpose" else None
-            found = set()
-            for ck, ci in self.consumers.get(n.output[0], []):
-                if self.nodes[ck].op_type in SIZE_READERS:
-                    continue
-                got = self._axes(ck, ci, rank, depth + 1)
-                if got is None:
-                    return None
-                o, p, fam = got
-                if perm is not None:
-                    o, p = perm[o], (perm[p] if p is not None else None)
-                found.add((o, p, fam))
-            return found.pop() if len(found) == 1 else None
-        if rank == 1 and op in PER_CHANNEL_READERS:
-            return 0, None, "vector"
-        if op == "Conv" and i == 1:
-            return 0, 1, "conv"
-        if op == "ConvTranspose" and i == 1:
-            return 1, 0, "conv"
-        if op == "Gemm" and i in (0, 1) and rank == 2:
-            if i == 1:
-                return (0, 1, "linear") if attrs.get("transB", 0) else (1, 0, "linear")
-            return (1, 0, "linear") if attrs.get("transA", 0) else (0, 1, "linear")
-        if op == "MatMul" and i in (0, 1) and rank >= 2:
-            return (rank - 1, rank - 2, "linear") if i == 1 else (rank - 2, rank - 1, "linear")
-        if op == "Gather" and i == 0 and rank == 2 and int(attrs.get("axis", 0)) == 0:
-            return 1, 0, "embedding"  # rows are looked up; each row's features are the output
-        return None
-
-
-# Ops that read a 1-D initializer as one value per channel (biases, norm scales and shifts).
-PER_CHANNEL_READERS = (
-    "Conv",
-    "ConvTranspose",
-    "Gemm",
-    "Add",
-    "Mul",
-    "BatchNormalization",
-    "InstanceNormalization",
-    "LayerNormalization",
-    "GroupNormalization",
-    "RMSNormalization",
-    "PRelu",
-)
-
-# Where a framework parameter sits among the inputs of the ops that read it.
-PARAM_INPUTS: dict[str, dict[str, int]] = {
-    "Conv": {"weight": 1, "bias": 2},
-    "ConvTranspose": {"weight": 1, "bias": 2},
-    "Gemm": {"weight": 1, "bias": 2},
-    "MatMul": {"weight": 1},
-    "Gather": {"weight": 0},
-    "BatchNormalization": {"weight": 1, "bias": 2, "running_mean": 3, "running_var": 4},
-    "InstanceNormalization": {"weight": 1, "bias": 2},
-    "LayerNormalization": {"weight": 1, "bias": 2},
-    "GroupNormalization": {"weight": 1, "bias": 2},
-    "RMSNormalization": {"weight": 1},
-    "PRelu": {"weight": 1},
-}
-# Elementwise ops a module computes its own parameter with (F.linear's bias Add after a MatMul,
-# an RMSNorm's scale Mul): the parameter is their one initializer operand.
-ELEMENTWISE_PARAM = {"Add": "bias", "Mul": "weight"}
+    def _axes(self, k: int, i: int, rank: int, depth: int) -> WeightAxes | None:
+        """How input i of node k is read, in that input's own axes: by the op itself, or by the
+        ops after a chain of axis permutations (Identity, Cast, Transpose)."""
+        handler, op = self.facts[k]
+        if handler is None:
+            return None
+        perm = handler.passes_axes(op, i, rank) if depth < 8 else None
+        if perm is None:
+            return handler.weight_axes(op, i, rank)
+        found = set()
+        for ck, ci in self.consumers.get(self.nodes[k].output[0], []):
+            h, _ = self.facts[ck]
+            if h is not None and ci in h.sizes_only:
+                continue
+            got = self._axes(ck, ci, rank, depth + 1)
+            if got is None:
+                return None
+            found.add(WeightAxes(perm[got.out], perm[got.inp] if got.inp is not None else None, got.family))
+        return found.pop() if len(found) == 1 else None

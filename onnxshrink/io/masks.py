@@ -1,5 +1,5 @@
 """Read masks files (.pt, .npz, .safetensors): `load_masks_file` gives their content as it is
-(the format is recognized in `onnxshrink.masks`), `read_masks` the flat {name: mask} dict."""
+(the format is recognized in `onnxshrink.masks`)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,6 @@ import numpy as np
 from onnxshrink.errors import ShrinkError, first_line
 
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-
-
-def read_masks(path: str | Path, fmt: str = "auto") -> dict[str, np.ndarray]:
-    """{parameter name: mask} from a masks file of any supported format."""
-    from onnxshrink.masks import load_maskset  # the formats build on this module
-
-    return load_maskset(path, fmt).masks
 
 
 def load_masks_file(path: str | Path) -> Mapping:

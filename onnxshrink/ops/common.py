@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress, expand_to
-from onnxshrink.analyze.keep import KeepState
+from onnxshrink.ops.contract import KeepView
 
 
 def ints(node: gs.Node, reader, attr: str, index: int) -> list[int] | None:
@@ -30,7 +30,7 @@ def align(r_out: int, r_in: int) -> int:
 
 
 def couple_broadcast(
-    ks: KeepState, node: gs.Node, out: gs.Tensor, t: gs.Tensor, combine: bool = False
+    ks: KeepView, node: gs.Node, out: gs.Tensor, t: gs.Tensor, combine: bool = False
 ) -> None:
     """Tie the axes of input `t` to the output axes they broadcast to. `combine`: `node` mixes
     its operands elementwise (a constant index meeting a live one is explained as such)."""
@@ -48,7 +48,7 @@ def couple_broadcast(
             ks.couple(t, j, out, j + off, meet=node if combine else None)
 
 
-def couple_same(ks: KeepState, node: gs.Node, a: gs.Tensor, b: gs.Tensor) -> None:
+def couple_same(ks: KeepView, node: gs.Node, a: gs.Tensor, b: gs.Tensor) -> None:
     ra, rb = ir.rank(a), ir.rank(b)
     if ra is None or ra != rb:
         ks.pin(a)

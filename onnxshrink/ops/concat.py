@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
-from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.keep import Reason
+from onnxshrink.analyze.shapes import SymValue, opaque_value, shape_operands
 from onnxshrink.ops.common import const_or_live, ints
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    RewriteView,
+    ShapeView,
+    WeightAxes,
+)
+from onnxshrink.ops.registry import register
 
 
 def _expand_axis(m: np.ndarray, v: np.ndarray, axis: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +53,7 @@ def _joined_uniform(ctx, inputs, axis: int, r: int) -> ConstInfo | None:
 
 @register("Concat")
 class Concat(Handler):
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         y = node.outputs[0]
         r = ir.rank(y)
         if r is None or all(ctx.const(t) is None for t in node.inputs):
@@ -66,7 +78,7 @@ class Concat(Handler):
             vs.append(np.broadcast_to(v, target))
         return [compress(np.concatenate(ms, axis), np.concatenate(vs, axis))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         y = node.outputs[0]
         r = ir.rank(y)
         if r is None:
@@ -90,7 +102,36 @@ class Concat(Handler):
     def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
         return tuple(range(len(node.inputs)))
 
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        vals = shape_operands(node, view, range(len(node.inputs)))
+        if vals is None:
+            return None
+        return SymValue(tuple(i for v in vals for i in v.items))
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        """Inputs agree on every axis but the joined one, whose size is their sum."""
+        yd = ir.dims(node.outputs[0])
+        dims = [ir.dims(t) for t in node.inputs]
+        if yd is None or any(d is None or len(d) != len(yd) for d in dims):
+            return None
+        axis = ir.norm_axis(int(node.attrs.get("axis", 0)), len(yd))
+        new = list(yd)
+        for k in range(len(yd)):
+            if isinstance(yd[k], int):
+                continue
+            at = [d[k] for d in dims]  # type: ignore[index]
+            if k == axis:
+                if all(isinstance(v, int) for v in at):
+                    new[k] = sum(at)  # type: ignore[arg-type]
+                continue
+            known = {v for v in at if isinstance(v, int)}
+            if len(known) == 1:
+                new[k] = known.pop()
+            elif not known and len(set(at)) == 1 and at[0] is not None:
+                new[k] = at[0]
+        return new
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         axis = ir.norm_axis(int(node.attrs["axis"]), ir.rank(node.outputs[0]))
         keep = [t for t in node.inputs if rw.kept_count(t, axis) != 0]
         node.inputs.clear()
@@ -131,7 +172,7 @@ class Split(Handler):
             for a, b in zip(np.split(m, cuts, axis), np.split(v, cuts, axis), strict=True)
         ]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x = node.inputs[0]
         ss = split_sizes(node, ks, x)
         if ss is None or ks.size(x, ss[0]) is None:
@@ -149,7 +190,7 @@ class Split(Handler):
             ks.couple_map(y, axis, x, axis, np.arange(n) + off)
             off += n
 
-    def settle(self, node: gs.Node, ks: KeepState) -> None:
+    def settle(self, node: gs.Node, ks: KeepView) -> None:
         axis, _ = split_sizes(node, ks, node.inputs[0])
         why = Reason(
             "structure", node.name, node.op, "each part of a Split keeps at least one index"
@@ -159,7 +200,7 @@ class Split(Handler):
             if k is not None and len(k) and not k.any():
                 ks.keep(y, axis, [0], why)
 
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x = node.inputs[0]
         axis, sizes = split_sizes(node, rw, x)
         new = [rw.kept_count(y, axis) for y in node.outputs]
@@ -217,6 +258,50 @@ def slice_ranges(
 
 @register("Slice")
 class Slice(Handler):
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        if not view.is_shape(node.inputs[0]):
+            return None
+        a = view.sym(node.inputs[0])
+        assert a is not None
+        if "starts" in node.attrs:  # opset < 10
+            starts, ends, steps = list(node.attrs["starts"]), list(node.attrs["ends"]), [1]
+        else:
+            params = [view.sym(ir.present(node, i)) for i in range(1, 5)]
+            if params[0] is None or params[1] is None:
+                return opaque_value(node, view)
+            if any(not p.literal for p in params if p is not None):
+                return opaque_value(node, view)
+            starts, ends = list(params[0].items), list(params[1].items)
+            steps = list(params[3].items) if params[3] is not None else [1]
+        return SymValue(a.items[slice(starts[0], ends[0], steps[0])])  # type: ignore[misc]
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        """A Slice keeps the input's dims on the axes it does not slice; shape inference drops
+        them all when the bounds are computed at run time."""
+        x, y = node.inputs[0], node.outputs[0]
+        xd, yd = ir.dims(x), ir.dims(y)
+        if xd is None or yd is None or len(xd) != len(yd):
+            return None
+        if "axes" in node.attrs:
+            axes = list(node.attrs["axes"])
+        elif "starts" in node.attrs:
+            axes = list(range(len(node.attrs["starts"])))
+        elif ir.present(node, 3) is not None:
+            v = consts.value(node.inputs[3])
+            if v is None:
+                return None
+            axes = [int(a) for a in v.reshape(-1)]
+        else:
+            n = ir.static_dim(node.inputs[1], 0)
+            if n is None:
+                return None
+            axes = list(range(n))
+        sliced = {ir.norm_axis(a, len(xd)) for a in axes}
+        return [
+            xd[a] if a not in sliced and not isinstance(d, int) and isinstance(xd[a], int) else d
+            for a, d in enumerate(yd)
+        ]
+
     def constants(self, node, ctx):
         x = node.inputs[0]
         c, rng = ctx.const(x), slice_ranges(node, ctx, x)
@@ -231,7 +316,7 @@ class Slice(Handler):
             m, v = np.take(m, idx, axis=a), np.take(v, idx, axis=a)
         return [compress(np.array(m), np.array(v))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         rng = slice_ranges(node, ks, x)
         if rng is None:
@@ -251,7 +336,7 @@ class Slice(Handler):
             else:
                 ks.couple_map(y, a, x, a, idx)
 
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         rng = slice_ranges(node, rw, x)
         changes = {}
@@ -285,6 +370,28 @@ class Slice(Handler):
 # ------------------------------------------------------------------ Gather
 @register("Gather")
 class Gather(Handler):
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        if not view.is_shape(node.inputs[0]):
+            return None
+        a = view.sym(node.inputs[0])
+        idx = view.sym(ir.present(node, 1))
+        if a is None or idx is None or not idx.literal or a.scalar:
+            return opaque_value(node, view)
+        n = len(a.items)
+        picked = tuple(a.items[i + n if i < 0 else i] for i in idx.items)  # type: ignore[operator]
+        return SymValue(picked, scalar=idx.scalar)
+
+    def index_inputs(self, node: OpNode) -> Mapping[int, tuple[int, int]]:
+        return {1: (0, int(node.attrs.get("axis", 0)))}
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        if i == 0 and rank == 2 and int(node.attrs.get("axis", 0)) == 0:
+            return WeightAxes(1, 0, "embedding")  # rows are looked up; their features go out
+        return None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        return {"weight": 0}
+
     def constants(self, node, ctx):
         x, i_t = node.inputs[0], node.inputs[1]
         c, idx, r = ctx.const(x), ctx.value(i_t), ir.rank(x)
@@ -310,7 +417,7 @@ class Gather(Handler):
         idx = np.where(idx < 0, idx + n, idx)
         return [compress(np.take(m, idx, axis=axis), np.take(v, idx, axis=axis))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, i_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         r, ri = ir.rank(x), ir.rank(i_t)
         if r is None or ri is None:
@@ -344,7 +451,7 @@ class Gather(Handler):
             for k in range(ri):
                 ks.couple(i_t, k, y, axis + k)
 
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x, i_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         idx = rw.value(i_t)
         r = ir.rank(x)

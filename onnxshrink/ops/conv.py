@@ -13,18 +13,39 @@ contribution (it is input-independent) is folded:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress, static_batch1
-from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.constants import ConstInfo, compress, static_batch1
+from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import along, channel_expand
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView, WeightAxes
+from onnxshrink.ops.registry import register
 
 
 class _ConvBase(Handler):
     transposed = False
+    evaluate_with_ort = True
+
+    # -------------------------------------------------------------- facts
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        if i == 1 and rank >= 3:
+            return WeightAxes(1, 0, "conv") if self.transposed else WeightAxes(0, 1, "conv")
+        return WeightAxes(0, None, "vector") if i == 2 and rank == 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        return {"weight": 1, "bias": 2}
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        x, w = inputs[0], inputs[1]
+        if w is None:
+            return 0
+        if self.transposed:  # every input position scatters through the whole kernel
+            return int(np.prod(x)) * int(np.prod(w[1:])) if x is not None else 0
+        return int(np.prod(output)) * int(np.prod(w[1:]))
 
     # -------------------------------------------------------------- structure
     def layout(self, node: gs.Node, w: np.ndarray) -> tuple[int, int, int]:
@@ -66,7 +87,7 @@ class _ConvBase(Handler):
         return ok | uniform  # into the bias, or a border correction
 
     # -------------------------------------------------------------- forward
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x, wt, bt = node.inputs[0], node.inputs[1], ir.present(node, 2)
         w = ctx.value(wt)
         r = ir.rank(node.outputs[0])
@@ -98,7 +119,7 @@ class _ConvBase(Handler):
         return [compress(mask, y)]
 
     # -------------------------------------------------------------- backward
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, wt, bt, y = node.inputs[0], node.inputs[1], ir.present(node, 2), node.outputs[0]
         w = ks.value(wt)
         r = ir.rank(x)
@@ -151,7 +172,7 @@ class _ConvBase(Handler):
                 )
         ks.keep(x, 1, reads & ~absorb)
 
-    def settle(self, node: gs.Node, ks: KeepState) -> None:
+    def settle(self, node: gs.Node, ks: KeepView) -> None:
         w = ks.value(node.inputs[1])
         if w is None:
             return
@@ -184,7 +205,7 @@ class _ConvBase(Handler):
             ks.keep(y, 1, add_y, why)
 
     # -------------------------------------------------------------- rewrite
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x, wt, y = node.inputs[0], node.inputs[1], node.outputs[0]
         w0 = rw.original(wt)
         g, ci, co = self.layout(node, w0)
@@ -207,10 +228,10 @@ class _ConvBase(Handler):
                 node, 1, np.stack([w[n, r] for n, r in enumerate(rows)]) if rows else w[:, :0]
             )
 
-    def fold(self, node, rw, x, w0, kx, ky, ci) -> None:
+    def fold(self, node, rw: RewriteView, x, w0, kx, ky, ci) -> None:
         """Fold the contribution of removed constant input channels (see the module docstring)."""
         c = rw.const(x)
-        d = rw.ks.memo(("depends", id(node)), lambda: self.depends(node, w0))[ky]
+        d = rw.memo(("depends", id(node)), lambda: self.depends(node, w0))[ky]
         reads = d.any(axis=0)
         rw.check_removed_constant(node, c, 1, ~kx & reads)
         if c is None:
@@ -225,7 +246,8 @@ class _ConvBase(Handler):
                 self.border_correction(node, rw, kernel, int(uniform.sum()))
             else:  # every output position sees the whole kernel: a bias
                 r = len(w0.shape)
-                rw.fold_into_bias(
+                fold_into_bias(
+                    rw,
                     node,
                     2,
                     kernel.reshape(1, len(kernel), -1).sum(-1).reshape((1, -1) + (1,) * (r - 2)),
@@ -243,9 +265,7 @@ class _ConvBase(Handler):
         xin = np.zeros(shape, dtype=w0.dtype)
         xin[:, removed] = np.broadcast_to(c.value, shape)[:, removed]
         contrib = rw.evaluate(node, [xin, w0])[0][:, ky]
-        rw.fold_into_bias(
-            node, bias_index=2, contrib=contrib, channel_axis=1, n_channels=int(removed.sum())
-        )
+        fold_into_bias(rw, node, 2, contrib, 1, int(removed.sum()))
 
     def constant_kernel(self, c, w0, ky, removed, node) -> np.ndarray:
         """K[o] = sum over removed inputs i of value(i) * W[o, i] (kept outputs o): what the
@@ -262,7 +282,7 @@ class _ConvBase(Handler):
             w = w0[kept_out]
         return np.einsum("oi,oi...->o...", v, w.astype(np.float64))
 
-    def border_correction(self, node, rw, kernel: np.ndarray, n_channels: int) -> None:
+    def border_correction(self, node, rw: RewriteView, kernel: np.ndarray, n_channels: int) -> None:
         """y += conv(ones, K): the removed uniform constants' contribution, borders included."""
         dtype = rw.current(node.inputs[1]).dtype
         kernel = (kernel[None] if self.transposed else kernel[:, None]).astype(dtype)
@@ -271,6 +291,37 @@ class _ConvBase(Handler):
         weight = rw.constant(kernel, f"{node.name}_border")
         rw.add_to_output(node, 0, rw.add_node(node.op, [ones, weight], "border", attrs, dtype))
         rw.record_fold(node, n_channels, "border correction")
+
+
+def fold_into_bias(
+    rw: RewriteView,
+    node: gs.Node,
+    bias_index: int,
+    contrib: np.ndarray,
+    channel_axis: int,
+    n_channels: int,
+) -> None:
+    """A per-channel bias input absorbs a uniform contribution; a non-uniform one (it varies over
+    the map) is added after the node."""
+    if not np.any(contrib):
+        return  # zero constants (whole zeroed groups) contribute nothing
+    co = contrib.shape[channel_axis]
+    flat = np.moveaxis(contrib, channel_axis, 0).reshape(co, -1).astype(np.float64)
+    scale = float(np.abs(flat).max()) if flat.size else 0.0
+    if flat.shape[1] != 1 and not np.all(flat.max(axis=1) - flat.min(axis=1) <= 1e-6 * scale):
+        rw.add_constant(node, 0, contrib, n_channels, into="constant map")
+        return
+    vec = flat.mean(axis=1)
+    b = ir.present(node, bias_index)
+    dtype = np.asarray(rw.current(node.inputs[1])).dtype  # the weight's
+    if b is None or isinstance(b, gs.Constant):
+        base = np.zeros(co) if b is None else np.asarray(b.values, dtype=np.float64)
+        rw.replace_input(node, bias_index, (base + vec).astype(dtype))
+    else:  # a bias computed at run time (optimize=False exports): add to it
+        node.inputs[bias_index] = rw.add_node(
+            "Add", [b, rw.constant(vec.astype(dtype), f"{node.name}_folded")], "bias", None, dtype
+        )
+    rw.record_fold(node, n_channels, "bias")
 
 
 @register("Conv")

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
-from onnxshrink.analyze.keep import KeepState
+from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.shapes import (
+    Item,
+    SymValue,
+    broadcast_items,
+    elementwise_dims,
+    items_equal,
+    opaque,
+    opaque_value,
+    shape_operands,
+)
 from onnxshrink.ops.common import const_or_live, couple_broadcast, dtype_of
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    RewriteView,
+    ShapeView,
+    WeightAxes,
+)
+from onnxshrink.ops.registry import register
 
 UNARY = (
     "Relu",
@@ -81,14 +101,74 @@ NARY = (
 )
 
 
-@register(*UNARY, *NARY)
+# Integer arithmetic exporters write on shape values, by op.
+_SHAPE_ARITH = {
+    "Add": lambda p, q: p + q,
+    "Sub": lambda p, q: p - q,
+    "Mul": lambda p, q: p * q,
+    "Max": max,
+    "Min": min,
+    "Div": lambda p, q: int(np.trunc(p / q)) if q else 0,
+    "Mod": lambda p, q: int(np.fmod(p, q)) if q else 0,
+}
+_SHAPE_UNARY = {"Neg": lambda p: -p, "Abs": abs, "Floor": lambda p: p, "Ceil": lambda p: p}
+# Ops whose output has the shape of input 0 (the others broadcast their operands).
+SAME_SHAPE = {*UNARY, "Clip", "PRelu", "Dropout", "CastLike"}
+
+
+@register(*[op for op in UNARY if op != "Identity"], *NARY)
 class Elementwise(Handler):
     """y[i] depends on each operand at the broadcast position i only."""
 
     def operands(self, node: gs.Node) -> list[gs.Tensor]:
         return [t for t in node.inputs if t is not None and t.name]
 
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        """Integer arithmetic on shape values (a float result is data: a size used as a number)."""
+        op = node.op
+        if op in ("Identity", "Cast"):
+            vals = shape_operands(node, view, [0])
+            return vals[0] if vals else None
+        if op in _SHAPE_UNARY:
+            vals = shape_operands(node, view, [0])
+            if vals is None:
+                return None
+            a = vals[0]
+            f = _SHAPE_UNARY[op]
+            return SymValue(tuple(f(i) if isinstance(i, int) else opaque(i) for i in a.items), a.scalar)
+        if op == "Where":  # the legacy exporter's expand: Where(Equal(shape, -1), 1, shape)
+            vals = shape_operands(node, view, [0, 1, 2])
+            if vals is None:
+                return None
+            cols = broadcast_items(*vals)
+            if cols is None or not vals[0].literal:
+                return opaque_value(node, view)
+            return SymValue(tuple(p if c else q for c, p, q in cols))
+        if op not in _SHAPE_ARITH and op != "Equal":
+            return opaque_value(node, view) if shape_operands(node, view, range(len(node.inputs))) else None
+        vals = shape_operands(node, view, [0, 1])
+        if vals is None:
+            return None
+        cols = broadcast_items(*vals)
+        if cols is None:
+            return opaque_value(node, view)
+        out: list[Item] = []
+        for p, q in cols:
+            if op == "Equal":
+                known = items_equal(p, q)
+                if known is None:
+                    return opaque_value(node, view)
+                out.append(int(known))
+            elif isinstance(p, int) and isinstance(q, int):
+                out.append(int(_SHAPE_ARITH[op](p, q)))
+            else:
+                out.append(opaque(p, q))
+        return SymValue(tuple(out), scalar=vals[0].scalar and vals[1].scalar)
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        return elementwise_dims(node, same_shape=node.op in SAME_SHAPE)
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         y = node.outputs[0]
         r = ir.rank(y)
         ops = self.operands(node)
@@ -117,7 +197,34 @@ class Elementwise(Handler):
         mask, out = np.broadcast_arrays(mask, out)
         return [compress(np.array(mask), np.array(out))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        """A vector operand of Add/Mul/PRelu: one value per channel of the last axis."""
+        if rank == 1 and node.op in ("Add", "Mul", "Sub", "Div", "PRelu"):
+            return WeightAxes(0, None, "vector")
+        return None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        """F.linear's bias Add after a MatMul, an RMSNorm's scale Mul: the one constant operand."""
+        name = {"Add": "bias", "Mul": "weight", "PRelu": "weight"}.get(node.op)
+        consts = [i for i, c in enumerate(constant) if c]
+        return {name: consts[0]} if name and len(consts) == 1 else {}
+
+    def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
+        return list(range(rank)) if node.op in ("Identity", "Cast") and i == 0 else None
+
+    def absorb_addend(self, node: gs.Node, i: int, values: np.ndarray, rw: RewriteView) -> bool:
+        """Add(y, C): a constant added to y goes into C."""
+        other = [k for k, t in enumerate(node.inputs) if k != i]
+        if node.op != "Add" or len(other) != 1 or not isinstance(node.inputs[other[0]], gs.Constant):
+            return False
+        c = np.asarray(node.inputs[other[0]].values)
+        merged = c.astype(np.float64) + values.astype(np.float64)
+        if merged.ndim > max(ir.rank(node.outputs[0]) or 0, c.ndim):
+            return False
+        rw.replace_input(node, other[0], merged.astype(c.dtype))
+        return True
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         y = node.outputs[0]
         for t in self.operands(node):
             ks.demand(t, pin=False)
@@ -129,6 +236,8 @@ class Elementwise(Handler):
 @register("Dropout")
 class Dropout(Elementwise):
     """Inference-mode Dropout is the identity; ratio and training_mode are parameters."""
+
+    deterministic = False  # training_mode may be set: never folded
 
     def operands(self, node: gs.Node) -> list[gs.Tensor]:
         return node.inputs[:1]
@@ -147,6 +256,12 @@ class Dropout(Elementwise):
 class CastLike(Dropout):
     """The second input only donates its dtype: its indices are not read."""
 
+    deterministic = True
+
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        vals = shape_operands(node, view, [0])
+        return vals[0] if vals else None
+
     def keep(self, node, ks):
         Elementwise.keep(self, node, ks)
         ks.demand(node.inputs[1], pin=False)
@@ -156,3 +271,8 @@ class CastLike(Dropout):
         if c is None:
             return None
         return [ConstInfo(c.mask, c.value.astype(dtype_of(node.inputs[1])))]
+
+
+@register("Identity")
+class Identity(Elementwise):
+    is_alias = True

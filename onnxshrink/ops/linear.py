@@ -8,14 +8,16 @@ MatMul, or a new Add).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
-from onnxshrink.analyze.keep import KeepState
+from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.ops.common import const_or_live, couple_broadcast
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView, WeightAxes
+from onnxshrink.ops.registry import register
 
 
 def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:
@@ -34,8 +36,52 @@ def _full_k(m: np.ndarray, v: np.ndarray, k: int, axis: int) -> tuple[np.ndarray
     return m, np.where(m, np.broadcast_to(v, shape), np.zeros((), v.dtype))
 
 
+def fold_into_c(rw: RewriteView, node: gs.Node, delta: np.ndarray, n_channels: int) -> None:
+    """Gemm's C absorbs a removed constant input feature's contribution."""
+    if not np.any(delta):
+        return
+    beta = float(node.attrs.get("beta", 1.0))
+    c = ir.present(node, 2)
+    dtype = np.asarray(rw.value(node.inputs[1])).dtype
+    if c is not None and not isinstance(c, gs.Constant) and beta != 0.0:  # computed at run time
+        rw.add_constant(node, 0, delta.astype(dtype), n_channels)
+        return
+    if c is None or beta == 0.0:
+        new = delta
+        node.attrs["beta"] = 1.0
+    else:
+        new = np.asarray(c.values, dtype=np.float64) + delta / beta
+        dtype = c.values.dtype
+    if new.ndim == 2 and new.shape[0] == 1 and (c is None or c.values.ndim < 2):
+        new = new.reshape(-1)
+    rw.replace_input(node, 2, new.astype(dtype))
+    rw.record_fold(node, n_channels, "bias")
+
+
+
 @register("Gemm")
 class Gemm(Handler):
+    evaluate_with_ort = True
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        if i == 1 and rank == 2:  # B is [K, N], or [N, K] with transB: torch's [out, in]
+            trans = int(node.attrs.get("transB", 0))
+            return WeightAxes(0, 1, "linear") if trans else WeightAxes(1, 0, "linear")
+        if i == 0 and rank == 2:  # a constant A: W @ x, [out, in] (transposed with transA)
+            trans = int(node.attrs.get("transA", 0))
+            return WeightAxes(1, 0, "linear") if trans else WeightAxes(0, 1, "linear")
+        return WeightAxes(rank - 1, None, "vector") if i == 2 and rank >= 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        return {"weight": 1, "bias": 2}
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        a = inputs[0]
+        if a is None:
+            return 0
+        k = a[0] if int(node.attrs.get("transA", 0)) else a[-1]
+        return int(np.prod(output)) * int(k)
+
     def axes(self, node: gs.Node) -> tuple[int, int, int, int]:
         """(A's M axis, A's K axis, B's K axis, B's N axis)."""
         a = (1, 0) if int(node.attrs.get("transA", 0)) else (0, 1)
@@ -45,7 +91,7 @@ class Gemm(Handler):
     def oriented(self, node: gs.Node, b: np.ndarray) -> np.ndarray:
         return b.T if int(node.attrs.get("transB", 0)) else b
 
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         a_t, b_t, c_t = node.inputs[0], node.inputs[1], ir.present(node, 2)
         b = ctx.value(b_t)
         if b is None:
@@ -66,7 +112,7 @@ class Gemm(Handler):
         const, y = np.broadcast_arrays(const, y.astype(b.dtype))
         return [compress(np.array(const), np.array(y))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         a_t, b_t, c_t, y = node.inputs[0], node.inputs[1], ir.present(node, 2), node.outputs[0]
         a_m, a_k, b_k, b_n = self.axes(node)
         for t in (a_t, b_t, c_t):
@@ -89,7 +135,7 @@ class Gemm(Handler):
         else:
             ks.pin(a_t, a_k)
 
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         a_m, a_k, _, _ = self.axes(node)
         b0 = rw.original(b_t)
@@ -108,12 +154,28 @@ class Gemm(Handler):
         a_c = np.where(removed[None, :] & am, av, 0).astype(np.float64)
         alpha = float(node.attrs.get("alpha", 1.0))
         delta = alpha * (a_c @ b0[:, ky].astype(np.float64))  # [1 or M, kept N]
-        rw.fold_into_gemm_c(node, delta, int(removed.sum()))
+        fold_into_c(rw, node, delta, int(removed.sum()))
 
 
 @register("MatMul")
 class MatMul(Handler):
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    evaluate_with_ort = True
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        if rank < 2 or i not in (0, 1):
+            return None
+        if i == 1:  # B is [.., K, N]: in, out
+            return WeightAxes(rank - 1, rank - 2, "linear")
+        return WeightAxes(rank - 2, rank - 1, "linear")  # a constant A: W @ x
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        return {"weight": 1}
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        a = inputs[0]
+        return int(np.prod(output)) * int(a[-1]) if a else 0
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         ra, rb, ry = ir.rank(a_t), ir.rank(b_t), ir.rank(y)
         if None in (ra, rb, ry) or ra < 1 or rb < 1:
@@ -166,7 +228,7 @@ class MatMul(Handler):
         y_n = ry - 1 if rb >= 2 else None
         return ra, rb, ry, y_m, y_n
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         roles = self.roles(node)
         if roles is None:
@@ -222,7 +284,7 @@ class MatMul(Handler):
         nz = a != 0
         return nz.reshape(-1, *nz.shape[-2:]).any(axis=0)
 
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         roles = self.roles(node)
         b0 = rw.original(b_t)
@@ -246,4 +308,4 @@ class MatMul(Handler):
         delta = np.matmul(a_c, bsel.astype(np.float64))
         if rb == 1:
             delta = delta[..., 0]
-        rw.add_after(node, 0, delta.astype(b0.dtype), int(removed.sum()))
+        rw.add_constant(node, 0, delta.astype(b0.dtype), int(removed.sum()))

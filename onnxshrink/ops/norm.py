@@ -3,21 +3,33 @@ normalize over (their statistics see every index), so those axes keep everything
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
-from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.keep import Reason
+from onnxshrink.analyze.shapes import elementwise_dims
 from onnxshrink.ops.common import along, channelwise_constants, const_or_live, couple_same, ints
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, ShapeView, WeightAxes
+from onnxshrink.ops.registry import register
 
 
 @register("BatchNormalization")
 class BatchNorm(Handler):
     """y = scale * (x - mean) / sqrt(var + eps) + bias, per channel (axis 1)."""
 
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    evaluate_with_ort = True  # onnx.reference's opset-9 kernel takes a momentum attribute as training
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        return WeightAxes(0, None, "vector") if 1 <= i <= 4 and rank == 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        return {"weight": 1, "bias": 2, "running_mean": 3, "running_var": 4}
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(y)
         scale = ctx.value(node.inputs[1])
@@ -39,7 +51,7 @@ class BatchNorm(Handler):
         mask, out = np.broadcast_arrays(mask, out)
         return [compress(np.array(mask), np.array(out))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         if any(t.outputs for t in node.outputs[1:]):
             ks.barrier(
                 node, Reason("barrier", node.name, node.op, "training-mode outputs are used")
@@ -57,10 +69,18 @@ class BatchNorm(Handler):
 class InstanceNorm(Handler):
     """Statistics per (sample, channel) over the spatial axes: channels stay independent."""
 
+    evaluate_with_ort = True
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        return WeightAxes(0, None, "vector") if i in (1, 2) and rank == 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        return {"weight": 1, "bias": 2}
+
     def constants(self, node, ctx):
         return channelwise_constants(ctx, node, invariant=False)
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
         if r is None:
@@ -104,13 +124,21 @@ def normalized_axes(node: gs.Node, reader, r: int, opset: int) -> list[int] | No
     "RMSNormalization",
     "LpNormalization",
     "GroupNormalization",
-    "LRN",
     "MeanVarianceNormalization",
 )
 class AxisNormalization(Handler):
     """Mixes the normalized axes: they keep every index; the other axes pass straight through."""
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        return elementwise_dims(node, same_shape=True)
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        return WeightAxes(rank - 1, None, "vector") if i in (1, 2) and rank >= 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        return {"weight": 1, "bias": 2}
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
         axes = normalized_axes(node, ks, r, ks.opset) if r is not None else None
@@ -130,3 +158,8 @@ class AxisNormalization(Handler):
                 for a in range(r):
                     if a not in axes:
                         ks.couple(extra, a, y, a)
+
+
+@register("LRN")
+class LocalResponseNormalization(AxisNormalization):
+    evaluate_with_ort = True

@@ -5,9 +5,10 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import channelwise_constants
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import Handler, KeepView
+from onnxshrink.ops.registry import register
 
 
 def _no_padding(node: gs.Node) -> bool:
@@ -16,7 +17,7 @@ def _no_padding(node: gs.Node) -> bool:
     return auto in ("NOTSET", "VALID") and not any(node.attrs.get("pads", []) or [])
 
 
-def channel_map_keep(node: gs.Node, ks: KeepState, x: gs.Tensor, y: gs.Tensor) -> None:
+def channel_map_keep(node: gs.Node, ks: KeepView, x: gs.Tensor, y: gs.Tensor) -> None:
     """Batch and channel axes tie input to output; every other axis keeps all indices."""
     r = ir.rank(x)
     if r is None or ir.rank(y) != r:
@@ -32,6 +33,8 @@ def channel_map_keep(node: gs.Node, ks: KeepState, x: gs.Tensor, y: gs.Tensor) -
 
 @register("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
 class Pool(Handler):
+    evaluate_with_ort = True
+
     def constants(self, node, ctx):
         op = node.op
         invariant = op in ("MaxPool", "GlobalMaxPool", "GlobalAveragePool") or (
@@ -40,7 +43,7 @@ class Pool(Handler):
         )
         return channelwise_constants(ctx, node, invariant)
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         channel_map_keep(node, ks, x, y)
         if len(node.outputs) > 1 and node.outputs[1].outputs:

@@ -6,10 +6,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
-from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import ints
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import ConstView, Handler, KeepView
+from onnxshrink.ops.registry import register
 
 REDUCE = (
     "ReduceMean",
@@ -44,7 +45,7 @@ def reduced_axes(node: gs.Node, reader, r: int) -> list[int] | None:
 
 @register(*REDUCE)
 class Reduce(Handler):
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x = node.inputs[0]
         c, r = ctx.const(x), ir.rank(x)
         if c is None or r is None:
@@ -72,7 +73,7 @@ class Reduce(Handler):
         mask, out = np.broadcast_arrays(mask, out)
         return [compress(np.array(mask), np.array(out))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
         axes = reduced_axes(node, ks, r) if r is not None else None

@@ -1,44 +1,14 @@
-"""Op handlers: how one op family moves channels, registered per op type and opset range."""
+"""The registry of op handlers, keyed by domain, op type and opset range."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import onnx
 import onnx_graphsurgeon as gs
 
-from onnxshrink.analyze.constants import ConstContext, ConstInfo
-from onnxshrink.analyze.keep import KeepState
-
-
-class Handler:
-    """One op family. Subclasses override what differs from "a barrier that folds nothing".
-
-    - `constants`: forward pass; which output elements are input-independent, and their values.
-    - `keep`: backward pass and coupling; grow the kept index sets of inputs and outputs.
-    - `rewrite`: after initializers are sliced, fix what depends on sizes (attributes, shape
-      inputs, folded constants).
-    """
-
-    #: inputs holding shape values the handler uses as sizes (it constrains what they refer to)
-    size_inputs: tuple[int, ...] = ()
-
-    def constants(self, node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
-        return None
-
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
-        ks.barrier(node)
-
-    def rewrite(self, node: gs.Node, rw) -> None:
-        return None
-
-    def settle(self, node: gs.Node, ks: KeepState) -> None:
-        """Structural needs decided once the closure is stable (see KeepState._repair)."""
-        return None
-
-    def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
-        """Inputs that may lose every index along an axis (e.g. a Concat branch removed whole)."""
-        return ()
+from onnxshrink.ops.contract import Handler, OpNode
 
 
 @dataclass(frozen=True)
@@ -72,14 +42,30 @@ def register(
     return deco
 
 
-def handler_for(node: gs.Node, opset: int) -> Handler | None:
-    domain = node.domain or ""
-    if domain == "ai.onnx":
-        domain = ""
-    for e in _REGISTRY.get((domain, node.op), ()):
+def handler_for_op(op: str, domain: str, opset: int) -> Handler | None:
+    """The handler of `op` in `domain` ("" or "ai.onnx" for the standard ops) at `opset`."""
+    domain = "" if domain == "ai.onnx" else domain
+    for e in _REGISTRY.get((domain, op), ()):
         if e.since <= opset <= e.until:
             return e.handler
     return None
+
+
+def handler_for(node: gs.Node, opset: int) -> Handler | None:
+    return handler_for_op(node.op, node.domain or "", opset)
+
+
+def facts(node: onnx.NodeProto, opset: int) -> tuple[Handler | None, OpNode]:
+    """An ONNX node's handler (None when no op family handles it) and its static view."""
+    return handler_for_op(node.op_type, node.domain, opset), OpNode.of(node)
+
+
+Lookup = Callable[[gs.Node], Handler | None]
+
+
+def lookup(opset: int) -> Lookup:
+    """Handler lookup for one model's opset, as the analysis takes it."""
+    return lambda node: handler_for(node, opset)
 
 
 def registered_ops() -> list[str]:

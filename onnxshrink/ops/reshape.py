@@ -15,11 +15,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstContext, ConstInfo, compress
-from onnxshrink.analyze.keep import KeepState, Reason
-from onnxshrink.analyze.shapes import DimRef, Opaque
+from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.keep import Reason
+from onnxshrink.analyze.shapes import DimRef, Opaque, SymValue, opaque_value, sized_dims
 from onnxshrink.ops.common import couple_broadcast, ints
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView, ShapeView
+from onnxshrink.ops.registry import register
 
 Group = tuple[list[int], list[int]]
 
@@ -125,11 +126,11 @@ def size_items(node: gs.Node, reader, i: int) -> list | None:
     v = reader.value(t)
     if v is not None:
         return ir.int_list(v)
-    s = reader.sym(t) if hasattr(reader, "sym") else None
+    s = reader.sym(t)
     return list(s.items) if s is not None else None
 
 
-def tie_size_items(ks: KeepState, node: gs.Node, items: list, y: gs.Tensor) -> None:
+def tie_size_items(ks: KeepView, node: gs.Node, items: list, y: gs.Tensor) -> None:
     """Output axis p has the size given by items[p]: a referenced axis keeps the same indices;
     an opaque size cannot change, so the axis and what it was computed from keep everything."""
     for p, it in enumerate(items):
@@ -149,7 +150,7 @@ def tie_size_items(ks: KeepState, node: gs.Node, items: list, y: gs.Tensor) -> N
 
 
 def rewrite_size_input(
-    rw, node: gs.Node, i: int, items: list, y: gs.Tensor, x: gs.Tensor | None = None
+    rw: RewriteView, node: gs.Node, i: int, items: list, y: gs.Tensor, x: gs.Tensor | None = None
 ) -> None:
     """Replace literal sizes of pruned output axes in shape input i."""
     allowzero = bool(int(node.attrs.get("allowzero", 0)))
@@ -193,7 +194,7 @@ def rewrite_size_input(
 
 # ------------------------------------------------------------------ helpers
 def _close_product(
-    ks: KeepState,
+    ks: KeepView,
     x: gs.Tensor,
     in_axes: list[int],
     y: gs.Tensor,
@@ -231,7 +232,7 @@ def _close_product(
 
 
 def keep_groups(
-    ks: KeepState, node: gs.Node, x: gs.Tensor, y: gs.Tensor, groups: list[Group] | None
+    ks: KeepView, node: gs.Node, x: gs.Tensor, y: gs.Tensor, groups: list[Group] | None
 ) -> None:
     if groups is None:
         why = Reason("structure", node.name, node.op, "input and output dims could not be matched")
@@ -251,7 +252,7 @@ def keep_groups(
 
 
 def reshape_constants(
-    ctx: ConstContext, x: gs.Tensor, y: gs.Tensor, groups: list[Group] | None
+    ctx: ConstView, x: gs.Tensor, y: gs.Tensor, groups: list[Group] | None
 ) -> ConstInfo | None:
     """Reshape the compressed mask/value group by group (expanding a group only when needed)."""
     c = ctx.const(x)
@@ -296,7 +297,7 @@ def _reshape_grouping(node: gs.Node, reader, x: gs.Tensor, y: gs.Tensor) -> list
             elif it == 0 and not allowzero and p < len(a):
                 b[p] = a[p]
             elif isinstance(it, DimRef):
-                t = reader.tensors.get(it.tensor) if hasattr(reader, "tensors") else None
+                t = reader.tensors.get(it.tensor)
                 d = ir.dims(t) if t is not None else None
                 if d is not None and it.axis < len(d):
                     b[p] = d[it.axis] if d[it.axis] is not None else ("ref", it.tensor, it.axis)
@@ -305,15 +306,29 @@ def _reshape_grouping(node: gs.Node, reader, x: gs.Tensor, y: gs.Tensor) -> list
 
 
 # ------------------------------------------------------------------ handlers
+def vector_of(node: gs.Node, view: ShapeView) -> SymValue | None:
+    """Shape rule of a reshape to a vector (Unsqueeze, Reshape, Flatten of a shape value)."""
+    if not view.is_shape(node.inputs[0]):
+        return None
+    a = view.sym(node.inputs[0])
+    if a is not None and ir.rank(node.outputs[0]) == 1:
+        return SymValue(a.items, scalar=False)
+    return opaque_value(node, view)
+
+
 @register("Reshape")
 class Reshape(Handler):
-    size_inputs = (1,)
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        return vector_of(node, view)
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        return sized_dims(node, ir.present(node, 1), consts, view, zero_copies=True)
 
     def constants(self, node, ctx):
         x, y = node.inputs[0], node.outputs[0]
         return [reshape_constants(ctx, x, y, _reshape_grouping(node, ctx, x, y))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         ks.claim(node, 1)
         ks.demand(x, pin=False)
@@ -331,13 +346,16 @@ class Reshape(Handler):
             if it == 0 and not allowzero:
                 ks.couple(x, p, y, p)  # 0 copies the input's size at the same position
 
-    def rewrite(self, node, rw):
+    def rewrite(self, node, rw: RewriteView):
         items = size_items(node, rw, 1)
         rewrite_size_input(rw, node, 1, items, node.outputs[0], node.inputs[0])
 
 
 @register("Flatten")
 class Flatten(Handler):
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        return vector_of(node, view)
+
     def _groups(self, node: gs.Node, x: gs.Tensor) -> list[Group] | None:
         r = ir.rank(x)
         if r is None:
@@ -349,7 +367,7 @@ class Flatten(Handler):
         x, y = node.inputs[0], node.outputs[0]
         return [reshape_constants(ctx, x, y, self._groups(node, x))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         ks.demand(x, pin=False)
         keep_groups(ks, node, x, y, self._groups(node, x))
@@ -357,9 +375,12 @@ class Flatten(Handler):
 
 @register("Transpose")
 class Transpose(Handler):
-    def perm(self, node: gs.Node, r: int) -> list[int]:
+    def perm(self, node: gs.Node | OpNode, r: int) -> list[int]:
         p = node.attrs.get("perm")
         return [int(v) for v in p] if p is not None else list(range(r))[::-1]
+
+    def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
+        return self.perm(node, rank) if i == 0 else None
 
     def constants(self, node, ctx):
         c, r = ctx.const(node.inputs[0]), ir.rank(node.inputs[0])
@@ -368,7 +389,7 @@ class Transpose(Handler):
         p = self.perm(node, r)
         return [ConstInfo(np.transpose(c.mask, p), np.transpose(c.value, p), c.whole)]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
         if r is None:
@@ -396,6 +417,14 @@ def _squeeze_axes(node: gs.Node, reader, x: gs.Tensor) -> list[int] | None:
 
 @register("Squeeze")
 class Squeeze(Handler):
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        if not view.is_shape(node.inputs[0]):
+            return None
+        a = view.sym(node.inputs[0])
+        if a is not None and len(a.items) == 1:
+            return SymValue(a.items, scalar=True)
+        return opaque_value(node, view)
+
     def constants(self, node, ctx):
         c = ctx.const(node.inputs[0])
         axes = _squeeze_axes(node, ctx, node.inputs[0])
@@ -409,7 +438,7 @@ class Squeeze(Handler):
             )
         ]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         axes = _squeeze_axes(node, ks, x)
         if axes is None:
@@ -429,6 +458,9 @@ class Squeeze(Handler):
 
 @register("Unsqueeze")
 class Unsqueeze(Handler):
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        return vector_of(node, view)
+
     def axes(self, node: gs.Node, reader) -> list[int] | None:
         r = ir.rank(node.outputs[0])
         axes = ints(node, reader, "axes", 1)
@@ -444,7 +476,7 @@ class Unsqueeze(Handler):
             v = np.expand_dims(v, a)
         return [ConstInfo(m, v, c.whole)]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         axes = self.axes(node, ks)
         if axes is None:
@@ -467,7 +499,21 @@ class Expand(Handler):
     """Broadcast to a shape: a copied axis ties to the input; a new or widened one is free to
     keep any subset (its elements are copies), as long as the target size is rewritten."""
 
-    size_inputs = (1,)
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        """A shape vector broadcast to a 1-D target (e.g. [n] to [1])."""
+        if not view.is_shape(node.inputs[0]):
+            return None
+        a, target = view.sym(node.inputs[0]), view.sym(ir.present(node, 1))
+        if a is None or target is None or len(target.items) != 1 or not target.literal or a.scalar:
+            return opaque_value(node, view)
+        n = target.items[0]
+        assert isinstance(n, int)
+        if len(a.items) == 1 and n > 1:
+            return SymValue(a.items * n)
+        return a if n in (1, len(a.items)) else opaque_value(node, view)
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        return sized_dims(node, ir.present(node, 1), consts, view, broadcast=True)
 
     def constants(self, node, ctx):
         c, r = ctx.const(node.inputs[0]), ir.rank(node.outputs[0])
@@ -476,7 +522,7 @@ class Expand(Handler):
         pad = (1,) * (r - c.mask.ndim)
         return [ConstInfo(c.mask.reshape(pad + c.mask.shape), c.value.reshape(pad + c.value.shape))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         ks.claim(node, 1)
         items = size_items(node, ks, 1)
@@ -489,7 +535,7 @@ class Expand(Handler):
         off = ir.rank(y) - len(items)
         tie_size_items(ks, node, [1] * off + items, y)
 
-    def rewrite(self, node, rw):
+    def rewrite(self, node, rw: RewriteView):
         items = size_items(node, rw, 1)
         y = node.outputs[0]
         off = ir.rank(y) - len(items)
@@ -499,7 +545,8 @@ class Expand(Handler):
 
 @register("ConstantOfShape")
 class ConstantOfShape(Handler):
-    size_inputs = (0,)
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        return sized_dims(node, node.inputs[0], consts, view)
 
     def constants(self, node, ctx):
         r = ir.rank(node.outputs[0])
@@ -511,7 +558,7 @@ class ConstantOfShape(Handler):
         )
         return [ConstInfo(np.ones((1,) * r, bool), fill.reshape((1,) * r))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         ks.claim(node, 0)
         items = size_items(node, ks, 0)
         if items is None:
@@ -520,7 +567,7 @@ class ConstantOfShape(Handler):
         ks.demand(node.inputs[0])
         tie_size_items(ks, node, items, node.outputs[0])
 
-    def rewrite(self, node, rw):
+    def rewrite(self, node, rw: RewriteView):
         rewrite_size_input(rw, node, 0, size_items(node, rw, 0), node.outputs[0])
 
 
@@ -529,7 +576,7 @@ class Range(Handler):
     """Values and length come from its scalar inputs (e.g. position ids up to a dynamic sequence
     length): there is no channel to remove, and nothing that blocks its consumers."""
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         for t in node.inputs:
             ks.demand(t)
         ks.pin(node.outputs[0])

@@ -8,13 +8,14 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import compress
 from onnxshrink.analyze.evaluate import evaluate_op
-from onnxshrink.analyze.keep import KeepState, Reason
+from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import channelwise_constants, ints
-from onnxshrink.ops.registry import Handler, register
+from onnxshrink.ops.contract import Handler, KeepView, RewriteView
+from onnxshrink.ops.registry import register
 
 
 def _per_axis(
-    node: gs.Node, ks: KeepState, x: gs.Tensor, y: gs.Tensor, touched: set[int], why: Reason
+    node: gs.Node, ks: KeepView, x: gs.Tensor, y: gs.Tensor, touched: set[int], why: Reason
 ) -> None:
     ks.demand(x, pin=False)
     for t in node.inputs[1:]:
@@ -74,7 +75,7 @@ class Pad(Handler):
         out_m = _pad_mask(node, ctx, np.ascontiguousarray(m.astype(v.dtype)), rest, mode)
         return [compress(out_m, out_v)]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
         amounts = pad_amounts(node, ks, r) if r is not None else None
@@ -126,6 +127,8 @@ def resize_factors(
 @register("Resize")
 @register("Upsample", until=9)
 class Resize(Handler):
+    evaluate_with_ort = True
+
     def constants(self, node, ctx):
         f = resize_factors(node, ctx, node.inputs[0])
         if f is None or (f[0] is not None and f[0][:2] != [1.0, 1.0]):
@@ -138,7 +141,7 @@ class Resize(Handler):
             ctx, node, invariant=mode in ("nearest", "linear") and ctm != "tf_crop_and_resize"
         )
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         f = resize_factors(node, ks, x)
         if f is None:
@@ -153,7 +156,7 @@ class Resize(Handler):
                 touched.add(a)
         _per_axis(node, ks, x, y, touched, Reason("structure", node.name, node.op, "resized axis"))
 
-    def rewrite(self, node: gs.Node, rw) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         sz_t = ir.present(node, 3) if node.op == "Resize" and rw.opset > 10 else None
         sizes = rw.value(sz_t) if sz_t is not None else None
         if sizes is None:
@@ -181,7 +184,7 @@ class Tile(Handler):
         tiles = [int(k) if m.shape[a] > 1 else 1 for a, k in enumerate(reps.reshape(-1))]
         return [compress(np.tile(m, tiles), np.tile(v, tiles))]
 
-    def keep(self, node: gs.Node, ks: KeepState) -> None:
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         reps = ks.value(node.inputs[1])
         if reps is None or ir.rank(x) is None:

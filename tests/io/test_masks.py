@@ -14,7 +14,8 @@ from safetensors.numpy import save_file
 
 from onnxshrink import shrink
 from onnxshrink.errors import ShrinkError
-from onnxshrink.io.masks import flatten, read_masks
+from onnxshrink.io.masks import flatten
+from onnxshrink.masks import read_masks
 
 FLAGS = np.array([1, 0, 1, 0, 1, 1], np.float32)  # keep channels 0, 2, 4, 5
 KEEP = np.flatnonzero(FLAGS)

@@ -1,18 +1,15 @@
-"""Turn the reference model into the graph the analysis works on.
+"""Shape inference on a model's skeleton (its graph without the weights' data).
 
-Shapes are inferred, Constant nodes become initializers, and initializers read by several
-nodes are untied (one tensor per use, sharing the array) so that each use can be sliced on its
-own; `retie` merges the uses that end up identical again.
+onnx's shape inference copies the model; on a large model that is the weights twice. These
+helpers infer on a skeleton instead, fold small constant shape arithmetic first (shape inference
+propagates values through Shape/Gather/Concat, not through every op exporters use), and make
+static the dims that do not depend on the dynamic input sizes.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from pathlib import Path
-
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
 
@@ -141,7 +138,7 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
     skeleton): shape inference propagates values through Shape/Gather/Concat but not through
     e.g. the legacy exporter's Where(Equal(c, -1), 1, c) that builds an Expand target, and
     without the value every size downstream of it is unknown."""
-    from onnxshrink.analyze.evaluate import NONDETERMINISTIC
+    from onnxshrink.ops import handler_for_op
 
     opset = default_opset(model)
 
@@ -152,9 +149,10 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
     kept, folded = [], []
     for n in g.node:
         ins = [i for i in n.input if i]
-        foldable = (
+        handler = handler_for_op(n.op_type, n.domain, opset)
+        fold = (
             n.domain in ("", "ai.onnx")
-            and n.op_type not in NONDETERMINISTIC
+            and (handler is None or handler.deterministic)  # sizes fold here: shapes only
             and all(i in known for i in ins)
             and not any(o in outputs for o in n.output)
             and not any(
@@ -162,7 +160,8 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
                 for a in n.attribute
             )
         )
-        values = _evaluate(n, known, opset) if foldable else None
+        ort = bool(handler and handler.evaluate_with_ort)
+        values = _evaluate(n, known, opset, ort) if fold else None
         if values is None:
             kept.append(n)
             continue
@@ -176,13 +175,15 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _evaluate(node: onnx.NodeProto, known: dict, opset: int) -> list[np.ndarray] | None:
+def _evaluate(
+    node: onnx.NodeProto, known: dict[str, np.ndarray], opset: int, ort: bool
+) -> list[np.ndarray] | None:
     from onnxshrink.analyze.evaluate import EvaluationError, evaluate_op
 
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     inputs = [known[i] if i else None for i in node.input]
     try:
-        out = evaluate_op(node.op_type, attrs, inputs, opset, len(node.output))
+        out = evaluate_op(node.op_type, attrs, inputs, opset, len(node.output), ort=ort)
     except EvaluationError:  # not evaluable here: left to shape inference as it is
         return None
     out = [np.asarray(v) for v in out]
@@ -210,123 +211,3 @@ def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [*inferred.graph.value_info, *folded]
 
 
-def prepare(
-    model: onnx.ModelProto, base_dir: str | Path | None = None
-) -> tuple[gs.Graph, dict[str, str]]:
-    """The gs graph to analyze, and {untied copy name: original initializer name}. Weights the
-    model keeps in external data files are read from `base_dir` straight into numpy."""
-    graph = gs.import_onnx(model)
-    tensors = graph.tensors()
-    for t in tensors.values():
-        lazy = getattr(t, "_values", None)
-        if (
-            isinstance(t, gs.Constant)
-            and hasattr(lazy, "tensor")
-            and lazy.tensor.data_location == onnx.TensorProto.EXTERNAL
-        ):
-            t.values = numpy_helper.to_array(lazy.tensor, base_dir=str(base_dir or "."))
-            t.data_location = None  # held in memory from now on
-    for vi in inferred_shapes(model):
-        t = tensors.get(vi.name)
-        if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):
-            tt = vi.type.tensor_type
-            if tt.elem_type:
-                t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-            if tt.HasField("shape"):
-                t.shape = [
-                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                    for d in tt.shape.dim
-                ]
-    _constants_to_initializers(graph)
-    untied = _untie(graph)
-    graph.toposort()
-    return graph, untied
-
-
-def _constant_value(node: gs.Node) -> np.ndarray | None:
-    a = node.attrs
-    if "value" in a:
-        v = a["value"]
-        return np.asarray(v.values) if isinstance(v, gs.Constant) else np.asarray(v)
-    for key, dtype in (("value_float", np.float32), ("value_int", np.int64)):
-        if key in a:
-            return np.asarray(a[key], dtype=dtype)
-    for key, dtype in (("value_floats", np.float32), ("value_ints", np.int64)):
-        if key in a:
-            return np.asarray(list(a[key]), dtype=dtype)
-    return None
-
-
-def _constants_to_initializers(graph: gs.Graph) -> None:
-    outputs = {t.name for t in graph.outputs}
-    for node in graph.nodes:
-        if node.op != "Constant" or len(node.outputs) != 1 or node.outputs[0].name in outputs:
-            continue
-        value = _constant_value(node)
-        if value is None:
-            continue
-        out = node.outputs[0]
-        const = gs.Constant(out.name, values=value)
-        for consumer in list(out.outputs):
-            for i, t in enumerate(consumer.inputs):
-                if t is out:
-                    consumer.inputs[i] = const
-        node.outputs.clear()
-    graph.cleanup(remove_unused_graph_inputs=False)
-
-
-def _untie(graph: gs.Graph) -> dict[str, str]:
-    uses: dict[str, list[tuple[gs.Node, int]]] = defaultdict(list)
-    for node in graph.nodes:
-        if node.op in ("Shape", "Size"):
-            continue  # reads only sizes: it keeps seeing the tensor of the first other use
-        for i, t in enumerate(node.inputs):
-            if isinstance(t, gs.Constant):
-                uses[t.name].append((node, i))
-    taken = set(graph.tensors())
-    untied: dict[str, str] = {}
-    for name, sites in uses.items():
-        if len(sites) < 2:
-            continue
-        original = sites[0][0].inputs[sites[0][1]]
-        for k, (node, i) in enumerate(sites[1:], start=1):
-            new = f"{name}__use{k}"
-            while new in taken:
-                new += "_"
-            taken.add(new)
-            node.inputs[i] = gs.Constant(new, values=original.values)
-            untied[new] = name
-    return untied
-
-
-def retie(graph: gs.Graph, untied: dict[str, str]) -> None:
-    """Merge untied uses whose sliced values are identical; name the rest apart."""
-    originals = set(untied.values())
-    groups: dict[str, list[tuple[gs.Node, int]]] = defaultdict(list)
-    for node in graph.nodes:
-        for i, t in enumerate(node.inputs):
-            if isinstance(t, gs.Constant):
-                base = untied.get(t.name, t.name if t.name in originals else None)
-                if base is not None:
-                    groups[base].append((node, i))
-    taken = {n for n in graph.tensors() if n not in untied and n not in originals}
-    for base, sites in groups.items():
-        distinct: list[gs.Constant] = []
-        for node, i in sites:
-            t = node.inputs[i]
-            for d in distinct:
-                if d is t or (
-                    d.values.shape == t.values.shape
-                    and d.values.dtype == t.values.dtype
-                    and np.array_equal(d.values, t.values)
-                ):
-                    node.inputs[i] = d
-                    break
-            else:
-                distinct.append(t)
-        for k, d in enumerate(distinct):
-            name = base if k == 0 else f"{base}__{k}"
-            while name in taken:
-                name += "_"
-            d.name = name
-            taken.add(name)

@@ -1,0 +1,42 @@
+"""Constant: a value with no inputs. Graph preparation turns it into an initializer; one that
+is a graph output stays and keeps its value."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxshrink.analyze.constants import ConstInfo
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode
+from onnxshrink.ops.registry import register
+
+# value_* attributes and the dtype each holds
+_TYPED = {
+    "value_float": np.float32,
+    "value_int": np.int64,
+    "value_floats": np.float32,
+    "value_ints": np.int64,
+}
+
+
+@register("Constant")
+class Constant(Handler):
+    def constant_value(self, node: OpNode) -> np.ndarray | None:
+        a = node.attrs
+        if "value" in a:
+            v = a["value"]
+            if isinstance(v, onnx.TensorProto):
+                return onnx.numpy_helper.to_array(v)
+            return np.asarray(v.values) if isinstance(v, gs.Constant) else np.asarray(v)
+        for key, dtype in _TYPED.items():
+            if key in a:
+                return np.asarray(list(a[key]) if key.endswith("s") else a[key], dtype=dtype)
+        return None
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        v = self.constant_value(OpNode.of(node))
+        return None if v is None else [ConstInfo.of_array(v)]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        ks.pin(node.outputs[0])

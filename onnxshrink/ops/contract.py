@@ -1,0 +1,270 @@
+"""The handler contract: what one op family declares, and the views of the analysis it receives.
+
+A handler is the only place that knows what its ops mean. The analysis and the rewrite call it
+at each step, through one of three views:
+
+- `ConstView` (forward, `constants`): which elements of the outputs are input-independent.
+- `KeepView` (backward, `keep` and `settle`): which indices of the inputs the kept outputs need,
+  and which axes must keep the same indices.
+- `RewriteView` (`rewrite`): the kept sets, the original values, and the edits to make.
+
+Rules every handler follows (the analysis checks the first two):
+1. `keep` demands every input the node reads (`ks.demand(t)`, or `ks.barrier(node)`), with
+   `pin=False` only for inputs whose every axis it constrains itself.
+2. Sets only grow: a handler adds to what is kept, never removes.
+3. A removed input index that a kept output still reads must be a constant the handler absorbs
+   in `rewrite` (`rw.check_removed_constant`).
+
+The static facts (`sizes_only`, `weight_axes`, `param_inputs`, `macs`, ...) are read from a
+node's op type and attributes only, so that binding and reports can ask them of an ONNX node
+before any analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxshrink.analyze.constants import ConstInfo
+from onnxshrink.analyze.keep import Reason
+from onnxshrink.analyze.shapes import SymValue
+
+T = TypeVar("T")
+Dims = list[int | str | None]
+
+
+# ---------------------------------------------------------------------- views
+class ConstView(Protocol):
+    """What `constants` reads: the constant elements known so far."""
+
+    opset: int
+
+    def const(self, t: gs.Tensor | None) -> ConstInfo | None: ...
+
+    def value(self, t: gs.Tensor | None) -> np.ndarray | None: ...
+
+    def evaluate(self, node: gs.Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]: ...
+
+
+class ShapeView(Protocol):
+    """What `shape_value` and `refine_dims` read: the shape values known so far."""
+
+    opset: int
+    tensors: Mapping[str, gs.Tensor]
+    syms: dict[str, SymValue]
+
+    def is_shape(self, t: gs.Tensor | None) -> bool: ...
+
+    def sym(self, t: gs.Tensor | None) -> SymValue | None: ...
+
+    def value(self, t: gs.Tensor | None) -> np.ndarray | None: ...
+
+
+class KeepView(Protocol):
+    """What `keep` and `settle` read and grow: kept index sets per tensor axis."""
+
+    opset: int
+    tensors: Mapping[str, gs.Tensor]
+
+    def const(self, t: gs.Tensor | None) -> ConstInfo | None: ...
+
+    def value(self, t: gs.Tensor | None) -> np.ndarray | None: ...
+
+    def sym(self, t: gs.Tensor | None) -> SymValue | None: ...
+
+    def size(self, t: gs.Tensor, axis: int) -> int | None: ...
+
+    def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None: ...
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T: ...
+
+    def demand(self, t: gs.Tensor | None, pin: bool = True) -> None: ...
+
+    def keep(
+        self, t: gs.Tensor, axis: int, mask: Any, reason: Reason = ..., why: np.ndarray | None = None
+    ) -> None: ...
+
+    def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = ...) -> None: ...
+
+    def couple(
+        self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, meet: gs.Node | None = None
+    ) -> None: ...
+
+    def couple_map(
+        self, small: gs.Tensor, sa: int, big: gs.Tensor, ba: int, idx: np.ndarray
+    ) -> None: ...
+
+    def claim(self, node: gs.Node, i: int) -> None: ...
+
+    def barrier(self, node: gs.Node, reason: Reason | None = None) -> None: ...
+
+
+class RewriteView(Protocol):
+    """What `rewrite` reads (the analysis, the original values) and the edits it makes."""
+
+    opset: int
+
+    def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None: ...
+
+    def kept_count(self, t: gs.Tensor, axis: int) -> int | None: ...
+
+    def const(self, t: gs.Tensor | None) -> ConstInfo | None: ...
+
+    def value(self, t: gs.Tensor | None) -> np.ndarray | None: ...
+
+    def original(self, t: gs.Tensor | None) -> np.ndarray | None: ...
+
+    def sym(self, t: gs.Tensor | None) -> SymValue | None: ...
+
+    def current(self, t: gs.Tensor) -> np.ndarray: ...
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T: ...
+
+    def evaluate(self, node: gs.Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]: ...
+
+    def constant(self, values: np.ndarray, hint: str) -> gs.Constant: ...
+
+    def replace_input(self, node: gs.Node, i: int, values: np.ndarray) -> gs.Constant: ...
+
+    def add_node(
+        self,
+        op: str,
+        inputs: list[gs.Tensor],
+        hint: str,
+        attrs: dict[str, Any] | None = None,
+        dtype: Any = None,
+    ) -> gs.Variable: ...
+
+    def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None: ...
+
+    def add_constant(
+        self, node: gs.Node, out_index: int, values: np.ndarray, channels: int
+    ) -> None: ...
+
+    def slice1d(self, t: gs.Tensor, p: int) -> gs.Variable: ...
+
+    def concat1d(self, parts: list[gs.Tensor]) -> gs.Variable: ...
+
+    def ones_map(self, x: gs.Tensor, dtype: Any) -> gs.Variable: ...
+
+    def record_fold(self, node: gs.Node, channels: int, into: str) -> None: ...
+
+    def check_removed_constant(
+        self, node: gs.Node, c: ConstInfo | None, axis: int, removed: np.ndarray
+    ) -> None: ...
+
+
+# ---------------------------------------------------------------------- static facts
+@dataclass(frozen=True)
+class OpNode:
+    """A node as static facts see it: its op, attributes and input names (from an ONNX
+    NodeProto, before any analysis, or from a gs.Node)."""
+
+    op: str
+    attrs: Mapping[str, Any]
+    inputs: tuple[str, ...]
+    domain: str = ""
+
+    @staticmethod
+    def of(node: onnx.NodeProto | gs.Node) -> OpNode:
+        if isinstance(node, onnx.NodeProto):
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            return OpNode(node.op_type, attrs, tuple(node.input), node.domain)
+        names = tuple(t.name if t is not None else "" for t in node.inputs)
+        return OpNode(node.op, node.attrs, names, node.domain or "")
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.inputs) and bool(self.inputs[i])
+
+
+@dataclass(frozen=True)
+class WeightAxes:
+    """How an op reads a weight input: its output-channel axis, its input-channel axis (None
+    for a vector), and the layer family, whose framework layout it has (`linear`: torch stores
+    [out, in]; `conv`, `embedding`, `vector`: stored as the op reads them)."""
+
+    out: int
+    inp: int | None
+    family: str
+
+
+# ---------------------------------------------------------------------- the handler
+class Handler:
+    """One op family. Subclasses override what differs from "a barrier that folds nothing"."""
+
+    #: inputs read only for their sizes (Shape, Size): masks and pruning leave what they read
+    sizes_only: ClassVar[tuple[int, ...]] = ()
+    #: evaluated with onnxruntime (heavy kernels) rather than onnx's reference evaluator
+    evaluate_with_ort: ClassVar[bool] = False
+    #: a function of its inputs (random ops are not): constant inputs give a constant output
+    deterministic: ClassVar[bool] = True
+    #: output 0 is input 0 itself (Identity): a name that stands for its input
+    is_alias: ClassVar[bool] = False
+
+    # -------------------------------------------------------------- analysis
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        """Forward: per output, its input-independent elements and their values (None: none)."""
+        return None
+
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        """The symbolic value of output 0 when this node computes a shape value (an integer
+        vector of sizes) from shape-valued inputs; None when it computes data."""
+        return None
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
+        """Output 0's dims where shape inference left them unknown but the inputs tell."""
+        return None
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        """Backward: add what the inputs must keep for the kept outputs; tie axes."""
+        ks.barrier(node)
+
+    def settle(self, node: gs.Node, ks: KeepView) -> None:
+        """Structural needs decided once the closure is stable (equal groups, non-empty parts)."""
+        return None
+
+    def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
+        """Inputs that may lose every index along an axis (e.g. a Concat branch removed whole)."""
+        return ()
+
+    # -------------------------------------------------------------- rewrite
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        """After initializers are sliced: fix attributes, shape inputs, fold removed constants."""
+        return None
+
+    def absorb_addend(self, node: gs.Node, i: int, values: np.ndarray, rw: RewriteView) -> bool:
+        """Take a constant added to input i into the node's own constants (True if done)."""
+        return False
+
+    # -------------------------------------------------------------- static facts
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        """How input i (a constant of `rank`) is read, when it is a layer's weight or a
+        per-channel vector (bias, norm scale)."""
+        return None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        """Input index of each framework parameter this op reads ({"weight": 1, "bias": 2});
+        `constant` says which inputs are initializers."""
+        return {}
+
+    def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
+        """When output 0 is input i with its axes permuted (Identity, Cast, Transpose): the
+        input axis of each output axis; else None."""
+        return None
+
+    def index_inputs(self, node: OpNode) -> Mapping[int, tuple[int, int]]:
+        """Inputs that hold indices into another: {index input: (table input, axis)}."""
+        return {}
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        """Multiply-accumulates of one run, from static shapes (dynamic dims as 1)."""
+        return 0
+
+    def constant_value(self, node: OpNode) -> np.ndarray | None:
+        """The value a node produces without inputs (a Constant node), else None."""
+        return None

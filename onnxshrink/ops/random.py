@@ -1,0 +1,18 @@
+"""Random ops: not functions of their inputs. Barriers that are never folded to a constant."""
+
+from __future__ import annotations
+
+from onnxshrink.ops.contract import Handler
+from onnxshrink.ops.registry import register
+
+
+@register(
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+)
+class Random(Handler):
+    deterministic = False

@@ -1,0 +1,41 @@
+"""Shape and Size: they read only sizes. Their outputs are shape values (see analyze/shapes.py):
+each element refers to one axis of the input (Shape) or to all of them (Size)."""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.shapes import DimRef, Opaque, SymValue
+from onnxshrink.ops.contract import Handler, KeepView, ShapeView
+from onnxshrink.ops.registry import register
+
+
+class _SizesOf(Handler):
+    """Reads only the sizes of input 0, which pruning changes: never folded to a constant."""
+
+    sizes_only = (0,)
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        ks.demand(node.inputs[0], pin=False)  # sizes only; what consumes the value decides
+
+
+@register("Shape")
+class Shape(_SizesOf):
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        x = node.inputs[0]
+        r = ir.rank(x)
+        if r is None:
+            return SymValue((Opaque(frozenset()),) * (ir.static_dim(node.outputs[0], 0) or 1))
+        start = ir.norm_axis(int(node.attrs.get("start", 0)), r)
+        end = node.attrs.get("end")
+        stop = r if end is None else min(ir.norm_axis(int(end), r), r)
+        return SymValue(tuple(DimRef(x.name, a) for a in range(max(start, 0), stop)))
+
+
+@register("Size")
+class Size(_SizesOf):
+    def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
+        x = node.inputs[0]
+        r = ir.rank(x) or 0
+        return SymValue((Opaque(frozenset(DimRef(x.name, a) for a in range(r))),), scalar=True)

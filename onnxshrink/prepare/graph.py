@@ -1,0 +1,71 @@
+"""The graph the analysis works on: the reference model as onnx-graphsurgeon tensors, with inferred
+shapes, Constant nodes as initializers, and shared initializers untied (see `tie`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import numpy_helper
+
+from onnxshrink.prepare.shapes import default_opset, inferred_shapes
+from onnxshrink.prepare.tie import untie
+
+
+def prepare(
+    model: onnx.ModelProto, base_dir: str | Path | None = None
+) -> tuple[gs.Graph, dict[str, str]]:
+    """The gs graph to analyze, and {untied copy name: original initializer name}. Weights the
+    model keeps in external data files are read from `base_dir` straight into numpy."""
+    graph = gs.import_onnx(model)
+    tensors = graph.tensors()
+    for t in tensors.values():
+        lazy = getattr(t, "_values", None)
+        if (
+            isinstance(t, gs.Constant)
+            and hasattr(lazy, "tensor")
+            and lazy.tensor.data_location == onnx.TensorProto.EXTERNAL
+        ):
+            t.values = numpy_helper.to_array(lazy.tensor, base_dir=str(base_dir or "."))
+            t.data_location = None  # held in memory from now on
+    for vi in inferred_shapes(model):
+        t = tensors.get(vi.name)
+        if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):
+            tt = vi.type.tensor_type
+            if tt.elem_type:
+                t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            if tt.HasField("shape"):
+                t.shape = [
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in tt.shape.dim
+                ]
+    opset = default_opset(model)
+    _constants_to_initializers(graph, opset)
+    untied = untie(graph, opset)
+    graph.toposort()
+    return graph, untied
+
+
+def _constants_to_initializers(graph: gs.Graph, opset: int) -> None:
+    """Nodes that produce a value without inputs (Constant) become initializers."""
+    from onnxshrink.ops import OpNode, handler_for
+
+    outputs = {t.name for t in graph.outputs}
+    for node in graph.nodes:
+        if node.inputs or len(node.outputs) != 1 or node.outputs[0].name in outputs:
+            continue
+        handler = handler_for(node, opset)
+        value = handler.constant_value(OpNode.of(node)) if handler is not None else None
+        if value is None:
+            continue
+        out = node.outputs[0]
+        const = gs.Constant(out.name, values=value)
+        for consumer in list(out.outputs):
+            for i, t in enumerate(consumer.inputs):
+                if t is out:
+                    consumer.inputs[i] = const
+        node.outputs.clear()
+    graph.cleanup(remove_unused_graph_inputs=False)
+
+
