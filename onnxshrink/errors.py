@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ShrinkError(Exception):
     """Bad input from the user: the message names the file, node or mask at fault and what to do."""
@@ -14,7 +16,7 @@ class ValidationFailed(ShrinkError):
 
     exit_code = 1
 
-    def __init__(self, message: str, result: object = None):
+    def __init__(self, message: str, result: Any = None):
         super().__init__(message)
         self.result = result
 

@@ -22,6 +22,14 @@ def rank(t: gs.Tensor) -> int | None:
     return None if d is None else len(d)
 
 
+def known_rank(t: gs.Tensor) -> int:
+    """The rank of a tensor the analysis has already required to be known (a handler's rewrite
+    of a node its keep step did not make a barrier)."""
+    r = rank(t)
+    assert r is not None, f"rank of {t.name!r} unknown"
+    return r
+
+
 def static_dim(t: gs.Tensor, axis: int) -> int | None:
     d = dims(t)
     if d is None or not -len(d) <= axis < len(d):

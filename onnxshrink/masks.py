@@ -41,8 +41,8 @@ class MaskSet:
     format: str = "flat"
 
 
-def _leaves(obj, prefix: str = "") -> dict[str, np.ndarray]:
-    out = {}
+def _leaves(obj: object, prefix: str = "") -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
     if isinstance(obj, Mapping):
         for k, v in obj.items():
             out |= _leaves(v, f"{prefix}.{k}" if prefix else str(k))
@@ -110,12 +110,12 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
     if fmt == "torch-ao" and "state" in raw:
         for fqn, st in raw["state"].items():
             if isinstance(st, Mapping) and "mask" in st:
-                out.masks[fqn] = to_numpy(st["mask"])
+                out.masks[fqn] = _array(fqn, st["mask"], source)
     elif fmt == "ao-data":
         container = _leaves(raw.get("_container", {}))
         for name, st in raw["state"].items():
             if isinstance(st, Mapping) and "mask" in st:
-                out.masks[name] = to_numpy(st["mask"])
+                out.masks[name] = _array(name, st["mask"], source)
                 orig = container.get(f"parametrizations.{name}.original")
                 if orig is not None:
                     out.values[name] = orig
@@ -129,10 +129,10 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
                     out.values[k[: -len("_orig")]] = v
         elif fmt == "torch-ao":
             for k, v in flat.items():
-                m = _PARAM.match(k)
-                if m is None:
+                found = _PARAM.match(k)
+                if found is None:
                     continue
-                name = f"{m['module']}.{m['param']}"
+                name = f"{found['module']}.{found['param']}"
                 (out.masks if k.endswith(".mask") else out.values)[name] = v
         elif fmt == "dpu":
             for k, v in flat.items():
@@ -151,11 +151,16 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
         raise ShrinkError(
             f"{source}: no masks found in it as format '{fmt}'. Name the format with --masks-format."
         )
-    for name, m in out.masks.items():
-        if m is None:
-            raise ShrinkError(f"{source}: entry '{name}' is not a tensor or array.")
-        check_binary(name, m, source)
+    for name, mask in out.masks.items():
+        check_binary(name, mask, source)
     return out
+
+
+def _array(name: str, value: object, source: str) -> np.ndarray:
+    arr = to_numpy(value)
+    if arr is None:
+        raise ShrinkError(f"{source}: entry '{name}' is not a tensor or array.")
+    return arr
 
 
 def check_binary(name: str, mask: np.ndarray, source: str) -> None:

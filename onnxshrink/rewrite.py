@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -57,6 +57,13 @@ class Rewriter:
     def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None:
         """Bool mask of kept indices along axis, or None when the axis is dynamic."""
         return self.ks.kept(t, axis)
+
+    def kept_static(self, t: gs.Tensor, axis: int) -> np.ndarray:
+        """The kept indices of an axis the handler's keep step required to be static."""
+        k = self.kept(t, axis)
+        if k is None:
+            raise InternalError(f"{t.name!r} axis {axis}: no kept set (a dynamic size)")
+        return k
 
     def kept_count(self, t: gs.Tensor, axis: int) -> int | None:
         k = self.kept(t, axis)
@@ -165,11 +172,11 @@ class Rewriter:
             gs.Node("Add", name=self._name(f"{node.name}_fold"), inputs=[mid, addend], outputs=[y])
         )
 
-    def ones_map(self, x: gs.Tensor, dtype) -> gs.Variable:
+    def ones_map(self, x: gs.Tensor, dtype: Any) -> gs.Variable:
         """A [1, 1, *spatial] map of ones the size of x's spatial dims: one shared map per static
         size, or built from x's shape at run time."""
-        dims = ir.dims(x)
-        static = dims is not None and all(isinstance(d, int) for d in dims[2:])
+        dims = ir.dims(x) or []
+        static = len(dims) > 2 and all(isinstance(d, int) for d in dims[2:])
         key = (tuple(dims[2:]) if static else x.name, np.dtype(dtype).str)
         if key in self._ones:
             return self._ones[key]

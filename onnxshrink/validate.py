@@ -67,6 +67,39 @@ class ValidationReport:
         return out
 
 
+class ErrorTally:
+    """The worst error of each output over several runs: reference vs candidate."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.err = dict.fromkeys(names, 0.0)  # max |candidate - reference|
+        self.mag = dict.fromkeys(names, 0.0)  # max |reference|
+        self.exact = dict.fromkeys(names, True)  # shapes, dtypes and non-float values agree
+        self.shape: dict[str, list[int]] = {n: [] for n in names}
+
+    def add(self, reference: list[np.ndarray], candidate: list[np.ndarray]) -> None:
+        for n, r, s in zip(self.names, reference, candidate, strict=True):
+            r, s = np.asarray(r), np.asarray(s)
+            self.shape[n] = list(r.shape)
+            if r.shape != s.shape or r.dtype != s.dtype:
+                self.exact[n], self.err[n] = False, float("inf")
+            elif np.issubdtype(r.dtype, np.floating):
+                both_nan = np.isnan(r) & np.isnan(s)
+                diff = np.where(both_nan, 0.0, np.abs(r.astype(np.float64) - s.astype(np.float64)))
+                self.err[n] = max(self.err[n], float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0)))
+                self.mag[n] = max(self.mag[n], float(np.nanmax(np.abs(r), initial=0.0)))
+            elif not np.array_equal(r, s):
+                self.exact[n], self.err[n] = False, float("inf")
+
+    def checks(self, rtol: float, atol: float) -> list[OutputCheck]:
+        out = []
+        for n in self.names:
+            err, mag = self.err[n], self.mag[n]
+            rel = err / mag if mag > 0 else (0.0 if err == 0 else float("inf"))
+            out.append(OutputCheck(n, self.shape[n], err, rel, self.exact[n] and err <= atol + rtol * mag))
+        return out
+
+
 def parse_shapes(specs: list[str] | None) -> dict[str, list[int]]:
     """`name:1,3,224,224` (or `name:[1,3,224,224]`) -> {name: [1, 3, 224, 224]}."""
     out: dict[str, list[int]] = {}
@@ -231,10 +264,7 @@ def compare(
     shapes = resolve_shapes(reference, opts.input_shapes or {})
     feeds = list(opts.inputs or []) + make_inputs(reference, shapes, opts.draws, opts.seed)
     ref_s, new_s = session(reference, opts.provider), session(shrunk, opts.provider)
-    names = [o.name for o in ref_s.get_outputs()]
-    worst = {
-        n: [0.0, 0.0, True, []] for n in names
-    }  # abs err, ref magnitude, exact-match ok, shape
+    tally = ErrorTally([o.name for o in ref_s.get_outputs()])
     for feed in feeds:
         try:
             r_out = ref_s.run(None, feed)
@@ -242,28 +272,8 @@ def compare(
             raise ShrinkError(
                 f"the reference model does not run on the validation inputs ({first_line(exc)}). Give input shapes with --input-shapes name:d0,d1,..."
             ) from exc
-        s_out = new_s.run(None, feed)
-        for n, r, s in zip(names, r_out, s_out, strict=True):
-            w = worst[n]
-            w[3] = list(r.shape)
-            if r.shape != s.shape or r.dtype != s.dtype:
-                w[2] = False
-                w[0] = float("inf")
-                continue
-            if np.issubdtype(r.dtype, np.floating):
-                both_nan = np.isnan(r) & np.isnan(s)
-                diff = np.where(both_nan, 0.0, np.abs(r.astype(np.float64) - s.astype(np.float64)))
-                w[0] = max(w[0], float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0)))
-                w[1] = max(w[1], float(np.nanmax(np.abs(r), initial=0.0)))
-            elif not np.array_equal(r, s):
-                w[2] = False
-                w[0] = float("inf")
-    checks = []
-    for n in names:
-        err, mag, ok, shape = worst[n]
-        rel = err / mag if mag > 0 else (0.0 if err == 0 else float("inf"))
-        passed = ok and err <= atol + rtol * mag
-        checks.append(OutputCheck(n, shape, err, rel, passed))
+        tally.add(r_out, new_s.run(None, feed))
+    checks = tally.checks(rtol, atol)
     return ValidationReport(
         all(c.passed for c in checks),
         rtol,

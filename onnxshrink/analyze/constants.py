@@ -46,7 +46,7 @@ class ConstInfo:
         """Per index along `axis`: is the whole slice constant?"""
         m = self.mask
         other = tuple(a for a in range(m.ndim) if a != axis)
-        return _per_index(m.all(axis=other) if other else m, size)
+        return _per_index(np.asarray(m.all(axis=other)) if other else m, size)
 
     def slice_values(self, axis: int, size: int) -> np.ndarray:
         """Per index along `axis`: the value at the slice's first element (its value when the
@@ -100,7 +100,7 @@ def _uniform_along(a: np.ndarray, axis: int) -> bool:
     return bool(np.all(a == first))
 
 
-def expand_to(arr: np.ndarray, shape: list[int | None]) -> np.ndarray | None:
+def expand_to(arr: np.ndarray, shape: Sequence[int | None]) -> np.ndarray | None:
     """Broadcast a compressed array to a static shape (dynamic dims stay 1); None if impossible."""
     target = []
     for have, want in zip(arr.shape, shape, strict=True):
@@ -140,7 +140,7 @@ class ConstContext:
         self.syms = syms or {}  # shape values from an earlier pass, when there was one
         self.consts: dict[str, ConstInfo] = {}
 
-    def sym(self, t: gs.Tensor | None) -> Any:
+    def sym(self, t: gs.Tensor | None) -> Any:  # a shapes.SymValue (that module imports this one)
         return None if t is None else self.syms.get(t.name)
 
     def const(self, t: gs.Tensor | None) -> ConstInfo | None:
@@ -155,7 +155,7 @@ class ConstContext:
             return c.value
         d = ir.dims(t)
         if d is not None and len(d) == c.value.ndim and ir.is_static(t):
-            return np.broadcast_to(c.value, d)
+            return np.broadcast_to(c.value, [int(v) for v in d])  # type: ignore[arg-type]
         return None
 
     def evaluate(self, node: gs.Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -183,9 +183,8 @@ def propagate_constants(
         if any(t is not None and t.name in graph_inputs for t in ins):
             full_const = False
         else:
-            full_const = all(
-                t is None or (ctx.const(t) is not None and ctx.const(t).full) for t in ins
-            )
+            consts = [ctx.const(t) for t in ins if t is not None]
+            full_const = all(c is not None and c.full for c in consts)
         outs: list[ConstInfo | None] | None = None
         handler = handler_for(node)
         if full_const and foldable(handler) and node.inputs and not _has_subgraph(node):

@@ -124,6 +124,12 @@ class KeepState:
         st = self._state(t)
         return st[axis] if axis < len(st) else None
 
+    def _reasons(self, t: gs.Tensor, axis: int) -> np.ndarray:
+        """Reason ids of the kept indices of a prunable axis (-1: not kept)."""
+        w = self._why[t.name][axis]
+        assert w is not None
+        return w
+
     def why(self, t: gs.Tensor, axis: int) -> list[Reason | None]:
         self._state(t)
         w = self._why[t.name][axis] if axis < len(self._why[t.name]) else None
@@ -174,9 +180,9 @@ class KeepState:
         self, t: gs.Tensor, axis: int, mask, reason: Reason = LIVE, why: np.ndarray | None = None
     ) -> None:
         st = self._state(t)
-        if axis >= len(st) or st[axis] is None:
+        arr = st[axis] if axis < len(st) else None
+        if arr is None:
             return
-        arr = st[axis]
         mask = np.asarray(mask)
         if mask.dtype != bool:
             m = np.zeros(arr.shape, dtype=bool)
@@ -187,15 +193,15 @@ class KeepState:
             return
         arr |= new
         self._changes += 1
-        w = self._why[t.name][axis]
-        w[new] = why[new] if why is not None else self._rid(reason)
+        self._reasons(t, axis)[new] = why[new] if why is not None else self._rid(reason)
         self._touch(t)
 
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = LIVE) -> None:
         st = self._state(t)
         for a in range(len(st)) if axis is None else [axis]:
-            if a < len(st) and st[a] is not None:
-                self.keep(t, a, np.ones(st[a].shape, dtype=bool), reason)
+            k = st[a] if a < len(st) else None
+            if k is not None:
+                self.keep(t, a, np.ones(k.shape, dtype=bool), reason)
 
     def couple(
         self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, meet: gs.Node | None = None
@@ -215,10 +221,11 @@ class KeepState:
 
     def _flow(self, src: gs.Tensor, sa: int, dst: gs.Tensor, da: int, meet: gs.Node | None) -> None:
         ks, kd = self.kept(src, sa), self.kept(dst, da)
+        assert ks is not None and kd is not None  # couple() checked
         new = ks & ~kd
         if not new.any():
             return
-        why = self._why[src.name][sa].copy()
+        why = self._reasons(src, sa).copy()
         if meet is not None:
             cd, cs = self.const(dst), self.const(src)
             if cd is not None:
@@ -246,11 +253,11 @@ class KeepState:
             mask = np.zeros(kb.shape, bool)
             mask[idx[ks_]] = True
             why = np.full(kb.shape, -1, np.int32)
-            why[idx[ks_]] = self._why[small.name][sa][ks_]
+            why[idx[ks_]] = self._reasons(small, sa)[ks_]
             self.keep(big, ba, mask, why=why)
         sel = kb[idx]
         if sel.any():
-            self.keep(small, sa, sel, why=self._why[big.name][ba][idx])
+            self.keep(small, sa, sel, why=self._reasons(big, ba)[idx])
 
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext
+
+if TYPE_CHECKING:  # the views handlers receive (implemented here and in constants.py)
+    from onnxshrink.ops.contract import ConstView, ShapeView
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,11 @@ class SymValue:
     @property
     def literal(self) -> bool:
         return all(isinstance(i, int) for i in self.items)
+
+    def ints(self) -> list[int] | None:
+        """The values, when every one is a literal."""
+        out = [i for i in self.items if isinstance(i, int)]
+        return out if len(out) == len(self.items) else None
 
 
 def opaque(*vals: SymValue | Item) -> Opaque:
@@ -128,26 +136,30 @@ def is_integer_output(node: gs.Node) -> bool:
         return False
 
 
-def shape_operands(node: gs.Node, view: ShapeSyms, inputs: Iterable[int]) -> list[SymValue] | None:
+def shape_operands(node: gs.Node, view: ShapeView, inputs: Iterable[int]) -> list[SymValue] | None:
     """The symbolic values of these inputs, when the node computes a shape value from them:
     some input is a shape value, every one is a shape value or a small integer constant, and
     the output is integer. None otherwise (the node computes data, e.g. divides by a size)."""
-    ts = [ir.present(node, i) for i in inputs]
-    ts = [t for t in ts if t is not None]
+    ts = [t for t in (ir.present(node, i) for i in inputs) if t is not None]
     if not ts or not any(view.is_shape(t) for t in ts) or not is_integer_output(node):
         return None
-    vals = [view.sym(t) for t in ts]
-    return None if any(v is None for v in vals) else vals  # type: ignore[return-value]
+    vals = []
+    for t in ts:
+        v = view.sym(t)
+        if v is None:
+            return None
+        vals.append(v)
+    return vals
 
 
-def opaque_value(node: gs.Node, view: ShapeSyms) -> SymValue | None:
+def opaque_value(node: gs.Node, view: ShapeView) -> SymValue | None:
     """Output 0 of a node that computes a shape value in a way not modelled: each element
     depends on every axis its shape-valued inputs refer to. None when no input is one."""
-    ins = [view.sym(t) for t in node.inputs if view.is_shape(t)]
+    ins = [v for v in (view.sym(t) for t in node.inputs if view.is_shape(t)) if v is not None]
     if not ins:
         return None
     r = ir.static_dim(node.outputs[0], 0)
-    return SymValue((opaque(*ins),) * (r or 1), scalar=ir.rank(node.outputs[0]) == 0)  # type: ignore[arg-type]
+    return SymValue((opaque(*ins),) * (r or 1), scalar=ir.rank(node.outputs[0]) == 0)
 
 
 def propagate_shapes(
@@ -203,8 +215,8 @@ def _fill(y: gs.Tensor, new: list | None) -> bool:
 def sized_dims(
     node: gs.Node,
     size_in: gs.Tensor | None,
-    consts: ConstContext,
-    view: ShapeSyms,
+    consts: ConstView,
+    view: ShapeView,
     *,
     broadcast: bool = False,
     zero_copies: bool = False,
@@ -251,14 +263,19 @@ def elementwise_dims(node: gs.Node, same_shape: bool) -> list | None:
     (known when some input has a size > 1, or all share one symbol or 1)."""
     yd = ir.dims(node.outputs[0])
     ins = [node.inputs[0]] if same_shape else [t for t in node.inputs if t is not None and t.name]
-    dims = [ir.dims(t) for t in ins]
-    if yd is None or any(d is None for d in dims) or any(len(d) > len(yd) for d in dims):  # type: ignore[arg-type]
+    dims = []
+    for t in ins:
+        d = ir.dims(t)
+        if d is None or yd is None or len(d) > len(yd):
+            return None
+        dims.append(d)
+    if yd is None:
         return None
     new = list(yd)
     for k in range(len(yd)):
         if isinstance(yd[k], int):
             continue
-        at = [d[k - len(yd) + len(d)] if k - len(yd) + len(d) >= 0 else 1 for d in dims]  # type: ignore[arg-type]
+        at = [d[k - len(yd) + len(d)] if k - len(yd) + len(d) >= 0 else 1 for d in dims]
         big = {v for v in at if isinstance(v, int) and v != 1}
         names = {v for v in at if not isinstance(v, int)}
         if len(big) == 1:  # whatever the unknown sizes, they broadcast to it

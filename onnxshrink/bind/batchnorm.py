@@ -93,6 +93,7 @@ def bind_folded(
     k, w_name = found
     conv = index.nodes[k]
     w_init = index.resolve(conv.input[1])
+    assert w_init is not None  # fused_conv found a conv weight
     b_init = index.resolve(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
     fused_w = index.array(w_init)
     n = fused_w.shape[0]
@@ -104,11 +105,11 @@ def bind_folded(
         zero[p] = np.zeros(n, bool) if m is None else np.asarray(m).reshape(-1) == 0
     orig = {p: values.get(f"{module}.{p}") for p in PARAMS}
     w_orig = values.get(w_name) if w_name else None
-    known = w_name is not None and all(v is not None for v in orig.values()) and w_orig is not None
+    known = all(v is not None for v in orig.values()) and w_orig is not None
     touched = zero["weight"] | zero["bias"] | zero["running_mean"] | zero["running_var"]
     if known:
         g, beta, mean, var = (
-            np.where(zero[p], 0.0, orig[p].astype(np.float64).reshape(-1)) for p in PARAMS
+            np.where(zero[p], 0.0, np.asarray(orig[p], dtype=np.float64).reshape(-1)) for p in PARAMS
         )
         dead = touched & (g == 0) & (beta == 0)
     else:
@@ -119,6 +120,7 @@ def bind_folded(
     keep = ~dead
     w_rows = b_rows = None
     if rest.any():  # new fused values for these channels, from the masked parameters
+        assert w_name is not None and w_orig is not None  # known
         eps = _eps(fused_w, w_orig, orig, ~touched)
         s = g / np.sqrt(var + eps)
         idx = np.flatnonzero(rest)

@@ -115,7 +115,9 @@ class Binder:
             if is_fused_batchnorm(n):
                 continue  # holds the BatchNorm's parameters folded: bound by `batchnorm`
             slot = self.index.param_slot(k, param)
-            init = self.index.resolve(n.input[slot]) if slot is not None and slot < len(n.input) else None
+            if slot is None or slot >= len(n.input):
+                continue
+            init = self.index.resolve(n.input[slot])
             if init is None:
                 continue
             site = Site(k, slot)
@@ -137,9 +139,12 @@ class Binder:
         Gemm's bias) but leave it empty: the exporter dropped a parameter that is zero (the
         dynamo exporter's optimizer does), and masking it changes nothing."""
         module, _, param = name.rpartition(".")
-        slots = [(k, self.index.param_slot(k, param)) for k in self.index.scopes.get(module, [])]
-        slots = [(k, i) for k, i in slots if i is not None]
-        return bool(slots) and all(not self.index.facts[k][1].has_input(i) for k, i in slots)
+        slots = []
+        for k in self.index.scopes.get(module, []):
+            i = self.index.param_slot(k, param)
+            if i is not None:
+                slots.append(not self.index.facts[k][1].has_input(i))
+        return bool(slots) and all(slots)
 
     def by_value(self, name: str, mask: np.ndarray) -> list[Binding] | None:
         orig = self.values.get(name)
@@ -175,13 +180,16 @@ class Binder:
         [(init, ways)] = candidates.items()
         sites = self.attribute(init, module)
         if len(ways) == 2:  # a symmetric matrix: its values cannot say which way the mask goes
-            layouts = {self.index.layout(s) for s in (sites or self.index.sites[init])}
-            if None in layouts or len({lay.transposed for lay in layouts}) != 1:
+            ways_read = {
+                lay.transposed if lay is not None else None
+                for lay in (self.index.layout(s) for s in (sites or self.index.sites[init]))
+            }
+            if None in ways_read or len(ways_read) != 1:
                 raise Ambiguous(
                     f"initializer '{init}' is symmetric, so its values cannot say which way the "
                     "mask goes, and no op reading it says"
                 )
-            transposed = layouts.pop().transposed
+            transposed = bool(ways_read.pop())
         else:
             transposed = ways.pop()
         layout = self.out_layout(init, sites)

@@ -7,6 +7,7 @@ import collections
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def _read_pt(p: Path):
     try:
         # Pruners' state dicts hold defaultdicts (torch.ao's "state"): read as plain dicts, the
         # only thing such a global may construct here. No other code can run from the file.
-        safe = [(_plain_dict, "collections.defaultdict"), collections.OrderedDict, dict]
+        safe: list[Any] = [(_plain_dict, "collections.defaultdict"), collections.OrderedDict, dict]
         with torch.serialization.safe_globals(safe):
             return torch.load(str(p), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

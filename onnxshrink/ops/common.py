@@ -7,13 +7,14 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress, expand_to
-from onnxshrink.ops.contract import KeepView
+from onnxshrink.ops.contract import KeepView, Reader
 
 
-def ints(node: gs.Node, reader, attr: str, index: int) -> list[int] | None:
-    """An int-list parameter that older opsets give as attribute `attr` and newer as input `index`.
-
-    `reader` is anything with `.value(tensor)` (the constant or keep context)."""
+def ints(
+    node: gs.Node, reader: Reader, attr: str, index: int
+) -> list[int] | None:
+    """An int-list parameter that older opsets give as attribute `attr` and newer as input `index`
+    (its value read through any of the views)."""
     if attr in node.attrs and node.attrs[attr] is not None:
         v = node.attrs[attr]
         return [int(x) for x in np.asarray(v).reshape(-1)]

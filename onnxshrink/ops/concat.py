@@ -17,6 +17,7 @@ from onnxshrink.ops.contract import (
     Handler,
     KeepView,
     OpNode,
+    Reader,
     RewriteView,
     ShapeView,
     WeightAxes,
@@ -65,10 +66,8 @@ class Concat(Handler):
             return [_joined_uniform(ctx, node.inputs, axis, r)]
         parts = []
         for t in node.inputs:
-            n = ir.static_dim(t, axis)
-            m, v = const_or_live(ctx, t, r)
-            m, v = np.broadcast_arrays(m, v)
-            parts.append(_expand_axis(m, v, axis, n))
+            m, v = np.broadcast_arrays(*const_or_live(ctx, t, r))
+            parts.append(_expand_axis(m, v, axis, ir.static_dim(t, axis) or 0))
         common = [max(p[0].shape[a] for p in parts) for a in range(r)]
         ms, vs = [], []
         for m, v in parts:
@@ -132,14 +131,14 @@ class Concat(Handler):
         return new
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
-        axis = ir.norm_axis(int(node.attrs["axis"]), ir.rank(node.outputs[0]))
+        axis = ir.norm_axis(int(node.attrs["axis"]), ir.known_rank(node.outputs[0]))
         keep = [t for t in node.inputs if rw.kept_count(t, axis) != 0]
         node.inputs.clear()
         node.inputs.extend(keep)
 
 
 # ------------------------------------------------------------------ Split
-def split_sizes(node: gs.Node, reader, x: gs.Tensor) -> tuple[int, list[int]] | None:
+def split_sizes(node: gs.Node, reader: Reader, x: gs.Tensor) -> tuple[int, list[int]] | None:
     r = ir.rank(x)
     if r is None:
         return None
@@ -159,13 +158,14 @@ def split_sizes(node: gs.Node, reader, x: gs.Tensor) -> tuple[int, list[int]] | 
 
 @register("Split")
 class Split(Handler):
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x = node.inputs[0]
-        c, _r, ss = ctx.const(x), ir.rank(x), split_sizes(node, ctx, x)
+        c, ss = ctx.const(x), split_sizes(node, ctx, x)
         if c is None or ss is None:
             return None
         axis, sizes = ss
-        m, v = _expand_axis(*np.broadcast_arrays(c.mask, c.value), axis, sum(sizes))
+        m, v = np.broadcast_arrays(c.mask, c.value)
+        m, v = _expand_axis(m, v, axis, sum(sizes))
         cuts = np.cumsum(sizes)[:-1]
         return [
             compress(a, b)
@@ -184,14 +184,17 @@ class Split(Handler):
             ks.demand(t)
         off = 0
         for y, n in zip(node.outputs, sizes, strict=True):
-            for a in range(ir.rank(x)):
+            for a in range(ir.known_rank(x)):
                 if a != axis:
                     ks.couple(x, a, y, a)
             ks.couple_map(y, axis, x, axis, np.arange(n) + off)
             off += n
 
     def settle(self, node: gs.Node, ks: KeepView) -> None:
-        axis, _ = split_sizes(node, ks, node.inputs[0])
+        ss = split_sizes(node, ks, node.inputs[0])
+        if ss is None:
+            return
+        axis = ss[0]
         why = Reason(
             "structure", node.name, node.op, "each part of a Split keeps at least one index"
         )
@@ -202,7 +205,10 @@ class Split(Handler):
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x = node.inputs[0]
-        axis, sizes = split_sizes(node, rw, x)
+        ss = split_sizes(node, rw, x)
+        if ss is None:
+            return
+        axis, sizes = ss
         new = [rw.kept_count(y, axis) for y in node.outputs]
         if new == sizes:
             return
@@ -217,7 +223,7 @@ class Split(Handler):
 
 # ------------------------------------------------------------------ Slice
 def slice_ranges(
-    node: gs.Node, reader, x: gs.Tensor
+    node: gs.Node, reader: Reader, x: gs.Tensor
 ) -> dict[int, tuple[int, int, int, np.ndarray | None]] | None:
     """Per sliced axis: (start, end, step, indices read or None when the axis is dynamic)."""
     r = ir.rank(x)
@@ -228,18 +234,23 @@ def slice_ranges(
         axes = list(node.attrs.get("axes", range(len(starts))))
         steps = [1] * len(starts)
     else:
-        starts, ends = ints(node, reader, "", 1), ints(node, reader, "", 2)
-        axes, steps = ints(node, reader, "", 3), ints(node, reader, "", 4)
-        if axes is None:
-            if ir.present(node, 3) is not None or starts is None:
+        got_starts, got_ends = ints(node, reader, "", 1), ints(node, reader, "", 2)
+        got_axes, got_steps = ints(node, reader, "", 3), ints(node, reader, "", 4)
+        if got_axes is None:
+            if ir.present(node, 3) is not None or got_starts is None:
                 return None
-            axes = list(range(len(starts)))
-        if starts is None or ends is None or (steps is None and ir.present(node, 4) is not None):
+            got_axes = list(range(len(got_starts)))
+        if (
+            got_starts is None
+            or got_ends is None
+            or (got_steps is None and ir.present(node, 4) is not None)
+        ):
             # Bounds computed at run time (e.g. up to a dynamic sequence length): the sliced
             # axes are known, what they keep is not.
-            return {ir.norm_axis(int(a), r): (0, 0, 1, None) for a in axes}
-        steps = steps if steps is not None else [1] * len(starts)
-    out = {}
+            return {ir.norm_axis(int(a), r): (0, 0, 1, None) for a in got_axes}
+        starts, ends, axes = got_starts, got_ends, got_axes
+        steps = got_steps if got_steps is not None else [1] * len(starts)
+    out: dict[int, tuple[int, int, int, np.ndarray | None]] = {}
     for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
         a = ir.norm_axis(int(a), r)
         n = ir.static_dim(x, a)
@@ -267,13 +278,11 @@ class Slice(Handler):
             starts, ends, steps = list(node.attrs["starts"]), list(node.attrs["ends"]), [1]
         else:
             params = [view.sym(ir.present(node, i)) for i in range(1, 5)]
-            if params[0] is None or params[1] is None:
+            got = [p.ints() if p is not None else None for p in params]
+            if got[0] is None or got[1] is None or (params[3] is not None and got[3] is None):
                 return opaque_value(node, view)
-            if any(not p.literal for p in params if p is not None):
-                return opaque_value(node, view)
-            starts, ends = list(params[0].items), list(params[1].items)
-            steps = list(params[3].items) if params[3] is not None else [1]
-        return SymValue(a.items[slice(starts[0], ends[0], steps[0])])  # type: ignore[misc]
+            starts, ends, steps = got[0], got[1], got[3] or [1]
+        return SymValue(a.items[slice(starts[0], ends[0], steps[0])])
 
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
         """A Slice keeps the input's dims on the axes it does not slice; shape inference drops
@@ -302,7 +311,7 @@ class Slice(Handler):
             for a, d in enumerate(yd)
         ]
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x = node.inputs[0]
         c, rng = ctx.const(x), slice_ranges(node, ctx, x)
         if c is None or rng is None:
@@ -325,7 +334,7 @@ class Slice(Handler):
         ks.demand(x, pin=False)
         for t in node.inputs[1:]:
             ks.demand(t)
-        for a in range(ir.rank(x)):
+        for a in range(ir.known_rank(x)):
             if a not in rng:
                 ks.couple(x, a, y, a)
                 continue
@@ -340,17 +349,17 @@ class Slice(Handler):
         x, y = node.inputs[0], node.outputs[0]
         rng = slice_ranges(node, rw, x)
         changes = {}
-        for a, (s, _e, step, idx) in rng.items():
+        for a, (s, _e, step, idx) in (rng or {}).items():
             kx = rw.kept(x, a)
             if idx is None or step != 1 or kx is None or kx.all():
                 continue
             start = int(kx[:s].sum())
-            changes[a] = (start, start + rw.kept_count(y, a))
+            changes[a] = (start, start + int(rw.kept_static(y, a).sum()))
         if not changes:
             return
         if "starts" in node.attrs:
             axes = [
-                ir.norm_axis(int(a), ir.rank(x))
+                ir.norm_axis(int(a), ir.known_rank(x))
                 for a in node.attrs.get("axes", range(len(node.attrs["starts"])))
             ]
             for k, a in enumerate(axes):
@@ -358,9 +367,10 @@ class Slice(Handler):
                     node.attrs["starts"][k], node.attrs["ends"][k] = changes[a]
             return
         starts, ends = ints(node, rw, "", 1), ints(node, rw, "", 2)
+        assert starts is not None and ends is not None  # constant bounds (slice_ranges gave them)
         axes = ints(node, rw, "", 3) or list(range(len(starts)))
         for k, a in enumerate(axes):
-            a = ir.norm_axis(int(a), ir.rank(x))
+            a = ir.norm_axis(int(a), ir.known_rank(x))
             if a in changes:
                 starts[k], ends[k] = changes[a]
         rw.replace_input(node, 1, np.asarray(starts, dtype=np.int64))
@@ -375,11 +385,11 @@ class Gather(Handler):
             return None
         a = view.sym(node.inputs[0])
         idx = view.sym(ir.present(node, 1))
-        if a is None or idx is None or not idx.literal or a.scalar:
+        picks = idx.ints() if idx is not None else None
+        if a is None or idx is None or picks is None or a.scalar:
             return opaque_value(node, view)
         n = len(a.items)
-        picked = tuple(a.items[i + n if i < 0 else i] for i in idx.items)  # type: ignore[operator]
-        return SymValue(picked, scalar=idx.scalar)
+        return SymValue(tuple(a.items[i + n if i < 0 else i] for i in picks), scalar=idx.scalar)
 
     def index_inputs(self, node: OpNode) -> Mapping[int, tuple[int, int]]:
         return {1: (0, int(node.attrs.get("axis", 0)))}
@@ -392,7 +402,7 @@ class Gather(Handler):
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
         return {"weight": 0}
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x, i_t = node.inputs[0], node.inputs[1]
         c, idx, r = ctx.const(x), ctx.value(i_t), ir.rank(x)
         if c is None or r is None:
@@ -454,7 +464,7 @@ class Gather(Handler):
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x, i_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         idx = rw.value(i_t)
-        r = ir.rank(x)
+        r = ir.known_rank(x)
         axis = ir.norm_axis(int(node.attrs.get("axis", 0)), r)
         kx = rw.kept(x, axis)
         if idx is None or kx is None or idx.ndim > 1 or kx.all():
@@ -465,4 +475,4 @@ class Gather(Handler):
         if idx.ndim == 1:
             ky = rw.kept(y, axis)
             idx = idx[ky] if ky is not None else idx
-        rw.replace_input(node, 1, pos[idx].astype(rw.value(i_t).dtype))
+        rw.replace_input(node, 1, pos[idx].astype(idx.dtype))

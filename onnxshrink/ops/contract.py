@@ -40,9 +40,13 @@ Dims = list[int | str | None]
 
 # ---------------------------------------------------------------------- views
 class ConstView(Protocol):
-    """What `constants` reads: the constant elements known so far."""
+    """What `constants` reads: the constant elements known so far (and the shape values of an
+    earlier pass, when there was one)."""
 
     opset: int
+    tensors: Mapping[str, gs.Tensor]
+
+    def sym(self, t: gs.Tensor | None) -> SymValue | None: ...
 
     def const(self, t: gs.Tensor | None) -> ConstInfo | None: ...
 
@@ -108,10 +112,13 @@ class RewriteView(Protocol):
     """What `rewrite` reads (the analysis, the original values) and the edits it makes."""
 
     opset: int
+    tensors: Mapping[str, gs.Tensor]
 
     def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None: ...
 
     def kept_count(self, t: gs.Tensor, axis: int) -> int | None: ...
+
+    def kept_static(self, t: gs.Tensor, axis: int) -> np.ndarray: ...
 
     def const(self, t: gs.Tensor | None) -> ConstInfo | None: ...
 
@@ -143,7 +150,12 @@ class RewriteView(Protocol):
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None: ...
 
     def add_constant(
-        self, node: gs.Node, out_index: int, values: np.ndarray, channels: int
+        self,
+        node: gs.Node,
+        out_index: int,
+        values: np.ndarray,
+        channels: int,
+        into: str | None = None,
     ) -> None: ...
 
     def slice1d(self, t: gs.Tensor, p: int) -> gs.Variable: ...
@@ -157,6 +169,10 @@ class RewriteView(Protocol):
     def check_removed_constant(
         self, node: gs.Node, c: ConstInfo | None, axis: int, removed: np.ndarray
     ) -> None: ...
+
+
+#: any of the views, for helpers that only read values (`reader.value(t)`, `reader.const(t)`)
+Reader = ConstView | KeepView | RewriteView
 
 
 # ---------------------------------------------------------------------- static facts

@@ -22,7 +22,15 @@ from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress, static_batch1
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import along, channel_expand
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView, WeightAxes
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Reader,
+    RewriteView,
+    WeightAxes,
+)
 from onnxshrink.ops.registry import register
 
 
@@ -75,7 +83,7 @@ class _ConvBase(Handler):
         """Does a uniform input give a non-uniform output (zero padding, transposed taps)?"""
         return self.transposed or not self.no_padding(node)
 
-    def absorbable(self, node: gs.Node, reader, x: gs.Tensor, ci: int) -> np.ndarray:
+    def absorbable(self, node: gs.Node, reader: Reader, x: gs.Tensor, ci: int) -> np.ndarray:
         """Input channels whose constant contribution can be folded exactly."""
         c = reader.const(x)
         if c is None:
@@ -153,6 +161,7 @@ class _ConvBase(Handler):
 
         d = ks.memo(("depends", id(node)), lambda: self.depends(node, w))
         ky = ks.kept(y, 1)
+        assert ky is not None  # its size is static (checked above)
         absorb = ks.memo(("absorbable", id(node)), lambda: self.absorbable(node, ks, x, ci))
         reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
         cx = ks.const(x)
@@ -208,9 +217,10 @@ class _ConvBase(Handler):
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x, wt, y = node.inputs[0], node.inputs[1], node.outputs[0]
         w0 = rw.original(wt)
+        assert w0 is not None  # keep() made a node with a computed weight a barrier
         g, ci, co = self.layout(node, w0)
         cin, cout = ci // g, co // g
-        kx, ky = rw.kept(x, 1), rw.kept(y, 1)
+        kx, ky = rw.kept_static(x, 1), rw.kept_static(y, 1)
         self.fold(node, rw, x, w0, kx, ky, ci)
         if g == 1:
             return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -102,7 +102,7 @@ NARY = (
 
 
 # Integer arithmetic exporters write on shape values, by op.
-_SHAPE_ARITH = {
+_SHAPE_ARITH: dict[str, Callable[[int, int], int]] = {
     "Add": lambda p, q: p + q,
     "Sub": lambda p, q: p - q,
     "Mul": lambda p, q: p * q,
@@ -111,7 +111,7 @@ _SHAPE_ARITH = {
     "Div": lambda p, q: int(np.trunc(p / q)) if q else 0,
     "Mod": lambda p, q: int(np.fmod(p, q)) if q else 0,
 }
-_SHAPE_UNARY = {"Neg": lambda p: -p, "Abs": abs, "Floor": lambda p: p, "Ceil": lambda p: p}
+_SHAPE_UNARY: dict[str, Callable[[int], int]] = {"Neg": lambda p: -p, "Abs": abs, "Floor": lambda p: p, "Ceil": lambda p: p}
 # Ops whose output has the shape of input 0 (the others broadcast their operands).
 SAME_SHAPE = {*UNARY, "Clip", "PRelu", "Dropout", "CastLike"}
 
@@ -187,7 +187,7 @@ class Elementwise(Handler):
         if not mask.any():
             return None
         values = [v for _, v in pairs]
-        full = [None] * len(node.inputs)
+        full: list[np.ndarray | None] = [None] * len(node.inputs)
         k = 0
         for i, t in enumerate(node.inputs):
             if t is not None and t.name:
@@ -242,11 +242,11 @@ class Dropout(Elementwise):
     def operands(self, node: gs.Node) -> list[gs.Tensor]:
         return node.inputs[:1]
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c = ctx.const(node.inputs[0])
         return [c] if c is not None else None
 
-    def keep(self, node, ks):
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         super().keep(node, ks)
         for t in node.inputs[1:]:
             ks.demand(t)
@@ -262,11 +262,11 @@ class CastLike(Dropout):
         vals = shape_operands(node, view, [0])
         return vals[0] if vals else None
 
-    def keep(self, node, ks):
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
         Elementwise.keep(self, node, ks)
         ks.demand(node.inputs[1], pin=False)
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c = ctx.const(node.inputs[0])
         if c is None:
             return None

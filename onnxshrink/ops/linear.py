@@ -143,7 +143,7 @@ class Gemm(Handler):
         if b0 is None or ca is None:
             return
         b0 = self.oriented(node, b0)
-        ka, ky = rw.kept(a_t, a_k), rw.kept(y, 1)
+        ka, ky = rw.kept_static(a_t, a_k), rw.kept_static(y, 1)
         removed = ~ka & (b0[:, ky] != 0).any(axis=1)
         rw.check_removed_constant(node, ca, a_k, removed)
         if not removed.any():
@@ -176,10 +176,11 @@ class MatMul(Handler):
         return int(np.prod(output)) * int(a[-1]) if a else 0
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
-        a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
-        ra, rb, ry = ir.rank(a_t), ir.rank(b_t), ir.rank(y)
-        if None in (ra, rb, ry) or ra < 1 or rb < 1:
+        a_t, b_t = node.inputs[0], node.inputs[1]
+        roles = self.roles(node)
+        if roles is None:
             return None
+        ra, rb, ry, _, _ = roles
         if ctx.const(a_t) is None and ctx.const(b_t) is None:
             return None
         am, av = const_or_live(ctx, a_t, max(ra, 2))
@@ -195,7 +196,7 @@ class MatMul(Handler):
         elif a_full is not None:
             const = ~_live_product(av != 0, ~bm)
         else:
-            const = am.all(axis=-1, keepdims=True) & bm.all(axis=-2, keepdims=True)
+            const = np.asarray(am.all(axis=-1, keepdims=True) & bm.all(axis=-2, keepdims=True))
             # A row or column that is constant zero makes its products zero whatever the other
             # side (e.g. a head whose V projection is masked: probs @ 0).
             const = (
@@ -222,7 +223,7 @@ class MatMul(Handler):
     def roles(self, node: gs.Node) -> tuple[int, int, int, int | None, int | None] | None:
         """(rank A, rank B, rank Y, Y's M axis, Y's N axis)."""
         ra, rb, ry = ir.rank(node.inputs[0]), ir.rank(node.inputs[1]), ir.rank(node.outputs[0])
-        if None in (ra, rb, ry) or ra < 1 or rb < 1:
+        if ra is None or rb is None or ry is None or ra < 1 or rb < 1:
             return None
         y_m = (ry - 2 if rb >= 2 else ry - 1) if ra >= 2 else None
         y_n = ry - 1 if rb >= 2 else None
@@ -256,8 +257,9 @@ class MatMul(Handler):
             nz = self._nz_b(b, rb)
             kn = ks.kept(y, y_n) if y_n is not None else None
             reads = nz[:, kn].any(axis=1) if kn is not None else nz.any(axis=1)
+            reads = np.asarray(reads)
             ca = ks.const(a_t)
-            absorb = np.zeros(len(reads), bool)
+            absorb = np.zeros(len(reads), dtype=bool)
             if ca is not None and rb == 2:
                 absorb = ca.slice_constant(ra - 1, len(reads))
             ks.keep(a_t, ra - 1, reads & ~absorb)

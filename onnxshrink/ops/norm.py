@@ -13,7 +13,15 @@ from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.analyze.shapes import elementwise_dims
 from onnxshrink.ops.common import along, channelwise_constants, const_or_live, couple_same, ints
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, ShapeView, WeightAxes
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Reader,
+    ShapeView,
+    WeightAxes,
+)
 from onnxshrink.ops.registry import register
 
 
@@ -39,8 +47,8 @@ class BatchNorm(Handler):
         mask = xm | along(scale.reshape(-1) == 0, 1, r)  # zero scale: the channel is the bias
         if not mask.any():
             return None
-        params = [ctx.value(t) for t in node.inputs[1:5]]
-        if any(p is None for p in params):
+        params = [p for p in (ctx.value(t) for t in node.inputs[1:5]) if p is not None]
+        if len(params) != 4:
             return None
         # Inference-mode formula. (onnx.reference's opset-9 kernel reads a momentum attribute as
         # "use batch statistics", so it is not used here.)
@@ -77,7 +85,7 @@ class InstanceNorm(Handler):
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
         return {"weight": 1, "bias": 2}
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         return channelwise_constants(ctx, node, invariant=False)
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
@@ -97,7 +105,7 @@ class InstanceNorm(Handler):
             ks.couple(y, 1, p, 0)
 
 
-def normalized_axes(node: gs.Node, reader, r: int, opset: int) -> list[int] | None:
+def normalized_axes(node: gs.Node, reader: Reader, r: int, opset: int) -> list[int] | None:
     op = node.op
     if op in ("Softmax", "LogSoftmax", "Hardmax"):
         axis = ir.norm_axis(int(node.attrs.get("axis", -1 if opset >= 13 else 1)), r)
@@ -142,7 +150,7 @@ class AxisNormalization(Handler):
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
         axes = normalized_axes(node, ks, r, ks.opset) if r is not None else None
-        if axes is None:
+        if r is None or axes is None:
             ks.barrier(node)
             return
         ks.demand(x, pin=False)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import channelwise_constants
-from onnxshrink.ops.contract import Handler, KeepView
+from onnxshrink.ops.contract import ConstView, Handler, KeepView
 from onnxshrink.ops.registry import register
 
 
@@ -35,7 +36,7 @@ def channel_map_keep(node: gs.Node, ks: KeepView, x: gs.Tensor, y: gs.Tensor) ->
 class Pool(Handler):
     evaluate_with_ort = True
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         op = node.op
         invariant = op in ("MaxPool", "GlobalMaxPool", "GlobalAveragePool") or (
             op == "AveragePool"

@@ -9,7 +9,7 @@ from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import ints
-from onnxshrink.ops.contract import ConstView, Handler, KeepView
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader
 from onnxshrink.ops.registry import register
 
 REDUCE = (
@@ -27,7 +27,7 @@ REDUCE = (
 _UNIFORM_SAFE = ("ReduceMean", "ReduceMax", "ReduceMin")  # uniform in -> same value out
 
 
-def reduced_axes(node: gs.Node, reader, r: int) -> list[int] | None:
+def reduced_axes(node: gs.Node, reader: Reader, r: int) -> list[int] | None:
     """Axes reduced over; None when they are not known statically."""
     if (
         "axes" not in node.attrs
@@ -62,8 +62,11 @@ class Reduce(Handler):
                     return None
             else:
                 shape[a] = n
-        mask = np.broadcast_to(c.mask, np.broadcast_shapes(c.mask.shape, tuple(shape)))
-        mask = mask.all(axis=tuple(axes), keepdims=keepdims)
+        mask = np.asarray(
+            np.broadcast_to(c.mask, np.broadcast_shapes(c.mask.shape, tuple(shape))).all(
+                axis=tuple(axes), keepdims=keepdims
+            )
+        )
         if not mask.any():
             return None
         xin = np.broadcast_to(c.value, np.broadcast_shapes(c.value.shape, tuple(shape)))
@@ -77,7 +80,7 @@ class Reduce(Handler):
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
         axes = reduced_axes(node, ks, r) if r is not None else None
-        if axes is None:
+        if r is None or axes is None:
             ks.barrier(node)
             return
         ks.demand(x, pin=False)

@@ -19,7 +19,15 @@ from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.analyze.shapes import DimRef, Opaque, SymValue, opaque_value, sized_dims
 from onnxshrink.ops.common import couple_broadcast, ints
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView, ShapeView
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Reader,
+    RewriteView,
+    ShapeView,
+)
 from onnxshrink.ops.registry import register
 
 Group = tuple[list[int], list[int]]
@@ -118,7 +126,7 @@ def _pair_leftovers(a: list, b: list) -> tuple[list, list]:
     return a, b
 
 
-def size_items(node: gs.Node, reader, i: int) -> list | None:
+def size_items(node: gs.Node, reader: Reader, i: int) -> list | None:
     """Elements of a shape-valued input: ints, DimRef or Opaque items; None if not known."""
     t = ir.present(node, i)
     if t is None:
@@ -175,9 +183,10 @@ def rewrite_size_input(
         return
     # Mixed: take unchanged (symbolic) elements from the original shape tensor, literals anew.
     orig = node.inputs[i]
-    pieces, run = [], []
+    pieces: list[gs.Tensor] = []
+    run: list[int] = []
 
-    def flush():
+    def flush() -> None:
         if run:
             pieces.append(rw.constant(np.asarray(run, dtype=np.int64), "shape"))
             run.clear()
@@ -202,9 +211,11 @@ def _close_product(
     site: gs.Node,
 ) -> None:
     """Kept elements of a merged/split block form one set seen from both sides."""
-    ka = [ks.kept(x, a) for a in in_axes]
-    kb = [ks.kept(y, b) for b in out_axes]
-    if any(k is None for k in ka + kb):
+    got_a = [ks.kept(x, a) for a in in_axes]
+    got_b = [ks.kept(y, b) for b in out_axes]
+    ka = [k for k in got_a if k is not None]
+    kb = [k for k in got_b if k is not None]
+    if len(ka) < len(got_a) or len(kb) < len(got_b):
         for a in in_axes:
             ks.pin(x, a)
         for b in out_axes:
@@ -259,6 +270,8 @@ def reshape_constants(
     if c is None or groups is None:
         return None
     din, dout = ir.dims(x), ir.dims(y)
+    if din is None or dout is None:
+        return None
     m, v = c.mask, c.value
     new_shape = []
     for ga, gb in groups:
@@ -272,17 +285,17 @@ def reshape_constants(
             return None
         target = list(m.shape)
         for a in ga:
-            target[a] = din[a]
+            target[a] = int(din[a])  # type: ignore[arg-type]  # checked static above
         m = np.broadcast_to(m, np.broadcast_shapes(m.shape, tuple(target)))
         v = np.broadcast_to(v, np.broadcast_shapes(v.shape, tuple(target)))
-        new_shape += [dout[b] for b in gb]
+        new_shape += [int(dout[b]) for b in gb]  # type: ignore[arg-type]
     # Only grouped axes are expanded, so both arrays now share the sizes reshape needs.
     full = np.broadcast_shapes(m.shape, v.shape)
     m, v = np.broadcast_to(m, full), np.broadcast_to(v, full)
     return compress(m.reshape(new_shape), v.reshape(new_shape))
 
 
-def _reshape_grouping(node: gs.Node, reader, x: gs.Tensor, y: gs.Tensor) -> list[Group] | None:
+def _reshape_grouping(node: gs.Node, reader: Reader, x: gs.Tensor, y: gs.Tensor) -> list[Group] | None:
     a, b = _tokens(x), _tokens(y)
     if a is None or b is None:
         return None
@@ -324,7 +337,7 @@ class Reshape(Handler):
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
         return sized_dims(node, ir.present(node, 1), consts, view, zero_copies=True)
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x, y = node.inputs[0], node.outputs[0]
         return [reshape_constants(ctx, x, y, _reshape_grouping(node, ctx, x, y))]
 
@@ -346,9 +359,10 @@ class Reshape(Handler):
             if it == 0 and not allowzero:
                 ks.couple(x, p, y, p)  # 0 copies the input's size at the same position
 
-    def rewrite(self, node, rw: RewriteView):
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         items = size_items(node, rw, 1)
-        rewrite_size_input(rw, node, 1, items, node.outputs[0], node.inputs[0])
+        if items is not None:  # keep() made a Reshape of an unknown target a barrier
+            rewrite_size_input(rw, node, 1, items, node.outputs[0], node.inputs[0])
 
 
 @register("Flatten")
@@ -363,7 +377,7 @@ class Flatten(Handler):
         axis = ir.norm_axis(int(node.attrs.get("axis", 1)), r)
         return [(list(range(axis)), [0]), (list(range(axis, r)), [1])]
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x, y = node.inputs[0], node.outputs[0]
         return [reshape_constants(ctx, x, y, self._groups(node, x))]
 
@@ -382,7 +396,7 @@ class Transpose(Handler):
     def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
         return self.perm(node, rank) if i == 0 else None
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, r = ctx.const(node.inputs[0]), ir.rank(node.inputs[0])
         if c is None or r is None:
             return None
@@ -400,7 +414,7 @@ class Transpose(Handler):
             ks.couple(x, a, y, i)
 
 
-def _squeeze_axes(node: gs.Node, reader, x: gs.Tensor) -> list[int] | None:
+def _squeeze_axes(node: gs.Node, reader: Reader, x: gs.Tensor) -> list[int] | None:
     r = ir.rank(x)
     if r is None:
         return None
@@ -408,7 +422,7 @@ def _squeeze_axes(node: gs.Node, reader, x: gs.Tensor) -> list[int] | None:
     if axes is None:
         if "axes" not in node.attrs and ir.present(node, 1) is not None:
             return None  # given, but not constant
-        d = ir.dims(x)
+        d = ir.dims(x) or []
         if any(not isinstance(v, int) for v in d):
             return None
         return [k for k, v in enumerate(d) if v == 1]
@@ -425,7 +439,7 @@ class Squeeze(Handler):
             return SymValue(a.items, scalar=True)
         return opaque_value(node, view)
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c = ctx.const(node.inputs[0])
         axes = _squeeze_axes(node, ctx, node.inputs[0])
         if c is None or axes is None:
@@ -448,7 +462,7 @@ class Squeeze(Handler):
         for t in node.inputs[1:]:
             ks.demand(t)
         j = 0
-        for a in range(ir.rank(x)):
+        for a in range(ir.known_rank(x)):
             if a in axes:
                 ks.pin(x, a)
             else:
@@ -461,12 +475,12 @@ class Unsqueeze(Handler):
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         return vector_of(node, view)
 
-    def axes(self, node: gs.Node, reader) -> list[int] | None:
+    def axes(self, node: gs.Node, reader: Reader) -> list[int] | None:
         r = ir.rank(node.outputs[0])
         axes = ints(node, reader, "axes", 1)
         return None if axes is None or r is None else ir.norm_axes(axes, r)
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, axes = ctx.const(node.inputs[0]), self.axes(node, ctx)
         if c is None or axes is None:
             return None
@@ -486,7 +500,7 @@ class Unsqueeze(Handler):
         for t in node.inputs[1:]:
             ks.demand(t)
         j = 0
-        for b in range(ir.rank(y)):
+        for b in range(ir.known_rank(y)):
             if b in axes:
                 ks.pin(y, b)
             else:
@@ -515,7 +529,7 @@ class Expand(Handler):
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
         return sized_dims(node, ir.present(node, 1), consts, view, broadcast=True)
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, r = ctx.const(node.inputs[0]), ir.rank(node.outputs[0])
         if c is None or r is None:
             return None
@@ -532,14 +546,13 @@ class Expand(Handler):
         ks.demand(x, pin=False)
         ks.demand(node.inputs[1])
         couple_broadcast(ks, node, y, x)
-        off = ir.rank(y) - len(items)
+        off = ir.known_rank(y) - len(items)
         tie_size_items(ks, node, [1] * off + items, y)
 
-    def rewrite(self, node, rw: RewriteView):
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         items = size_items(node, rw, 1)
         y = node.outputs[0]
-        off = ir.rank(y) - len(items)
-        if off == 0:
+        if items is not None and ir.known_rank(y) == len(items):
             rewrite_size_input(rw, node, 1, items, y)
 
 
@@ -548,7 +561,7 @@ class ConstantOfShape(Handler):
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
         return sized_dims(node, node.inputs[0], consts, view)
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         r = ir.rank(node.outputs[0])
         if r is None:
             return None
@@ -567,8 +580,10 @@ class ConstantOfShape(Handler):
         ks.demand(node.inputs[0])
         tie_size_items(ks, node, items, node.outputs[0])
 
-    def rewrite(self, node, rw: RewriteView):
-        rewrite_size_input(rw, node, 0, size_items(node, rw, 0), node.outputs[0])
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        items = size_items(node, rw, 0)
+        if items is not None:
+            rewrite_size_input(rw, node, 0, items, node.outputs[0])
 
 
 @register("Range", since=11)

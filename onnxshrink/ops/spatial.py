@@ -6,11 +6,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import compress
+from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.evaluate import evaluate_op
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import channelwise_constants, ints
-from onnxshrink.ops.contract import Handler, KeepView, RewriteView
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, RewriteView
 from onnxshrink.ops.registry import register
 
 
@@ -21,7 +21,7 @@ def _per_axis(
     for t in node.inputs[1:]:
         if t is not None and t.name:
             ks.demand(t)
-    for a in range(ir.rank(x)):
+    for a in range(ir.rank(x) or 0):
         if a in touched:
             ks.pin(x, a, why)
             ks.pin(y, a, why)
@@ -30,7 +30,7 @@ def _per_axis(
 
 
 # ------------------------------------------------------------------ Pad
-def pad_amounts(node: gs.Node, reader, r: int) -> dict[int, tuple[int, int]] | None:
+def pad_amounts(node: gs.Node, reader: Reader, r: int) -> dict[int, tuple[int, int]] | None:
     pads = ints(node, reader, "pads", 1)
     if pads is None:
         return None
@@ -53,7 +53,7 @@ def _pad_mask(node: gs.Node, ctx, m: np.ndarray, rest: list, mode: str) -> np.nd
 
 @register("Pad")
 class Pad(Handler):
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x = node.inputs[0]
         c, r = ctx.const(x), ir.rank(x)
         amounts = pad_amounts(node, ctx, r) if r is not None else None
@@ -88,8 +88,8 @@ class Pad(Handler):
 
 # ------------------------------------------------------------------ Resize / Upsample
 def resize_factors(
-    node: gs.Node, reader, x: gs.Tensor
-) -> tuple[list[float] | None, list[int] | None] | None:
+    node: gs.Node, reader: KeepView | ConstView | RewriteView, x: gs.Tensor
+) -> tuple[list[float] | None, list[int | None] | None] | None:
     """(scales, sizes) over all axes of x, either may be None; None when neither is known."""
     r = ir.rank(x)
     if r is None:
@@ -129,7 +129,7 @@ def resize_factors(
 class Resize(Handler):
     evaluate_with_ort = True
 
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         f = resize_factors(node, ctx, node.inputs[0])
         if f is None or (f[0] is not None and f[0][:2] != [1.0, 1.0]):
             return None
@@ -149,7 +149,7 @@ class Resize(Handler):
             return
         scales, sizes = f
         touched = set()
-        for a in range(ir.rank(x)):
+        for a in range(ir.rank(x) or 0):
             if scales is not None and scales[a] != 1.0:
                 touched.add(a)
             if sizes is not None and sizes[a] != ir.static_dim(x, a):
@@ -163,6 +163,8 @@ class Resize(Handler):
             return
         y = node.outputs[0]
         r = ir.rank(y)
+        if r is None:
+            return
         axes = node.attrs.get("axes")
         new = [int(s) for s in sizes.reshape(-1)]
         for k, a in enumerate(ir.norm_axes(axes, r) if axes else range(r)):
@@ -176,7 +178,7 @@ class Resize(Handler):
 # ------------------------------------------------------------------ Tile
 @register("Tile")
 class Tile(Handler):
-    def constants(self, node, ctx):
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, reps = ctx.const(node.inputs[0]), ctx.value(node.inputs[1])
         if c is None or reps is None:
             return None

@@ -4,6 +4,7 @@ shapes, Constant nodes as initializers, and shared initializers untied (see `tie
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -21,7 +22,7 @@ def prepare(
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
     for t in tensors.values():
-        lazy = getattr(t, "_values", None)
+        lazy: Any = getattr(t, "_values", None)
         if (
             isinstance(t, gs.Constant)
             and hasattr(lazy, "tensor")

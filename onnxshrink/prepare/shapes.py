@@ -69,7 +69,8 @@ def _dims(vi: onnx.ValueInfoProto) -> list | None:
 
 
 def _probe_shapes(model: onnx.ModelProto, pick) -> dict[str, list[int]]:
-    shapes, symbols = {}, {}
+    shapes: dict[str, list[int]] = {}
+    symbols: dict[object, int] = {}
     inits = {t.name for t in model.graph.initializer}
     for i in model.graph.input:
         if i.name in inits:
