@@ -12,14 +12,16 @@ import numpy as np
 import onnx
 
 from onnxshrink.analyze import Analysis, analyze
+from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
-from onnxshrink.errors import ShrinkError, ValidationFailed
+from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
 from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import data_files, load_external, load_model, save_model
 from onnxshrink.masks import MaskSet, load_maskset
 from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
+from onnxshrink.recover import Attempt, recover
 from onnxshrink.report import (
     KeptGroup,
     ModelStats,
@@ -60,6 +62,9 @@ class ShrinkResult:
     removed_nodes: int = 0
     written: list[str] = field(default_factory=list)
     torch_validation: ValidationReport | None = None  # export_and_shrink: against the module itself
+    # When the first proof failed: what failed, and the tensor axes kept whole to pass.
+    first_failure: str | None = None
+    kept_after_failed_proof: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -82,6 +87,8 @@ class ShrinkResult:
             "removed_nodes",
             "written",
             "torch_validation",
+            "first_failure",
+            "kept_after_failed_proof",
         )
         return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
 
@@ -123,23 +130,30 @@ def shrink(
 
     opts.say(f"analyzing {len(reference.graph.node)} nodes ...")
     analysis = analyze_model(reference, source.base_dir)
-    barriers = [
-        {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
-    ]
     clock.lap("analyze")
     opts.say(f"analyzed in {clock.timings['analyze']:.2f} s; rewriting ...")
-
-    rewritten = rewrite(analysis, reference)
-    shrunk = rewritten.model
+    first = attempt_rewrite(analysis, reference, opts)
     clock.lap("rewrite")
-
-    report = None
     if opts.validate:
         opts.say("validating with onnxruntime ...")
         if source.base_dir is not None:
             load_external(reference, Path(source.base_dir), str(source.path))
-        report = compare(reference, shrunk, opts)
+        if first.rewritten is not None:
+            first.report = compare(reference, first.rewritten.model, opts)
         clock.lap("validate")
+    outcome, recovery = first, None
+    if opts.validate and opts.recover and not first.passed:
+        opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
+        recovery = recover(first, lambda pins: attempt(reference, source.base_dir, opts, pins))
+        outcome = recovery.attempt
+        clock.lap("recover")
+    if outcome.rewritten is None:  # the rewrite failed even keeping every channel
+        raise ValidationFailed(f"{outcome.failure()}; nothing was written.", None)
+    rewritten, report, analysis = outcome.rewritten, outcome.report, outcome.analysis
+    shrunk = rewritten.model
+    barriers = [
+        {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
+    ]
     shapes = report.input_shapes if report else resolve_shapes(reference, opts.input_shapes or {})
     result = ShrinkResult(
         model=shrunk,
@@ -157,6 +171,12 @@ def shrink(
         kept_zeroed=rewritten.kept_zeroed,
         sparsity=sparsity_left(shrunk),
         removed_nodes=rewritten.removed_nodes,
+        first_failure=recovery.first_failure if recovery else None,
+        kept_after_failed_proof=[
+            {"tensor": t, "axis": a, "indices": n} for (t, a), n in recovery.kept.items()
+        ]
+        if recovery and outcome.passed
+        else [],
     )
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
@@ -234,10 +254,33 @@ def bind(
     return bound, reference, held
 
 
-def analyze_model(reference: onnx.ModelProto, base_dir: str | None) -> Analysis:
+def analyze_model(
+    reference: onnx.ModelProto, base_dir: str | None, pins: frozenset[AxisKey] = frozenset()
+) -> Analysis:
     graph, untied = prepare(reference, base_dir)
     opset = default_opset(reference)
-    return analyze(graph, opset, lookup(opset), untied)
+    return analyze(graph, opset, lookup(opset), untied, pins)
+
+
+def attempt_rewrite(analysis: Analysis, reference: onnx.ModelProto, opts: ShrinkOptions) -> Attempt:
+    """Rewrite the analyzed graph. With validation on, a rewrite that fails (a handler's bug, a
+    model onnx rejects) is a failed proof, to recover from; without, an internal error."""
+    try:
+        return Attempt(analysis, rewrite(analysis, reference), None)
+    except (InternalError, onnx.checker.ValidationError) as exc:
+        if not opts.validate:
+            raise
+        return Attempt(analysis, None, None, f"{type(exc).__name__}: {first_line(exc)}")
+
+
+def attempt(
+    reference: onnx.ModelProto, base_dir: str | None, opts: ShrinkOptions, pins: frozenset[AxisKey]
+) -> Attempt:
+    """A whole analysis, rewrite and proof, with some tensor axes kept whole."""
+    result = attempt_rewrite(analyze_model(reference, base_dir, pins), reference, opts)
+    if result.rewritten is not None:
+        result.report = compare(reference, result.rewritten.model, opts)
+    return result
 
 
 def rewrite(analysis: Analysis, reference: onnx.ModelProto) -> RewriteResult:

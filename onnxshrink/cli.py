@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-failed", action="store_true", help="write the output even when validation fails"
     )
     p.add_argument(
+        "--no-recover",
+        action="store_true",
+        help="when the proof fails, fail (exit 1) instead of keeping the removals responsible",
+    )
+    p.add_argument(
         "--masks-format",
         default="auto",
         choices=MASKS_FORMATS,
@@ -140,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 atol=args.atol,
                 provider=args.provider,
                 keep_failed=args.keep_failed,
+                recover=not args.no_recover,
                 allow_unbound=args.allow_unbound,
                 masks_format=args.masks_format,
                 weights=args.weights,
@@ -150,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             result = shrink(args.model, args.masks, args.output, options=options)
         except ValidationFailed as exc:
             result, failure = exc.result, exc
-        _print_result(result, args, say)
+        if result is not None:
+            _print_result(result, args, say)
         if report is not None:
-            report.write_text(json.dumps(result.to_dict(), indent=2))
+            data = result.to_dict() if result is not None else {"passed": False, "error": str(failure)}
+            report.write_text(json.dumps(data, indent=2))
         if failure is not None:
             print(f"[E] {failure}", file=sys.stderr)
             return failure.exit_code
@@ -210,6 +218,15 @@ def _print_result(result, args, say) -> None:
         say("[W] validation skipped (--no-validate): the output is not proven equivalent")
     for line in stats_table(result.before, result.after, result.timings):
         say(line)
+    if result.kept_after_failed_proof:
+        kept = result.kept_after_failed_proof
+        say(
+            f"[W] the first proof failed ({result.first_failure}); {len(kept)} tensor axis/axes "
+            f"were kept whole to pass, {sum(k['indices'] for k in kept)} index(es) in all. This is "
+            "a bug in onnxshrink's analysis: please report it with the model."
+        )
+        for k in kept[: 10 if not args.explain else None]:
+            say(f"[W]     {k['tensor']} (axis {k['axis']}): {k['indices']} kept back")
     if result.unbound_masks:
         names = ", ".join(f"'{n}'" for n in result.unbound_masks[:10])
         say(

@@ -25,6 +25,8 @@ class ShrinkOptions:
     rtol, atol: tolerance: max |shrunk - reference| <= atol + rtol * max |reference|.
     provider: onnxruntime execution provider for validation ("cpu" or "cuda").
     keep_failed: write the output even when validation fails.
+    recover: when the proof fails, keep the removals responsible and prove again (see
+        onnxshrink.recover); off: the run fails.
     allow_unbound: go on when some masks bind nowhere.
     masks_format: how to read the masks ("auto": detected; see onnxshrink.masks).
     weights: the original weights (a state dict, file or dict), to bind masks by value.
@@ -43,6 +45,7 @@ class ShrinkOptions:
     atol: float = 0.0
     provider: str = "cpu"
     keep_failed: bool = False
+    recover: bool = True
     allow_unbound: bool = False
     masks_format: str = "auto"
     weights: str | Path | Mapping | None = None

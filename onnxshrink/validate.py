@@ -37,6 +37,7 @@ class ValidationReport:
     input_shapes: dict[str, list[int]]
     outputs: list[OutputCheck] = field(default_factory=list)
     seconds: float = 0.0
+    error: str | None = None  # the shrunk model did not load or run in onnxruntime
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,6 +59,9 @@ class ValidationReport:
             out.append(
                 f"{tag} | Output: '{o.name}' | Difference is {'within' if o.passed else 'NOT within'} tolerance (rel={self.rtol:.5g}, abs={self.atol:.5g})"
             )
+        if self.error:
+            out.append(f"[E]     FAILED | the shrunk model does not run: {self.error}")
+            return out
         names = [o.name for o in self.outputs]
         if self.passed:
             out.append(f"[I]     PASSED | All outputs matched | Outputs: {names}")
@@ -254,6 +258,21 @@ def session(model: onnx.ModelProto, provider: str):
         return ort.InferenceSession(str(p), so, providers=[ep])
 
 
+def _not_run(
+    tally: ErrorTally,
+    opts: ShrinkOptions,
+    shapes: dict[str, list[int]],
+    draws: int,
+    error: str,
+    t0: float,
+) -> ValidationReport:
+    checks = [OutputCheck(n, [], float("inf"), float("inf"), False) for n in tally.names]
+    return ValidationReport(
+        False, opts.rtol, opts.atol, draws, opts.provider, shapes, checks,
+        time.perf_counter() - t0, error,
+    )  # fmt: skip
+
+
 def compare(
     reference: onnx.ModelProto, shrunk: onnx.ModelProto, opts: ShrinkOptions | None = None
 ) -> ValidationReport:
@@ -263,8 +282,14 @@ def compare(
     t0 = time.perf_counter()
     shapes = resolve_shapes(reference, opts.input_shapes or {})
     feeds = list(opts.inputs or []) + make_inputs(reference, shapes, opts.draws, opts.seed)
-    ref_s, new_s = session(reference, opts.provider), session(shrunk, opts.provider)
+    ref_s = session(reference, opts.provider)
     tally = ErrorTally([o.name for o in ref_s.get_outputs()])
+    try:
+        new_s = session(shrunk, opts.provider)
+    except ShrinkError:
+        raise
+    except Exception as exc:  # onnxruntime cannot load it: a failed proof like any other
+        return _not_run(tally, opts, shapes, len(feeds), f"onnxruntime cannot load it ({first_line(exc)})", t0)
     for feed in feeds:
         try:
             r_out = ref_s.run(None, feed)
@@ -272,7 +297,11 @@ def compare(
             raise ShrinkError(
                 f"the reference model does not run on the validation inputs ({first_line(exc)}). Give input shapes with --input-shapes name:d0,d1,..."
             ) from exc
-        tally.add(r_out, new_s.run(None, feed))
+        try:
+            s_out = new_s.run(None, feed)
+        except Exception as exc:
+            return _not_run(tally, opts, shapes, len(feeds), f"it fails to run ({first_line(exc)})", t0)
+        tally.add(r_out, s_out)
     checks = tally.checks(rtol, atol)
     return ValidationReport(
         all(c.passed for c in checks),

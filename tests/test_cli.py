@@ -296,7 +296,7 @@ def folding(tmp_path) -> Path:
 
 def test_cli_validation_failure_exits_1_and_writes_nothing(tmp_path, folding):
     before = snapshot(tmp_path)
-    p = cli(folding.name, "--rtol", "0", "--atol", "0", "-o", "out.onnx", cwd=tmp_path)
+    p = cli(folding.name, "--rtol", "0", "--atol", "0", "-o", "out.onnx", "--no-recover", cwd=tmp_path)
     assert p.returncode == 1
     assert snapshot(tmp_path) == before
     assert "[E]     FAILED | Mismatched outputs: ['y']" in p.stdout
@@ -308,8 +308,9 @@ def test_cli_validation_failure_exits_1_and_writes_nothing(tmp_path, folding):
 
 def test_cli_validation_failure_keep_failed_writes_output(tmp_path, folding):
     p = cli(
-        folding.name, "--rtol", "0", "--atol", "0", "-o", "out.onnx", "--keep-failed", cwd=tmp_path
-    )
+        folding.name, "--rtol", "0", "--atol", "0", "-o", "out.onnx", "--keep-failed",
+        "--no-recover", cwd=tmp_path,
+    )  # fmt: skip
     assert p.returncode == 1
     assert "it was written anyway (--keep-failed)" in p.stderr
     out = tmp_path.resolve() / "out.onnx"
@@ -328,7 +329,7 @@ def test_validation_failure_report_and_api(tmp_path, folding, capsys):
     report = tmp_path / "r.json"
     out = tmp_path / "out.onnx"
     argv = [str(folding), "--rtol", "0", "--atol", "0", "-o", str(out), "--report", str(report)]
-    assert main(argv) == 1
+    assert main([*argv, "--no-recover"]) == 1
     assert not out.exists()
     r = json.loads(report.read_text())
     assert r["passed"] is False
@@ -340,16 +341,66 @@ def test_validation_failure_report_and_api(tmp_path, folding, capsys):
 
     # the API raises ValidationFailed carrying the result
     with pytest.raises(ValidationFailed) as info:
-        shrink(folding, output=out, rtol=0.0, atol=0.0)
+        shrink(folding, output=out, rtol=0.0, atol=0.0, recover=False)
     assert info.value.exit_code == 1
     assert info.value.result.passed is False
     assert info.value.result.written == []
     assert not out.exists()
     with pytest.raises(ValidationFailed, match="written anyway") as info:
-        shrink(folding, output=out, rtol=0.0, atol=0.0, keep_failed=True)
+        shrink(folding, output=out, rtol=0.0, atol=0.0, keep_failed=True, recover=False)
     assert info.value.result.written == [str(out.absolute())]
     assert params(onnx.load(out)) == WIDE_BEFORE - 20 * WIDE_PER_CHANNEL
     assert temp_dirs(tmp_path) == []
+
+
+def test_a_failed_proof_keeps_the_removals_responsible_and_writes_the_proven_rest(
+    tmp_path, folding, capsys
+):
+    """At zero tolerance the folded bias differs in its last bits: the proof fails. The run
+    finds the 20 folded channels responsible (W2's input axis and what it is tied to), keeps
+    them, removes nothing else less, proves the result and writes it, saying so."""
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    argv = [str(folding), "--rtol", "0", "--atol", "0", "-o", str(out), "--report", str(report)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "[W] the first proof failed (the shrunk model differs from the reference" in text
+    assert "This is a bug in onnxshrink's analysis" in text
+    r = json.loads(report.read_text())
+    assert r["passed"] is True and r["validation"]["outputs"][0]["max_abs_error"] == 0.0
+    assert r["first_failure"].startswith("the shrunk model differs")
+    kept = r["kept_after_failed_proof"]
+    assert kept and all(k["indices"] == 20 for k in kept)
+    assert params(onnx.load(out)) == WIDE_BEFORE  # the 20 channels stay; nothing else was removable
+    # independently: the written model computes exactly what the input does
+    model = onnx.load(folding)
+    x = np.random.default_rng(9).standard_normal((1, 16, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(run(onnx.load(out), {"x": x})[0], run(model, {"x": x})[0])
+
+
+def test_a_rewrite_that_breaks_the_model_is_recovered_from(tmp_path, conv2, conv2_pt, monkeypatch):
+    """A handler bug (monkeypatched: Relu's rewrite drops a channel from W2 it should not) gives a
+    model onnxruntime cannot run: a failed proof like any other, never an internal error."""
+    import onnxshrink.ops.elementwise as elementwise
+
+    def broken(self, node, rw):  # when channels are removed, removes one too many from W2
+        kept = rw.kept(node.outputs[0], 1)
+        if kept is None or kept.all():
+            return
+        for c in node.outputs[0].outputs:
+            w = c.inputs[1]
+            if getattr(w, "name", "") == "W2":
+                w.values = np.asarray(w.values)[:, 1:]
+
+    monkeypatch.setattr(elementwise.Elementwise, "rewrite", broken, raising=False)
+    path, model = conv2
+    out = tmp_path / "out.onnx"
+    assert main([str(path), str(conv2_pt), "-o", str(out)]) == 0
+    result = shrink(path, conv2_pt)
+    assert result.first_failure.startswith("the shrunk model does not run")
+    assert result.validation.passed and result.kept_after_failed_proof
+    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = run(masked_reference(model), {"x": x})[0]
+    np.testing.assert_allclose(run(onnx.load(out), {"x": x})[0], want, rtol=1e-5, atol=1e-6)
 
 
 def test_cli_failure_from_a_wrong_rewrite(tmp_path, conv2, conv2_pt, monkeypatch, capsys):

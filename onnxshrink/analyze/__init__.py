@@ -12,7 +12,7 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from onnxshrink.analyze.constants import ConstContext, propagate_constants
-from onnxshrink.analyze.keep import KeepState
+from onnxshrink.analyze.keep import AxisKey, KeepState
 from onnxshrink.analyze.shapes import SymValue, propagate_shapes, refine_shapes
 
 Lookup = Callable[[gs.Node], Any]
@@ -30,13 +30,18 @@ class Analysis:
 
 
 def analyze(
-    graph: gs.Graph, opset: int, lookup: Lookup, untied: dict[str, str] | None = None
+    graph: gs.Graph,
+    opset: int,
+    lookup: Lookup,
+    untied: dict[str, str] | None = None,
+    pins: frozenset[AxisKey] = frozenset(),
 ) -> Analysis:
+    """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof)."""
     consts = propagate_constants(graph, opset, lookup)
     syms = propagate_shapes(graph, consts, lookup)
     if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
         consts = propagate_constants(graph, opset, lookup, syms)
         syms = propagate_shapes(graph, consts, lookup)
-    keep = KeepState(graph, consts, syms, lookup)
+    keep = KeepState(graph, consts, syms, lookup, pins)
     keep.run()
     return Analysis(graph, opset, consts, syms, keep, untied or {}, lookup)

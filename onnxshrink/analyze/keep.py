@@ -13,7 +13,9 @@ live node reads it and none of its axes is empty; a node is live when one of its
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -28,7 +30,7 @@ from onnxshrink.errors import InternalError
 class Reason:
     """Why an index is kept; the root cause, carried along couplings."""
 
-    kind: str  # interface | live | meets-live | normalization | barrier | not-absorbable | structure | shape
+    kind: str  # interface | live | meets-live | normalization | barrier | not-absorbable | structure | shape | proof
     node: str = ""
     op: str = ""
     detail: str = ""
@@ -44,21 +46,33 @@ class Reason:
             "not-absorbable": f"{where} cannot absorb this constant channel",
             "structure": f"{where} needs it to keep a valid structure",
             "shape": f"its size is read by {where} in a way that cannot be rewritten",
+            "proof": "kept after a failed proof: removing it made the shrunk model differ "
+            "(a bug in onnxshrink's analysis; please report it with the model)",
         }.get(self.kind, self.kind)
         return f"{text}{': ' + self.detail if self.detail else ''}"
 
 
 LIVE = Reason("live")
 INTERFACE = Reason("interface")
+PROOF = Reason("proof")
+
+# A whole tensor axis, by tensor name: what a failed proof pins back.
+AxisKey = tuple[str, int]
 
 
 class KeepState:
     """Kept index sets per tensor axis, plus what handlers need to read while growing them."""
 
     def __init__(
-        self, graph: gs.Graph, consts: ConstContext, syms: dict[str, SymValue], handler_for
+        self,
+        graph: gs.Graph,
+        consts: ConstContext,
+        syms: dict[str, SymValue],
+        handler_for: Callable[[gs.Node], Any],
+        pins: Iterable[AxisKey] = (),
     ):
         self.graph = graph
+        self.pins = frozenset(pins)
         self.opset = consts.opset
         self.tensors = graph.tensors()
         self.consts = consts
@@ -144,6 +158,17 @@ class KeepState:
 
     def node_live(self, node: gs.Node) -> bool:
         return any(self.exists(t) for t in node.outputs)
+
+    def removed(self) -> dict[AxisKey, int]:
+        """Every prunable axis of a tensor that exists and loses indices: how many it loses."""
+        out: dict[AxisKey, int] = {}
+        for name, axes in self._kept.items():
+            if name not in self.demanded:
+                continue
+            for a, k in enumerate(axes):
+                if k is not None and len(k) and not k.all():
+                    out[(name, a)] = int((~k).sum())
+        return out
 
     # ---------------------------------------------------------------- growth
     def _rid(self, reason: Reason) -> int:
@@ -301,6 +326,10 @@ class KeepState:
                 self.pin_refs(s, INTERFACE)
         for t in self.graph.inputs:
             self.pin(t, reason=INTERFACE)
+        for name, axis in sorted(self.pins):
+            t = self.tensors.get(name)
+            if t is not None:
+                self.pin(t, axis, PROOF)
         for node in reversed(self.graph.nodes):
             self._enqueue(node)
         while True:

@@ -1,0 +1,88 @@
+"""A failed proof is not the end of the run: keep the removals responsible and prove again.
+
+The analysis is meant to be sound on its own; the proof is the net. When the net catches
+something (the shrunk model differs from the reference, or onnxruntime cannot load or run it, or
+the rewrite itself fails), the tensor axes that lost indices are the suspects. Keeping all of
+them whole must give a model that passes (else the failure is not about removals, and the run
+fails). Then delta debugging (Zeller's ddmin, on complements) looks for a small set of axes whose
+keeping suffices: each try is a full analysis, rewrite and proof with those axes pinned. The
+result keeps every other removal, and the report names what was kept back: each is a bug to
+report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from onnxshrink.analyze import Analysis
+from onnxshrink.analyze.keep import AxisKey
+from onnxshrink.rewrite import RewriteResult
+from onnxshrink.validate import ValidationReport
+
+# Tries beyond the first failure (each is a whole shrink and proof): enough for ddmin to isolate
+# a few culprits among thousands of axes; past it, the smallest passing set found so far is kept.
+BUDGET = 48
+
+
+@dataclass
+class Attempt:
+    """One analysis, rewrite and proof."""
+
+    analysis: Analysis
+    rewritten: RewriteResult | None
+    report: ValidationReport | None
+    error: str | None = None  # the rewrite failed (an InternalError, a model onnx rejects)
+
+    @property
+    def passed(self) -> bool:
+        return self.rewritten is not None and self.report is not None and self.report.passed
+
+    def failure(self) -> str:
+        """What went wrong, in one line."""
+        if self.error:
+            return f"the rewrite failed ({self.error})"
+        if self.report is not None and self.report.error:
+            return f"the shrunk model does not run ({self.report.error})"
+        worst = max((o.max_rel_error for o in self.report.outputs), default=0.0) if self.report else 0.0
+        return f"the shrunk model differs from the reference (max relative error {worst:.3g})"
+
+
+@dataclass
+class Recovery:
+    attempt: Attempt  # the passing one, or the last failure when nothing helped
+    kept: dict[AxisKey, int]  # tensor axes kept whole, and how many indices that kept back
+    first_failure: str
+    tries: int
+
+
+def recover(
+    first: Attempt, attempt: Callable[[frozenset[AxisKey]], Attempt], budget: int = BUDGET
+) -> Recovery:
+    """From a failed first attempt, the smallest set of pinned axes found that passes."""
+    removed = first.analysis.keep.removed()
+    units = sorted(removed)
+    everything = attempt(frozenset(units))
+    if not everything.passed:  # keeping every channel does not help: not about removals
+        return Recovery(everything, {}, first.failure(), 1)
+    keep, best, tries = units, everything, 1
+    n = 2
+    while len(keep) >= 2 and tries < budget:
+        size = math.ceil(len(keep) / n)
+        reduced = False
+        for start in range(0, len(keep), size):
+            candidate = keep[:start] + keep[start + size :]
+            result = attempt(frozenset(candidate))
+            tries += 1
+            if result.passed:
+                keep, best, reduced = candidate, result, True
+                n = max(n - 1, 2)
+                break
+            if tries >= budget:
+                break
+        if not reduced:
+            if n >= len(keep):
+                break
+            n = min(len(keep), 2 * n)
+    return Recovery(best, {k: removed[k] for k in keep}, first.failure(), tries)
