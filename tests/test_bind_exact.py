@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import export_cached, ort_run, params
+from conftest import error_against, export_cached, params
 
 from models.transformers import TRANSFORMERS
 from models.zoo import (
@@ -65,29 +65,11 @@ def exports(zoo_dir, kind: str, name: str, init: str, exporter: str, dynamic=Non
     return (*paths, {k: v.numpy() for k, v in masks.items()})
 
 
-def feeds_for(path, shapes=None, draws=3):
-    from onnxshrink.validate import make_inputs, resolve_shapes
-
-    model = onnx.load(str(path))
-    return make_inputs(model, resolve_shapes(model, shapes or {}), draws, seed=7)
-
-
 def ideal(native) -> int:
     """The natively built model's parameters, counted as `distinct_params` does, after what
     onnxshrink removes from any model (e.g. position-embedding rows a static sequence never
     reads, which only the exporter without its optimizer leaves in)."""
     return distinct_params(shrink(native, validate=False).model)
-
-
-def error_against(masked_export, shrunk: onnx.ModelProto, shapes=None) -> float:
-    """Max relative error of `shrunk` against the masked export, on fresh random inputs."""
-    ref = onnx.load(str(masked_export))
-    worst = 0.0
-    for feed in feeds_for(masked_export, shapes):
-        for a, b in zip(ort_run(ref, feed), ort_run(shrunk, feed), strict=True):
-            assert a.shape == b.shape
-            worst = max(worst, float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)))
-    return worst
 
 
 # ------------------------------------------------------------------ transformers

@@ -277,8 +277,8 @@ def latency(
 def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -> list[dict]:
     import onnx
 
-    from onnxshrink.report import model_stats
     from onnxshrink.options import ShrinkOptions
+    from onnxshrink.report import model_stats
     from onnxshrink.validate import compare, resolve_shapes
 
     t0 = time.perf_counter()

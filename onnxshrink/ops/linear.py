@@ -143,7 +143,10 @@ class Gemm(Handler):
         if b0 is None or ca is None:
             return
         b0 = self.oriented(node, b0)
-        ka, ky = rw.kept_static(a_t, a_k), rw.kept_static(y, 1)
+        ka = rw.kept_static(a_t, a_k)
+        # An output axis declared dynamic has no kept set: keep() pinned B's columns with it.
+        ky = rw.kept(y, 1)
+        ky = np.ones(b0.shape[1], bool) if ky is None else ky
         removed = ~ka & (b0[:, ky] != 0).any(axis=1)
         rw.check_removed_constant(node, ca, a_k, removed)
         if not removed.any():

@@ -119,3 +119,23 @@ def test_matmul_of_two_activations_keeps_everything():
     result = shrink_checked(tiny(BOTH_LIVE))
     assert result.after.params == 0
     assert result.after.ops == {"MatMul": 1}
+
+
+GEMM_SYMBOLIC_OUT = """
+agraph (float[N, 6] x, float[6, 8] W1, float[8] B1, float[4, 8] W2, float[4] B2) => (float[N, M] y)
+{
+  h = Gemm (x, W1, B1)
+  r = Relu (h)
+  y = Gemm <transB = 1> (r, W2, B2)
+}
+"""
+
+
+def test_gemm_whose_declared_output_has_a_symbolic_last_dim():
+    # y's last dim is declared "M" (it is W2's 4): that axis keeps everything; the zeroed
+    # columns of W1 are constants (the bias) folded into B2.
+    model = tiny(GEMM_SYMBOLIC_OUT, zero={"W1": np.s_[:, [1, 3]]})
+    result = shrink_checked(model, input_shapes={"x": [2, 6]})
+    assert shapes(result.model)["W1"] == (6, 6)
+    assert shapes(result.model)["W2"] == (4, 6)
+    assert [f.into for f in result.folds] == ["bias"]

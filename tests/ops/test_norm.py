@@ -109,3 +109,24 @@ agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1, float[4] S, floa
 def test_group_norm_keeps_its_channels():
     result = shrink_checked(tiny(GROUPNORM, zero={"W1": np.s_[[0]], "B1": np.s_[[0]]}, opset=21))
     assert shapes(result.model)["W1"] == (4, 3, 1, 1)
+
+
+ZERO_SCALE_GATHER = """
+agraph (float[N, 3, 4, 4] x, float[6, 3, 1, 1] W, float[6] Sc, float[6] Bi, float[6] Mu, float[6] Va, int64 I, float[6] S2, float[6] B2, float[5, 6, 1] W3) => (float[N, 5, 4] y)
+{
+  c = Conv (x, W)
+  b = BatchNormalization (c, Sc, Bi, Mu, Va)
+  g = Gather <axis = 3> (b, I)
+  i = InstanceNormalization (g, S2, B2)
+  y = Conv (i, W3)
+}
+"""
+
+
+def test_batchnorm_with_zero_scales_then_a_scalar_gather_and_instance_norm():
+    # A zero scale makes the channel BN's constant shift; InstanceNorm of a constant channel
+    # is its own shift: constant again, folded into the last conv. Dynamic batch.
+    model = tiny(ZERO_SCALE_GATHER, zero={"Sc": np.s_[[1, 4]]}, values={"I": 2, "Va": np.ones(6)})
+    result = shrink_checked(model, input_shapes={"x": [2, 3, 4, 4]})
+    assert shapes(result.model)["W"] == (4, 3, 1, 1)
+    assert shapes(result.model)["W3"] == (5, 4, 1)

@@ -70,3 +70,22 @@ def test_tile_along_space_passes_channels():
     model = tiny(TILE, zero={"W1": np.s_[[3]], "B1": np.s_[[3]]}, values={"R": [1, 1, 2, 2]})
     result = shrink_checked(model)
     assert shapes(result.model)["W1"] == (4, 3, 1, 1)
+
+
+TILE_CONCAT = """
+agraph (float[N, 3, 4, 4] x, float[6, 3, 1, 1] W, float[6] B, int64[4] R, float[5, 12, 1, 1] W2) => (float[N, 5, 4, 8] y)
+{
+  c = Conv (x, W, B)
+  t = Tile (c, R)
+  k = Concat <axis = 1> (t, t)
+  y = Conv (k, W2)
+}
+"""
+
+
+def test_constant_channels_through_tile_and_concat_with_a_dynamic_batch():
+    model = tiny(TILE_CONCAT, zero={"W": np.s_[[1, 4]]}, values={"R": [1, 1, 1, 2]})
+    result = shrink_checked(model, input_shapes={"x": [2, 3, 4, 4]})
+    assert shapes(result.model)["W"] == (4, 3, 1, 1)
+    assert shapes(result.model)["W2"] == (5, 8, 1, 1)  # both copies of the channels go
+    assert [f.into for f in result.folds] == ["bias"]
