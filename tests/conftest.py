@@ -30,37 +30,12 @@ g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4]
 }
 """
 
-HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>\n'
-
-
 def tiny(text: str, zero: dict | None = None, seed: int = 0, opset: int = 17, values: dict | None = None) -> onnx.ModelProto:
-    """A model from ONNX text. Graph inputs named with a capital letter (W, B, Scale...) become
-    initializers of random values; `zero` maps such names to index expressions set to 0, and
-    `values` gives exact arrays for some of them."""
-    if not text.lstrip().startswith("<"):
-        text = HEADER.format(opset=opset) + text
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(seed)
-    keep = []
-    for inp in model.graph.input:
-        if not inp.name[:1].isupper():
-            keep.append(inp)
-            continue
-        dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
-        if values and inp.name in values:
-            arr = np.asarray(values[inp.name], dtype=dtype).reshape(dims)
-        elif np.issubdtype(dtype, np.floating):
-            arr = rng.standard_normal(dims).astype(dtype)
-        else:
-            arr = rng.integers(1, 4, size=dims).astype(dtype)
-        if zero and inp.name in zero:
-            arr[zero[inp.name]] = 0
-        model.graph.initializer.append(numpy_helper.from_array(arr, inp.name))
-    del model.graph.input[:]
-    model.graph.input.extend(keep)
-    onnx.checker.check_model(model)
-    return model
+    """A model from ONNX text (see onnxshrink.testing.model_from_text): capitalized graph inputs
+    become random initializers, `values` gives some exactly, `zero` zeroes index expressions."""
+    from onnxshrink.testing import model_from_text
+
+    return model_from_text(text, opset=opset, values=values, zero=zero, seed=seed)
 
 
 def init(model: onnx.ModelProto, name: str) -> np.ndarray:

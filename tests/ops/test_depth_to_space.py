@@ -1,0 +1,81 @@
+"""DepthToSpace (ops/depth_to_space.py): channels go as whole blocks, constants fold after it.
+
+Also the worked example of the README's "Adding an op": the handler's rules checked on one node
+with the test bench (onnxshrink.testing), then end to end with validation off.
+"""
+
+import numpy as np
+import pytest
+from conftest import shapes, shrink_checked, tiny
+
+from onnxshrink.testing import analyze_node
+
+# A conv in front: graph inputs are the interface and keep every channel; its output does not.
+LONE = """
+g (float[1, 3, 2, 2] x, float[8, 3, 1, 1] W) => (float[1, 2, 4, 4] y) {{
+  c = Conv (x, W)
+  y = DepthToSpace <blocksize = 2{mode}> (c)
+}}"""
+
+
+@pytest.mark.parametrize(
+    "mode, block", [("", [1, 3, 5, 7]), (', mode = "DCR"', [1, 3, 5, 7]), (', mode = "CRD"', [4, 5, 6, 7])]
+)
+def test_an_output_channel_needs_its_whole_block(mode, block):
+    bench = analyze_node(LONE.format(mode=mode), needs={"y": {1: [1]}})
+    assert bench.kept("y", 1) == [1]
+    assert bench.kept("c", 1) == block
+    assert bench.kept("W", 0) == block  # and so the conv's filters
+    assert bench.kept("c", 2) == [0, 1]  # the spatial axes stay whole
+    assert bench.barriers == []
+
+
+def test_constant_output_channels_are_the_blocks_whose_inputs_are_all_constant():
+    text = """
+    g (float[1, 3, 2, 2] x, float[8, 3, 1, 1] W, float[8] B) => (float[1, 2, 4, 4] y) {
+      c = Conv (x, W, B)
+      y = DepthToSpace <blocksize = 2> (c)
+    }"""
+    # Output channel 1's block (DCR: 1, 3, 5, 7) has its filters zeroed: the biases remain.
+    bench = analyze_node(text, zero={"W": np.s_[[1, 3, 5, 7]]})
+    assert bench.constant_indices("c", 1) == [1, 3, 5, 7]
+    assert bench.constant_indices("y", 1) == [1]
+    bench = analyze_node(text, zero={"W": np.s_[[1, 3, 5]]})  # one filter of the block is live
+    assert bench.constant_indices("y", 1) == []
+
+
+CHAIN = """
+agraph (float[1, 3, 4, 4] x, float[8, 3, 3, 3] W1, float[8] B1, float[3, 2, 1, 1] W2, float[3] B2) => (float[1, 3, 8, 8] y)
+{
+  c = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+  r = Relu (c)
+  d = DepthToSpace <blocksize = 2> (r)
+  y = Conv (d, W2, B2)
+}
+"""
+BLOCK = np.s_[[1, 3, 5, 7]]  # output channel 1 of the DepthToSpace (DCR, C = 2)
+
+
+def test_a_zeroed_block_is_removed_with_its_filters():
+    result = shrink_checked(tiny(CHAIN, zero={"W1": BLOCK, "B1": BLOCK}))
+    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+    assert shapes(result.model)["W2"] == (3, 1, 1, 1)
+    assert not result.barriers and not result.folds
+
+
+def test_a_constant_block_is_folded_after_the_next_conv():
+    # Filters zeroed, biases kept: relu(bias) of the block's 4 channels, interleaved as 2x2
+    # pixels, is a constant (non-uniform) map after the DepthToSpace; the 1x1 conv after it
+    # absorbs it as a constant added to its output.
+    model = tiny(CHAIN, zero={"W1": BLOCK}, values={"B1": np.linspace(0.1, 0.8, 8)})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+    assert shapes(result.model)["W2"] == (3, 1, 1, 1)
+    assert [f.into for f in result.folds] == ["constant map"]
+
+
+def test_a_half_zeroed_block_stays_whole_and_is_explained():
+    result = shrink_checked(tiny(CHAIN, zero={"W1": np.s_[[1, 3]], "B1": np.s_[[1, 3]]}))
+    assert shapes(result.model)["W1"] == (8, 3, 3, 3)
+    [kept] = [g for g in result.kept_zeroed if g.tensor == "W1"]
+    assert kept.count == 2 and kept.kind == "live"
