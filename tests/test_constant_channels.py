@@ -72,7 +72,9 @@ def reported(result, name: str) -> int:
 
 def assert_same_channels_or_explained(a, b, weights: list[str]) -> None:
     """Every conv keeps the same live filters under masks `a` as under `b`, and each zeroed
-    filter `a` keeps is explained."""
+    filter `a` keeps is explained. The one exception: a constant channel whose fold would need
+    a constant map larger than the weights it saves stays (onnxshrink does not grow a model to
+    remove a channel); then more live filters may stay under `a`, and `a` reports why."""
     checked = 0
     for w in weights:
         rows_a, zero_a = rows(a.model, w)
@@ -80,7 +82,9 @@ def assert_same_channels_or_explained(a, b, weights: list[str]) -> None:
         if rows_a == 0 and rows_b == 0:
             continue
         checked += 1
-        assert rows_a - zero_a == rows_b - zero_b, w
+        if rows_a - zero_a != rows_b - zero_b:
+            assert rows_a - zero_a > rows_b - zero_b, w
+            assert any(g.kind == "not-absorbable" for g in a.kept_zeroed), w
         assert zero_a == reported(a, w), w
         assert zero_b == reported(b, w), w
     assert checked >= 3

@@ -205,7 +205,11 @@ def _has_subgraph(node: gs.Node) -> bool:
 
 
 def _fold(node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:
+    """Evaluate a node whose inputs are all wholly constant; None when some cannot be
+    materialized (a constant of a dynamic size: its handler's rule decides instead)."""
     vals = [ctx.value(t) if t is not None else None for t in node.inputs]
+    if any(v is None and t is not None for t, v in zip(node.inputs, vals, strict=True)):
+        return None
     try:
         outs = ctx.evaluate(node, vals)
     except EvaluationError:

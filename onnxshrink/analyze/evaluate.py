@@ -82,7 +82,9 @@ def evaluate_op(
     while inputs and inputs[-1] is None:
         inputs.pop()
     model = op_model(op, attrs, inputs, n_outputs, opset, domain)
-    feeds = {f"i{k}": np.ascontiguousarray(a) for k, a in enumerate(inputs) if a is not None}
+    # C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d: a scalar Gather
+    # index would gather a kept axis).
+    feeds = {f"i{k}": np.asarray(a, order="C") for k, a in enumerate(inputs) if a is not None}
     try:
         if ort:
             return _run_ort(model, feeds)

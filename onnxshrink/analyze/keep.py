@@ -144,6 +144,12 @@ class KeepState:
         assert w is not None
         return w
 
+    def reason_ids(self, t: gs.Tensor, axis: int) -> np.ndarray:
+        """Why each index of a prunable axis is kept, as ids `keep(..., why=)` takes: a handler
+        that maps indices (not one to one) carries the reasons along."""
+        self._state(t)
+        return self._reasons(t, axis).copy()
+
     def why(self, t: gs.Tensor, axis: int) -> list[Reason | None]:
         self._state(t)
         w = self._why[t.name][axis] if axis < len(self._why[t.name]) else None

@@ -424,6 +424,8 @@ class Gather(Handler):
             shape_m = m.shape[:axis] + (1,) * idx.ndim + m.shape[axis + 1 :]
             return [ConstInfo(m.reshape(shape_m), v.reshape(shape_m))]
         n = ir.static_dim(x, axis)
+        if n is None:  # the constants vary along an axis of unknown size
+            return None
         idx = np.where(idx < 0, idx + n, idx)
         return [compress(np.take(m, idx, axis=axis), np.take(v, idx, axis=axis))]
 

@@ -83,16 +83,26 @@ class _ConvBase(Handler):
         """Does a uniform input give a non-uniform output (zero padding, transposed taps)?"""
         return self.transposed or not self.no_padding(node)
 
-    def absorbable(self, node: gs.Node, reader: Reader, x: gs.Tensor, ci: int) -> np.ndarray:
-        """Input channels whose constant contribution can be folded exactly."""
+    def absorbable(
+        self, node: gs.Node, reader: Reader, x: gs.Tensor, w: np.ndarray, ci: int
+    ) -> np.ndarray:
+        """Input channels whose constant contribution can be folded exactly, and pays: zero
+        ones contribute nothing; uniform ones go into the bias (or a border correction, a
+        one-channel conv); the rest need a constant map added after the conv (static shapes
+        only), taken only when it is no larger than the weights their removal takes out here
+        (each is a column of every filter)."""
         c = reader.const(x)
         if c is None:
             return np.zeros(ci, bool)
-        const, uniform = c.slice_constant(1, ci), c.slice_uniform(1, ci)
-        ok = c.slice_zero(1, ci)  # contributes nothing
-        if static_batch1(x) is not None:
-            ok |= const  # a constant map at worst
-        return ok | uniform  # into the bias, or a border correction
+        ok = c.slice_zero(1, ci) | c.slice_uniform(1, ci)
+        varying = c.slice_constant(1, ci) & ~ok
+        out = static_batch1(node.outputs[0])
+        if varying.any() and static_batch1(x) is not None and out is not None:
+            map_size = int(np.prod(out[2:]))
+            per_channel = int(np.prod(w.shape[2:]))  # kernel taps each filter reads it with
+            if map_size <= int(varying.sum()) * per_channel:
+                ok |= varying
+        return ok
 
     # -------------------------------------------------------------- forward
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
@@ -162,7 +172,7 @@ class _ConvBase(Handler):
         d = ks.memo(("depends", id(node)), lambda: self.depends(node, w))
         ky = ks.kept(y, 1)
         assert ky is not None  # its size is static (checked above)
-        absorb = ks.memo(("absorbable", id(node)), lambda: self.absorbable(node, ks, x, ci))
+        absorb = ks.memo(("absorbable", id(node)), lambda: self.absorbable(node, ks, x, w, ci))
         reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
         cx = ks.const(x)
         if cx is not None:
@@ -176,7 +186,9 @@ class _ConvBase(Handler):
                         "not-absorbable",
                         node.name,
                         node.op,
-                        "its contribution varies at the borders and the spatial size is dynamic",
+                        "its contribution varies over the map: folding it needs a constant map, "
+                        "which a dynamic size rules out or which would be larger than the "
+                        "weights its removal saves",
                     ),
                 )
         ks.keep(x, 1, reads & ~absorb)
@@ -189,29 +201,49 @@ class _ConvBase(Handler):
         if g > 1:
             self.keep_groups(node, ks, node.inputs[0], node.outputs[0], g, ci // g, co // g)
 
-    def keep_groups(self, node, ks, x, y, g, cin, cout) -> None:
-        """Kept groups must all keep the same numbers of input and output channels."""
-        kx = ks.kept(x, 1).reshape(g, cin)
-        ky = ks.kept(y, 1).reshape(g, cout)
+    def keep_groups(
+        self,
+        node: gs.Node,
+        ks: KeepView,
+        x: gs.Tensor,
+        y: gs.Tensor,
+        g: int,
+        cin: int,
+        cout: int,
+    ) -> None:
+        """Kept groups must all keep the same numbers of input and output channels. A group that
+        keeps nothing on one side is active because of the other: what it adds there is kept
+        for the other side's reason (a depthwise conv whose output channel stays keeps its input
+        channel: the output's reason is the root cause); otherwise for the structure."""
+        kx_all, ky_all = ks.kept(x, 1), ks.kept(y, 1)
+        assert kx_all is not None and ky_all is not None  # static (keep() checked)
+        kx, ky = kx_all.reshape(g, cin), ky_all.reshape(g, cout)
         active = kx.any(axis=1) | ky.any(axis=1)
         if not active.any():
             return
         n_in = max(1, int(kx[active].sum(axis=1).max()))
         n_out = max(1, int(ky[active].sum(axis=1).max()))
-        why = Reason(
+        rx, ry = ks.reason_ids(x, 1).reshape(g, cin), ks.reason_ids(y, 1).reshape(g, cout)
+        add_x, add_y = np.zeros(g * cin, bool), np.zeros(g * cout, bool)
+        why_x, why_y = np.full(g * cin, -1, np.int32), np.full(g * cout, -1, np.int32)
+        sides = ((kx, n_in, add_x, why_x, cin, ry), (ky, n_out, add_y, why_y, cout, rx))
+        for k in np.flatnonzero(active):
+            for kept, n, add, why, size, other in sides:
+                missing = n - int(kept[k].sum())
+                if missing > 0:
+                    free = k * size + np.flatnonzero(~kept[k])[:missing]
+                    add[free] = True
+                    reasons = other[k][other[k] >= 0]
+                    if not kept[k].any() and len(reasons):
+                        why[free] = reasons[0]
+        structure = Reason(
             "structure", node.name, node.op, "every group of a grouped conv keeps as many channels"
         )
-        add_x, add_y = np.zeros(g * cin, bool), np.zeros(g * cout, bool)
-        for k in np.flatnonzero(active):
-            for kept, n, add, size in ((kx[k], n_in, add_x, cin), (ky[k], n_out, add_y, cout)):
-                missing = n - int(kept.sum())
-                if missing > 0:
-                    free = np.flatnonzero(~kept)[:missing]
-                    add[k * size + free] = True
-        if add_x.any():
-            ks.keep(x, 1, add_x, why)
-        if add_y.any():
-            ks.keep(y, 1, add_y, why)
+        for t, add, why in ((x, add_x, why_x), (y, add_y, why_y)):
+            if add.any():
+                ks.keep(t, 1, add & (why < 0), structure)
+                if (why >= 0).any():
+                    ks.keep(t, 1, add & (why >= 0), why=why)
 
     # -------------------------------------------------------------- rewrite
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:

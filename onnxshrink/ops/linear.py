@@ -36,6 +36,25 @@ def _full_k(m: np.ndarray, v: np.ndarray, k: int, axis: int) -> tuple[np.ndarray
     return m, np.where(m, np.broadcast_to(v, shape), np.zeros((), v.dtype))
 
 
+def absorbable(ks: KeepView, a: gs.Tensor, k_axis: int, k: int) -> np.ndarray:
+    """Constant input features of A (along `k_axis`) a product with constant weights absorbs:
+    one uniform over A's other axes adds one row of constants (a bias); one that varies adds a
+    constant of A's other sizes per output feature, taken only when that is no larger than
+    the weight rows their removal takes out (static shapes only)."""
+    c = ks.const(a)
+    if c is None:
+        return np.zeros(k, dtype=bool)
+    uniform = c.slice_uniform(k_axis, k)
+    varying = c.slice_constant(k_axis, k) & ~uniform
+    dims = ir.dims(a)
+    if varying.any() and dims is not None:
+        rows = [d for i, d in enumerate(dims) if i != k_axis]
+        sizes = [d for d in rows if isinstance(d, int)]
+        if len(sizes) == len(rows) and int(np.prod(sizes)) <= int(varying.sum()):
+            uniform = uniform | varying
+    return uniform
+
+
 def fold_into_c(rw: RewriteView, node: gs.Node, delta: np.ndarray, n_channels: int) -> None:
     """Gemm's C absorbs a removed constant input feature's contribution."""
     if not np.any(delta):
@@ -127,10 +146,7 @@ class Gemm(Handler):
             nz = self.oriented(node, b) != 0
             ky = ks.kept(y, 1)
             reads = nz[:, ky].any(axis=1) if ky is not None else nz.any(axis=1)
-            ca = ks.const(a_t)
-            absorb = (
-                ca.slice_constant(a_k, len(reads)) if ca is not None else np.zeros(len(reads), bool)
-            )
+            absorb = absorbable(ks, a_t, a_k, len(reads))
             ks.keep(a_t, a_k, reads & ~absorb)
         else:
             ks.pin(a_t, a_k)
@@ -209,12 +225,17 @@ class MatMul(Handler):
             )
         if not const.any():
             return None
-        k = max(am.shape[-1], bm.shape[-2], av.shape[-1], bv.shape[-2])
+        # The contracted size is the tensors' (the constants may be compressed along it: a value
+        # uniform over K stands for K equal terms of the sum).
+        packed = max(am.shape[-1], bm.shape[-2], av.shape[-1], bv.shape[-2])
+        k = ir.static_dim(a_t, -1) or ir.static_dim(b_t, -2 if rb >= 2 else -1) or packed
         _, av = _full_k(am, av, k, -1)
         _, bv0 = _full_k(bm, bv, k, -2)
         out = np.matmul(av, bv0)
         const, out = np.broadcast_arrays(const, out)
         const, out = np.array(const), np.array(out)
+        if k == 1 and packed == 1 and ir.static_dim(a_t, -1) is None:
+            const &= out == 0  # a sum of a dynamic number of equal terms: known when they are 0
         if ra == 1:
             const, out = const[..., 0, :], out[..., 0, :]
         if rb == 1:
@@ -261,10 +282,9 @@ class MatMul(Handler):
             kn = ks.kept(y, y_n) if y_n is not None else None
             reads = nz[:, kn].any(axis=1) if kn is not None else nz.any(axis=1)
             reads = np.asarray(reads)
-            ca = ks.const(a_t)
             absorb = np.zeros(len(reads), dtype=bool)
-            if ca is not None and rb == 2:
-                absorb = ca.slice_constant(ra - 1, len(reads))
+            if rb == 2:
+                absorb = absorbable(ks, a_t, ra - 1, len(reads))
             ks.keep(a_t, ra - 1, reads & ~absorb)
         elif a is not None:
             nz = self._nz_a(a, ra)

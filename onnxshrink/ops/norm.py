@@ -137,6 +137,10 @@ def normalized_axes(node: gs.Node, reader: Reader, r: int, opset: int) -> list[i
 class AxisNormalization(Handler):
     """Mixes the normalized axes: they keep every index; the other axes pass straight through."""
 
+    # A constant row's statistics are ill-conditioned ((x - mean) / sqrt(var + eps) with var 0
+    # amplifies one ulp of the mean): fold with the runtime's kernel, as the model will run it.
+    evaluate_with_ort = True
+
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
         return elementwise_dims(node, same_shape=True)
 

@@ -108,15 +108,29 @@ agraph (float[1, 3, 6, 6] x, float[3, 3, 1, 1] Wa, float[3] Ba, float[3, 3, 3, 3
 """
 
 
-def test_a_constant_that_varies_at_the_borders_becomes_a_constant_map():
+def test_a_constant_that_varies_at_the_borders_becomes_a_constant_map_where_that_pays():
     # Channel 0 of r is a uniform constant (border-corrected in conv b); channel 0 of b reads
     # only it, through zero padding, so it is a constant that differs at the borders: no kernel
-    # reproduces it, and conv c folds it as a constant map (static shapes).
-    model = tiny(NON_UNIFORM, zero={"Wa": np.s_[[0]], "Wb": np.s_[[0], 1:]}, values={"Ba": [1.0, 0.2, 0.3], "Bb": [5.0, 0.1, 0.1]})
+    # reproduces it, and conv c folds it as a constant map (static shapes) when the map, 2 x 2
+    # per output channel here, is no larger than the 3 x 3 weights its removal saves.
+    small = NON_UNIFORM.replace("6, 6", "2, 2")
+    model = tiny(small, zero={"Wa": np.s_[[0]], "Wb": np.s_[[0], 1:]}, values={"Ba": [1.0, 0.2, 0.3], "Bb": [5.0, 0.1, 0.1]})
     result = shrink_checked(model)
     assert shapes(result.model)["Wb"] == (2, 2, 3, 3)
     assert sorted(f.into for f in result.folds) == ["border correction", "constant map"]
     assert result.after.ops.get("Add") == 2
+
+
+def test_a_constant_map_larger_than_the_weights_it_saves_is_not_made():
+    # The same on 6 x 6 maps: a 2 x 6 x 6 constant map to save 2 x 3 x 3 weights. The channel
+    # stays (exactly), and the report says why.
+    model = tiny(NON_UNIFORM, zero={"Wa": np.s_[[0]], "Wb": np.s_[[0], 1:]}, values={"Ba": [1.0, 0.2, 0.3], "Bb": [5.0, 0.1, 0.1]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["Wb"] == (3, 2, 3, 3)
+    assert result.after.params <= result.before.params
+    assert [f.into for f in result.folds] == ["border correction"]
+    [kept] = [g for g in result.kept_zeroed if g.tensor == "Wb"]
+    assert kept.kind == "not-absorbable" and "larger than the weights" in kept.reason
 
 
 def test_with_a_dynamic_size_that_constant_cannot_be_computed_and_stays():

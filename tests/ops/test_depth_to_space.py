@@ -63,15 +63,37 @@ def test_a_zeroed_block_is_removed_with_its_filters():
     assert not result.barriers and not result.folds
 
 
-def test_a_constant_block_is_folded_after_the_next_conv():
+SMALL = """
+agraph (float[1, 3, 1, 1] x, float[8, 3, 1, 1] W1, float[8] B1, float[3, 2, 2, 2] W2, float[3] B2) => (float[1, 3, 1, 1] y)
+{
+  c = Conv (x, W1, B1)
+  r = Relu (c)
+  d = DepthToSpace <blocksize = 2> (r)
+  y = Conv (d, W2, B2)
+}
+"""
+
+
+def test_a_constant_block_is_folded_into_the_next_conv():
     # Filters zeroed, biases kept: relu(bias) of the block's 4 channels, interleaved as 2x2
-    # pixels, is a constant (non-uniform) map after the DepthToSpace; the 1x1 conv after it
-    # absorbs it as a constant added to its output.
+    # pixels, is a constant (non-uniform) channel after the DepthToSpace; the 2x2 conv after it
+    # absorbs it (its output is 1x1: a bias-sized constant for 4 weights saved per filter).
+    model = tiny(SMALL, zero={"W1": BLOCK}, values={"B1": np.linspace(0.1, 0.8, 8)})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (4, 3, 1, 1)
+    assert shapes(result.model)["W2"] == (3, 1, 2, 2)
+    assert [f.channels for f in result.folds] == [1]
+    assert result.after.params < result.before.params
+
+
+def test_a_constant_block_whose_fold_would_not_pay_stays():
+    # Folding it before a 1x1 conv would add an 8x8 constant map per output channel to save one
+    # weight each: it stays, exactly, and is explained.
     model = tiny(CHAIN, zero={"W1": BLOCK}, values={"B1": np.linspace(0.1, 0.8, 8)})
     result = shrink_checked(model)
-    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
-    assert shapes(result.model)["W2"] == (3, 1, 1, 1)
-    assert [f.into for f in result.folds] == ["constant map"]
+    assert shapes(result.model)["W1"] == (8, 3, 3, 3)
+    [kept] = [g for g in result.kept_zeroed if g.tensor == "W1"]
+    assert kept.count == 4 and kept.kind == "not-absorbable"
 
 
 def test_a_half_zeroed_block_stays_whole_and_is_explained():
