@@ -801,6 +801,15 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:160] if lines else ''}"
 
 
+def _where(exc: BaseException) -> str:
+    """The innermost onnxshrink frame of a traceback: file:line in function."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/onnxshrink/" in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f.filename.split('/onnxshrink/')[-1]}:{f.lineno} in {f.name}"
+
+
 def check(seed: int) -> Outcome:
     """Build, shrink (no validation), then compare in onnxruntime, independently of onnxshrink."""
     from onnxshrink import shrink
@@ -825,7 +834,7 @@ def check(seed: int) -> Outcome:
         result = shrink(model, validate=False, input_shapes=shapes)
     except Exception as exc:
         out.shrink_seconds = time.perf_counter() - t1
-        out.failure, out.detail = "exception in shrink", _first_line(exc)
+        out.failure, out.detail = "exception in shrink", f"{_first_line(exc)} [at onnxshrink/{_where(exc)}]"
         out.seconds = time.perf_counter() - t0
         return out
     out.shrink_seconds = time.perf_counter() - t1

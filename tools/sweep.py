@@ -32,8 +32,9 @@ def subclass(failure: str, detail: str) -> str:
     if failure in ("wrong outputs", "parameters grew"):
         return ""
     line = detail.splitlines()[0] if detail else ""
+    line, at, where = line.partition(" [at ")
     line = re.sub(r"\b([a-z_]+)_\d+(_o\d+)?\b", r"\1_#", line)  # node / tensor names
-    return re.sub(r"\d+", "#", line)
+    return re.sub(r"\d+", "#", line) + at + where
 
 
 def main(argv=None) -> int:
