@@ -3,9 +3,11 @@
 Each seed: build, `shrink(model, validate=False)`, then an independent onnxruntime check (as in
 tests/test_random_graphs.py): outputs within 1e-5 of max |ref| on 2 draws (dynamic dims 2 and
 3), the shrunk model loads and runs, float parameters do not grow. Prints the counts per failure
-class (wrong outputs; does not load/run in onnxruntime; exception in shrink, by type and first
-line; parameters grew; input model modified; generator), the seeds of each, and the time per
-graph.
+class (wrong outputs; does not load/run in onnxruntime; exception in shrink, by type, first
+line and where in onnxshrink it was raised; parameters grew; input model modified; generator),
+the seeds of each, and the time per graph. A wrong output's seed shows its max relative error
+and, as a diagnosis only, the reference's own rounding noise (float32 onnxruntime against the
+graph computed in float64): an error far above it is not rounding.
 
     python tools/sweep.py --seeds 5000 --start 0 [--save DIR] [-v]
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.randgraph import check, save_failure  # noqa: E402  (the repository root)
+from models.randgraph import check, feeds, reference_noise, save_failure  # noqa: E402  (the repository root)
 
 
 def subclass(failure: str, detail: str) -> str:
@@ -56,7 +58,11 @@ def main(argv=None) -> int:
             continue
         groups[out.failure][subclass(out.failure, out.detail)].append(seed)
         if out.failure == "wrong outputs":
-            rel[seed] = out.max_rel_err
+            try:
+                noise = reference_noise(out.model, feeds(out.info, seed)[-1])
+            except Exception:
+                noise = float("nan")
+            rel[seed] = (out.max_rel_err, noise)
         if args.save:
             save_failure(out, args.save)
         if args.verbose:
@@ -73,7 +79,9 @@ def main(argv=None) -> int:
         for sub, seeds in sorted(subs.items(), key=lambda kv: -len(kv[1])):
             if sub:
                 print(f"  {len(seeds):5d}  {sub}")
-            shown = ", ".join(str(s) + (f" ({rel[s]:.2g})" if s in rel else "") for s in seeds)
+            shown = ", ".join(
+                str(s) + (f" (err {rel[s][0]:.2g}, ref noise {rel[s][1]:.1g})" if s in rel else "") for s in seeds
+            )
             print(f"         seeds: {shown}")
     if args.save and failed:
         print(f"\nfailing models written to {args.save}/seed_N.onnx")
