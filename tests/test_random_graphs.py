@@ -27,23 +27,26 @@ def test_random_graph(seed):
     out = check(seed)
     saved = f"model saved to {save_failure(out)}" if out.failure else ""
     where = f"seed {seed} (stages {out.info.get('stages')}, opset {out.info.get('opset')}, {saved})"
-    assert out.failure != "generator", f"{where}: the generator failed: {out.detail}"
-    raised = out.failure == "exception in shrink"
-    assert not raised, f"{where}: shrink raised {out.detail}"
-    assert len(out.diffs) == len(BATCHES), f"{where}: {out.failure}: {out.detail}"
+    failure, detail = out.failure, out.detail
+    assert failure != "generator", f"{where}: the generator failed: {detail}"
+    assert failure != "exception in shrink", f"{where}: shrink raised {detail}"
+    draws = len(out.diffs)  # 0 when the shrunk model does not load or run
+    assert draws == len(BATCHES), f"{where}: {failure}: {detail}"
     for k, draw in enumerate(out.diffs):
-        assert len(draw) == len(out.info["outputs"]), f"{where}: draw {k}: outputs {[d.name for d in draw]}"
+        names = [d.name for d in draw]
+        assert names == out.info["outputs"], f"{where}: draw {k}: outputs {names}"
         for d in draw:
             what = f"{where}: output {d.name}, draw {k} (dynamic dims = {BATCHES[k]})"
-            assert d.got_shape == d.ref_shape, f"{what}: shape {d.got_shape}, expected {d.ref_shape}"
+            shape, expected = d.got_shape, d.ref_shape
+            assert shape == expected, f"{what}: shape {shape}, expected {expected}"
+            err, scale = d.max_abs_err, d.max_ref
             if d.exact:  # an integer output
-                assert d.max_abs_err == 0, f"{what}: differs by up to {d.max_abs_err:g}"
+                assert err == 0, f"{what}: differs by up to {err:g}"
             else:
-                assert d.max_abs_err <= RTOL * d.max_ref, (
-                    f"{what}: max |shrunk - ref| = {d.max_abs_err:.3g}, max |ref| = "
-                    f"{d.max_ref:.3g}, relative error {d.rel_err:.3g} > {RTOL}"
+                assert err <= RTOL * scale, (
+                    f"{what}: max |shrunk - ref| = {err:.3g}, max |ref| = {scale:.3g}, "
+                    f"relative error {d.rel_err:.3g} > {RTOL}"
                 )
-    assert out.params_after <= out.params_before, (
-        f"{where}: float parameters grew from {out.params_before} to {out.params_after}"
-    )
-    assert out.failure is None, f"{where}: {out.failure}: {out.detail}"
+    before, after = out.params_before, out.params_after
+    assert after <= before, f"{where}: float parameters grew from {before} to {after}"
+    assert failure is None, f"{where}: {failure}: {detail}"
