@@ -36,7 +36,8 @@ def subclass(failure: str, detail: str) -> str:
     line = detail.splitlines()[0] if detail else ""
     line, at, where = line.partition(" [at ")
     line = re.sub(r"\b([a-z_]+)_\d+(_o\d+)?\b", r"\1_#", line)  # node / tensor names
-    return re.sub(r"\d+", "#", line) + at + where
+    line = re.sub(r"\d+", "#", line)
+    return re.sub(r"\[#(, #)*\]", "[#, ...]", line) + at + where  # index lists of any length
 
 
 def main(argv=None) -> int:
