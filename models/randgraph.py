@@ -173,7 +173,7 @@ class G:
         h = (x.h + 2 * pad - k) // stride + 1
         return X(y, cout, h, (x.w + 2 * pad - k) // stride + 1)
 
-    def bn(self, x: X, zero_scale: float | None = None) -> X:
+    def bn(self, x: X, zero_scale: float | None = None, short_shift: bool = False) -> X:
         c = x.c
         s = self.randn(c, scale=0.5) + np.float32(1.0)
         b = self.randn(c, scale=0.5)
@@ -181,9 +181,11 @@ class G:
         zeroed = [k for k in range(c) if self.rng.random() < zs][: c - 1]
         for k in zeroed:
             s[k] = 0
-            # the channel is the shift: a short binary fraction, so that statistics over it
-            # (InstanceNorm) are exact in float32 and the reference is not noise
-            b[k] = 0 if self.chance(0.4) else np.round(b[k] * 16) / 16 or np.float32(0.0625)
+            if self.chance(0.4):
+                b[k] = 0
+            elif short_shift:  # the channel is its shift: a short binary fraction, so that
+                # statistics over it (InstanceNorm) are exact in float32, not rounding noise
+                b[k] = np.round(b[k] * 16) / 16 or np.float32(0.0625)
         mean = self.randn(c, scale=0.5)
         var = self.rng.uniform(0.5, 2.0, c).astype(np.float32)
         ins = [x.name] + [self.weight(a, f"bn_{t}") for a, t in ((s, "s"), (b, "b"), (mean, "m"), (var, "v"))]
@@ -526,7 +528,7 @@ def st_gather(g: G, x: X) -> X:
 
 def st_bn_gather_in(g: G, x: X) -> X:
     """BatchNorm with zero scales (those channels are its shift), Gather, InstanceNorm."""
-    x = g.bn(x, zero_scale=0.5)
+    x = g.bn(x, zero_scale=0.5, short_shift=True)
     idx = g.rng.integers(0, x.c, size=int(g.rng.integers(1, x.c + 2))).tolist()
     scalar = g.chance(0.3)
     if scalar:
