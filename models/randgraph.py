@@ -21,9 +21,17 @@ branches, Split / Slice parts, and the forms that matter beside them:
   batch taken from `Shape` (dynamic); BatchNorm with zero scales followed by Gather and
   InstanceNormalization;
 - Softmax / LayerNormalization / hand-written LayerNorm / reductions over the channel axis;
+- squeeze-excitation (GAP -> Gemm -> Relu -> Gemm -> gate -> Mul);
 - heads: GAP / Flatten / Reduce into Gemm or MatMul + Add, with value_info from shape
   inference (as the dynamo exporter writes it) where some dims, Gemm's last one among them,
   are renamed to symbols; extra outputs (the map with symbolic dims, an ArgMax).
+
+Conditioning: outputs are compared within 1e-5 of their max magnitude, so the float32 reference
+must not be rounding noise. InstanceNorm of a constant channel is rounding amplified by
+1/sqrt(epsilon) in onnxruntime itself: its epsilon is 1e-2 and the BatchNorm shifts it sees as
+constants are short binary fractions; LayerNorms over the channels (few of them) use epsilon 1e-3
+over 3 or more; head outputs get biases of size 1 (no final Relu), so that they are not small
+remainders of cancellation. tools/sweep.py prints the reference's own noise for wrong outputs.
 
 `info` holds the opset, the input's declared shape, the stage names and the output names.
 `python -m models.randgraph SEED` prints a graph in ONNX text form.
