@@ -419,10 +419,10 @@ def st_split(g: G, x: X) -> X:
     elif how == "slice":
         bounds = np.cumsum([0, *sizes]).tolist()
         parts = [g.op("Slice", [x.name, g.const([a]), g.const([b if k < n - 1 else 2**62]), g.const([1])])
-                 for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+                 for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
     else:
         parts = g.op("Split", [x.name, g.const(sizes)], n_out=n, axis=1)
-    outs = [x.to(p, sz) for p, sz in zip(parts, sizes)]
+    outs = [x.to(p, sz) for p, sz in zip(parts, sizes, strict=True)]
     outs = [o if g.chance(0.4) else g.conv_block(o, int(g.rng.integers(1, 4))) for o in outs]
     return x.to(g.op("Concat", [o.name for o in outs], axis=1), sum(o.c for o in outs))
 

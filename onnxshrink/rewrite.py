@@ -151,6 +151,7 @@ class Rewriter:
         absorbs it (a bias Add), else with a new Add."""
         if not np.any(values):
             return
+        values = _smallest_broadcast(values)
         y = node.outputs[out_index]
         nxt = y.outputs[0] if len(y.outputs) == 1 else None
         if nxt is not None and y not in self.graph.outputs:
@@ -213,6 +214,15 @@ class Rewriter:
                 f"{node.op} node {node.name!r}: input indices {np.flatnonzero(bad)[:8].tolist()} were "
                 "removed although live outputs read them"
             )
+
+
+def _smallest_broadcast(values: np.ndarray) -> np.ndarray:
+    """`values` with every axis along which it does not vary cut to size 1: the same addend
+    under broadcasting, stored as small as it is (a folded bias is not a map)."""
+    for a in range(values.ndim):
+        if values.shape[a] > 1 and np.all(values == values.take([0], axis=a)):
+            values = values.take([0], axis=a)
+    return values
 
 
 def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:

@@ -20,9 +20,12 @@ import pytest
 from models.randgraph import BATCHES, RTOL, check, save_failure
 
 SEEDS = int(os.environ.get("ONNXSHRINK_RANDOM_GRAPHS", "300"))
+# Seeds past the default range on which the 3000-seed sweep found a bug after the others were
+# fixed (a folded constant uniform over rows stored as a map: parameters grew).
+SWEEP_FINDS = (314, 1592)
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.parametrize("seed", sorted(set(range(SEEDS)) | set(SWEEP_FINDS)))
 def test_random_graph(seed):
     out = check(seed)
     saved = f"model saved to {save_failure(out)}" if out.failure else ""
