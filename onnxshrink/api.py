@@ -10,17 +10,27 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
 from onnxshrink.io.masks import flatten, load_masks_file
-from onnxshrink.io.model import data_files, load_external, load_model, save_model
+from onnxshrink.io.model import (
+    Scratch,
+    data_files,
+    load_external,
+    load_model,
+    save_model,
+    save_streamed,
+)
+from onnxshrink.io.weights import DataWriter, WeightStore
 from onnxshrink.masks import MaskSet, load_maskset
 from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
+from onnxshrink.progress import bar
 from onnxshrink.recover import Attempt, recover
 from onnxshrink.report import (
     KeptGroup,
@@ -42,8 +52,13 @@ class ShrinkResult:
     """Everything a shrink produced; `to_dict()` is what `--report` writes.
 
     `reference` is the input model with the masks applied. When the input was a path whose
-    weights live in an external data file and validation was skipped, the unmasked weights of
-    `reference` still refer to that file (they were never loaded into it)."""
+    weights live in an external data file, its unmasked weights still refer to that file (they
+    are loaded into it only for a model under IN_MEMORY_BYTES that was validated).
+
+    A model read from external data is shrunk *streamed*: its weights are mapped, not read, and
+    the shrunk weights are written to an external data file as they are sliced. `model` then
+    holds its weights only when they are under IN_MEMORY_BYTES; otherwise its initializers refer
+    to `data_file` (`<output>.data` once saved), which `save()` copies."""
 
     model: onnx.ModelProto
     reference: onnx.ModelProto
@@ -65,6 +80,8 @@ class ShrinkResult:
     # When the first proof failed: what failed, and the tensor axes kept whole to pass.
     first_failure: str | None = None
     kept_after_failed_proof: list[dict[str, Any]] = field(default_factory=list)
+    data_file: Path | None = None  # where `model`'s external weights are, when not in memory
+    _scratch: Any = field(default=None, repr=False)  # keeps an unsaved data file alive
 
     @property
     def passed(self) -> bool:
@@ -93,6 +110,8 @@ class ShrinkResult:
         return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
 
     def save(self, path: str | Path, external: bool = False) -> list[Path]:
+        if self.data_file is not None:
+            return save_streamed(self.model, self.data_file, path, move=False)
         return save_model(self.model, path, external=external)
 
 
@@ -128,27 +147,32 @@ def shrink(
     clock.lap("bind")
     _log_binding(opts, maskset, bound, held)
 
+    scratch = Scratch(source.store, output) if source.streamed else None
     opts.say(f"analyzing {len(reference.graph.node)} nodes ...")
-    analysis = analyze_model(reference, source.base_dir)
+    analysis = analyze_model(reference, source.base_dir, store=source.store, progress=opts.progress)
     clock.lap("analyze")
     opts.say(f"analyzed in {clock.timings['analyze']:.2f} s; rewriting ...")
-    first = attempt_rewrite(analysis, reference, opts)
+    first = attempt_rewrite(analysis, reference, opts, scratch)
     clock.lap("rewrite")
     if opts.validate:
         opts.say("validating with onnxruntime ...")
-        if source.base_dir is not None:
-            load_external(reference, Path(source.base_dir), str(source.path))
         if first.rewritten is not None:
-            first.report = compare(reference, first.rewritten.model, opts)
+            first.report = prove(reference, source, first.rewritten, opts)
         clock.lap("validate")
     outcome, recovery = first, None
     if opts.validate and opts.recover and not first.passed:
         opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
-        recovery = recover(first, lambda pins: attempt(reference, source.base_dir, opts, pins))
+        recovery = recover(first, lambda pins: attempt(reference, source, opts, pins, scratch))
         outcome = recovery.attempt
         clock.lap("recover")
     if outcome.rewritten is None:  # the rewrite failed even keeping every channel
         raise ValidationFailed(f"{outcome.failure()}; nothing was written.", None)
+    if (
+        opts.validate
+        and source.base_dir is not None
+        and (source.file_bytes or 0) < IN_MEMORY_BYTES
+    ):  # a small model's reference holds its weights, as its shrunk model does
+        load_external(reference, Path(source.base_dir), str(source.path))
     rewritten, report, analysis = outcome.rewritten, outcome.report, outcome.analysis
     shrunk = rewritten.model
     barriers = [
@@ -169,7 +193,7 @@ def shrink(
         folds=rewritten.folds,
         barriers=barriers,
         kept_zeroed=rewritten.kept_zeroed,
-        sparsity=sparsity_left(shrunk),
+        sparsity=sparsity_left(shrunk, arrays=rewritten.arrays),
         removed_nodes=rewritten.removed_nodes,
         first_failure=recovery.first_failure if recovery else None,
         kept_after_failed_proof=[
@@ -178,9 +202,14 @@ def shrink(
         if recovery and outcome.passed
         else [],
     )
+    if rewritten.data_file is not None:
+        result.data_file, result._scratch = rewritten.data_file, scratch
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
         clock.lap("save")
+    if result.data_file is not None and result.data_file.stat().st_size < IN_MEMORY_BYTES:
+        load_external(result.model, result.data_file.parent, "the shrunk model")
+        result.data_file = None
     if not result.passed:
         assert report is not None
         bad = [o.name for o in report.outputs if not o.passed]
@@ -202,6 +231,12 @@ class Source:
     base_dir: str | None = None  # where its external data lives
     data: list[Path] = field(default_factory=list)  # its external data files: never overwritten
     file_bytes: int | None = None
+    store: WeightStore = field(default_factory=WeightStore)  # maps the external data
+
+    @property
+    def streamed(self) -> bool:
+        """Weights in external data: mapped as read, written as sliced (see ShrinkResult)."""
+        return bool(self.data)
 
 
 def read_model(model: ModelLike) -> Source:
@@ -254,37 +289,78 @@ def bind(
     return bound, reference, held
 
 
+# A streamed shrink's result holds its weights in memory (ShrinkResult.model) under this size.
+IN_MEMORY_BYTES = 2**30
+
+
 def analyze_model(
-    reference: onnx.ModelProto, base_dir: str | None, pins: frozenset[AxisKey] = frozenset()
+    reference: onnx.ModelProto,
+    base_dir: str | None,
+    pins: frozenset[AxisKey] = frozenset(),
+    store: WeightStore | None = None,
+    progress: bool = False,
 ) -> Analysis:
-    graph, untied = prepare(reference, base_dir)
+    graph, untied = prepare(reference, base_dir, store)
     opset = default_opset(reference)
-    return analyze(graph, opset, lookup(opset), untied, pins)
+    return analyze(graph, opset, lookup(opset), untied, pins, progress)
 
 
-def attempt_rewrite(analysis: Analysis, reference: onnx.ModelProto, opts: ShrinkOptions) -> Attempt:
+def attempt_rewrite(
+    analysis: Analysis, reference: onnx.ModelProto, opts: ShrinkOptions, scratch: Scratch | None = None
+) -> Attempt:
     """Rewrite the analyzed graph. With validation on, a rewrite that fails (a handler's bug, a
     model onnx rejects) is a failed proof, to recover from; without, an internal error."""
+    writer = scratch.writer() if scratch is not None else None
     try:
-        return Attempt(analysis, rewrite(analysis, reference), None)
+        return Attempt(analysis, rewrite(analysis, reference, writer, opts), None)
     except (InternalError, onnx.checker.ValidationError) as exc:
+        if scratch is not None and writer is not None:
+            scratch.discard(writer)
         if not opts.validate:
             raise
         return Attempt(analysis, None, None, f"{type(exc).__name__}: {first_line(exc)}")
 
 
+def prove(
+    reference: onnx.ModelProto, source: Source, rewritten: RewriteResult, opts: ShrinkOptions
+) -> ValidationReport:
+    shrunk_dir = rewritten.data_file.parent if rewritten.data_file is not None else None
+    return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir)
+
+
 def attempt(
-    reference: onnx.ModelProto, base_dir: str | None, opts: ShrinkOptions, pins: frozenset[AxisKey]
+    reference: onnx.ModelProto,
+    source: Source,
+    opts: ShrinkOptions,
+    pins: frozenset[AxisKey],
+    scratch: Scratch | None = None,
 ) -> Attempt:
     """A whole analysis, rewrite and proof, with some tensor axes kept whole."""
-    result = attempt_rewrite(analyze_model(reference, base_dir, pins), reference, opts)
+    analysis = analyze_model(reference, source.base_dir, pins, source.store)
+    result = attempt_rewrite(analysis, reference, opts, scratch)
     if result.rewritten is not None:
-        result.report = compare(reference, result.rewritten.model, opts)
+        result.report = prove(reference, source, result.rewritten, opts)
+        if scratch is not None and result.rewritten.data_file is not None and not result.passed:
+            result.rewritten.data_file.unlink(missing_ok=True)  # a failed try's data
     return result
 
 
-def rewrite(analysis: Analysis, reference: onnx.ModelProto) -> RewriteResult:
-    rewritten = apply(analysis, reference)
+def rewrite(
+    analysis: Analysis,
+    reference: onnx.ModelProto,
+    writer: DataWriter | None = None,
+    opts: ShrinkOptions | None = None,
+) -> RewriteResult:
+    total = sum(
+        t.values.nbytes
+        for t in analysis.graph.tensors().values()
+        if isinstance(t, gs.Constant) and t.name in analysis.keep.demanded
+    )
+    with bar(total, "slicing and writing weights", "B", bool(opts and opts.progress)) as progress:
+        rewritten = apply(analysis, reference, writer, progress)
+    if writer is not None:
+        writer.close()
+        rewritten.data_file = writer.path
     if rewritten.kept_zeroed:  # name the modules of exporter-renamed weights for --explain
         modules = weight_modules(reference)
         for g in rewritten.kept_zeroed:
@@ -296,7 +372,13 @@ def rewrite(analysis: Analysis, reference: onnx.ModelProto) -> RewriteResult:
 def save(result: ShrinkResult, source: Source, output: str | Path, opts: ShrinkOptions) -> None:
     protect = [source.path, *source.data] if source.path is not None else []
     external = opts.external_data if opts.external_data is not None else bool(source.data)
-    written = save_model(result.model, output, external=external, protect=protect)
+    if result.data_file is not None:  # streamed: the data file written is moved into place
+        written = save_streamed(result.model, result.data_file, output, protect=protect)
+        if result._scratch is not None:
+            result._scratch.saved(result.data_file)
+        result.data_file = written[1]
+    else:
+        written = save_model(result.model, output, external=external, protect=protect)
     result.written = [str(p) for p in written]
     result.after.file_bytes = sum(p.stat().st_size for p in written)
 

@@ -105,11 +105,12 @@ def torch_compare(
     module: Any, shrunk: onnx.ModelProto, example_args: Sequence, opts: ShrinkOptions
 ) -> ValidationReport:
     """Outputs of the PyTorch module itself vs the shrunk ONNX model, on random inputs."""
-    draws, seed, rtol, atol = opts.draws, opts.seed, opts.rtol, opts.atol
     import torch
 
-    from onnxshrink.validate import ErrorTally, session
+    from onnxshrink.validate import ErrorTally, default_rtol, session
 
+    draws, seed, atol = opts.draws, opts.seed, opts.atol
+    rtol = opts.rtol if opts.rtol is not None else default_rtol(shrunk)[0]
     t0 = time.perf_counter()
     sess = session(shrunk, "cpu")
     names = [i.name for i in sess.get_inputs()]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
+from onnxshrink.analyze.nonzero import pattern
 from onnxshrink.ops.contract import OpNode
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
 
@@ -136,11 +137,15 @@ def explain_kept(analysis) -> list[KeptGroup]:
         base = untied.get(t.name, t.name)
         if values.ndim < 2 or not np.issubdtype(values.dtype, np.floating):
             continue
+        p = pattern(values) if values.ndim == 2 else None
         for axis in range(min(values.ndim, 2)):  # output and input channels
             kept = ks.kept(t, axis)
             if kept is None or int(kept.sum()) != values.shape[axis]:
                 continue  # sliced by its handler (a grouped conv's inputs), not by the axis
-            zero = ~np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).any(axis=1)
+            if p is not None:
+                zero = ~(p.rows if axis == 0 else p.cols)
+            else:
+                zero = ~np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).any(axis=1)
             if not zero.any():
                 continue
             why = ks.why(t, axis)
@@ -160,16 +165,20 @@ class Sparsity:
     elements: int
 
 
-def sparsity_left(model: onnx.ModelProto, minimum: float = 0.0) -> list[Sparsity]:
-    """Zeros that remain inside kept weights (rank >= 2): unstructured sparsity."""
+def sparsity_left(
+    model: onnx.ModelProto, minimum: float = 0.0, arrays: Mapping[str, np.ndarray] | None = None
+) -> list[Sparsity]:
+    """Zeros that remain inside kept weights (rank >= 2): unstructured sparsity. `arrays`: the
+    values of initializers stored as external data, by name."""
     out = []
     for t in model.graph.initializer:
         if t.data_type not in FLOAT_TYPES or len(t.dims) < 2:
             continue
-        v = numpy_helper.to_array(t)
+        v = arrays[t.name] if arrays and t.name in arrays else numpy_helper.to_array(t)
         if v.size == 0:
             continue
-        z = float(np.count_nonzero(v == 0)) / v.size
+        nonzeros = pattern(v).count if v.ndim == 2 else int(np.count_nonzero(v))
+        z = float(v.size - nonzeros) / v.size
         if z > minimum:
             out.append(Sparsity(t.name, z, int(v.size)))
     return out

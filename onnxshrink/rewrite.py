@@ -5,17 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxshrink import ir
-from onnxshrink.analyze import Analysis
+from onnxshrink.analyze import Analysis, nonzero
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.evaluate import evaluate
 from onnxshrink.errors import InternalError
+from onnxshrink.io import weights
+from onnxshrink.io.weights import DataWriter, tensor_proto
 from onnxshrink.prepare import inferred_shapes, retie, skeleton
 from onnxshrink.report import explain_kept
 
@@ -36,6 +40,9 @@ class RewriteResult:
     folds: list[Fold] = field(default_factory=list)
     removed_nodes: int = 0
     kept_zeroed: list = field(default_factory=list)  # report.KeptGroup
+    # Streamed: the initializers written to the external data file, by name (mapped, read-only)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    data_file: Path | None = None  # that file
 
 
 class Rewriter:
@@ -225,19 +232,31 @@ def _smallest_broadcast(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:
-    """Shrink `analysis.graph` in place and export it as a model like `original`."""
+def apply(
+    analysis: Analysis,
+    original: onnx.ModelProto,
+    writer: DataWriter | None = None,
+    progress: Any = None,
+) -> RewriteResult:
+    """Shrink `analysis.graph` in place and export it as a model like `original`. With a
+    `writer`, every initializer of STREAM_BYTES or more is written (sliced) to its external data
+    file a block of rows at a time, and the model refers to it there. `progress.update(n)` is
+    told the bytes of each initializer done."""
     rw = Rewriter(analysis)
     graph, ks = analysis.graph, analysis.keep
     live = [n for n in graph.nodes if ks.node_live(n)]
     dead = [n for n in graph.nodes if not ks.node_live(n)]
     for t in list(rw.tensors.values()):
         if isinstance(t, gs.Constant) and t.name in ks.demanded:
-            _slice_constant(t, ks)
+            size = t.values.nbytes
+            _slice_constant(t, ks, writer)
+            if progress is not None:
+                progress.update(size)
     for node in live:
         handler = analysis.handler_for(node)
         if handler is not None and id(node) not in ks.barriers:
             handler.rewrite(node, rw)
+            weights.trim()
     # The original weights are no longer needed: free them before the export copies the graph.
     analysis.consts.consts.clear()
     ks.forget()
@@ -251,7 +270,8 @@ def apply(analysis: Analysis, original: onnx.ModelProto) -> RewriteResult:
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     kept_zeroed = explain_kept(analysis)
     retie(graph, analysis.untied)
-    return RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed)
+    arrays = _externalize(graph, writer) if writer is not None else {}
+    return RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
 
 
 def release(graph: gs.Graph) -> None:
@@ -263,14 +283,60 @@ def release(graph: gs.Graph) -> None:
             t.values = np.zeros((0,), dtype=loaded.dtype)
 
 
-def _slice_constant(t: gs.Constant, ks) -> None:
+# Initializers at least this large are streamed to the external data file (as onnx's own
+# external-data writer's threshold).
+STREAM_BYTES = 1024
+
+
+def _slice_constant(t: gs.Constant, ks, writer: DataWriter | None = None) -> None:
     values = np.asarray(t.values)
+    index: dict[int, np.ndarray] = {}
     for a in range(values.ndim):
         k = ks.kept(t, a)
         if k is not None and len(k) == values.shape[a] and not k.all():
-            values = np.take(values, np.flatnonzero(k), axis=a)
-    if values is not t.values:
-        t.values = values
+            index[a] = np.flatnonzero(k)
+    if writer is None or values.nbytes < STREAM_BYTES:
+        for a, idx in index.items():
+            values = np.take(values, idx, axis=a)
+        if values is not t.values:
+            t.values = values
+        return
+    shape = tuple(len(index[a]) if a in index else n for a, n in enumerate(values.shape))
+    rest = [(a, idx) for a, idx in index.items() if a > 0]
+
+    def blocks():
+        for block in weights.row_blocks(values, index.get(0)):
+            for a, idx in rest:
+                block = np.take(block, idx, axis=a)
+            yield block
+
+    weights.populate(values)
+    before = nonzero.known(values) if values.ndim == 2 else None
+    t.values = writer.write(t.name, blocks(), shape, values.dtype)
+    after = nonzero.sliced(before, index.get(0), index.get(1)) if before is not None else None
+    if after is not None:
+        nonzero.remember(t.values, after)
+    weights.trim()
+
+
+def _externalize(graph: gs.Graph, writer: DataWriter) -> dict[str, np.ndarray]:
+    """Make every large initializer refer to its bytes in the writer's file (writing those not
+    written yet: constants the handlers made), so that the export copies no weights."""
+    arrays: dict[str, np.ndarray] = {}
+    for t in graph.tensors().values():
+        if not isinstance(t, gs.Constant) or not isinstance(t._values, np.ndarray):
+            continue
+        arr = t._values
+        if arr.nbytes < STREAM_BYTES:
+            continue
+        where = writer.store.location(arr)
+        if where is None or where.path != writer.path:
+            arr = writer.write(t.name, weights.row_blocks(arr), arr.shape, arr.dtype)
+            where = writer.store.location(arr)
+            assert where is not None
+        arrays[t.name] = arr
+        t._values = LazyValues(tensor_proto(t.name, arr, where, writer.path.parent))
+    return arrays
 
 
 def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:

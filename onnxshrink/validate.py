@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -38,6 +39,9 @@ class ValidationReport:
     outputs: list[OutputCheck] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None  # the shrunk model did not load or run in onnxruntime
+    # What was proven: "full" (the graph outputs), or "first N of M blocks" (their frontier)
+    kind: str = "full"
+    detail: str = ""  # how: sessions one after the other, segments, the dtype the tolerance follows
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,6 +51,8 @@ class ValidationReport:
         out = [
             f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on {self.provider}"
         ]
+        if self.kind != "full" or self.detail:
+            out.append(f"[I]     Proof: {self.kind}" + (f" ({self.detail})" if self.detail else ""))
         for o in self.outputs:
             out.append(f"[I]     Comparing Output: '{o.name}' (shape={tuple(o.shape)})")
             out.append(
@@ -227,7 +233,9 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
         ) from exc
 
 
-def session(model: onnx.ModelProto, provider: str):
+def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
+    """An onnxruntime session of `model`; weights it keeps in external data are read (mapped) from
+    `data_dir`, never copied into this process."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
@@ -245,10 +253,13 @@ def session(model: onnx.ModelProto, provider: str):
     # The proof is about ONNX semantics: graph rewrites of the runtime are not part of it (one in
     # onnxruntime 1.31 fuses a zero Pad into a MaxPool, which pads with -inf instead).
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if data_dir is not None:
+        # Mapped external weights stay in the page cache, not this process: no packed copies.
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
+        so.add_session_config_entry("session.disable_prepacking", "1")
     if model.ByteSize() < 2**31:
         return ort.InferenceSession(model.SerializeToString(), so, providers=[ep])
     import tempfile
-    from pathlib import Path
 
     from onnxshrink.io.model import save_model
 
@@ -261,6 +272,7 @@ def session(model: onnx.ModelProto, provider: str):
 def _not_run(
     tally: ErrorTally,
     opts: ShrinkOptions,
+    rtol: float,
     shapes: dict[str, list[int]],
     draws: int,
     error: str,
@@ -268,40 +280,162 @@ def _not_run(
 ) -> ValidationReport:
     checks = [OutputCheck(n, [], float("inf"), float("inf"), False) for n in tally.names]
     return ValidationReport(
-        False, opts.rtol, opts.atol, draws, opts.provider, shapes, checks,
+        False, rtol, opts.atol, draws, opts.provider, shapes, checks,
         time.perf_counter() - t0, error,
     )  # fmt: skip
 
 
+# Weights above which a proof runs a model segment by segment (one segment's weights mapped at
+# a time: see onnxshrink.segment), so that it fits in memory whatever the model's size.
+SEGMENT_BYTES = 512 * 2**20
+
+# Machine epsilon of each float type a model may compute in; the default tolerance is ten of
+# them for the least precise type the model computes in, and never below 1e-5.
+EPS = {
+    onnx.TensorProto.DOUBLE: 2.0**-52,
+    onnx.TensorProto.FLOAT: 2.0**-23,
+    onnx.TensorProto.FLOAT16: 2.0**-10,
+    onnx.TensorProto.BFLOAT16: 2.0**-7,
+}
+
+
+def default_rtol(model: onnx.ModelProto) -> tuple[float, str]:
+    """The tolerance that follows the model's dtype, and the dtype's name: rounding in fp16 or
+    bf16 arithmetic differs with the order of a sum, which removing zero terms changes."""
+    from onnxshrink.prepare import inferred_shapes
+
+    produced = {o for n in model.graph.node for o in n.output}
+    types = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in [*inferred_shapes(model), *model.graph.output]
+        if vi.type.HasField("tensor_type")
+    }
+    computed = {types[n] for n in produced if types.get(n) in EPS}
+    worst = max(computed, key=lambda t: EPS[t], default=onnx.TensorProto.FLOAT)
+    name = helper.tensor_dtype_to_np_dtype(worst).name if worst != onnx.TensorProto.BFLOAT16 else "bfloat16"
+    return max(1e-5, 10 * EPS[worst]), name
+
+
+class _RunFailed(Exception):
+    pass
+
+
+def run_model(
+    model: onnx.ModelProto,
+    feeds: list[dict[str, np.ndarray]],
+    outputs: list[str],
+    provider: str,
+    data_dir: str | Path | None = None,
+    progress=None,
+) -> list[list[np.ndarray]]:
+    """`outputs` of `model` on each feed, with one session at a time: the whole model, or its
+    segments in order when its weights exceed SEGMENT_BYTES (each run on every feed, its
+    results kept, its session freed). _RunFailed when onnxruntime cannot load or run it."""
+    from onnxshrink.segment import Segment, split
+
+    parts = split(model, SEGMENT_BYTES) or [Segment(model, [i.name for i in model.graph.input], outputs)]
+    values = [dict(feed) for feed in feeds]
+    for k, part in enumerate(parts):
+        try:
+            sess = session(part.model, provider, data_dir)
+        except ShrinkError:
+            raise
+        except Exception as exc:
+            raise _RunFailed(f"onnxruntime cannot load it ({first_line(exc)})") from exc
+        names = [o.name for o in sess.get_outputs()]
+        wanted = [i.name for i in sess.get_inputs()]
+        for v in values:
+            try:
+                v.update(zip(names, sess.run(names, {n: v[n] for n in wanted}), strict=True))
+            except Exception as exc:
+                raise _RunFailed(f"it fails to run ({first_line(exc)})") from exc
+            if progress is not None:
+                progress.update(1)
+        del sess
+        later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs)
+        for v in values:
+            for n in [n for n in v if n not in later]:
+                del v[n]
+    return [[v[o] for o in outputs] for v in values]
+
+
 def compare(
-    reference: onnx.ModelProto, shrunk: onnx.ModelProto, opts: ShrinkOptions | None = None
+    reference: onnx.ModelProto,
+    shrunk: onnx.ModelProto,
+    opts: ShrinkOptions | None = None,
+    reference_dir: str | Path | None = None,
+    shrunk_dir: str | Path | None = None,
 ) -> ValidationReport:
-    """Run both models on the given and random inputs; the worst error per output."""
+    """Run both models on the given and random inputs, one after the other (the reference's
+    outputs kept, its session freed before the shrunk model's is made); the worst error per
+    output. `*_dir`: where each model's external data are. With `opts.validate_layers`, only the
+    first blocks are compared (see onnxshrink.segment.prefix)."""
+    from onnxshrink.progress import bar
+    from onnxshrink.segment import blocks, prefix, split
+
     opts = opts or ShrinkOptions()
-    rtol, atol = opts.rtol, opts.atol
+    atol = opts.atol
+    detail = []
+    if opts.rtol is None:
+        rtol, dtype = default_rtol(reference)
+        detail.append(f"rtol {rtol:g} for {dtype} arithmetic")
+    else:
+        rtol = opts.rtol
     t0 = time.perf_counter()
     shapes = resolve_shapes(reference, opts.input_shapes or {})
     feeds = list(opts.inputs or []) + make_inputs(reference, shapes, opts.draws, opts.seed)
-    ref_s = session(reference, opts.provider)
-    tally = ErrorTally([o.name for o in ref_s.get_outputs()])
-    try:
-        new_s = session(shrunk, opts.provider)
-    except ShrinkError:
-        raise
-    except Exception as exc:  # onnxruntime cannot load it: a failed proof like any other
-        return _not_run(tally, opts, shapes, len(feeds), f"onnxruntime cannot load it ({first_line(exc)})", t0)
-    for feed in feeds:
-        try:
-            r_out = ref_s.run(None, feed)
-        except Exception as exc:
+    outputs = [o.name for o in reference.graph.output]
+    kind, ref_model, new_model = "full", reference, shrunk
+    if opts.validate_layers is not None:
+        found = blocks(reference)
+        if found is None:
             raise ShrinkError(
-                f"the reference model does not run on the validation inputs ({first_line(exc)}). Give input shapes with --input-shapes name:d0,d1,..."
-            ) from exc
+                "--validate-layers: the model's node order has no repeated blocks to count; "
+                "validate it whole (omit --validate-layers)."
+            )
+        n = opts.validate_layers
+        if n < found.count:
+            head = prefix(reference, found.end(n))
+            tail = prefix(shrunk, 0, head.outputs) if head is not None else None
+            if head is None or tail is None:
+                raise ShrinkError(
+                    f"--validate-layers {n}: the tensors after block {n} are not all in the shrunk "
+                    "model (or their types are unknown); validate it whole (omit --validate-layers)."
+                )
+            ref_model, new_model, outputs = head.model, tail.model, head.outputs
+            kind = f"first {n} of {found.count} repeated blocks"
+            detail.append(f"{head.nodes} of {len(reference.graph.node)} nodes; compared: {', '.join(outputs)}")
+    tally = ErrorTally(outputs)
+    parts = [len(split(m, SEGMENT_BYTES) or [m]) for m in (ref_model, new_model)]
+    detail.append(
+        "reference, then shrunk model"
+        + (f", in {parts[0]} and {parts[1]} segments" if max(parts) > 1 else "")
+    )
+    with bar(len(feeds) * parts[0], "proof: reference", "run", opts.progress) as progress:
         try:
-            s_out = new_s.run(None, feed)
-        except Exception as exc:
-            return _not_run(tally, opts, shapes, len(feeds), f"it fails to run ({first_line(exc)})", t0)
-        tally.add(r_out, s_out)
+            ref_out = run_model(ref_model, feeds, outputs, opts.provider, reference_dir, progress)
+        except _RunFailed as exc:
+            raise ShrinkError(
+                f"the reference model does not run on the validation inputs ({exc}). Give input "
+                "shapes with --input-shapes name:d0,d1,..."
+            ) from exc
+    try:
+        with bar(len(feeds) * parts[1], "proof: shrunk", "run", opts.progress) as progress:
+            new_out = run_model(new_model, feeds, outputs, opts.provider, shrunk_dir, progress)
+    except _RunFailed as exc:
+        report = _not_run(tally, opts, rtol, shapes, len(feeds), str(exc), t0)
+        report.kind, report.detail = kind, "; ".join(detail)
+        return report
+    if kind != "full":
+        for name, r, s in zip(outputs, ref_out[0], new_out[0], strict=True):
+            if r.shape != s.shape:
+                raise ShrinkError(
+                    f"--validate-layers: tensor '{name}' after the blocks has shape {list(s.shape)} "
+                    f"in the shrunk model, {list(r.shape)} in the reference: not comparable there; "
+                    "validate it whole (omit --validate-layers)."
+                )
+    for r, s in zip(ref_out, new_out, strict=True):
+        tally.add(r, s)
     checks = tally.checks(rtol, atol)
     return ValidationReport(
         all(c.passed for c in checks),
@@ -312,4 +446,6 @@ def compare(
         shapes,
         checks,
         time.perf_counter() - t0,
+        kind=kind,
+        detail="; ".join(detail),
     )

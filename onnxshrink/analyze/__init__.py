@@ -35,9 +35,11 @@ def analyze(
     lookup: Lookup,
     untied: dict[str, str] | None = None,
     pins: frozenset[AxisKey] = frozenset(),
+    progress: bool = False,
 ) -> Analysis:
-    """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof)."""
-    consts = propagate_constants(graph, opset, lookup)
+    """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof);
+    `progress`: a progress bar over the first pass, which reads the weights."""
+    consts = propagate_constants(graph, opset, lookup, progress=progress)
     syms = propagate_shapes(graph, consts, lookup)
     if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
         consts = propagate_constants(graph, opset, lookup, syms)

@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.evaluate import EvaluationError, evaluate
+from onnxshrink.io import weights
 
 Lookup = Callable[[gs.Node], Any]
 
@@ -170,9 +171,21 @@ def foldable(handler: Any) -> bool:
 
 
 def propagate_constants(
-    graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping | None = None
+    graph: gs.Graph,
+    opset: int,
+    handler_for: Lookup,
+    syms: Mapping | None = None,
+    progress: bool = False,
 ) -> ConstContext:
-    """Walk the graph in topological order, recording constant elements of every tensor."""
+    """Walk the graph in topological order, recording constant elements of every tensor. Where
+    handlers read weights, the pages they read are given back between nodes (weights.trim)."""
+    from onnxshrink.progress import bar
+
+    with bar(len(graph.nodes), "analysis: reading weights", "node", progress) as shown:
+        return _propagate(graph, opset, handler_for, syms, shown)
+
+
+def _propagate(graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping | None, shown: Any) -> ConstContext:
     ctx = ConstContext(graph, opset, handler_for, syms)
     for t in graph.tensors().values():
         if isinstance(t, gs.Constant):
@@ -197,6 +210,8 @@ def propagate_constants(
         for t, c in zip(node.outputs, outs or [], strict=False):
             if c is not None:
                 ctx.consts[t.name] = c
+        weights.trim()
+        shown.update(1)
     return ctx
 
 

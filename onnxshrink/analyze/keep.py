@@ -24,6 +24,7 @@ from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo
 from onnxshrink.analyze.shapes import SymValue
 from onnxshrink.errors import InternalError
+from onnxshrink.io import weights
 
 
 @dataclass(frozen=True)
@@ -360,6 +361,7 @@ class KeepState:
             self.barrier(node, Reason("barrier", node.name, node.op, "no handler for this op"))
             return
         handler.keep(node, self)
+        weights.trim()
         for i, t in enumerate(node.inputs):  # the contract: a handler demands what it reads
             if t is not None and t.name and t.name not in self.demanded:
                 raise InternalError(

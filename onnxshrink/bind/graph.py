@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink.io.weights import WeightStore
 from onnxshrink.ops import WeightAxes, facts
 
 
@@ -127,6 +128,7 @@ class ModelIndex:
             if m:
                 self.scopes[m].append(k)
         self._arrays: dict[str, np.ndarray] = {}
+        self._store: WeightStore | None = None
 
     def resolve(self, name: str) -> str | None:
         """The initializer a tensor name stands for (itself or through Identity aliases)."""
@@ -134,8 +136,14 @@ class ModelIndex:
         return name if name in self.inits else None
 
     def array(self, name: str) -> np.ndarray:
+        """The initializer's values (read-only and mapped, when stored as external data)."""
         if name not in self._arrays:
-            self._arrays[name] = numpy_helper.to_array(self.inits[name], base_dir=self.base_dir)
+            t = self.inits[name]
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                self._store = self._store or WeightStore()
+                self._arrays[name] = self._store.array(t, self.base_dir or ".")
+            else:
+                self._arrays[name] = numpy_helper.to_array(t)
         return self._arrays[name]
 
     def node(self, site: Site) -> onnx.NodeProto:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import uuid
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
 import onnx
 
 from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.io.weights import DataWriter, WeightStore
 
 TWO_GB = 2**31
 
@@ -110,6 +114,96 @@ def check_model(model: onnx.ModelProto, source: str = "model") -> None:
         ) from exc
 
 
+def _check_output(out: Path, data: Path, protect: Iterable[str | Path]) -> None:
+    guarded = {Path(p).absolute().resolve() for p in protect}
+    for target in (out, data):
+        if target.resolve() in guarded:
+            raise ShrinkError(
+                f"{target}: refusing to overwrite the input model or its data; choose another output path with -o."
+            )
+    if not out.parent.is_dir():
+        raise ShrinkError(f"{out.parent}: the output directory does not exist.")
+    if out.is_dir():
+        raise ShrinkError(f"{out}: is a directory; give the output model's file name with -o.")
+
+
+class Scratch:
+    """Where a streamed shrink writes the shrunk model's weights: one external data file per
+    attempt, beside the output under a hidden name (renamed into place by `save_streamed`, so the
+    weights are written once), or in a temporary directory without an output. Files not saved
+    are deleted when the Scratch goes (or the process ends)."""
+
+    def __init__(self, store: WeightStore, output: str | Path | None):
+        self.store = store
+        self._tmp = None if output is not None else tempfile.mkdtemp(prefix="onnxshrink-")
+        self.dir = Path(self._tmp) if self._tmp else Path(output).absolute().parent  # type: ignore[arg-type]
+        if not self.dir.is_dir():
+            raise ShrinkError(f"{self.dir}: the output directory does not exist.")
+        self.files: list[Path] = []
+        self._finalizer = weakref.finalize(self, Scratch._cleanup, self.files, self._tmp)
+
+    @staticmethod
+    def _cleanup(files: list[Path], tmp: str | None) -> None:
+        for f in files:
+            f.unlink(missing_ok=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def writer(self) -> DataWriter:
+        path = self.dir / f".onnxshrink-{os.getpid()}-{uuid.uuid4().hex[:8]}.data"
+        self.files.append(path)
+        return self.store.writer(path)
+
+    def discard(self, writer: DataWriter) -> None:
+        """An attempt's data that will not be saved (its mapped views stay valid while used)."""
+        writer.close()
+        writer.path.unlink(missing_ok=True)
+
+    def saved(self, path: Path) -> None:
+        """`path` was moved into place: no longer ours to delete."""
+        if path in self.files:
+            self.files.remove(path)
+
+
+def external_locations(model: onnx.ModelProto) -> set[str]:
+    return set(_external_locations(model))
+
+
+def save_streamed(
+    model: onnx.ModelProto,
+    data_file: Path,
+    path: str | Path,
+    *,
+    protect: Iterable[str | Path] = (),
+    move: bool = True,
+) -> list[Path]:
+    """Write `model`, whose large initializers refer to `data_file` (a streamed shrink's), to
+    `path` with its data as `<path>.data`: the data file is moved there (copied when `move` is
+    off or it is on another file system), and the model's references renamed. Atomic as
+    `save_model`; `model` is updated to refer to the saved data."""
+    out = Path(path).absolute()
+    data = out.with_name(out.name + ".data")
+    _check_output(out, data, protect)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
+        staged = Path(tmp) / data.name
+        try:
+            if not move:
+                raise OSError("copy requested")
+            os.replace(data_file, staged)
+        except OSError:
+            shutil.copyfile(data_file, staged)
+        for t in model.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                for e in t.external_data:
+                    if e.key == "location":
+                        e.value = data.name
+        tmp_model = Path(tmp) / out.name
+        onnx.save_model(model, str(tmp_model))
+        os.replace(staged, data)
+        os.replace(tmp_model, out)
+    return [out, data]
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | Path,
@@ -121,16 +215,7 @@ def save_model(
     over one of the `protect` files (the input model and its data)."""
     out = Path(path).absolute()
     data = out.with_name(out.name + ".data")
-    guarded = {Path(p).absolute().resolve() for p in protect}
-    for target in (out, data):
-        if target.resolve() in guarded:
-            raise ShrinkError(
-                f"{target}: refusing to overwrite the input model or its data; choose another output path with -o."
-            )
-    if not out.parent.is_dir():
-        raise ShrinkError(f"{out.parent}: the output directory does not exist.")
-    if out.is_dir():
-        raise ShrinkError(f"{out}: is a directory; give the output model's file name with -o.")
+    _check_output(out, data, protect)
     external = external or model.ByteSize() >= TWO_GB
     written = []
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:

@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.nonzero import pattern
 from onnxshrink.ops.common import const_or_live, couple_broadcast
 from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView, WeightAxes
 from onnxshrink.ops.registry import register
@@ -26,6 +27,35 @@ def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:
     live_a = np.broadcast_to(live_a, live_a.shape[:-1] + (k,))
     nz = np.broadcast_to(nz, nz.shape[:-2] + (k, nz.shape[-1]))
     return np.matmul(live_a.astype(np.float32), nz.astype(np.float32)) > 0
+
+
+def _const_through(live_a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Output elements of A @ W (W a constant [K, N] matrix) that no live element of A reaches:
+    `~_live_product(live_a, W != 0)`, from W's non-zero pattern when that is a product of rows
+    and columns (one memoized pass over W), else from W itself."""
+    p = pattern(w)
+    if not p.product:
+        return ~_live_product(live_a, w != 0)
+    k = w.shape[0]
+    reach = (np.broadcast_to(live_a, live_a.shape[:-1] + (k,)) & p.rows).any(axis=-1, keepdims=True)
+    return ~(reach & p.cols)
+
+
+def _rows_read(w: np.ndarray, cols: np.ndarray | None) -> np.ndarray:
+    """Rows of a [K, N] matrix W holding a non-zero in a kept column (`cols`, None: all)."""
+    p = pattern(w)
+    if p.product:
+        return p.rows_reading(np.ones(w.shape[1], bool) if cols is None else cols)
+    nz = w != 0
+    return np.asarray(nz[:, cols].any(axis=1) if cols is not None else nz.any(axis=1))
+
+
+def _times_rows(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """a @ w in float64 (a: [..., K], w: [K, N]), reading only the rows of w that a non-zero
+    element of a multiplies: the constant part of a product with a large weight costs the rows
+    it uses, not a pass over (or a float64 copy of) the whole weight."""
+    used = np.asarray(a != 0).reshape(-1, a.shape[-1]).any(axis=0)
+    return np.matmul(a[..., used].astype(np.float64), np.asarray(w[used], dtype=np.float64))
 
 
 def _full_k(m: np.ndarray, v: np.ndarray, k: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,6 +83,13 @@ def absorbable(ks: KeepView, a: gs.Tensor, k_axis: int, k: int) -> np.ndarray:
         if len(sizes) == len(rows) and int(np.prod(sizes)) <= int(varying.sum()):
             uniform = uniform | varying
     return uniform
+
+
+def _all_kept(ks: KeepView, t: gs.Tensor, axis: int) -> bool:
+    """Is every index of the axis kept already (or the axis not prunable)? Then what a weight
+    says about it adds nothing, and the pass over the weight is skipped."""
+    k = ks.kept(t, axis)
+    return k is None or bool(k.all())
 
 
 def fold_into_c(rw: RewriteView, node: gs.Node, delta: np.ndarray, n_channels: int) -> None:
@@ -119,12 +156,12 @@ class Gemm(Handler):
         am, av = const_or_live(ctx, a_t, 2)
         if int(node.attrs.get("transA", 0)):
             am, av = am.T, av.T
-        const = ~_live_product(~am, b != 0)
+        const = _const_through(~am, b)
         if not const.any():
             return None
         alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
         _, av = _full_k(am, av, b.shape[0], 1)
-        y = alpha * (av.astype(np.float64) @ b.astype(np.float64))
+        y = alpha * _times_rows(av, b)
         c = ctx.value(c_t) if c_t is not None else None
         if c is not None:
             y = y + beta * c.astype(np.float64)
@@ -143,9 +180,9 @@ class Gemm(Handler):
             couple_broadcast(ks, node, y, c_t)
         b = ks.value(b_t)
         if b is not None:
-            nz = self.oriented(node, b) != 0
-            ky = ks.kept(y, 1)
-            reads = nz[:, ky].any(axis=1) if ky is not None else nz.any(axis=1)
+            if _all_kept(ks, a_t, a_k):
+                return
+            reads = _rows_read(self.oriented(node, b), ks.kept(y, 1))
             absorb = absorbable(ks, a_t, a_k, len(reads))
             ks.keep(a_t, a_k, reads & ~absorb)
         else:
@@ -160,10 +197,12 @@ class Gemm(Handler):
             return
         b0 = self.oriented(node, b0)
         ka = rw.kept_static(a_t, a_k)
+        if ka.all():
+            return
         # An output axis declared dynamic has no kept set: keep() pinned B's columns with it.
         ky = rw.kept(y, 1)
         ky = np.ones(b0.shape[1], bool) if ky is None else ky
-        removed = ~ka & (b0[:, ky] != 0).any(axis=1)
+        removed = ~ka & _rows_read(b0, ky)
         rw.check_removed_constant(node, ca, a_k, removed)
         if not removed.any():
             return
@@ -172,7 +211,7 @@ class Gemm(Handler):
             am, av = am.T, av.T
         a_c = np.where(removed[None, :] & am, av, 0).astype(np.float64)
         alpha = float(node.attrs.get("alpha", 1.0))
-        delta = alpha * (a_c @ b0[:, ky].astype(np.float64))  # [1 or M, kept N]
+        delta = alpha * _times_rows(a_c, b0)[:, ky]  # [1 or M, kept N]
         fold_into_c(rw, node, delta, int(removed.sum()))
 
 
@@ -209,7 +248,9 @@ class MatMul(Handler):
         if rb == 1:
             bm, bv = bm.reshape(-1, 1), bv.reshape(-1, 1)
         b_full, a_full = ctx.value(b_t), ctx.value(a_t)
-        if b_full is not None:
+        if b_full is not None and rb == 2:
+            const = _const_through(~am, bv)
+        elif b_full is not None:
             nz = bv != 0
             const = ~_live_product(~am, nz)
         elif a_full is not None:
@@ -230,8 +271,11 @@ class MatMul(Handler):
         packed = max(am.shape[-1], bm.shape[-2], av.shape[-1], bv.shape[-2])
         k = ir.static_dim(a_t, -1) or ir.static_dim(b_t, -2 if rb >= 2 else -1) or packed
         _, av = _full_k(am, av, k, -1)
-        _, bv0 = _full_k(bm, bv, k, -2)
-        out = np.matmul(av, bv0)
+        if b_full is not None and rb == 2 and bv.shape[0] == k:  # a weight: only the rows used
+            out = _times_rows(av, bv).astype(np.result_type(av, bv))
+        else:
+            _, bv0 = _full_k(bm, bv, k, -2)
+            out = np.matmul(av, bv0)
         const, out = np.broadcast_arrays(const, out)
         const, out = np.array(const), np.array(out)
         if k == 1 and packed == 1 and ir.static_dim(a_t, -1) is None:
@@ -278,10 +322,14 @@ class MatMul(Handler):
         ks.couple(a_t, ra - 1, b_t, b_k)
         b, a = ks.value(b_t), ks.value(a_t)
         if b is not None:
-            nz = self._nz_b(b, rb)
+            if _all_kept(ks, a_t, ra - 1):
+                return
             kn = ks.kept(y, y_n) if y_n is not None else None
-            reads = nz[:, kn].any(axis=1) if kn is not None else nz.any(axis=1)
-            reads = np.asarray(reads)
+            if rb == 2:
+                reads = _rows_read(b, kn)
+            else:
+                nz = self._nz_b(b, rb)
+                reads = np.asarray(nz[:, kn].any(axis=1) if kn is not None else nz.any(axis=1))
             absorb = np.zeros(len(reads), dtype=bool)
             if rb == 2:
                 absorb = absorbable(ks, a_t, ra - 1, len(reads))
@@ -317,20 +365,26 @@ class MatMul(Handler):
         if roles is None or b0 is None or ca is None:
             return
         ra, rb, ry, y_m, y_n = roles
-        nz = self._nz_b(b0, rb)
         kn = rw.kept(y, y_n) if y_n is not None else None
         cols = kn if kn is not None else slice(None)
         ka = rw.kept(a_t, ra - 1)
-        if ka is None:
+        if ka is None or ka.all():
             return
-        removed = ~ka & nz[:, cols].reshape(len(ka), -1).any(axis=1)
+        if rb == 2:
+            removed = ~ka & _rows_read(b0, kn)
+        else:
+            nz = self._nz_b(b0, rb)
+            removed = ~ka & nz[:, cols].reshape(len(ka), -1).any(axis=1)
         rw.check_removed_constant(node, ca, ra - 1, removed)
         if not removed.any():
             return
         am, av = const_or_live(rw, a_t, ra)
         a_c = np.where(am & removed.reshape((1,) * (ra - 1) + (-1,)), av, 0).astype(np.float64)
-        bsel = b0.reshape(len(ka), -1) if rb == 1 else b0[..., cols]
-        delta = np.matmul(a_c, bsel.astype(np.float64))
+        if rb == 2:
+            delta = _times_rows(a_c, b0)[..., cols]
+        else:
+            bsel = b0.reshape(len(ka), -1) if rb == 1 else b0[..., cols]
+            delta = np.matmul(a_c, bsel.astype(np.float64))
         if rb == 1:
             delta = delta[..., 0]
         rw.add_constant(node, 0, delta.astype(b0.dtype), int(removed.sum()))

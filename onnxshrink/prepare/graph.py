@@ -8,19 +8,20 @@ from typing import Any
 
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import numpy_helper
-
+from onnxshrink.io.weights import WeightStore
 from onnxshrink.prepare.shapes import default_opset, inferred_shapes
 from onnxshrink.prepare.tie import untie
 
 
 def prepare(
-    model: onnx.ModelProto, base_dir: str | Path | None = None
+    model: onnx.ModelProto, base_dir: str | Path | None = None, store: WeightStore | None = None
 ) -> tuple[gs.Graph, dict[str, str]]:
     """The gs graph to analyze, and {untied copy name: original initializer name}. Weights the
-    model keeps in external data files are read from `base_dir` straight into numpy."""
+    model keeps in external data files (in `base_dir`) become read-only arrays mapped by
+    `store`: read only where a handler reads them."""
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
+    store = store or WeightStore()
     for t in tensors.values():
         lazy: Any = getattr(t, "_values", None)
         if (
@@ -28,8 +29,8 @@ def prepare(
             and hasattr(lazy, "tensor")
             and lazy.tensor.data_location == onnx.TensorProto.EXTERNAL
         ):
-            t.values = numpy_helper.to_array(lazy.tensor, base_dir=str(base_dir or "."))
-            t.data_location = None  # held in memory from now on
+            t.values = store.array(lazy.tensor, base_dir or ".")
+            t.data_location = None
     for vi in inferred_shapes(model):
         t = tensors.get(vi.name)
         if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):

@@ -1,0 +1,269 @@
+"""Weights that stay on disk: external data memory-mapped read-only, and tensors streamed out.
+
+A model's external data files are mapped once each; every initializer stored there becomes a
+read-only numpy array viewing its bytes (`WeightStore.array`). Nothing is read until a handler
+reads it, and what was read is given back to the OS (`trim`, `release`): the pages stay in the
+OS page cache, not in this process, so a 13 GB model is analysed in the memory of its largest
+tensors. Handlers see ordinary numpy arrays (writing to one raises: weights are never changed in
+place).
+
+The rewrite writes the shrunk model's weights with a `DataWriter` straight into one external data
+file (the output's, under a temporary name until it is saved), row blocks at a time, and gets
+back read-only mapped views of what it wrote; `tensor_proto` turns such a view into the
+TensorProto that refers to it, so the export never copies the weights into memory.
+
+Derived facts that cost a pass over a weight (its non-zero pattern) are memoized per mapped
+array (`memo`): mapped arrays never change, so one pass serves the whole run.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import weakref
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxshrink.errors import ShrinkError
+
+T = TypeVar("T")
+
+MADV_POPULATE_READ = 22  # Linux >= 5.14: fault a range in at once (page faults one by one cost ~10x)
+# Mapped pages this process may keep resident before `trim` gives them back to the page cache.
+TRIM_BYTES = 256 * 2**20
+CHUNK_BYTES = 64 * 2**20  # row blocks of a streamed slice or pass
+ALIGN = 4096  # offsets of written tensors: a page, so that each can be mapped on its own
+
+_STORES: weakref.WeakSet[WeightStore] = weakref.WeakSet()
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a tensor's bytes are: a file (absolute), an offset and a length."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+def _key(arr: np.ndarray) -> tuple:
+    return (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
+
+
+class WeightStore:
+    """Read-only maps of external data files, and the facts memoized on the arrays they give."""
+
+    def __init__(self) -> None:
+        self._maps: dict[Path, mmap.mmap] = {}
+        self._ranges: list[tuple[int, int, mmap.mmap]] = []  # address ranges of every map
+        self._where: dict[tuple, Location] = {}  # exact tensors (see `location`)
+        self._memo: dict[tuple, Any] = {}
+        _STORES.add(self)
+
+    # ---------------------------------------------------------------- reading
+    def _map(self, path: Path, offset: int = 0, length: int = 0) -> mmap.mmap:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=offset)
+        base = np.frombuffer(mm, np.uint8, count=0).__array_interface__["data"][0]
+        self._ranges.append((base, base + len(mm), mm))
+        return mm
+
+    def array(self, tensor: onnx.TensorProto, base_dir: str | Path) -> np.ndarray:
+        """The values of an initializer stored in an external data file, as a read-only view of
+        the mapped file (shape and dtype as the TensorProto says)."""
+        info = {e.key: e.value for e in tensor.external_data}
+        path = (Path(base_dir) / info.get("location", "")).resolve()
+        mm = self._maps.get(path)
+        if mm is None:
+            if not path.is_file():
+                raise ShrinkError(f"tensor '{tensor.name}': its external data file {path} does not exist.")
+            mm = self._maps[path] = self._map(path)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        dims = tuple(int(d) for d in tensor.dims)
+        count = int(np.prod(dims, dtype=np.int64))
+        offset = int(info.get("offset", 0))
+        length = int(info.get("length", count * dtype.itemsize))
+        if length != count * dtype.itemsize or offset + length > len(mm):
+            raise ShrinkError(
+                f"tensor '{tensor.name}': its external data ({length} bytes at {offset} in "
+                f"{path.name}) does not match its shape {list(dims)} of {dtype} or the file's size."
+            )
+        arr = np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(dims)
+        self._where[_key(arr)] = Location(path, offset, length)
+        return arr
+
+    def owns(self, arr: np.ndarray) -> bool:
+        """Is `arr` a view of one of this store's maps (immutable for the store's life)?"""
+        if not isinstance(arr, np.ndarray) or arr.flags.writeable:
+            return False
+        address = arr.__array_interface__["data"][0]
+        return any(lo <= address < hi for lo, hi, _ in self._ranges)
+
+    def location(self, arr: np.ndarray) -> Location | None:
+        """Where `arr`'s bytes are, when it is exactly a tensor this store mapped or wrote."""
+        return self._where.get(_key(arr)) if isinstance(arr, np.ndarray) else None
+
+    def memo(self, arr: np.ndarray, kind: Hashable, compute: Callable[[], T]) -> T:
+        key = (_key(arr), kind)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def peek(self, arr: np.ndarray, kind: Hashable) -> Any:
+        return self._memo.get((_key(arr), kind))
+
+    # ---------------------------------------------------------------- residency
+    def populate(self, arr: np.ndarray) -> None:
+        """Fault the pages of a contiguous mapped array in at once (before a pass over it)."""
+        if not arr.flags.c_contiguous or arr.nbytes < CHUNK_BYTES:
+            return
+        address = arr.__array_interface__["data"][0]
+        for lo, hi, mm in self._ranges:
+            if lo <= address < hi:
+                start = (address - lo) // _PAGE * _PAGE
+                try:
+                    mm.madvise(MADV_POPULATE_READ, start, min(address - lo + arr.nbytes, hi - lo) - start)
+                except (OSError, ValueError):
+                    pass  # an older kernel: pages fault in one by one
+                return
+
+    def release(self) -> None:
+        """Give every mapped page back to the page cache (they are read again when touched)."""
+        for _, _, mm in self._ranges:
+            if not mm.closed:
+                mm.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        """Forget the maps (arrays still viewing them keep them alive until they go)."""
+        self._maps.clear()
+        self._ranges.clear()
+        self._where.clear()
+        self._memo.clear()
+
+    # ---------------------------------------------------------------- writing
+    def writer(self, path: Path) -> DataWriter:
+        return DataWriter(self, path)
+
+
+class DataWriter:
+    """Appends tensors to one external data file and maps each back, read-only."""
+
+    def __init__(self, store: WeightStore, path: Path):
+        self.store = store
+        self.path = Path(path).absolute()
+        self._f = open(self.path, "wb")
+        self.offset = 0
+        self.tensors = 0
+
+    def write(self, name: str, blocks: Iterator[np.ndarray], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Write the row blocks of a tensor of `shape` (C order) and return the mapped view."""
+        pad = -self.offset % ALIGN
+        if pad:
+            self._f.write(b"\0" * pad)
+            self.offset += pad
+        start = self.offset
+        for block in blocks:
+            block = np.ascontiguousarray(block, dtype=dtype)
+            self._f.write(memoryview(block.reshape(-1).view(np.uint8)))
+            self.offset += block.nbytes
+        length = self.offset - start
+        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if length != expected:
+            raise RuntimeError(f"{name}: wrote {length} bytes, its shape needs {expected}")
+        self.tensors += 1
+        if length == 0:
+            return np.zeros(shape, dtype)
+        self._f.flush()
+        mm = self.store._map(self.path, start, length)
+        arr = np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        self.store._where[_key(arr)] = Location(self.path, start, length)
+        return arr
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def tensor_proto(name: str, arr: np.ndarray, where: Location, relative_to: Path) -> onnx.TensorProto:
+    """A TensorProto of `arr`'s shape and dtype whose data are at `where` (named relative to
+    the directory the model is read from)."""
+    t = onnx.TensorProto(name=name, dims=list(arr.shape))
+    t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (
+        ("location", os.path.relpath(where.path, relative_to)),
+        ("offset", str(where.offset)),
+        ("length", str(where.length)),
+    ):
+        e = t.external_data.add()
+        e.key, e.value = key, value
+    return t
+
+
+def owner(arr: np.ndarray) -> WeightStore | None:
+    """The live store that mapped `arr`, if any."""
+    for store in list(_STORES):
+        if store.owns(arr):
+            return store
+    return None
+
+
+def memo(arr: np.ndarray, kind: Hashable, compute: Callable[[], T]) -> T:
+    """`compute()`, memoized when `arr` is a mapped (immutable) array."""
+    store = owner(arr)
+    return compute() if store is None else store.memo(arr, kind, compute)
+
+
+def peek(arr: np.ndarray, kind: Hashable) -> Any:
+    """What `memo` computed for `arr`, or None."""
+    store = owner(arr)
+    return None if store is None else store.peek(arr, kind)
+
+
+def populate(arr: np.ndarray) -> None:
+    store = owner(arr)
+    if store is not None:
+        store.populate(arr)
+
+
+def _resident_file_bytes() -> int:
+    """File-backed pages resident in this process (mapped weights), from /proc/self/statm."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[2]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def trim(limit: int = TRIM_BYTES) -> None:
+    """Give mapped weight pages back when more than `limit` bytes of them are resident: called
+    between nodes by the analysis and the rewrite, so that their memory stays bounded by the
+    tensors one node reads."""
+    if _STORES and _resident_file_bytes() > limit:
+        for store in list(_STORES):
+            store.release()
+
+
+def row_blocks(arr: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
+    """`arr` (or `arr[rows]`) in blocks of whole rows of at most CHUNK_BYTES, as views or small
+    copies: a pass over a mapped weight that never holds more than a block."""
+    n = arr.shape[0] if arr.ndim else 1
+    if arr.ndim == 0:
+        yield arr.reshape(1)
+        return
+    per_row = max(1, arr[:1].nbytes)
+    step = max(1, CHUNK_BYTES // per_row)
+    index = np.arange(n) if rows is None else np.asarray(rows)
+    for s in range(0, len(index), step):
+        part = index[s : s + step]
+        if rows is None:
+            yield arr[int(part[0]) : int(part[-1]) + 1]
+        else:
+            yield arr[part]

@@ -1,0 +1,42 @@
+"""Progress bars for the long phases of a large model (tqdm, imported only when shown)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class _Silent:
+    def update(self, n: float = 1) -> None:
+        return None
+
+    def __enter__(self) -> _Silent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def enabled() -> bool:
+    """Bars are for a person watching: only when stderr is a terminal."""
+    return sys.stderr.isatty()
+
+
+def bar(total: float, desc: str, unit: str = "it", show: bool = False) -> Any:
+    """A context manager with `update(n)`: a tqdm bar on stderr when `show` and stderr is a
+    terminal, else one that does nothing (and imports nothing)."""
+    if not show or not enabled() or total <= 0:
+        return _Silent()
+    from tqdm import tqdm
+
+    scale = unit == "B"
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=scale,
+        unit_divisor=1024 if scale else 1000,
+        leave=False,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )

@@ -1,0 +1,207 @@
+"""Run a model in pieces: segments of its node order, and prefixes of its repeated blocks.
+
+A proof of a model larger than memory cannot hold it in one onnxruntime session. Any position
+in a topological order is a cut: what the nodes before it produced and the nodes after it read
+(the *frontier*) is all that flows across. `split` cuts a model into segments of bounded weight
+bytes; running them in order, each on the frontier the previous one left, computes exactly what
+the whole model computes, with one segment's weights in memory at a time.
+
+`blocks` finds the repeated structure of the graph (the layers of a transformer, the stages of a
+CNN) from its node order alone: the period P at which op types repeat over the longest run.
+`prefix` is the model up to the end of the first N blocks, its outputs the frontier there: what
+`--validate-layers N` proves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxshrink.prepare import inferred_shapes
+
+
+@dataclass
+class Segment:
+    model: onnx.ModelProto
+    inputs: list[str]  # read from the graph inputs or earlier segments
+    outputs: list[str]  # left for later segments or the graph's outputs
+
+
+def _has_subgraph(n: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
+
+
+def tensor_bytes(t: onnx.TensorProto) -> int:
+    size = int(np.prod(t.dims, dtype=np.int64))
+    try:
+        return size * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:
+        return size * 4
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(tensor_bytes(t) for t in model.graph.initializer)
+
+
+def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Every tensor's type: the graph's inputs and outputs, and shape inference's results."""
+    out: dict[str, onnx.TypeProto] = {}
+    for vi in [*inferred_shapes(model), *model.graph.input, *model.graph.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            out[vi.name] = vi.type
+    return out
+
+
+def _value_info(name: str, types: dict[str, onnx.TypeProto]) -> onnx.ValueInfoProto:
+    vi = onnx.ValueInfoProto(name=name)
+    tt = types[name].tensor_type
+    vi.type.tensor_type.elem_type = tt.elem_type  # shapes left to the runtime
+    return vi
+
+
+def _frontier(nodes: Sequence[onnx.NodeProto], cut: int, graph_outputs: set[str]) -> list[str]:
+    """Tensors the nodes before `cut` produce that the nodes from `cut` on read, or that are
+    graph outputs; in the order produced."""
+    later = {i for n in nodes[cut:] for i in n.input if i}
+    out = []
+    for n in nodes[:cut]:
+        for o in n.output:
+            if o and (o in later or o in graph_outputs) and o not in out:
+                out.append(o)
+    return out
+
+
+def _sub_model(
+    model: onnx.ModelProto,
+    nodes: Sequence[onnx.NodeProto],
+    inputs: list[str],
+    outputs: list[str],
+    types: dict[str, onnx.TypeProto],
+) -> onnx.ModelProto:
+    read = {i for n in nodes for i in n.input if i}
+    inits = [t for t in model.graph.initializer if t.name in read]
+    graph = helper.make_graph(
+        list(nodes),
+        model.graph.name or "segment",
+        [_value_info(i, types) for i in inputs],
+        [_value_info(o, types) for o in outputs],
+        initializer=inits,
+    )
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    sub.functions.extend(model.functions)
+    return sub
+
+
+def split(model: onnx.ModelProto, budget: int) -> list[Segment] | None:
+    """Segments of at most about `budget` weight bytes each (a segment holds at least one node);
+    None when the model cannot be cut (subgraphs, tensors of unknown type) or needs no cut."""
+    nodes = list(model.graph.node)
+    if weight_bytes(model) <= budget or any(_has_subgraph(n) for n in nodes):
+        return None
+    sizes = {t.name: tensor_bytes(t) for t in model.graph.initializer}
+    cuts, acc, seen = [], 0, set()
+    for k, n in enumerate(nodes):
+        for i in n.input:
+            if i in sizes and i not in seen:
+                seen.add(i)
+                acc += sizes[i]
+        if acc >= budget and k + 1 < len(nodes):
+            cuts.append(k + 1)
+            acc, seen = 0, set()
+    if not cuts:
+        return None
+    return _segments(model, nodes, [0, *cuts, len(nodes)])
+
+
+def _segments(model: onnx.ModelProto, nodes: list[onnx.NodeProto], bounds: list[int]) -> list[Segment] | None:
+    types = _types(model)
+    graph_outputs = {o.name for o in model.graph.output}
+    inits = {t.name for t in model.graph.initializer}
+    segments = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        part = nodes[a:b]
+        made = {o for n in part for o in n.output}
+        inputs = []
+        for n in part:
+            for i in n.input:
+                if i and i not in made and i not in inits and i not in inputs:
+                    inputs.append(i)
+        outputs = [o for o in _frontier(nodes, b, graph_outputs) if o in made]
+        if any(t not in types for t in [*inputs, *outputs]):
+            return None
+        segments.append(Segment(_sub_model(model, part, inputs, outputs, types), inputs, outputs))
+    return segments
+
+
+@dataclass
+class Blocks:
+    start: int  # the node index where the first block begins
+    period: int  # nodes per block
+    count: int  # how many blocks repeat
+
+    def end(self, n: int) -> int:
+        """The node index after the first n blocks."""
+        return self.start + min(n, self.count) * self.period
+
+
+def blocks(model: onnx.ModelProto, min_period: int = 4) -> Blocks | None:
+    """The repeated blocks of the node order: the period P whose run of equal op types (node i
+    and node i + P alike) is longest; the shortest such P. None when nothing repeats twice."""
+    ops = [n.domain + ":" + n.op_type for n in model.graph.node]
+    codes = np.unique(np.asarray(ops), return_inverse=True)[1]
+    best: tuple[int, int, int] | None = None  # (run length, -period, start)
+    for p in range(min_period, len(codes) // 2 + 1):
+        eq = codes[:-p] == codes[p:]
+        if not eq.any():
+            continue
+        # the longest run of True in eq
+        padded = np.concatenate([[False], eq, [False]])
+        edges = np.flatnonzero(padded[1:] != padded[:-1])
+        starts, ends = edges[::2], edges[1::2]
+        j = int(np.argmax(ends - starts))
+        run = int(ends[j] - starts[j])
+        if run >= p and (best is None or (run, -p) > best[:2]):
+            best = (run, -p, int(starts[j]))
+    if best is None:
+        return None
+    run, neg_p, start = best
+    period = -neg_p
+    return Blocks(start, period, (run + period) // period)
+
+
+@dataclass
+class Prefix:
+    model: onnx.ModelProto
+    outputs: list[str]
+    nodes: int  # nodes of the prefix
+
+
+def prefix(model: onnx.ModelProto, end: int, names: Iterable[str] | None = None) -> Prefix | None:
+    """The part of `model` that computes the frontier after node `end` (or the tensors `names`):
+    those tensors' ancestors. None when some has no known type or is not in the model."""
+    nodes = list(model.graph.node)
+    graph_outputs = {o.name for o in model.graph.output}
+    wanted = list(names) if names is not None else _frontier(nodes, end, graph_outputs)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    inputs = {i.name for i in model.graph.input}
+    if any(w not in producer and w not in inputs for w in wanted):
+        return None
+    need, stack = set(), [producer[w] for w in wanted if w in producer]
+    while stack:
+        k = stack.pop()
+        if k in need:
+            continue
+        need.add(k)
+        stack.extend(producer[i] for i in nodes[k].input if i in producer)
+    part = [nodes[k] for k in sorted(need)]
+    read = {i for n in part for i in n.input if i}
+    types = _types(model)
+    ins = [i.name for i in model.graph.input if i.name in read or i.name in wanted]
+    if any(t not in types for t in [*ins, *wanted]):
+        return None
+    return Prefix(_sub_model(model, part, ins, wanted, types), wanted, len(part))
