@@ -137,6 +137,8 @@ def shrink(
         raise ShrinkError(
             f"nothing to validate with: draws={opts.draws} and no inputs given. Use draws >= 1 or give inputs."
         )
+    if opts.validate_layers is not None and opts.validate_layers < 1:
+        raise ShrinkError(f"validate_layers={opts.validate_layers}: give a number of blocks >= 1.")
     clock = _Clock()
     source = read_model(model)
     maskset, values = read_masks(masks, opts)
@@ -290,7 +292,7 @@ def bind(
 
 
 # A streamed shrink's result holds its weights in memory (ShrinkResult.model) under this size.
-IN_MEMORY_BYTES = 2**30
+IN_MEMORY_BYTES = 256 * 2**20
 
 
 def analyze_model(

@@ -52,7 +52,8 @@ class ValidationReport:
             f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on {self.provider}"
         ]
         if self.kind != "full" or self.detail:
-            out.append(f"[I]     Proof: {self.kind}" + (f" ({self.detail})" if self.detail else ""))
+            tag = "[I]" if self.kind == "full" else "[W]"  # a partial proof says so
+            out.append(f"{tag}     Proof: {self.kind}" + (f" ({self.detail})" if self.detail else ""))
         for o in self.outputs:
             out.append(f"[I]     Comparing Output: '{o.name}' (shape={tuple(o.shape)})")
             out.append(

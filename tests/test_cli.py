@@ -409,8 +409,8 @@ def test_cli_failure_from_a_wrong_rewrite(tmp_path, conv2, conv2_pt, monkeypatch
 
     real = api.apply
 
-    def wrong(analysis, reference):
-        result = real(analysis, reference)
+    def wrong(analysis, reference, *streaming):
+        result = real(analysis, reference, *streaming)
         for t in result.model.graph.initializer:
             if t.name == "B2":
                 t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) + 1, "B2"))

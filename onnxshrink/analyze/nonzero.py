@@ -5,10 +5,10 @@ hold non-zeros, and which rows the kept columns read. Computed on the whole matr
 that is a full pass (and a temporary as large as the weight) per question, and the keep closure
 asks several times per node. `pattern(w)` answers from one pass, in blocks of rows, memoized
 for mapped (immutable) weights: per row and per column whether it holds a non-zero, and the
-count of non-zeros. When every zero of the matrix lies in a zero row or a zero column (what
-structured masks leave), the pattern is their product (`product`), and every question about
-rows and columns has an exact answer from the two vectors; otherwise the caller asks the
-matrix itself.
+zeros that lie inside non-zero rows and columns (`zeros`), when there are few of them (exact
+zeros of random or fp16 weights; structured masks leave none). Every question about rows and
+columns then has an exact answer from these; with many scattered zeros (unstructured sparsity)
+`zeros` is None and the caller asks the matrix itself.
 """
 
 from __future__ import annotations
@@ -19,25 +19,43 @@ import numpy as np
 
 from onnxshrink.io import weights
 
+# Scattered zeros recorded (a second pass over the weight); past this, the matrix is asked.
+MAX_SCATTERED = 1 << 20
+
 
 @dataclass(frozen=True)
 class Pattern:
     rows: np.ndarray  # bool [K]: row k holds a non-zero
     cols: np.ndarray  # bool [N]: column n holds a non-zero
     count: int  # non-zeros
+    # (row indices, column indices) of the zeros inside non-zero rows and columns; None: too many
+    zeros: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
-    def product(self) -> bool:
-        """Is W != 0 exactly outer(rows, cols)?"""
-        return self.count == int(self.rows.sum()) * int(self.cols.sum())
+    def exact(self) -> bool:
+        """Do rows, cols and zeros say where every non-zero is?"""
+        return self.zeros is not None
+
+    @property
+    def T(self) -> Pattern:
+        zeros = (self.zeros[1], self.zeros[0]) if self.zeros is not None else None
+        return Pattern(self.cols, self.rows, self.count, zeros)
+
+    def reached(self, live: np.ndarray) -> np.ndarray:
+        """For live rows `live` (bool [R, K]): [R, N], is column n non-zero in a live row? Only
+        for an `exact` pattern."""
+        assert self.zeros is not None
+        live = np.asarray(live, bool) & self.rows
+        hits = np.repeat(live.sum(axis=1, keepdims=True).astype(np.int64), len(self.cols), axis=1)
+        zr, zc = self.zeros
+        if len(zr):
+            for r in range(len(live)):
+                hits[r] -= np.bincount(zc, weights=live[r, zr], minlength=len(self.cols)).astype(np.int64)
+        return (hits > 0) & self.cols
 
     def rows_reading(self, cols: np.ndarray) -> np.ndarray:
-        """Rows holding a non-zero in one of `cols` (bool [N]); only for a `product` pattern."""
-        return self.rows & bool((self.cols & cols).any())
-
-    def cols_reading(self, rows: np.ndarray) -> np.ndarray:
-        """Columns holding a non-zero in one of `rows` (bool [K]); only for a `product` pattern."""
-        return self.cols & bool((self.rows & rows).any())
+        """Rows holding a non-zero in one of `cols` (bool [N]); only for an `exact` pattern."""
+        return self.T.reached(np.asarray(cols, bool)[None, :])[0]
 
 
 def _scan(w: np.ndarray) -> Pattern:
@@ -53,18 +71,48 @@ def _scan(w: np.ndarray) -> Pattern:
         cols |= nz.any(axis=0)
         count += int(np.count_nonzero(nz))
         start += len(block)
+    scattered = int(rows.sum()) * int(cols.sum()) - count
+    zeros: tuple[np.ndarray, np.ndarray] | None = None
+    if scattered == 0:
+        zeros = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    elif scattered <= MAX_SCATTERED:  # a second pass collects them
+        live_cols = np.flatnonzero(cols)
+        zr, zc, start = [], [], 0
+        for block in weights.row_blocks(w):
+            r, c = np.nonzero(block[:, live_cols] == 0)
+            keep = rows[start + r]
+            zr.append(start + r[keep])
+            zc.append(live_cols[c[keep]])
+            start += len(block)
+        zeros = (np.concatenate(zr).astype(np.int64), np.concatenate(zc).astype(np.int64))
     weights.trim()
-    return Pattern(rows, cols, count)
+    return Pattern(rows, cols, count, zeros)
 
 
 def sliced(p: Pattern, rows: np.ndarray | None, cols: np.ndarray | None) -> Pattern | None:
-    """The pattern of W[rows][:, cols] (index arrays; None: all), when W's is a product: known
-    without a pass over the slice."""
-    if not p.product:
+    """The pattern of W[rows][:, cols] (sorted index arrays; None: all) from W's, without a pass
+    over the slice; None when W's is not exact."""
+    if p.zeros is None:
         return None
-    r = p.rows if rows is None else p.rows[rows]
-    c = p.cols if cols is None else p.cols[cols]
-    return Pattern(r, c, int(r.sum()) * int(c.sum()))
+    k, n = len(p.rows), len(p.cols)
+    kr = np.ones(k, bool) if rows is None else np.isin(np.arange(k), rows)
+    kc = np.ones(n, bool) if cols is None else np.isin(np.arange(n), cols)
+    # a row (column) of the slice is non-zero when one of its kept columns (rows) is
+    r = p.rows_reading(kc)[kr]
+    c = p.reached(kr[None, :])[0][kc]
+    new_r, new_c = _renumber(np.flatnonzero(kr), k), _renumber(np.flatnonzero(kc), n)
+    zr, zc = new_r[p.zeros[0]], new_c[p.zeros[1]]
+    inside = (zr >= 0) & (zc >= 0)
+    zr, zc = zr[inside], zc[inside]
+    inside = r[zr] & c[zc]
+    zeros = (zr[inside], zc[inside])
+    return Pattern(r, c, int(r.sum()) * int(c.sum()) - int(inside.sum()), zeros)
+
+
+def _renumber(index: np.ndarray, size: int) -> np.ndarray:
+    out = np.full(size, -1, np.int64)
+    out[index] = np.arange(len(index))
+    return out
 
 
 def known(w: np.ndarray) -> Pattern | None:
@@ -83,5 +131,4 @@ def pattern(w: np.ndarray) -> Pattern:
     assert w.ndim == 2, w.shape
     if w.flags.c_contiguous or not w.T.flags.c_contiguous:
         return weights.memo(w, "nonzero", lambda: _scan(w))
-    p = weights.memo(w.T, "nonzero", lambda: _scan(w.T))
-    return Pattern(p.cols, p.rows, p.count)
+    return weights.memo(w.T, "nonzero", lambda: _scan(w.T)).T

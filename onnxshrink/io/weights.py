@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 MADV_POPULATE_READ = 22  # Linux >= 5.14: fault a range in at once (page faults one by one cost ~10x)
 # Mapped pages this process may keep resident before `trim` gives them back to the page cache.
-TRIM_BYTES = 256 * 2**20
+TRIM_BYTES = 128 * 2**20
 CHUNK_BYTES = 64 * 2**20  # row blocks of a streamed slice or pass
 ALIGN = 4096  # offsets of written tensors: a page, so that each can be mapped on its own
 
@@ -242,13 +242,24 @@ def _resident_file_bytes() -> int:
         return 0
 
 
+_baseline: int | None = None  # file-backed bytes resident after the last release (libraries)
+
+
 def trim(limit: int = TRIM_BYTES) -> None:
-    """Give mapped weight pages back when more than `limit` bytes of them are resident: called
+    """Give mapped weight pages back when more than `limit` bytes of them may be resident (the
+    file-backed pages of this process grew by that much since the last release): called
     between nodes by the analysis and the rewrite, so that their memory stays bounded by the
     tensors one node reads."""
-    if _STORES and _resident_file_bytes() > limit:
+    global _baseline
+    if not _STORES:
+        return
+    resident = _resident_file_bytes()
+    if _baseline is None or resident < _baseline:
+        _baseline = resident
+    elif resident - _baseline > limit:
         for store in list(_STORES):
             store.release()
+        _baseline = _resident_file_bytes()
 
 
 def row_blocks(arr: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:

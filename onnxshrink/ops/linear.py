@@ -31,20 +31,21 @@ def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:
 
 def _const_through(live_a: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Output elements of A @ W (W a constant [K, N] matrix) that no live element of A reaches:
-    `~_live_product(live_a, W != 0)`, from W's non-zero pattern when that is a product of rows
-    and columns (one memoized pass over W), else from W itself."""
+    `~_live_product(live_a, W != 0)`, from W's non-zero pattern (one memoized pass over W) when
+    it is exact, else from W itself."""
     p = pattern(w)
-    if not p.product:
+    if not p.exact:
         return ~_live_product(live_a, w != 0)
     k = w.shape[0]
-    reach = (np.broadcast_to(live_a, live_a.shape[:-1] + (k,)) & p.rows).any(axis=-1, keepdims=True)
-    return ~(reach & p.cols)
+    live = np.broadcast_to(live_a, live_a.shape[:-1] + (k,))
+    reached = p.reached(live.reshape(-1, k)).reshape(live.shape[:-1] + (w.shape[1],))
+    return ~reached
 
 
 def _rows_read(w: np.ndarray, cols: np.ndarray | None) -> np.ndarray:
     """Rows of a [K, N] matrix W holding a non-zero in a kept column (`cols`, None: all)."""
     p = pattern(w)
-    if p.product:
+    if p.exact:
         return p.rows_reading(np.ones(w.shape[1], bool) if cols is None else cols)
     nz = w != 0
     return np.asarray(nz[:, cols].any(axis=1) if cols is not None else nz.any(axis=1))

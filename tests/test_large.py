@@ -1,0 +1,152 @@
+"""Large-model paths on a small LLaMA-shaped model (models/llama.py): external data read lazily
+(mapped), fp16 and bf16 weights, slices streamed into the output's data file, proofs run one
+session at a time (in segments, or the first blocks only). tools/bench_llm.py runs the same paths
+on multi-GB models."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import error_against
+
+from models.llama import LlamaConfig, build
+from onnxshrink import api, shrink, validate
+from onnxshrink.cli import main
+
+TINY = LlamaConfig.preset("tiny", layers=2).half_masked()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, tuple[Path, int]]:
+    """name -> (path, ideal parameter count), built once."""
+    d = tmp_path_factory.mktemp("llama")
+    out = {}
+    for name, changes in {
+        "fp32": {},
+        "fp16": {"compute": "fp16"},
+        "bf16": {"storage": "bf16"},  # bf16 weights cast to fp32 where read
+        "fp16-islands": {"storage": "fp16"},
+    }.items():
+        built = build(LlamaConfig(**{**TINY.__dict__, **changes}), d / f"{name}.onnx")
+        out[name] = (built.path, built.ideal_params)
+    return out
+
+
+def _types(model: onnx.ModelProto) -> set[int]:
+    return {t.data_type for t in model.graph.initializer if len(t.dims) == 2}
+
+
+@pytest.mark.parametrize(
+    "name, weight_type, rtol",
+    [
+        ("fp32", onnx.TensorProto.FLOAT, 1e-5),
+        ("fp16", onnx.TensorProto.FLOAT16, 2.0**-10 * 10),
+        ("bf16", onnx.TensorProto.BFLOAT16, 1e-5),  # computed in fp32
+        ("fp16-islands", onnx.TensorProto.FLOAT16, 1e-5),
+    ],
+)
+def test_shrinks_to_the_ideal_size_in_its_own_dtype(models, tmp_path, name, weight_type, rtol):
+    path, ideal = models[name]
+    out = tmp_path / "small.onnx"
+    result = shrink(path, output=out, validate=False)
+    assert result.after.params == ideal
+    assert result.before.params - ideal == TINY.removed_params() == 30720
+    saved = onnx.load(out)
+    assert _types(saved) == {weight_type}
+    assert error_against(path, saved, {"input_ids": [1, 12]}) == 0.0  # zero terms only removed
+    proven = shrink(path, validate=True, input_shapes={"input_ids": [1, 12]})
+    assert proven.validation.passed and proven.validation.kind == "full"
+    assert proven.validation.rtol == pytest.approx(rtol)
+    assert max(o.max_rel_error for o in proven.validation.outputs) == 0.0
+
+
+def test_weights_are_mapped_not_read(models):
+    """The analysis sees each external weight as a read-only view of the mapped data file."""
+    import mmap
+
+    from onnxshrink.io.weights import WeightStore
+    from onnxshrink.prepare import prepare
+
+    path, _ = models["fp32"]
+    model = onnx.load(path, load_external_data=False)
+    graph, _ = prepare(model, path.parent, WeightStore())
+    name = "model.layers.1.mlp.down_proj.weight_t"
+    w = graph.tensors()[name].values
+    assert w.shape == (96, 64) and not w.flags.writeable
+    base = w
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+    proto = next(t for t in model.graph.initializer if t.name == name)
+    offset = int(next(e.value for e in proto.external_data if e.key == "offset"))
+    on_disk = np.fromfile(str(path) + ".data", np.float32, count=96 * 64, offset=offset)
+    assert np.array_equal(w.reshape(-1), on_disk)
+    assert not w[1::2].any()  # masked neurons: the builder zeroed every other down row
+
+
+def test_streamed_result_refers_to_its_data_file(models, tmp_path, monkeypatch):
+    """Past IN_MEMORY_BYTES the result keeps its weights in the file they were streamed to."""
+    monkeypatch.setattr(api, "IN_MEMORY_BYTES", 0)
+    path, ideal = models["fp16"]
+    out = tmp_path / "small.onnx"
+    result = shrink(path, output=out, validate=False)
+    assert result.written == [str(out), str(out) + ".data"]
+    assert result.data_file == Path(str(out) + ".data")
+    big = [t for t in result.model.graph.initializer if len(t.dims) == 2]
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in big)
+    assert not list(tmp_path.glob(".onnxshrink-*"))  # the streamed file was moved into place
+    assert error_against(path, onnx.load(out), {"input_ids": [1, 12]}) == 0.0
+    # without an output, the data live in a temporary file for as long as the result
+    unsaved = shrink(path, validate=False)
+    copy = tmp_path / "copy.onnx"
+    unsaved.save(copy)
+    assert error_against(path, onnx.load(copy), {"input_ids": [1, 12]}) == 0.0
+    assert onnx.load(copy).graph.initializer and copy.with_name("copy.onnx.data").exists()
+
+
+def test_proof_in_segments_and_of_the_first_blocks(models, monkeypatch):
+    path, ideal = models["fp32"]
+    monkeypatch.setattr(validate, "SEGMENT_BYTES", 20_000)  # the model's weights are ~300 KB
+    result = shrink(path, input_shapes={"input_ids": [1, 10]})
+    v = result.validation
+    assert v.passed and v.kind == "full" and result.after.params == ideal
+    assert "segments" in v.detail
+    assert max(o.max_rel_error for o in v.outputs) == 0.0
+    # the segments compute exactly what the whole model computes
+    model = onnx.load(path)
+    feeds = validate.make_inputs(model, {"input_ids": [1, 10]}, 2, seed=5)
+    whole = validate.run_model(model, feeds, ["logits"], "cpu")
+    parts = validate.run_model(onnx.load(path, load_external_data=False), feeds, ["logits"], "cpu", path.parent)
+    for a, b in zip(whole, parts, strict=True):
+        assert np.array_equal(a[0], b[0])
+    first = shrink(path, input_shapes={"input_ids": [1, 10]}, validate_layers=1)
+    assert first.validation.passed and first.validation.kind == "first 1 of 2 repeated blocks"
+    assert first.after.params == ideal
+    # compared after block 1: the residual stream, and the rotary tables and mask every block reads
+    compared = sorted(o.name.rsplit("_", 1)[0] for o in first.validation.outputs)
+    assert compared == ["causal", "cos", "residual", "sin"]
+
+
+def test_cli_validate_layers(models, tmp_path, capsys):
+    path, _ = models["fp16"]
+    out = tmp_path / "small.onnx"
+    assert main([str(path), "-o", str(out), "--validate-layers", "1", "--input-shapes", "input_ids:1,8"]) == 0
+    text = capsys.readouterr().out
+    assert "[W]     Proof: first 1 of 2 repeated blocks" in text
+    assert "rtol 0.00976562 for float16 arithmetic" in text
+    assert main([str(path), "--validate-layers", "0"]) == 2
+
+
+def test_progress_bars_stay_out_of_the_way():
+    """--help does not import tqdm; without a terminal no bar is drawn."""
+    code = "import sys; from onnxshrink.cli import build_parser; build_parser(); print('tqdm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    from onnxshrink.progress import bar
+
+    with bar(10, "x", show=True) as b:  # stderr is not a terminal under pytest
+        assert type(b).__name__ == "_Silent"
