@@ -123,7 +123,7 @@ class _DataWriter:
 
     def __init__(self, path: Path, rng: np.random.Generator):
         self.path = path
-        self.f = open(path, "wb")
+        self.f = open(path, "wb")  # noqa: SIM115 (closed by close(), after the last tensor)
         self.offset = 0
         self.rng = rng
 

@@ -143,7 +143,7 @@ def explain_kept(analysis) -> list[KeptGroup]:
             if kept is None or int(kept.sum()) != values.shape[axis]:
                 continue  # sliced by its handler (a grouped conv's inputs), not by the axis
             if p is not None:
-                zero = ~(p.rows if axis == 0 else p.cols)
+                zero = np.logical_not(p.rows if axis == 0 else p.cols)
             else:
                 zero = ~np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).any(axis=1)
             if not zero.any():

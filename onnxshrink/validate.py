@@ -328,13 +328,16 @@ def run_model(
     provider: str,
     data_dir: str | Path | None = None,
     progress=None,
+    parts: list | None = None,
 ) -> list[list[np.ndarray]]:
     """`outputs` of `model` on each feed, with one session at a time: the whole model, or its
     segments in order when its weights exceed SEGMENT_BYTES (each run on every feed, its
-    results kept, its session freed). _RunFailed when onnxruntime cannot load or run it."""
+    results kept, its session freed). _RunFailed when onnxruntime cannot load or run it.
+    `parts`: the segments, when already cut (onnxshrink.segment.split)."""
     from onnxshrink.segment import Segment, split
 
-    parts = split(model, SEGMENT_BYTES) or [Segment(model, [i.name for i in model.graph.input], outputs)]
+    parts = parts or split(model, SEGMENT_BYTES)
+    parts = parts or [Segment(model, [i.name for i in model.graph.input], outputs)]
     values = [dict(feed) for feed in feeds]
     for k, part in enumerate(parts):
         try:
@@ -407,22 +410,27 @@ def compare(
             kind = f"first {n} of {found.count} repeated blocks"
             detail.append(f"{head.nodes} of {len(reference.graph.node)} nodes; compared: {', '.join(outputs)}")
     tally = ErrorTally(outputs)
-    parts = [len(split(m, SEGMENT_BYTES) or [m]) for m in (ref_model, new_model)]
+    ref_parts, new_parts = split(ref_model, SEGMENT_BYTES), split(new_model, SEGMENT_BYTES)
+    counts = [len(p) if p else 1 for p in (ref_parts, new_parts)]
     detail.append(
         "reference, then shrunk model"
-        + (f", in {parts[0]} and {parts[1]} segments" if max(parts) > 1 else "")
+        + (f", in {counts[0]} and {counts[1]} segments" if max(counts) > 1 else "")
     )
-    with bar(len(feeds) * parts[0], "proof: reference", "run", opts.progress) as progress:
+    with bar(len(feeds) * counts[0], "proof: reference", "run", opts.progress) as progress:
         try:
-            ref_out = run_model(ref_model, feeds, outputs, opts.provider, reference_dir, progress)
+            ref_out = run_model(
+                ref_model, feeds, outputs, opts.provider, reference_dir, progress, ref_parts
+            )
         except _RunFailed as exc:
             raise ShrinkError(
                 f"the reference model does not run on the validation inputs ({exc}). Give input "
                 "shapes with --input-shapes name:d0,d1,..."
             ) from exc
     try:
-        with bar(len(feeds) * parts[1], "proof: shrunk", "run", opts.progress) as progress:
-            new_out = run_model(new_model, feeds, outputs, opts.provider, shrunk_dir, progress)
+        with bar(len(feeds) * counts[1], "proof: shrunk", "run", opts.progress) as progress:
+            new_out = run_model(
+                new_model, feeds, outputs, opts.provider, shrunk_dir, progress, new_parts
+            )
     except _RunFailed as exc:
         report = _not_run(tally, opts, rtol, shapes, len(feeds), str(exc), t0)
         report.kind, report.detail = kind, "; ".join(detail)
@@ -435,8 +443,8 @@ def compare(
                     f"in the shrunk model, {list(r.shape)} in the reference: not comparable there; "
                     "validate it whole (omit --validate-layers)."
                 )
-    for r, s in zip(ref_out, new_out, strict=True):
-        tally.add(r, s)
+    for r_run, s_run in zip(ref_out, new_out, strict=True):
+        tally.add(r_run, s_run)
     checks = tally.checks(rtol, atol)
     return ValidationReport(
         all(c.passed for c in checks),

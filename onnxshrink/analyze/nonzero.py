@@ -21,6 +21,15 @@ from onnxshrink.io import weights
 
 # Scattered zeros recorded (a second pass over the weight); past this, the matrix is asked.
 MAX_SCATTERED = 1 << 20
+SCAN_BYTES = 1 << 20  # blocks of a pass: small enough to stay in the CPU's caches
+
+
+def _nonzero(block: np.ndarray) -> np.ndarray:
+    """block != 0 (-0.0 is zero). numpy compares fp16 (and ml_dtypes' bf16) by converting each
+    element: on the bits, with the sign cleared, it is four times faster."""
+    if block.dtype.itemsize == 2 and block.dtype.kind in "fV":  # fp16, bf16
+        return (block.view(np.uint16) & np.uint16(0x7FFF)).astype(bool)
+    return block != 0
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,8 @@ def _scan(w: np.ndarray) -> Pattern:
     cols = np.zeros(n, bool)
     count = 0
     start = 0
-    for block in weights.row_blocks(w):
-        nz = block != 0
+    for block in weights.row_blocks(w, chunk=SCAN_BYTES):
+        nz = _nonzero(block)
         rows[start : start + len(block)] = nz.any(axis=1)
         cols |= nz.any(axis=0)
         count += int(np.count_nonzero(nz))
@@ -78,8 +87,8 @@ def _scan(w: np.ndarray) -> Pattern:
     elif scattered <= MAX_SCATTERED:  # a second pass collects them
         live_cols = np.flatnonzero(cols)
         zr, zc, start = [], [], 0
-        for block in weights.row_blocks(w):
-            r, c = np.nonzero(block[:, live_cols] == 0)
+        for block in weights.row_blocks(w, chunk=SCAN_BYTES):
+            r, c = np.nonzero(~_nonzero(block[:, live_cols]))
             keep = rows[start + r]
             zr.append(start + r[keep])
             zc.append(live_cols[c[keep]])

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from onnxshrink.bind.binding import Binding, BoundMasks
 from onnxshrink.bind.graph import ModelIndex, Site
 from onnxshrink.errors import ShrinkError
+from onnxshrink.io import weights
 
 UNMASKED_FLAG = "--unmasked-input"
 
@@ -85,6 +86,7 @@ def check_reference(
     effects: dict[str, Effect] = {}
     for b in bound.bindings:
         e = _effect(index, b)
+        weights.trim()  # the mapped weights it read go back to the page cache
         if b.mask in effects:  # one mask over several bindings (a folded BatchNorm's pair)
             f = effects[b.mask]
             f.masked, f.changed = f.masked + e.masked, f.changed + e.changed

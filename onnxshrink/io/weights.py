@@ -18,6 +18,7 @@ array (`memo`): mapped arrays never change, so one pass serves the whole run.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import weakref
@@ -128,10 +129,9 @@ class WeightStore:
         for lo, hi, mm in self._ranges:
             if lo <= address < hi:
                 start = (address - lo) // _PAGE * _PAGE
-                try:
+                # an older kernel refuses: the pages then fault in one by one
+                with contextlib.suppress(OSError, ValueError):
                     mm.madvise(MADV_POPULATE_READ, start, min(address - lo + arr.nbytes, hi - lo) - start)
-                except (OSError, ValueError):
-                    pass  # an older kernel: pages fault in one by one
                 return
 
     def release(self) -> None:
@@ -158,7 +158,7 @@ class DataWriter:
     def __init__(self, store: WeightStore, path: Path):
         self.store = store
         self.path = Path(path).absolute()
-        self._f = open(self.path, "wb")
+        self._f = open(self.path, "wb")  # noqa: SIM115 (closed by close(), after the last tensor)
         self.offset = 0
         self.tensors = 0
 
@@ -171,7 +171,7 @@ class DataWriter:
         start = self.offset
         for block in blocks:
             block = np.ascontiguousarray(block, dtype=dtype)
-            self._f.write(memoryview(block.reshape(-1).view(np.uint8)))
+            self._f.write(block.reshape(-1).view(np.uint8).data)
             self.offset += block.nbytes
         length = self.offset - start
         expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -262,15 +262,17 @@ def trim(limit: int = TRIM_BYTES) -> None:
         _baseline = _resident_file_bytes()
 
 
-def row_blocks(arr: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
-    """`arr` (or `arr[rows]`) in blocks of whole rows of at most CHUNK_BYTES, as views or small
-    copies: a pass over a mapped weight that never holds more than a block."""
+def row_blocks(
+    arr: np.ndarray, rows: np.ndarray | None = None, chunk: int = CHUNK_BYTES
+) -> Iterator[np.ndarray]:
+    """`arr` (or `arr[rows]`) in blocks of whole rows of at most `chunk` bytes, as views or
+    small copies: a pass over a mapped weight that never holds more than a block."""
     n = arr.shape[0] if arr.ndim else 1
     if arr.ndim == 0:
         yield arr.reshape(1)
         return
     per_row = max(1, arr[:1].nbytes)
-    step = max(1, CHUNK_BYTES // per_row)
+    step = max(1, chunk // per_row)
     index = np.arange(n) if rows is None else np.asarray(rows)
     for s in range(0, len(index), step):
         part = index[s : s + step]

@@ -338,8 +338,8 @@ class MatMul(Handler):
         elif a is not None:
             nz = self._nz_a(a, ra)
             km = ks.kept(y, y_m) if y_m is not None else None
-            reads = nz[km].any(axis=0) if km is not None else nz.any(axis=0)
-            ks.keep(b_t, b_k, reads)
+            read_by_a = nz[km].any(axis=0) if km is not None else nz.any(axis=0)
+            ks.keep(b_t, b_k, read_by_a)
         else:
             ks.pin(a_t, ra - 1)
 

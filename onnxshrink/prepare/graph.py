@@ -8,6 +8,7 @@ from typing import Any
 
 import onnx
 import onnx_graphsurgeon as gs
+
 from onnxshrink.io.weights import WeightStore
 from onnxshrink.prepare.shapes import default_opset, inferred_shapes
 from onnxshrink.prepare.tie import untie
