@@ -255,9 +255,11 @@ def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None =
     # onnxruntime 1.31 fuses a zero Pad into a MaxPool, which pads with -inf instead).
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if data_dir is not None:
-        # Mapped external weights stay in the page cache, not this process: no packed copies.
+        # Mapped external weights stay in the page cache, not this process: no packed copies,
+        # and no arena holding on to the largest temporaries (fp16 kernels widen their weights).
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
         so.add_session_config_entry("session.disable_prepacking", "1")
+        so.enable_cpu_mem_arena = False
     if model.ByteSize() < 2**31:
         return ort.InferenceSession(model.SerializeToString(), so, providers=[ep])
     import tempfile

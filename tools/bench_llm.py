@@ -81,6 +81,34 @@ def _write_bytes(path: Path, size: int) -> float:
     return elapsed
 
 
+class _Sampler:
+    """Samples VmRSS every 20 ms, by the phase the shrink's log lines name: the peak of each."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.phase = "load"
+        self.peaks: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def log(self, line: str) -> None:
+        for word, phase in (("analyzing", "analyze"), ("rewriting", "rewrite"), ("validating", "validate")):
+            if line.startswith(word) or f"; {word}" in line:
+                self.phase = phase
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            rss = _status()["VmRSS"]
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        return self.peaks
+
+
 def child(src: str, out: str, options: str) -> None:
     import onnxshrink
     from onnxshrink.report import to_jsonable
@@ -90,10 +118,13 @@ def child(src: str, out: str, options: str) -> None:
     src_path = Path(src)
     read_bytes, read_s = _read_all(_files(src_path))
     _reset_peak()
+    sampler = _Sampler()
     t0 = time.perf_counter()
-    result = onnxshrink.shrink(src_path, output=out, **opts)
+    result = onnxshrink.shrink(src_path, output=out, log=sampler.log, **opts)
     wall = time.perf_counter() - t0
+    sampler.phase = "after"
     peak = _status()["VmHWM"]
+    phase_peaks = sampler.stop()
     written = sum(Path(p).stat().st_size for p in result.written)
     write_s = _write_bytes(Path(out).with_name(".bench-floor"), written)
     v = result.validation
@@ -102,6 +133,7 @@ def child(src: str, out: str, options: str) -> None:
         "timings": dict(result.timings),
         "rss_after_imports": rss_imports,
         "rss_peak": peak,
+        "rss_peak_by_phase": phase_peaks,
         "read_bytes": read_bytes,
         "read_s": read_s,
         "written_bytes": written,
@@ -179,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(read {gib(rec['read_bytes'])} in {rec['read_s']:.2f} s, write {gib(rec['written_bytes'])} in {rec['write_s']:.2f} s); "
         f"ratio {shrink_s / floor:.2f}",
         f"peak RSS {gib(rec['rss_peak'])} (after imports {gib(rec['rss_after_imports'])}); "
-        f"peak RSS / model file {rec['rss_peak'] / info['bytes']:.3f}",
+        f"peak RSS / model file {rec['rss_peak'] / info['bytes']:.3f}; by phase (sampled every 20 ms): "
+        + ", ".join(f"{k} {gib(v)}" for k, v in rec["rss_peak_by_phase"].items()),
         f"parameters before {rec['params_before']:,} after {rec['params_after']:,} ideal {info['ideal']:,} "
         f"({'at' if rec['params_after'] == info['ideal'] else 'NOT at'} the ideal count)",
     ]

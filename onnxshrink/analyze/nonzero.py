@@ -68,32 +68,51 @@ class Pattern:
 
 
 def _scan(w: np.ndarray) -> Pattern:
+    """One pass in blocks of rows. A block whose non-zero rows are not all non-zero in every
+    column the block reaches holds scattered zeros: those rows are searched (they are few), and
+    columns a block never reaches but others do add their zeros at the end."""
     weights.populate(w)
     k, n = w.shape
     rows = np.zeros(k, bool)
     cols = np.zeros(n, bool)
     count = 0
     start = 0
+    zr: list[np.ndarray] = []
+    zc: list[np.ndarray] = []
+    scattered = 0  # recorded so far; past MAX_SCATTERED the pattern is not exact
+    reach: list[tuple[int, np.ndarray, np.ndarray]] = []  # (start, non-zero rows, columns reached)
     for block in weights.row_blocks(w, chunk=SCAN_BYTES):
         nz = _nonzero(block)
-        rows[start : start + len(block)] = nz.any(axis=1)
-        cols |= nz.any(axis=0)
-        count += int(np.count_nonzero(nz))
+        r = nz.any(axis=1)
+        c = nz.any(axis=0)
+        found = int(np.count_nonzero(nz))
+        rows[start : start + len(block)] = r
+        cols |= c
+        count += found
+        reach.append((start, r, c))
+        missing = int(r.sum()) * int(c.sum()) - found
+        if missing and scattered <= MAX_SCATTERED:
+            scattered += missing
+            short = np.flatnonzero(r & (nz.sum(axis=1, dtype=np.int64) < int(c.sum())))
+            i, j = np.nonzero(~nz[short][:, c])
+            zr.append(start + short[i])
+            zc.append(np.flatnonzero(c)[j])
         start += len(block)
-    scattered = int(rows.sum()) * int(cols.sum()) - count
     zeros: tuple[np.ndarray, np.ndarray] | None = None
-    if scattered == 0:
-        zeros = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    elif scattered <= MAX_SCATTERED:  # a second pass collects them
-        live_cols = np.flatnonzero(cols)
-        zr, zc, start = [], [], 0
-        for block in weights.row_blocks(w, chunk=SCAN_BYTES):
-            r, c = np.nonzero(~_nonzero(block[:, live_cols]))
-            keep = rows[start + r]
-            zr.append(start + r[keep])
-            zc.append(live_cols[c[keep]])
-            start += len(block)
-        zeros = (np.concatenate(zr).astype(np.int64), np.concatenate(zc).astype(np.int64))
+    expected = int(rows.sum()) * int(cols.sum()) - count
+    for first, r, c in reach:  # columns this block never reached, though others do
+        late = cols & ~c
+        if late.any() and r.any() and scattered <= MAX_SCATTERED:
+            i, j = np.nonzero(np.outer(r, late))
+            scattered += len(i)
+            zr.append(first + i)
+            zc.append(j)
+    if scattered <= MAX_SCATTERED:
+        zeros = (
+            np.concatenate([np.zeros(0, np.int64), *zr]).astype(np.int64),
+            np.concatenate([np.zeros(0, np.int64), *zc]).astype(np.int64),
+        )
+        assert len(zeros[0]) == expected, (len(zeros[0]), expected)
     weights.trim()
     return Pattern(rows, cols, count, zeros)
 
