@@ -17,7 +17,6 @@ import onnx
 
 from onnxshrink.api import ShrinkResult, shrink
 from onnxshrink.errors import ShrinkError, ValidationFailed, first_line
-from onnxshrink.io.model import save_model
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.validate import ValidationReport
 
@@ -102,9 +101,14 @@ def _random_like(args: Sequence, rng: np.random.Generator) -> tuple:
 
 
 def torch_compare(
-    module: Any, shrunk: onnx.ModelProto, example_args: Sequence, opts: ShrinkOptions
+    module: Any,
+    shrunk: onnx.ModelProto,
+    example_args: Sequence,
+    opts: ShrinkOptions,
+    data_dir: Path | None = None,
 ) -> ValidationReport:
-    """Outputs of the PyTorch module itself vs the shrunk ONNX model, on random inputs."""
+    """Outputs of the PyTorch module itself vs the shrunk ONNX model, on random inputs
+    (`data_dir`: where the shrunk model's external weights are, when not in memory)."""
     import torch
 
     from onnxshrink.validate import ErrorTally, default_rtol, session
@@ -112,7 +116,7 @@ def torch_compare(
     draws, seed, atol = opts.draws, opts.seed, opts.atol
     rtol = opts.rtol if opts.rtol is not None else default_rtol(shrunk)[0]
     t0 = time.perf_counter()
-    sess = session(shrunk, "cpu")
+    sess = session(shrunk, "cpu", data_dir)
     names = [i.name for i in sess.get_inputs()]
     rng = np.random.default_rng(seed)
     tally = ErrorTally([o.name for o in sess.get_outputs()])
@@ -199,7 +203,8 @@ def export_and_shrink(
                 ) from exc
         result = shrink(path, None, None, options=opts)
     result.masks_bound = len(set(own) | set(given))
-    result.torch_validation = torch_compare(masked, result.model, args, opts)
+    data_dir = result.data_file.parent if result.data_file is not None else None
+    result.torch_validation = torch_compare(masked, result.model, args, opts, data_dir)
     if not result.torch_validation.passed:
         bad = [o.name for o in result.torch_validation.outputs if not o.passed]
         raise ValidationFailed(
@@ -207,7 +212,7 @@ def export_and_shrink(
             result,
         )
     if output is not None:
-        written = save_model(result.model, output, external=bool(opts.external_data))
+        written = result.save(output, external=bool(opts.external_data))
         result.written = [str(p) for p in written]
         result.after.file_bytes = sum(p.stat().st_size for p in written)
     return result

@@ -83,8 +83,8 @@ def _scan(w: np.ndarray) -> Pattern:
     reach: list[tuple[int, np.ndarray, np.ndarray]] = []  # (start, non-zero rows, columns reached)
     for block in weights.row_blocks(w, chunk=SCAN_BYTES):
         nz = _nonzero(block)
-        r = nz.any(axis=1)
-        c = nz.any(axis=0)
+        r = np.asarray(nz.any(axis=1))
+        c = np.asarray(nz.any(axis=0))
         found = int(np.count_nonzero(nz))
         rows[start : start + len(block)] = r
         cols |= c
