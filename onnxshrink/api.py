@@ -19,6 +19,7 @@ from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, firs
 from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import (
     Scratch,
+    check_output,
     data_files,
     load_external,
     load_model,
@@ -141,6 +142,8 @@ def shrink(
         raise ShrinkError(f"validate_layers={opts.validate_layers}: give a number of blocks >= 1.")
     clock = _Clock()
     source = read_model(model)
+    if output is not None:
+        check_output(output, [source.path, *source.data] if source.path is not None else [])
     maskset, values = read_masks(masks, opts)
     clock.lap("load")
 
@@ -164,8 +167,19 @@ def shrink(
     outcome, recovery = first, None
     if opts.validate and opts.recover and not first.passed:
         opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
-        recovery = recover(first, lambda pins: attempt(reference, source, opts, pins, scratch))
+        tries: list[Attempt] = []
+
+        def one_try(pins: frozenset[AxisKey]) -> Attempt:
+            tries.append(attempt(reference, source, opts, pins, scratch))
+            data = tries[-1].rewritten.data_file if tries[-1].rewritten else None
+            if len(tries) > 1 and not tries[-1].passed and data is not None:
+                data.unlink(missing_ok=True)  # a failed try's data (the first may be the outcome)
+            return tries[-1]
+
+        recovery = recover(first, one_try)
         outcome = recovery.attempt
+        if scratch is not None:  # the data of every other try
+            scratch.drop_except(outcome.rewritten.data_file if outcome.rewritten else None)
         clock.lap("recover")
     if outcome.rewritten is None:  # the rewrite failed even keeping every channel
         raise ValidationFailed(f"{outcome.failure()}; nothing was written.", None)
@@ -342,8 +356,6 @@ def attempt(
     result = attempt_rewrite(analysis, reference, opts, scratch)
     if result.rewritten is not None:
         result.report = prove(reference, source, result.rewritten, opts)
-        if scratch is not None and result.rewritten.data_file is not None and not result.passed:
-            result.rewritten.data_file.unlink(missing_ok=True)  # a failed try's data
     return result
 
 

@@ -150,3 +150,29 @@ def test_progress_bars_stay_out_of_the_way():
 
     with bar(10, "x", show=True) as b:  # stderr is not a terminal under pytest
         assert type(b).__name__ == "_Silent"
+
+
+def test_a_failed_streamed_proof_leaves_nothing(models, tmp_path, monkeypatch):
+    """A rewrite that changes the function fails the proof: no output, no hidden data file."""
+    from onnxshrink.errors import ValidationFailed
+
+    real = api.apply
+
+    def wrong(analysis, reference, *streaming):
+        result = real(analysis, reference, *streaming)
+        for t in result.model.graph.initializer:
+            if t.name == "model.norm.weight":  # 64 floats: kept in the model, not streamed
+                t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) + 1, t.name))
+        return result
+
+    monkeypatch.setattr(api, "apply", wrong)
+    path, _ = models["fp32"]
+    out = tmp_path / "small.onnx"
+    with pytest.raises(ValidationFailed) as failed:
+        shrink(path, output=out, input_shapes={"input_ids": [1, 8]})
+    assert failed.value.result is not None and not failed.value.result.passed
+    del failed
+    import gc
+
+    gc.collect()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

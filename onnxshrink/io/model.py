@@ -114,6 +114,13 @@ def check_model(model: onnx.ModelProto, source: str = "model") -> None:
         ) from exc
 
 
+def check_output(path: str | Path, protect: Iterable[str | Path] = ()) -> None:
+    """Refuse an output path before any work: over the input or its data, or where no file
+    can be written."""
+    out = Path(path).absolute()
+    _check_output(out, out.with_name(out.name + ".data"), protect)
+
+
 def _check_output(out: Path, data: Path, protect: Iterable[str | Path]) -> None:
     guarded = {Path(p).absolute().resolve() for p in protect}
     for target in (out, data):
@@ -158,6 +165,12 @@ class Scratch:
         """An attempt's data that will not be saved (its mapped views stay valid while used)."""
         writer.close()
         writer.path.unlink(missing_ok=True)
+
+    def drop_except(self, path: Path | None) -> None:
+        """Delete every attempt's data but `path`'s (after a recovery's many tries)."""
+        for f in [f for f in self.files if f != path]:
+            f.unlink(missing_ok=True)
+            self.files.remove(f)
 
     def saved(self, path: Path) -> None:
         """`path` was moved into place: no longer ours to delete."""
