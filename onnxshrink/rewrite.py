@@ -307,7 +307,7 @@ def _slice_constant(t: gs.Constant, ks, writer: DataWriter | None = None) -> Non
     def blocks():
         for block in weights.row_blocks(values, index.get(0)):
             for a, idx in rest:
-                block = np.take(block, idx, axis=a)
+                block = weights.take(block, idx, a)
             yield block
 
     weights.populate(values)

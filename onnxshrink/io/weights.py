@@ -262,11 +262,35 @@ def trim(limit: int = TRIM_BYTES) -> None:
         _baseline = _resident_file_bytes()
 
 
+def take(arr: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
+    """np.take(arr, index, axis) for sorted indices, by slices where the indices run in steps
+    (every other neuron) or in a few ranges (whole heads): a strided copy is several times
+    faster than a gather."""
+    index = np.asarray(index)
+    if len(index) == 0:
+        return np.take(arr, index, axis=axis)
+    steps = np.diff(index)
+    where: list[slice | np.ndarray] = [slice(None)] * arr.ndim
+    if len(index) == 1 or (steps[0] > 0 and np.all(steps == steps[0])):
+        step = int(steps[0]) if len(index) > 1 else 1
+        where[axis] = slice(int(index[0]), int(index[-1]) + 1, step)
+        return arr[tuple(where)]
+    breaks = np.flatnonzero(steps != 1)
+    if len(breaks) < 64:  # a few contiguous ranges
+        bounds = np.split(index, breaks + 1)
+        parts = []
+        for run in bounds:
+            where[axis] = slice(int(run[0]), int(run[-1]) + 1)
+            parts.append(arr[tuple(where)])
+        return np.concatenate(parts, axis=axis)
+    return np.take(arr, index, axis=axis)
+
+
 def row_blocks(
     arr: np.ndarray, rows: np.ndarray | None = None, chunk: int = CHUNK_BYTES
 ) -> Iterator[np.ndarray]:
-    """`arr` (or `arr[rows]`) in blocks of whole rows of at most `chunk` bytes, as views or
-    small copies: a pass over a mapped weight that never holds more than a block."""
+    """`arr` (or `arr[rows]`, rows sorted) in blocks of whole rows of at most `chunk` bytes, as
+    views or small copies: a pass over a mapped weight that never holds more than a block."""
     n = arr.shape[0] if arr.ndim else 1
     if arr.ndim == 0:
         yield arr.reshape(1)
@@ -279,4 +303,4 @@ def row_blocks(
         if rows is None:
             yield arr[int(part[0]) : int(part[-1]) + 1]
         else:
-            yield arr[part]
+            yield take(arr, part, 0)

@@ -378,6 +378,21 @@ class Slice(Handler):
 
 
 # ------------------------------------------------------------------ Gather
+def _same_as_first(m: np.ndarray, v: np.ndarray, first: np.ndarray, axis: int) -> np.ndarray | None:
+    """Where every index along `axis` is constant and equal to index 0 (keepdims); None when
+    nowhere. In blocks along the axis, stopping at the first block that rules everything out
+    (an embedding table: its second row already differs), so a large table costs a block."""
+    mv, vv, f = np.moveaxis(m, axis, 0), np.moveaxis(v, axis, 0), np.moveaxis(first, axis, 0)
+    step = max(1, (1 << 22) // max(1, f.size))
+    same = np.ones(f.shape, bool)
+    for start in range(0, vv.shape[0], step):
+        block = slice(start, start + step)
+        same &= (mv[block] & (vv[block] == f)).all(axis=0, keepdims=True)
+        if not same.any():
+            return None
+    return np.moveaxis(same, 0, axis)
+
+
 @register("Gather")
 class Gather(Handler):
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
@@ -414,8 +429,8 @@ class Gather(Handler):
             if ri is None or m.shape[axis] == 0:
                 return None
             first = v.take([0], axis=axis)
-            same = (m & (v == first)).all(axis=axis, keepdims=True)
-            if not same.any():
+            same = _same_as_first(m, v, first, axis)
+            if same is None:
                 return None
             shape = same.shape[:axis] + (1,) * ri + same.shape[axis + 1 :]
             return [compress(same.reshape(shape), first.reshape(shape))]
