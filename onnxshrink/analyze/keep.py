@@ -22,7 +22,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo
-from onnxshrink.analyze.replay import Replayed, ReplayError, replay
+from onnxshrink.analyze.replay import Replayed, ReplayError, reaches, replay
 from onnxshrink.analyze.shapes import SymValue
 from onnxshrink.errors import InternalError
 
@@ -405,7 +405,16 @@ class KeepState:
         the input slices a kept output element can change. Constant slices keep their values and
         are not drawn: whether they may go is the handler's (it absorbs them, or keeps them)."""
         wanted = sorted(self._needed_axes[id(node)])
-        found = self.memo(("replay", id(node), tuple(wanted)), lambda: self._replay(node, wanted))
+        kept = []
+        for y in node.outputs:
+            kept.append(
+                [self.kept(y, b) for b in range(len(ir.dims(y) or []))] if self.exists(y) else None
+            )
+        # A slice found to reach a kept output is needed for good (kept sets only grow): its
+        # other draws are skipped, and the memo stays true as the sets grow.
+        found = self.memo(
+            ("replay", id(node), tuple(wanted)), lambda: self._replay(node, wanted, kept)
+        )
         if isinstance(found, str):  # cannot replay it: the handler's own needs, then
             self.mode, handler = "rules", self.handler_for(node)
             try:
@@ -415,21 +424,25 @@ class KeepState:
                 self._visiting, self.mode = None, "replay"
             self.note(node, f"not replayed ({found}): its rules' needs are kept")
             return
-        kept = []
-        for y in node.outputs:
-            kept.append(
-                [self.kept(y, b) for b in range(len(ir.dims(y) or []))] if self.exists(y) else None
-            )
         for i, a in wanted:
             t = node.inputs[i]
             for j in np.flatnonzero(found.needed(i, a, kept)):
                 w = found.witness(i, a, int(j), kept)
-                detail = "" if w is None else (
-                    f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
+                detail = (
+                    ""
+                    if w is None
+                    else (
+                        f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
+                    )
                 )
                 self.keep(t, a, [int(j)], Reason("replay", node.name, node.op, detail))
 
-    def _replay(self, node: gs.Node, wanted: list[tuple[int, int]]) -> Replayed | str:
+    def _replay(
+        self,
+        node: gs.Node,
+        wanted: list[tuple[int, int]],
+        kept: list[list[np.ndarray | None] | None],
+    ) -> Replayed | str:
         inputs: list[np.ndarray | None] = []
         live: list[bool] = []
         fixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -443,8 +456,10 @@ class KeepState:
                 live.append(False)
             else:
                 shape = [d if isinstance(d, int) else 1 for d in (ir.dims(t) or [])]
-                if ir.dims(t) is None or t.dtype is None or any(
-                    not isinstance(d, int) for d in (ir.dims(t) or [])[1:]
+                if (
+                    ir.dims(t) is None
+                    or t.dtype is None
+                    or any(not isinstance(d, int) for d in (ir.dims(t) or [])[1:])
                 ):
                     return f"input {i} has no static shape"
                 inputs.append(np.zeros(shape, np.dtype(t.dtype)))
@@ -457,7 +472,10 @@ class KeepState:
             if live[i]:
                 axes.setdefault(i, []).append(a)
         try:
-            return replay(node, inputs, live, axes, self.opset, fixed=fixed)
+            return replay(
+                node, inputs, live, axes, self.opset, fixed=fixed,
+                enough=lambda i, a, rows: reaches(rows, kept),
+            )  # fmt: skip
         except ReplayError as exc:
             return str(exc)
 

@@ -21,7 +21,7 @@ the flat regions where a gradient is zero.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +45,25 @@ DRAWS = (
     ((0.3, 0), (30.0, 0)),
 )
 _IR_VERSION = 8
+
+# enough(input, axis, rows): see replay().
+Enough = Callable[[int, int, list[list[np.ndarray]]], bool]
+
+
+def reaches(
+    rows: Sequence[Sequence[np.ndarray]], kept: Sequence[Sequence[np.ndarray | None] | None]
+) -> bool:
+    """Do one slice's changes (`rows[o][b]`: the indices of output o along axis b) reach a kept
+    index on every axis of some used output? (`kept` as in Replayed.needed.)"""
+    for rows_o, used in zip(rows, kept, strict=True):
+        if used is None:
+            continue
+        if all(
+            row.any() if len(used) != len(rows_o) or used[b] is None else (row & used[b]).any()
+            for b, row in enumerate(rows_o)
+        ):
+            return True
+    return False
 
 
 class ReplayError(RuntimeError):
@@ -76,7 +95,9 @@ class Replayed:
                     for r in axes[o]:
                         r[...] = True
 
-    def needed(self, i: int, a: int, kept: Sequence[Sequence[np.ndarray | None] | None]) -> np.ndarray:
+    def needed(
+        self, i: int, a: int, kept: Sequence[Sequence[np.ndarray | None] | None]
+    ) -> np.ndarray:
         """Slices of input i along axis a that a kept output element may depend on. `kept[o]`:
         per axis of output o, its kept indices (None: all); None when output o is unused. A
         slice is needed when, for some used output, its changes reach a kept index on every
@@ -93,7 +114,6 @@ class Replayed:
                 reach &= r.any(axis=1) if k is None else (r & k[None, :]).any(axis=1)
             need |= reach
         return need
-
 
     def witness(
         self, i: int, a: int, j: int, kept: Sequence[Sequence[np.ndarray | None] | None]
@@ -175,14 +195,24 @@ def _changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     when another element of the tensor changes: onnxruntime's vectorized float64 Cos does, by
     an ulp. A change that small is no dependence the proof could see.)"""
     if a.shape != b.shape:
-        raise ReplayError(f"its output shape changed with its input values ({a.shape} vs {b.shape})")
+        raise ReplayError(
+            f"its output shape changed with its input values ({a.shape} vs {b.shape})"
+        )
     if not np.issubdtype(a.dtype, np.floating):
         return a != b
+    changed = a != b
+    if not changed.any():
+        return changed
+    x, y = a[changed], b[changed]  # the elements that differ at all: usually few, or all
     rel = 1e-9 if a.dtype == np.float64 else 1e-5
     with np.errstate(all="ignore"):
-        big = np.abs(a - b) > rel * np.maximum(np.abs(a), np.abs(b))
-    nan = np.isnan(a) != np.isnan(b)
-    return (big & ~(np.isnan(a) | np.isnan(b))) | nan | ((a != b) & np.isinf(a) & np.isinf(b))
+        big = np.abs(x - y) > rel * np.maximum(np.abs(x), np.abs(y))
+    nan_x, nan_y, inf_x, inf_y = np.isnan(x), np.isnan(y), np.isinf(x), np.isinf(y)
+    # NaN on one side only, or an infinity on one side or of the other sign, is a change too.
+    changed[changed] = (
+        (big & ~(nan_x | nan_y)) | (nan_x != nan_y) | (inf_x | inf_y) & ~(nan_x & nan_y)
+    )
+    return changed
 
 
 def replay(
@@ -193,57 +223,85 @@ def replay(
     opset: int,
     seed: int = 0,
     fixed: Mapping[int, tuple[np.ndarray, np.ndarray]] | None = None,
+    enough: Enough | None = None,
 ) -> Replayed:
     """Replay `node`. `inputs`: an array per input (its value for constant inputs, any array of
     the right shape and type for live ones; None for absent ones); `live`: which inputs are live
     (drawn at random); `axes`: per live input, the axes whose slices are probed; `fixed`: per
     live input, (mask, value) of its constant elements, which keep their values (a slice of
-    constants only is not redrawn: nothing depends on it changing)."""
+    constants only is not redrawn: nothing depends on it changing). `enough(i, axis, rows)`:
+    is what slice j of input i along `axis` was found to change (`rows[o][b]`: the indices of
+    output o along axis b) all the caller needs to know? Its later draws are then skipped (a
+    caller asking which slices reach kept outputs stops at the first that does); `depends` and
+    the relation are then partial for that slice."""
     fixed = fixed or {}
     for i, given in enumerate(inputs):
         if live[i] and (given is None or not np.issubdtype(given.dtype, np.floating)):
-            raise ReplayError(f"input {i} is live and not floating point: its values cannot be drawn")
+            raise ReplayError(
+                f"input {i} is live and not floating point: its values cannot be drawn"
+            )
     runner = NodeRunner(node, inputs, opset)
     rng = np.random.default_rng(seed)
-    relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
+    live_inputs = [k for k, is_live in enumerate(live) if is_live]
+    bases: list[list[np.ndarray | None]] = []
+    outs: list[list[np.ndarray]] = []
     depends: list[np.ndarray] = []
-    first: list[np.ndarray] = []
     for (base_scale, base_sign), (new_scale, new_sign) in DRAWS:
         base = [
-            _fix(_draw(rng, a, base_scale, base_sign), fixed.get(i)) if live[i] and a is not None else a
+            _fix(_draw(rng, a, base_scale, base_sign), fixed.get(i))
+            if live[i] and a is not None
+            else a
             for i, a in enumerate(runner.templates)
         ]
         out = runner.run(base)
-        if not first:
-            first = out
-            depends = [np.zeros(o.shape, dtype=bool) for o in out]
-        for i in (k for k, is_live in enumerate(live) if is_live):
+        bases.append(base)
+        outs.append(out)
+        depends = depends or [np.zeros(o.shape, dtype=bool) for o in out]
+        for i in live_inputs:
             # The whole input redrawn: every element it reaches (a scalar input too).
             whole = list(base)
             whole[i] = _fix(_draw(rng, base[i], new_scale, new_sign), fixed.get(i))  # type: ignore[arg-type]
             for o, after in enumerate(runner.run(whole)):
                 depends[o] |= _changed(out[o], after)
-            x = base[i]
-            assert x is not None
-            for axis in axes.get(i, ()):
-                rel = relation.setdefault(
-                    (i, axis), [[np.zeros((x.shape[axis], n), bool) for n in o.shape] for o in out]
-                )
-                settled = _settled(fixed.get(i), x.shape, axis)
-                for j in range(x.shape[axis]):
-                    if settled[j]:
-                        continue  # a slice of constants: never redrawn
-                    redrawn = list(base)
-                    part = x.copy()
-                    index = (slice(None),) * axis + (j,)
-                    part[index] = _draw(rng, part[index], new_scale, new_sign)
-                    redrawn[i] = _fix(part, fixed.get(i))
+    relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
+    for i in live_inputs:
+        shape = bases[0][i].shape  # type: ignore[union-attr]
+        for axis in axes.get(i, ()):
+            rel = relation.setdefault(
+                (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in outs[0]]
+            )
+            settled = _settled(fixed.get(i), shape, axis)
+            parts: list[np.ndarray | None] = [None] * len(DRAWS)  # base copies, one slice redrawn
+            for j in range(shape[axis]):
+                if settled[j]:
+                    continue  # a slice of constants: never redrawn
+                index = (slice(None),) * axis + (j,)
+                for d, (_, (new_scale, new_sign)) in enumerate(DRAWS):
+                    rows = [[r[j] for r in rel_o] for rel_o in rel]
+                    # Nothing left to show: changes that reach every index of every output axis
+                    # (the relation is a union over draws), or all the caller asks.
+                    if all(row.all() for rows_o in rows for row in rows_o) or (
+                        enough is not None and enough(i, axis, rows)
+                    ):
+                        break
+                    x = bases[d][i]
+                    assert x is not None
+                    part = parts[d]
+                    if part is None:
+                        part = parts[d] = x.copy()
+                    part[index] = _fix_slice(
+                        _draw(rng, x[index], new_scale, new_sign), fixed.get(i), index, shape
+                    )
+                    redrawn = list(bases[d])
+                    redrawn[i] = part
                     for o, after in enumerate(runner.run(redrawn)):
-                        changed = _changed(out[o], after)
+                        changed = _changed(outs[d][o], after)
                         depends[o] |= changed
                         for b in range(changed.ndim):
                             other = tuple(k for k in range(changed.ndim) if k != b)
                             rel[o][b][j] |= changed.any(axis=other) if other else changed
+                    part[index] = x[index]  # restored for the next slice
+    first = outs[0]
     return Replayed(relation, depends, first)
 
 
@@ -278,7 +336,9 @@ def commutes(
             got = NodeRunner(node, part, opset).run(part)
             for w, g in zip(whole, got, strict=True):
                 want = np.take(w, keep, axis=axis)
-                if want.shape != g.shape or not np.allclose(g, want, rtol=1e-9 if g.dtype == np.float64 else 1e-5, atol=0, equal_nan=True):
+                if want.shape != g.shape or not np.allclose(
+                    g, want, rtol=1e-9 if g.dtype == np.float64 else 1e-5, atol=0, equal_nan=True
+                ):
                     return False
     except (ReplayError, IndexError, ValueError):
         return False
@@ -290,7 +350,22 @@ def _fix(values: np.ndarray, fixed: tuple[np.ndarray, np.ndarray] | None) -> np.
     if fixed is None:
         return values
     mask, value = fixed
-    return np.where(np.broadcast_to(mask, values.shape), np.broadcast_to(value, values.shape), values).astype(values.dtype)
+    return np.where(
+        np.broadcast_to(mask, values.shape), np.broadcast_to(value, values.shape), values
+    ).astype(values.dtype)
+
+
+def _fix_slice(
+    values: np.ndarray,
+    fixed: tuple[np.ndarray, np.ndarray] | None,
+    index: tuple[slice | int, ...],
+    shape: tuple[int, ...],
+) -> np.ndarray:
+    """`values`, the slice `index` of a tensor of `shape`, with its constant elements set."""
+    if fixed is None:
+        return values
+    mask, value = (np.broadcast_to(f, shape)[index] for f in fixed)
+    return np.where(mask, value, values).astype(values.dtype)
 
 
 def _settled(
