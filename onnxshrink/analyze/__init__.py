@@ -35,13 +35,15 @@ def analyze(
     lookup: Lookup,
     untied: dict[str, str] | None = None,
     pins: frozenset[AxisKey] = frozenset(),
+    log: Any = None,
 ) -> Analysis:
-    """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof)."""
+    """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof); `log`:
+    records what the keep closure ties (analyze.coupling.CouplingLog), for the coupled groups."""
     consts = propagate_constants(graph, opset, lookup)
     syms = propagate_shapes(graph, consts, lookup)
     if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
         consts = propagate_constants(graph, opset, lookup, syms)
         syms = propagate_shapes(graph, consts, lookup)
-    keep = KeepState(graph, consts, syms, lookup, pins)
+    keep = KeepState(graph, consts, syms, lookup, pins, log)
     keep.run()
     return Analysis(graph, opset, consts, syms, keep, untied or {}, lookup)
