@@ -29,7 +29,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.coupling import CouplingLog, Partition
 from onnxshrink.analyze.keep import LIVE
-from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm
+from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
 from onnxshrink.ops import OpNode, lookup
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 
@@ -305,8 +305,10 @@ class _Finder:
         if k is None:
             return []
         module = self.index.modules[k]
-        if not module:
-            return []
+        if not module or not (
+            module_of_dynamo_node(self.index.nodes[k]) or self.index.model.producer_name == "pytorch"
+        ):
+            return []  # node names read as module paths only where torch's exporter wrote them
         handler, op = self.index.facts[k]
         if handler is None:
             return []

@@ -110,6 +110,7 @@ def prune(
     if masks_out is not None:
         save_masks(masks, masks_out)
     result = shrink(reference, None, output, options=opts.but(input_masked=None))
+    result.before.file_bytes = source.file_bytes
     return PruneResult(gset, plans, masks, result, original, skipped)
 
 
