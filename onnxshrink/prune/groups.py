@@ -193,7 +193,7 @@ class _Finder:
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
         declared: set[int] = set()
-        for t in self.analysis.graph.tensors().values():
+        for t in list(self.analysis.graph.tensors().values()):
             if not isinstance(t, gs.Constant) or not _is_float(t):
                 continue
             for axis in range(len(t.shape)):
@@ -213,6 +213,7 @@ class _Finder:
         listed = [
             c for c in sorted(declared) if not self._read_whole(c)
         ]  # an axis an op reads whole (kernel taps) is no group
+        tensors = self.analysis.graph.tensors()
         groups: list[Group] = []
         layer_of: dict[tuple, int] = {}
         layers: list[Layer] = []
@@ -230,7 +231,7 @@ class _Finder:
                 layer.id,
                 ms,
                 unit,
-                _params(ms, self.analysis.graph.tensors()),
+                _params(ms, tensors),
                 exact=not blocking,
                 reason=str(blocking[0]) if blocking else None,
             )
@@ -416,12 +417,14 @@ def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int) -> N
             continue
         graph, untied = prepare(model, base_dir)
         tensors = graph.tensors()
+        zeroed: dict[str, np.ndarray] = {}
         for g in chosen:
             for m in g.members:
-                t = tensors[m.tensor]
-                values = np.array(t.values)
-                zero_slice(values, m.axis, m.indices)
-                t.values = values
+                if m.tensor not in zeroed:
+                    zeroed[m.tensor] = np.array(tensors[m.tensor].values)
+                zero_slice(zeroed[m.tensor], m.axis, m.indices)
+        for name, values in zeroed.items():
+            tensors[name].values = values
         ks = analyze(graph, opset, lookup(opset), untied).keep
         for g in chosen:
             for m in g.members:

@@ -192,13 +192,11 @@ def framework_masks(
     def zero(name: str, shape: tuple[int, ...], axis: int, idx: np.ndarray) -> None:
         zero_slice(masks.setdefault(name, np.ones(shape, np.float32)), axis, idx)
 
+    shared = {m.initializer for m in members if m.tensor != m.initializer}
     for m in members:
         for p in m.params:
             zero(p.name, p.shape, p.axis, m.indices)
-        shared = m.tensor != m.initializer or any(
-            o.initializer == m.initializer and o.tensor != o.initializer for o in members
-        )
-        if not shared and m.initializer in shapes:
+        if m.initializer not in shared and m.initializer in shapes:
             zero(m.initializer, shapes[m.initializer], m.axis, m.indices)
         elif not m.params:
             skipped.add(m.initializer)
