@@ -74,8 +74,12 @@ class KeepState:
         pins: Iterable[AxisKey] = (),
         mode: str = "rules",
         free_inputs: bool = False,
+        log: Any = None,
     ):
         self.graph = graph
+        # Records what the handlers tie and pin (analyze.coupling.CouplingLog), for the coupled
+        # groups; None: nothing is recorded. It never changes what is kept.
+        self.log = log
         self.pins = frozenset(pins)
         self.free_inputs = free_inputs  # graph inputs not pinned (the test bench's oracle)
         # "rules": a handler's needs are its own; "replay": they are found by replaying the node
@@ -251,6 +255,8 @@ class KeepState:
 
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = LIVE) -> None:
         st = self._state(t)
+        if self.log is not None:
+            self.log.pinned(t.name, [None if k is None else len(k) for k in st], axis, reason)
         for a in range(len(st)) if axis is None else [axis]:
             k = st[a] if a < len(st) else None
             if k is not None:
@@ -269,6 +275,8 @@ class KeepState:
             self.pin(t1, a1)
             self.pin(t2, a2)
             return
+        if self.log is not None:
+            self.log.same(t1.name, a1, t2.name, a2, len(k1), meet)
         self._flow(t1, a1, t2, a2, meet)
         self._flow(t2, a2, t1, a1, meet)
 
@@ -302,6 +310,8 @@ class KeepState:
             self.pin(big, ba)
             return
         idx = np.asarray(idx, dtype=np.int64)
+        if self.log is not None:
+            self.log.maps(small.name, sa, len(ks_), big.name, ba, len(kb), idx)
         if ks_.any():
             mask = np.zeros(kb.shape, bool)
             mask[idx[ks_]] = True
@@ -315,6 +325,23 @@ class KeepState:
     def note(self, node: gs.Node, text: str) -> None:
         """Something about `node` the report should say (e.g. what its replay found)."""
         self.notes[id(node)] = (node.name, node.op, text)
+
+    def block(
+        self, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int], site: gs.Node
+    ) -> None:
+        """Records (for the coupled groups) that `x`'s axes `in_axes` and `y`'s `out_axes` are
+        one flat index space viewed in two shapes (a Reshape's heads x head dims). Keeps nothing:
+        the handler keeps the product sets itself."""
+        if self.log is not None:
+            sizes = [[self.size(t, a) for a in axes] for t, axes in ((x, in_axes), (y, out_axes))]
+            self.log.block(x.name, in_axes, sizes[0], y.name, out_axes, sizes[1], site)
+
+    def unit(self, t1: gs.Tensor, a1: int, idx1: np.ndarray, t2: gs.Tensor, a2: int, idx2: np.ndarray) -> None:
+        """Records (for the coupled groups) that index idx1[k] of t1's axis a1 is removed only
+        together with idx2[k] of t2's axis a2 (a grouped conv's groups). Keeps nothing."""
+        n1, n2 = self.size(t1, a1), self.size(t2, a2)
+        if self.log is not None and n1 is not None and n2 is not None:
+            self.log.pairs(t1.name, a1, n1, np.asarray(idx1), t2.name, a2, n2, np.asarray(idx2))
 
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""

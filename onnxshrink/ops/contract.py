@@ -112,6 +112,14 @@ class KeepView(Protocol):
         self, small: gs.Tensor, sa: int, big: gs.Tensor, ba: int, idx: np.ndarray
     ) -> None: ...
 
+    def block(
+        self, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int], site: gs.Node
+    ) -> None: ...
+
+    def unit(
+        self, t1: gs.Tensor, a1: int, idx1: np.ndarray, t2: gs.Tensor, a2: int, idx2: np.ndarray
+    ) -> None: ...
+
     def claim(self, node: gs.Node, i: int) -> None: ...
 
     def barrier(self, node: gs.Node, reason: Reason | None = None) -> None: ...
@@ -291,6 +299,11 @@ class Handler:
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         """Multiply-accumulates of one run, from static shapes (dynamic dims as 1)."""
         return 0
+
+    def multiplies(self, node: OpNode) -> bool:
+        """Its output is the elementwise product of its operands (a gate, `silu(g) * u`): how
+        the coupled groups tell a gated neuron from channels summed (a residual Add)."""
+        return False
 
     def constant_value(self, node: OpNode) -> np.ndarray | None:
         """The value a node produces without inputs (a Constant node), else None."""
