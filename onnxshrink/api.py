@@ -73,6 +73,7 @@ class ShrinkResult:
     shared_initializers: dict[str, list[str]] = field(default_factory=dict)  # untied per parameter
     folds: list[Fold] = field(default_factory=list)
     barriers: list[dict[str, str]] = field(default_factory=list)
+    replayed: list[dict[str, str]] = field(default_factory=list)  # ops with no rule, replayed
     kept_zeroed: list[KeptGroup] = field(default_factory=list)
     sparsity: list[Sparsity] = field(default_factory=list)
     removed_nodes: int = 0
@@ -100,6 +101,7 @@ class ShrinkResult:
             "shared_initializers",
             "folds",
             "barriers",
+            "replayed",
             "kept_zeroed",
             "sparsity",
             "removed_nodes",
@@ -154,7 +156,7 @@ def shrink(
 
     scratch = Scratch(source.store, output) if source.streamed else None
     opts.say(f"analyzing {len(reference.graph.node)} nodes ...")
-    analysis = analyze_model(reference, source.base_dir, store=source.store, progress=opts.progress)
+    analysis = analyze_model(reference, source.base_dir, opts, store=source.store)
     clock.lap("analyze")
     opts.say(f"analyzed in {clock.timings['analyze']:.2f} s; rewriting ...")
     first = attempt_rewrite(analysis, reference, opts, scratch)
@@ -194,6 +196,7 @@ def shrink(
     barriers = [
         {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
     ]
+    replayed = [{"node": n, "op": op, "finding": f} for n, op, f in analysis.keep.notes.values()]
     shapes = report.input_shapes if report else resolve_shapes(reference, opts.input_shapes or {})
     result = ShrinkResult(
         model=shrunk,
@@ -208,6 +211,7 @@ def shrink(
         shared_initializers=bound.shared,
         folds=rewritten.folds,
         barriers=barriers,
+        replayed=replayed,
         kept_zeroed=rewritten.kept_zeroed,
         sparsity=sparsity_left(shrunk, arrays=rewritten.arrays),
         removed_nodes=rewritten.removed_nodes,
@@ -312,13 +316,13 @@ IN_MEMORY_BYTES = 256 * 2**20
 def analyze_model(
     reference: onnx.ModelProto,
     base_dir: str | None,
+    opts: ShrinkOptions,
     pins: frozenset[AxisKey] = frozenset(),
     store: WeightStore | None = None,
-    progress: bool = False,
 ) -> Analysis:
     graph, untied = prepare(reference, base_dir, store)
     opset = default_opset(reference)
-    return analyze(graph, opset, lookup(opset), untied, pins, progress)
+    return analyze(graph, opset, lookup(opset), untied, pins, opts.analysis, progress=opts.progress)
 
 
 def attempt_rewrite(
@@ -352,7 +356,7 @@ def attempt(
     scratch: Scratch | None = None,
 ) -> Attempt:
     """A whole analysis, rewrite and proof, with some tensor axes kept whole."""
-    analysis = analyze_model(reference, source.base_dir, pins, source.store)
+    analysis = analyze_model(reference, source.base_dir, opts, pins, source.store)
     result = attempt_rewrite(analysis, reference, opts, scratch)
     if result.rewritten is not None:
         result.report = prove(reference, source, result.rewritten, opts)

@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-failed", action="store_true", help="write the output even when validation fails"
     )
     p.add_argument(
+        "--analysis",
+        choices=["rules", "replay"],
+        default="rules",
+        help="rules: each op's handler says what its outputs need (default); replay: every node "
+        "is replayed in onnxruntime to find it (slower; a cross-check of the rules)",
+    )
+    p.add_argument(
         "--no-recover",
         action="store_true",
         help="when the proof fails, fail (exit 1) instead of keeping the removals responsible",
@@ -116,6 +123,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--explain", action="store_true", help="list every zeroed slice that was kept, and why"
     )
+    g = p.add_argument_group(
+        "groups and pruning",
+        "the coupled channel groups of the model (no masks file), and pruning whole groups by "
+        "importance, shrunk exactly against the model with the chosen groups zeroed",
+    )
+    g.add_argument(
+        "--groups", metavar="FILE.json", help="write every coupled channel group (schema in the README)"
+    )
+    g.add_argument(
+        "--prune",
+        type=float,
+        metavar="RATIO",
+        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first",
+    )
+    g.add_argument(
+        "--criterion",
+        choices=["l1", "l2", "random", "activation"],
+        default="l1",
+        help="importance: group L1 or L2 magnitude (Torch-Pruning's), random, or activations on "
+        "--inputs (default l1)",
+    )
+    g.add_argument(
+        "--global-ranking",
+        action="store_true",
+        help="rank all layers' groups together (importance divided by the layer's mean) "
+        "instead of RATIO of every layer",
+    )
+    g.add_argument(
+        "--ignore",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="leave alone the layers whose weights, parameters, nodes or op types match (fnmatch)",
+    )
+    g.add_argument(
+        "--round-to", type=int, metavar="N", help="keep channel counts multiples of N (e.g. 8)"
+    )
+    g.add_argument(
+        "--max-layer-ratio",
+        type=float,
+        default=1.0,
+        help="remove at most this fraction of any layer (a layer always keeps one group)",
+    )
+    g.add_argument(
+        "--masks-out",
+        metavar="FILE",
+        help="write the chosen masks (.pt, .npz, .safetensors), named by framework parameter",
+    )
     p.add_argument(
         "-q", "--quiet", action="store_true", help="print errors only (no progress bars either)"
     )
@@ -146,6 +201,16 @@ def main(argv: list[str] | None = None) -> int:
             + (f" | masks {args.masks}" if args.masks else "")
         )
         failure = None
+        pruning = args.groups is not None or args.prune is not None
+        if pruning and args.masks:
+            raise ShrinkError(
+                f"{args.masks}: --groups and --prune read the model alone (its groups, and the "
+                "masks --prune chooses); drop the masks file."
+            )
+        if args.groups is not None:
+            _write_groups(args, say)
+            if args.prune is None:
+                return 0
         try:
             options = ShrinkOptions(
                 validate=not args.no_validate,
@@ -158,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 provider=args.provider,
                 keep_failed=args.keep_failed,
                 recover=not args.no_recover,
+                analysis=args.analysis,
                 allow_unbound=args.allow_unbound,
                 masks_format=args.masks_format,
                 weights=args.weights,
@@ -167,13 +233,20 @@ def main(argv: list[str] | None = None) -> int:
                 log=lambda m: say(f"[I] {m}"),
                 progress=not args.quiet,  # shown only when stderr is a terminal
             )
-            result = shrink(args.model, args.masks, args.output, options=options)
+            pruned = None
+            if args.prune is not None:
+                pruned = _prune(args, options, inputs, say)
+                result = pruned.shrink
+            else:
+                result = shrink(args.model, args.masks, args.output, options=options)
         except ValidationFailed as exc:
             result, failure = exc.result, exc
         if result is not None:
             _print_result(result, args, say)
         if report is not None:
             data = result.to_dict() if result is not None else {"passed": False, "error": str(failure)}
+            if pruned is not None:
+                data = pruned.to_dict()
             report.write_text(json.dumps(data, indent=2))
         if failure is not None:
             print(f"[E] {failure}", file=sys.stderr)
@@ -198,6 +271,65 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def _write_groups(args, say) -> None:
+    from onnxshrink.io.model import load_model
+    from onnxshrink.prune import find_groups
+
+    model = load_model(Path(args.model))
+    groups = find_groups(model, name=args.model)
+    Path(args.groups).write_text(json.dumps(groups.to_dict()))
+    exact = groups.exact()
+    say(
+        f"[I] {len(groups.groups)} coupled group(s) in {len(groups.layers)} layer(s), "
+        f"{len(exact)} removable exactly; written to {args.groups}"
+    )
+    for layer in groups.layers:
+        n = sum(groups.groups[i].exact for i in layer.groups)
+        first = groups.groups[layer.groups[0]]
+        why = "" if n else f" (not exact: {first.reason})"
+        say(f"[I]     {layer.name}: {len(layer.groups)} {first.unit.kind}(s), {n} exact{why}")
+
+
+def _prune(args, options, inputs, say):
+    from onnxshrink.prune import prune
+    from onnxshrink.report import human
+
+    try:
+        result = prune(
+            args.model,
+            args.prune,
+            args.output,
+            criterion=args.criterion,
+            global_ranking=args.global_ranking,
+            ignore=args.ignore,
+            round_to=args.round_to,
+            max_layer_ratio=args.max_layer_ratio,
+            data=inputs,
+            masks_out=args.masks_out,
+            options=options,
+        )
+    except Exception as exc:
+        failed = getattr(exc, "result", None)
+        if failed is not None:
+            say("[E] the pruned model does not match the model with the chosen groups zeroed")
+        raise
+    say(f"[I] pruned {len(result.removed())} group(s) ({args.criterion}); per layer:")
+    for plan in result.plans:
+        if plan.total:
+            note = " (ignored)" if plan.ignored else ""
+            say(f"[I]     {plan.layer.name}: {len(plan.removed)} of {plan.total} {plan.layer.kind}(s){note}")
+    after = result.shrink.after
+    say(
+        f"[I] parameters {human(result.original.params)} -> {human(after.params)}, "
+        f"MACs {human(result.original.macs)} -> {human(after.macs)} (the unpruned input -> pruned)"
+    )
+    if args.masks_out:
+        say(f"[I] masks written to {args.masks_out} ({len(result.masks)} parameter(s))")
+    for name in result.skipped_masks:
+        say(f"[W] no mask written for shared initializer {name!r}: no parameter name recorded")
+    return result
+
+
 def _report_path(args) -> Path | None:
     """Where --report goes, checked before any work: never over an input or the output."""
     if not args.report:
@@ -205,7 +337,7 @@ def _report_path(args) -> Path | None:
     report = Path(args.report).absolute()
     if report.is_dir() or not report.parent.is_dir():
         raise ShrinkError(f"--report {args.report}: give a file in an existing directory.")
-    taken = [args.model, args.masks, args.inputs, args.weights, args.output]
+    taken = [args.model, args.masks, args.inputs, args.weights, args.output, args.groups, args.masks_out]
     if args.output:
         taken.append(args.output + ".data")
     try:
@@ -253,6 +385,15 @@ def _print_result(result, args, say) -> None:
             f"[I] folded {n} constant channel(s) into {len(result.folds)} consumer(s)"
             + (f" ({maps} as constant maps, for zero padding at the borders)" if maps else "")
         )
+    if result.replayed:
+        ops = sorted({r["op"] for r in result.replayed})
+        say(
+            f"[I] {len(result.replayed)} node(s) with no rule were replayed in onnxruntime "
+            f"({', '.join(ops)}); --explain says what each passes through"
+        )
+        if args.explain:
+            for r in result.replayed:
+                say(f"[I]     node {r['node']!r} ({r['op']}): {r['finding']}")
     if result.barriers:
         ops = sorted({b["op"] for b in result.barriers})
         say(

@@ -109,7 +109,7 @@ def file_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in _files(path))
 
 
-def child(src: str, out: str) -> None:
+def child(src: str, out: str, analysis: str = "rules") -> None:
     """Shrink `src` into `out` once and print the measurements as one JSON line."""
     import importlib
 
@@ -143,7 +143,7 @@ def child(src: str, out: str) -> None:
     reset = _reset_peak()
     base = _proc_status()["VmRSS"]  # after imports; before the model is read
     t0 = time.perf_counter()
-    result = onnxshrink.shrink(src_path, validate=False, output=out)
+    result = onnxshrink.shrink(src_path, validate=False, output=out, analysis=analysis)
     wall = time.perf_counter() - t0
     peak = _proc_status()["VmHWM"]  # since the reset: the peak of the call
     record = {
@@ -161,9 +161,17 @@ def child(src: str, out: str) -> None:
     print("BENCH-CHILD " + json.dumps(record))
 
 
-def run_child(src: Path, out: Path) -> dict:
+def run_child(src: Path, out: Path, analysis: str = "rules") -> dict:
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", str(src), str(out)],
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            str(src),
+            str(out),
+            "--analysis",
+            analysis,
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -305,14 +313,16 @@ def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -
         out = workdir / f"{src.stem}-shrunk.onnx"
         for stale in _files(out):  # from an earlier run in the same --workdir
             stale.unlink(missing_ok=True)
-        m = run_child(src, out)
+        m = run_child(src, out, args.analysis)
         total = sum(m["timings"].values())
         log(
             f"{name} [{variant}]: shrink {m['wall']:.2f} s (phases {total:.2f} s), "
             f"peak +{m['peak_increase'] / MIB:.1f} MiB"
         )
         masked_proto, shrunk_proto = onnx.load(str(src)), onnx.load(str(out))
-        report = compare(masked_proto, shrunk_proto, ShrinkOptions(draws=args.draws, seed=args.seed))
+        report = compare(
+            masked_proto, shrunk_proto, ShrinkOptions(draws=args.draws, seed=args.seed)
+        )
         del masked_proto, shrunk_proto
         worst = max(report.outputs, key=lambda o: o.max_rel_error)
         in_bytes = file_bytes(src)
@@ -612,11 +622,18 @@ def main(argv: list[str] | None = None) -> int:
         help="latency loop time per session, each also getting >= 20 runs (default: 2 for "
         "the BENCH models, 1 for the small zoo models, which run in well under 1 ms)",
     )
+    ap.add_argument(
+        "--analysis",
+        choices=("rules", "replay"),
+        default="rules",
+        help="the shrink's analysis: the handlers' rules (default) or onnxruntime's replay "
+        "of every node",
+    )
     ap.add_argument("--child", nargs=2, metavar=("SRC", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.child:
-        child(*args.child)
+        child(*args.child, analysis=args.analysis)
         return 0
 
     if str(ROOT) not in sys.path:
@@ -660,7 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "onnxshrink benchmark: "
         + ", ".join(f"{k} {v}" for k, v in env.items() if not k.startswith("load_"))
-        + f"; seed {args.seed}, {args.fraction:g} of each group's channels pruned",
+        + f"; seed {args.seed}, {args.fraction:g} of each group's channels pruned"
+        + f"; analysis {args.analysis}",
         "",
         *render(records),
         "",

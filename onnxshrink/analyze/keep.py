@@ -22,6 +22,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo
+from onnxshrink.analyze.replay import Replayed, ReplayError, reaches, replay
 from onnxshrink.analyze.shapes import SymValue
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
@@ -47,6 +48,7 @@ class Reason:
             "not-absorbable": f"{where} cannot absorb this constant channel",
             "structure": f"{where} needs it to keep a valid structure",
             "shape": f"its size is read by {where} in a way that cannot be rewritten",
+            "replay": f"replaying {where} shows that a kept output depends on it",
             "proof": "kept after a failed proof: removing it made the shrunk model differ "
             "(a bug in onnxshrink's analysis; please report it with the model)",
         }.get(self.kind, self.kind)
@@ -71,9 +73,21 @@ class KeepState:
         syms: dict[str, SymValue],
         handler_for: Callable[[gs.Node], Any],
         pins: Iterable[AxisKey] = (),
+        mode: str = "rules",
+        free_inputs: bool = False,
+        log: Any = None,
     ):
         self.graph = graph
+        # Records what the handlers tie and pin (analyze.coupling.CouplingLog), for the coupled
+        # groups; None: nothing is recorded. It never changes what is kept.
+        self.log = log
         self.pins = frozenset(pins)
+        self.free_inputs = free_inputs  # graph inputs not pinned (the test bench's oracle)
+        # "rules": a handler's needs are its own; "replay": they are found by replaying the node
+        # (analyze/replay.py), the handler still giving its structure.
+        self.mode = mode
+        self._needed_axes: dict[int, set[tuple[int, int]]] = {}  # id(node) -> (input, axis)
+        self._visiting: gs.Node | None = None
         self.opset = consts.opset
         self.tensors = graph.tensors()
         self.consts = consts
@@ -87,6 +101,8 @@ class KeepState:
         self._claimed: set[tuple[int, int]] = set()
         # id(node) -> why it is a barrier (by identity: node names may be empty)
         self.barriers: dict[int, Reason] = {}
+        # id(node) -> (name, op, what a handler found worth reporting: a replay's finding)
+        self.notes: dict[int, tuple[str, str, str]] = {}
         self._consumers: dict[str, list[gs.Node]] = {}
         self._producer: dict[str, gs.Node] = {}
         for node in graph.nodes:
@@ -228,8 +244,20 @@ class KeepState:
         self._reasons(t, axis)[new] = why[new] if why is not None else self._rid(reason)
         self._touch(t)
 
+    def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
+        """The kept outputs of the node being visited read these indices of its input `t`."""
+        if self.mode == "replay" and self._visiting is not None:
+            node = self._visiting
+            for i, x in enumerate(node.inputs):
+                if x is t:
+                    self._needed_axes.setdefault(id(node), set()).add((i, axis))
+            return
+        self.keep(t, axis, mask, why=why)
+
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = LIVE) -> None:
         st = self._state(t)
+        if self.log is not None:
+            self.log.pinned(t.name, [None if k is None else len(k) for k in st], axis, reason)
         for a in range(len(st)) if axis is None else [axis]:
             k = st[a] if a < len(st) else None
             if k is not None:
@@ -248,6 +276,8 @@ class KeepState:
             self.pin(t1, a1)
             self.pin(t2, a2)
             return
+        if self.log is not None:
+            self.log.same(t1.name, a1, t2.name, a2, len(k1), meet)
         self._flow(t1, a1, t2, a2, meet)
         self._flow(t2, a2, t1, a1, meet)
 
@@ -281,6 +311,8 @@ class KeepState:
             self.pin(big, ba)
             return
         idx = np.asarray(idx, dtype=np.int64)
+        if self.log is not None:
+            self.log.maps(small.name, sa, len(ks_), big.name, ba, len(kb), idx)
         if ks_.any():
             mask = np.zeros(kb.shape, bool)
             mask[idx[ks_]] = True
@@ -290,6 +322,27 @@ class KeepState:
         sel = kb[idx]
         if sel.any():
             self.keep(small, sa, sel, why=self._reasons(big, ba)[idx])
+
+    def note(self, node: gs.Node, text: str) -> None:
+        """Something about `node` the report should say (e.g. what its replay found)."""
+        self.notes[id(node)] = (node.name, node.op, text)
+
+    def block(
+        self, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int], site: gs.Node
+    ) -> None:
+        """Records (for the coupled groups) that `x`'s axes `in_axes` and `y`'s `out_axes` are
+        one flat index space viewed in two shapes (a Reshape's heads x head dims). Keeps nothing:
+        the handler keeps the product sets itself."""
+        if self.log is not None:
+            sizes = [[self.size(t, a) for a in axes] for t, axes in ((x, in_axes), (y, out_axes))]
+            self.log.block(x.name, in_axes, sizes[0], y.name, out_axes, sizes[1], site)
+
+    def unit(self, t1: gs.Tensor, a1: int, idx1: np.ndarray, t2: gs.Tensor, a2: int, idx2: np.ndarray) -> None:
+        """Records (for the coupled groups) that index idx1[k] of t1's axis a1 is removed only
+        together with idx2[k] of t2's axis a2 (a grouped conv's groups). Keeps nothing."""
+        n1, n2 = self.size(t1, a1), self.size(t2, a2)
+        if self.log is not None and n1 is not None and n2 is not None:
+            self.log.pairs(t1.name, a1, n1, np.asarray(idx1), t2.name, a2, n2, np.asarray(idx2))
 
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""
@@ -331,7 +384,7 @@ class KeepState:
             s = self.sym(t)
             if s is not None:
                 self.pin_refs(s, INTERFACE)
-        for t in self.graph.inputs:
+        for t in self.graph.inputs if not self.free_inputs else ():
             self.pin(t, reason=INTERFACE)
         for name, axis in sorted(self.pins):
             t = self.tensors.get(name)
@@ -360,8 +413,14 @@ class KeepState:
         if handler is None:
             self.barrier(node, Reason("barrier", node.name, node.op, "no handler for this op"))
             return
-        handler.keep(node, self)
+        self._visiting = node
+        try:
+            handler.keep(node, self)
+        finally:
+            self._visiting = None
         weights.trim()
+        if self.mode == "replay" and id(node) in self._needed_axes:
+            self._replay_needs(node)
         for i, t in enumerate(node.inputs):  # the contract: a handler demands what it reads
             if t is not None and t.name and t.name not in self.demanded:
                 raise InternalError(
@@ -369,6 +428,85 @@ class KeepState:
                     f"{node.name!r}"
                 )
         self._pin_symbol_deps(node)
+
+    def _replay_needs(self, node: gs.Node) -> None:
+        """What the handler's needs would be, found by replaying the node (--analysis replay):
+        the input slices a kept output element can change. Constant slices keep their values and
+        are not drawn: whether they may go is the handler's (it absorbs them, or keeps them)."""
+        wanted = sorted(self._needed_axes[id(node)])
+        kept = []
+        for y in node.outputs:
+            kept.append(
+                [self.kept(y, b) for b in range(len(ir.dims(y) or []))] if self.exists(y) else None
+            )
+        # A slice found to reach a kept output is needed for good (kept sets only grow): its
+        # other draws are skipped, and the memo stays true as the sets grow.
+        found = self.memo(
+            ("replay", id(node), tuple(wanted)), lambda: self._replay(node, wanted, kept)
+        )
+        if isinstance(found, str):  # cannot replay it: the handler's own needs, then
+            self.mode, handler = "rules", self.handler_for(node)
+            try:
+                self._visiting = node
+                handler.keep(node, self)
+            finally:
+                self._visiting, self.mode = None, "replay"
+            self.note(node, f"not replayed ({found}): its rules' needs are kept")
+            return
+        for i, a in wanted:
+            t = node.inputs[i]
+            for j in np.flatnonzero(found.needed(i, a, kept)):
+                w = found.witness(i, a, int(j), kept)
+                detail = (
+                    ""
+                    if w is None
+                    else (
+                        f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
+                    )
+                )
+                self.keep(t, a, [int(j)], Reason("replay", node.name, node.op, detail))
+
+    def _replay(
+        self,
+        node: gs.Node,
+        wanted: list[tuple[int, int]],
+        kept: list[list[np.ndarray | None] | None],
+    ) -> Replayed | str:
+        inputs: list[np.ndarray | None] = []
+        live: list[bool] = []
+        fixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i, t in enumerate(node.inputs):
+            value = self.value(t) if t is not None and t.name else None
+            if t is None or not t.name:
+                inputs.append(None)
+                live.append(False)
+            elif value is not None:
+                inputs.append(np.asarray(value))
+                live.append(False)
+            else:
+                shape = [d if isinstance(d, int) else 1 for d in (ir.dims(t) or [])]
+                if (
+                    ir.dims(t) is None
+                    or t.dtype is None
+                    or any(not isinstance(d, int) for d in (ir.dims(t) or [])[1:])
+                ):
+                    return f"input {i} has no static shape"
+                inputs.append(np.zeros(shape, np.dtype(t.dtype)))
+                live.append(np.issubdtype(np.dtype(t.dtype), np.floating))
+                c = self.const(t)
+                if c is not None:
+                    fixed[i] = (c.mask, c.value)
+        axes: dict[int, list[int]] = {}
+        for i, a in wanted:
+            if live[i]:
+                axes.setdefault(i, []).append(a)
+        try:
+            return replay(
+                node, inputs, live, axes, self.opset, fixed=fixed,
+                enough=lambda i, a, rows: reaches(rows, kept),
+            )  # fmt: skip
+        except ReplayError as exc:
+            return str(exc)
 
     def _repair(self) -> bool:
         """Once the closure is stable, structural choices: each live node's handler settles what

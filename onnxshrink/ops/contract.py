@@ -10,7 +10,9 @@ at each step, through one of three views:
 
 Rules every handler follows (the analysis checks the first two):
 1. `keep` demands every input the node reads (`ks.demand(t)`, or `ks.barrier(node)`), with
-   `pin=False` only for inputs whose every axis it constrains itself.
+   `pin=False` only for inputs whose every axis it constrains itself. What the kept outputs
+   read is `ks.need`; what the op's structure requires (tied axes, whole blocks, equal groups,
+   constants it cannot absorb) is `ks.couple`, `ks.pin` and `ks.keep`.
 2. Sets only grow: a handler adds to what is kept, never removes.
 3. A removed input index that a kept output still reads must be a constant the handler absorbs
    in `rewrite` (`rw.check_removed_constant`).
@@ -95,6 +97,11 @@ class KeepView(Protocol):
         self, t: gs.Tensor, axis: int, mask: Any, reason: Reason = ..., why: np.ndarray | None = None
     ) -> None: ...
 
+    def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
+        """The kept outputs read these indices of input `t` (a dependence the handler derives,
+        e.g. from a weight's non-zeros). `keep` is for what the op's structure requires. With
+        `--analysis replay`, needs are found by replaying the node instead."""
+
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = ...) -> None: ...
 
     def couple(
@@ -105,9 +112,19 @@ class KeepView(Protocol):
         self, small: gs.Tensor, sa: int, big: gs.Tensor, ba: int, idx: np.ndarray
     ) -> None: ...
 
+    def block(
+        self, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int], site: gs.Node
+    ) -> None: ...
+
+    def unit(
+        self, t1: gs.Tensor, a1: int, idx1: np.ndarray, t2: gs.Tensor, a2: int, idx2: np.ndarray
+    ) -> None: ...
+
     def claim(self, node: gs.Node, i: int) -> None: ...
 
     def barrier(self, node: gs.Node, reason: Reason | None = None) -> None: ...
+
+    def note(self, node: gs.Node, text: str) -> None: ...
 
 
 class RewriteView(Protocol):
@@ -282,6 +299,11 @@ class Handler:
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         """Multiply-accumulates of one run, from static shapes (dynamic dims as 1)."""
         return 0
+
+    def multiplies(self, node: OpNode) -> bool:
+        """Its output is the elementwise product of its operands (a gate, `silu(g) * u`): how
+        the coupled groups tell a gated neuron from channels summed (a residual Add)."""
+        return False
 
     def constant_value(self, node: OpNode) -> np.ndarray | None:
         """The value a node produces without inputs (a Constant node), else None."""

@@ -168,6 +168,10 @@ class _ConvBase(Handler):
         else:
             ks.couple(y, 1, wt, 0)
             ks.pin(wt, 1)
+        if g > 1:  # for the coupled groups: a conv group's channels leave together, both sides
+            cin, cout = ci // g, co // g
+            ks.unit(x, 1, np.arange(ci), y, 1, np.arange(ci) // cin * cout)
+            ks.unit(y, 1, np.arange(co), y, 1, np.arange(co) // cout * cout)
 
         d = ks.memo(("depends", id(node)), lambda: self.depends(node, w))
         ky = ks.kept(y, 1)
@@ -191,7 +195,7 @@ class _ConvBase(Handler):
                         "weights its removal saves",
                     ),
                 )
-        ks.keep(x, 1, reads & ~absorb)
+        ks.need(x, 1, reads & ~absorb)
 
     def settle(self, node: gs.Node, ks: KeepView) -> None:
         w = ks.value(node.inputs[1])

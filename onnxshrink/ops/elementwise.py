@@ -212,6 +212,9 @@ class Elementwise(Handler):
     def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
         return list(range(rank)) if node.op in ("Identity", "Cast") and i == 0 else None
 
+    def multiplies(self, node: OpNode) -> bool:
+        return node.op == "Mul"
+
     def absorb_addend(self, node: gs.Node, i: int, values: np.ndarray, rw: RewriteView) -> bool:
         """Add(y, C): a constant added to y goes into C."""
         other = [k for k, t in enumerate(node.inputs) if k != i]

@@ -211,6 +211,7 @@ def _close_product(
     site: gs.Node,
 ) -> None:
     """Kept elements of a merged/split block form one set seen from both sides."""
+    ks.block(x, in_axes, y, out_axes, site)
     got_a = [ks.kept(x, a) for a in in_axes]
     got_b = [ks.kept(y, b) for b in out_axes]
     ka = [k for k in got_a if k is not None]

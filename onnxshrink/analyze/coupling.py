@@ -1,0 +1,224 @@
+"""What the keep closure ties together, recorded while it runs, and the coupled groups it implies.
+
+The keep closure (`keep.py`) is the one place that knows which indices must leave together: its
+handlers tie axes indexed alike (`couple`), map indices (`couple_map`: Concat offsets, slices,
+gathers), view one flat index space in two shapes (`block`: a Reshape to heads x head dims), and
+tie a grouped conv's channels per group (`unit`). A `CouplingLog` handed to the closure records
+those calls; `partition()` turns them into connected components over every index of every
+tensor axis: a component is a set of indices that can only be removed together.
+
+Where the closure reads an axis whole (`pin`), its components cannot be removed; the reasons are
+kept (a normalization over the axis, a graph input or output, an unsupported op). A reshape's
+flat index space is cut into units along its outermost axis (a head of head_dim channels, a
+conv channel of H*W flattened features, a K/V head with the query heads that read it); its
+inner axes are not units.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink.analyze.keep import LIVE, AxisKey, Reason
+
+
+@dataclass
+class _Block:
+    x: AxisKey
+    sides: tuple[list[AxisKey], list[AxisKey]]
+    sizes: tuple[list[int], list[int]]
+    site: gs.Node
+
+
+class CouplingLog:
+    """The ties and pins the keep closure's handlers declared (each recorded once)."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[AxisKey, int] = {}
+        self.equal: dict[tuple[AxisKey, AxisKey], gs.Node | None] = {}
+        self.mapped: dict[tuple[AxisKey, AxisKey], np.ndarray] = {}
+        self.paired: dict[tuple[AxisKey, AxisKey], tuple[np.ndarray, np.ndarray]] = {}
+        self.blocks: dict[tuple, _Block] = {}
+        self.pins: dict[AxisKey, list[Reason]] = defaultdict(list)
+
+    def _axis(self, name: str, axis: int, size: int | None) -> AxisKey | None:
+        if size is None or size < 1:
+            return None
+        key = (name, axis)
+        self.sizes[key] = size
+        return key
+
+    # ------------------------------------------------------------ called by KeepState
+    def pinned(self, name: str, sizes: list[int | None], axis: int | None, reason: Reason) -> None:
+        for a in range(len(sizes)) if axis is None else [axis]:
+            key = self._axis(name, a, sizes[a] if a < len(sizes) else None)
+            if key is not None and reason not in self.pins[key]:
+                self.pins[key].append(reason)
+
+    def same(self, n1: str, a1: int, n2: str, a2: int, size: int, meet: gs.Node | None) -> None:
+        k1, k2 = self._axis(n1, a1, size), self._axis(n2, a2, size)
+        known = k1 is not None and k2 is not None and (k1, k2) in self.equal
+        if k1 is not None and k2 is not None and k1 != k2 and (meet is not None or not known):
+            self.equal[(k1, k2)] = meet
+
+    def maps(self, small: str, sa: int, ns: int, big: str, ba: int, nb: int, idx: np.ndarray) -> None:
+        k1, k2 = self._axis(small, sa, ns), self._axis(big, ba, nb)
+        if k1 is not None and k2 is not None:
+            self.mapped[(k1, k2)] = np.asarray(idx, dtype=np.int64).reshape(-1)
+
+    def pairs(
+        self, n1: str, a1: int, s1: int, idx1: np.ndarray, n2: str, a2: int, s2: int, idx2: np.ndarray
+    ) -> None:
+        k1, k2 = self._axis(n1, a1, s1), self._axis(n2, a2, s2)
+        if k1 is not None and k2 is not None:
+            self.paired[(k1, k2)] = (idx1.astype(np.int64), idx2.astype(np.int64))
+
+    def block(
+        self,
+        x: str,
+        in_axes: list[int],
+        in_sizes: list[int | None],
+        y: str,
+        out_axes: list[int],
+        out_sizes: list[int | None],
+        site: gs.Node,
+    ) -> None:
+        if any(s is None for s in [*in_sizes, *out_sizes]):
+            return  # the closure pins such axes whole
+        sides = ([(x, a) for a in in_axes], [(y, b) for b in out_axes])
+        sizes = ([int(s) for s in in_sizes if s is not None], [int(s) for s in out_sizes if s is not None])
+        for keys, ns in zip(sides, sizes, strict=True):
+            for k, n in zip(keys, ns, strict=True):
+                self._axis(k[0], k[1], n)
+        key = (tuple(sides[0]), tuple(sides[1]))
+        self.blocks[key] = _Block(sides[0][0], sides, sizes, site)
+
+    # ------------------------------------------------------------ the components
+    def partition(self) -> Partition:
+        return Partition(self)
+
+
+@dataclass
+class Partition:
+    """Component ids for every index of every recorded axis, and why components are pinned."""
+
+    log: CouplingLog
+    offsets: dict[AxisKey, int] = field(init=False)
+    label: np.ndarray = field(init=False)
+    # component -> reasons it cannot be removed (LIVE alone: an op reads the axis whole)
+    reasons: dict[int, list[Reason]] = field(init=False)
+    # component -> the elementwise nodes that combine its indices
+    meets: dict[int, list[gs.Node]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        log = self.log
+        blocks = list(log.blocks.values())
+        inner_pins: dict[AxisKey, Reason] = {}
+        edges_a: list[np.ndarray] = []
+        edges_b: list[np.ndarray] = []
+        self.offsets = {}
+        total = 0
+        for key, n in log.sizes.items():
+            self.offsets[key] = total
+            total += n
+
+        def link(k1: AxisKey, i1: np.ndarray, k2: AxisKey, i2: np.ndarray) -> None:
+            n1, n2 = log.sizes[k1], log.sizes[k2]
+            ok = (i1 >= 0) & (i1 < n1) & (i2 >= 0) & (i2 < n2)
+            edges_a.append(self.offsets[k1] + i1[ok])
+            edges_b.append(self.offsets[k2] + i2[ok])
+
+        for (k1, k2) in log.equal:
+            r = np.arange(log.sizes[k1])
+            link(k1, r, k2, r)
+        for (k1, k2), idx in log.mapped.items():
+            link(k1, np.arange(len(idx)), k2, idx)
+        for (k1, k2), (i1, i2) in log.paired.items():
+            link(k1, i1, k2, i2)
+        for b in blocks:
+            self._cut_block(b, link, inner_pins)
+        a = np.concatenate(edges_a) if edges_a else np.zeros(0, np.int64)
+        c = np.concatenate(edges_b) if edges_b else np.zeros(0, np.int64)
+        self.label = _components(total, a, c)
+
+        self.reasons = defaultdict(list)
+        pins = dict(log.pins)
+        for key, why in inner_pins.items():
+            pins.setdefault(key, []).append(why)
+        for key, reasons in pins.items():
+            for comp in np.unique(self.of(key)):
+                have = self.reasons[int(comp)]
+                have.extend(r for r in reasons if r not in have)
+        self.meets = defaultdict(list)
+        for (k1, _), meet in log.equal.items():
+            if meet is not None:
+                for comp in np.unique(self.of(k1)):
+                    self.meets[int(comp)].append(meet)
+
+    @staticmethod
+    def _cut_block(b: _Block, link, inner_pins: dict[AxisKey, Reason]) -> None:
+        """Units along a reshape: a flat axis is cut along the other side's outermost axis (size-1
+        axes aside); the inner axes are not units. Two multi-axis sides: no units at all."""
+        sides = [
+            [(k, n) for k, n in zip(keys, ns, strict=True) if n > 1]
+            for keys, ns in zip(b.sides, b.sizes, strict=True)
+        ]
+        flat = [s for s in sides if len(s) == 1]
+        if not all(sides):
+            return  # everything is size 1
+        why = Reason(
+            "structure",
+            b.site.name,
+            b.site.op,
+            "it is an inner axis of a reshape (e.g. the head dims of heads x head dims): "
+            "units are whole blocks of the outer axis",
+        )
+        if not flat:
+            for s in sides:
+                for k, _ in s:
+                    inner_pins[k] = Reason(
+                        "structure", b.site.name, b.site.op, "a reshape between two multi-axis shapes"
+                    )
+            return
+        (fk, fn), = flat[0]
+        other = sides[1] if sides[0] is flat[0] else sides[0]
+        (ok, on), inner = other[0], other[1:]
+        block = fn // on
+        r = np.arange(fn)
+        link(fk, r, ok, r // block)
+        for k, _ in inner:
+            inner_pins[k] = why
+
+    def of(self, key: AxisKey) -> np.ndarray:
+        """Component id of each index of the axis `key`."""
+        o = self.offsets[key]
+        return self.label[o : o + self.log.sizes[key]]
+
+    def blocking(self, comp: int) -> list[Reason]:
+        """Why component `comp` cannot be removed: empty when it can; reasons other than an op
+        reading the axis whole (LIVE) first."""
+        reasons = self.reasons.get(comp, [])
+        return [r for r in reasons if r != LIVE] + [r for r in reasons if r == LIVE]
+
+
+def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Connected components of n nodes and edges (a[k], b[k]), as the smallest node id in each
+    (label propagation with pointer jumping, vectorized)."""
+    label = np.arange(n, dtype=np.int64)
+    if not len(a):
+        return label
+    while True:
+        la, lb = label[a], label[b]
+        if np.array_equal(la, lb):
+            return label
+        low = np.minimum(la, lb)
+        np.minimum.at(label, la, low)
+        np.minimum.at(label, lb, low)
+        while True:  # every node points straight at its root
+            nxt = label[label]
+            if np.array_equal(nxt, label):
+                break
+            label = nxt

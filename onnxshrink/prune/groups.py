@@ -1,0 +1,438 @@
+"""Coupled channel groups: every set of parameter slices that can only be removed together.
+
+The groups come from the keep closure itself (`analyze.coupling`): the analysis runs once on the
+model with a `CouplingLog`, and every connected set of indices that holds a layer's weight
+channels is a group (a conv channel with its BatchNorm and the next layer's input columns; a
+residual stream's channel in every conv that writes or reads it; a head of head_dim channels
+in Q, K, V and the output projection; a K/V head with the query heads that read it; a gated
+FFN neuron's gate and up rows and down column). Groups of the same parameter slices form a
+*layer* (what a per-layer pruning ratio applies to).
+
+A group is *exact* when removing it (zeroing every member) shrinks exactly to the model without
+it. It is not when the closure reads its axis whole for a stated reason (a LayerNorm over the
+hidden size, a graph input or output, an unsupported op), and that is checked again the way
+the shrink will see it: every exact group is zeroed (half of each layer at a time) and the
+closure must remove all of its members.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxshrink.analyze import Analysis, analyze
+from onnxshrink.analyze.coupling import CouplingLog, Partition
+from onnxshrink.analyze.keep import LIVE
+from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
+from onnxshrink.ops import OpNode, lookup
+from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
+
+SCHEMA = "onnxshrink.groups/1"
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """A framework parameter the exporter recorded for a slice (the module scope on the node that
+    reads it, and the input's role), and the slice's axis in the framework's own layout."""
+
+    name: str
+    axis: int
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Member:
+    """The indices `indices` along `axis` of initializer `initializer`, as node `node` reads it."""
+
+    initializer: str
+    axis: int
+    indices: np.ndarray
+    node: str
+    op: str
+    role: str | None  # the reading op's name for the input: "weight", "bias", ...
+    side: str  # "out": the op's output channels; "in": its input channels; "": neither
+    params: list[ParamRef]
+    tensor: str  # its name in the analysis (an untied copy when several nodes share it)
+    input_index: int = 0
+    matrix: bool = False  # a layer's weight matrix (not a per-channel vector)
+    family: str = ""  # the reading op's layer family: conv, linear, embedding, vector
+    site: tuple[str, int] = ("", 0)  # (first output of the reading node, input index)
+    # an input-side weight matrix: the activation it multiplies, (tensor, axis, indices)
+    data: tuple[str, int, np.ndarray] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "initializer": self.initializer,
+            "axis": self.axis,
+            "indices": [int(i) for i in self.indices],
+            "node": self.node,
+            "op": self.op,
+            "role": self.role,
+            "side": self.side,
+            "params": [{"name": p.name, "axis": p.axis, "shape": list(p.shape)} for p in self.params],
+        }
+
+
+@dataclass
+class Unit:
+    """What one group is: `kind` channel | neuron | gated_neuron | head | kv_group | conv_group;
+    `channels` its channels in the layer that produces it (head_dim for a head or a K/V head,
+    the channels of one group of a grouped conv)."""
+
+    kind: str
+    channels: int
+    head_dim: int | None = None
+    query_heads: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "channels": self.channels}
+        if self.head_dim is not None:
+            out["head_dim"] = self.head_dim
+        if self.query_heads is not None:
+            out["query_heads"] = self.query_heads
+        return out
+
+
+@dataclass
+class Group:
+    id: int
+    layer: int
+    members: list[Member]
+    unit: Unit
+    params: int  # parameters removed with it
+    exact: bool
+    reason: str | None = None  # why it is not exact
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "layer": self.layer,
+            "exact": self.exact,
+            "reason": self.reason,
+            "unit": self.unit.to_dict(),
+            "size": self.unit.channels,
+            "params": self.params,
+            "members": [m.to_dict() for m in self.members],
+        }
+
+
+@dataclass
+class Layer:
+    """Groups over the same parameter slices (a conv's output channels with everything coupled
+    to them; a layer's heads): what a per-layer ratio applies to."""
+
+    id: int
+    name: str
+    groups: list[int]
+    kind: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "kind": self.kind, "groups": self.groups}
+
+
+@dataclass
+class GroupSet:
+    groups: list[Group]
+    layers: list[Layer]
+    model: str = ""
+    untied: dict[str, str] = field(default_factory=dict)  # analysis tensor -> initializer
+    # the members' values, by analysis tensor (not written to JSON)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def exact(self) -> list[Group]:
+        return [g for g in self.groups if g.exact]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "model": self.model,
+            "layers": [layer.to_dict() for layer in self.layers],
+            "groups": [g.to_dict() for g in self.groups],
+        }
+
+
+# ---------------------------------------------------------------------- finding them
+def find_groups(
+    model: onnx.ModelProto, base_dir: str | Path | None = None, name: str = "", verify: bool = True
+) -> GroupSet:
+    """Every coupled group of `model` (its weights in `base_dir` when stored externally).
+    `verify`: check each exact group by zeroing it and running the closure (see the module
+    docstring)."""
+    graph, untied = prepare(model, base_dir)
+    opset = default_opset(model)
+    log = CouplingLog()
+    analysis = analyze(graph, opset, lookup(opset), untied, log=log)
+    part = log.partition()
+    index = ModelIndex(model, str(base_dir) if base_dir else None)
+    finder = _Finder(analysis, part, index, untied)
+    groups, layers = finder.build()
+    tensors = graph.tensors()
+    arrays = {m.tensor: np.asarray(tensors[m.tensor].values) for g in groups for m in g.members}
+    result = GroupSet(groups, layers, name, untied, arrays)
+    if verify:
+        _verify(result, model, base_dir, opset)
+    return result
+
+
+class _Finder:
+    def __init__(self, analysis: Analysis, part: Partition, index: ModelIndex, untied: dict[str, str]):
+        self.analysis = analysis
+        self.part = part
+        self.index = index
+        self.untied = untied
+        self.opset = analysis.opset
+        # the original model's node index of each analysis node (by its first output's name)
+        self.node_of = {out: k for k, n in enumerate(index.nodes) for out in n.output[:1]}
+
+    def build(self) -> tuple[list[Group], list[Layer]]:
+        members: dict[int, list[Member]] = defaultdict(list)
+        declared: set[int] = set()
+        for t in list(self.analysis.graph.tensors().values()):
+            if not isinstance(t, gs.Constant) or not _is_float(t):
+                continue
+            for axis in range(len(t.shape)):
+                key = (t.name, axis)
+                if key not in self.part.offsets:
+                    continue
+                comps = self.part.of(key)
+                for member, node in self._members(t, axis):
+                    data = self._data_of(member, node)
+                    for comp, idx in _split(comps):
+                        m = _with(member, idx)
+                        if comp in data:
+                            m.data = data[comp]
+                        members[comp].append(m)
+                        if m.side:
+                            declared.add(comp)
+        listed = [
+            c for c in sorted(declared) if not self._read_whole(c)
+        ]  # an axis an op reads whole (kernel taps) is no group
+        tensors = self.analysis.graph.tensors()
+        groups: list[Group] = []
+        layer_of: dict[tuple, int] = {}
+        layers: list[Layer] = []
+        for comp in listed:
+            ms = sorted(members[comp], key=lambda m: (m.initializer, m.axis, m.node))
+            layer_key = tuple(sorted({(m.tensor, m.axis) for m in ms}))
+            unit = self._unit(comp, ms)
+            if layer_key not in layer_of:
+                layer_of[layer_key] = len(layers)
+                layers.append(Layer(len(layers), _layer_name(ms), [], unit.kind))
+            layer = layers[layer_of[layer_key]]
+            blocking = [r for r in self.part.blocking(comp) if r != LIVE]
+            g = Group(
+                len(groups),
+                layer.id,
+                ms,
+                unit,
+                _params(ms, tensors),
+                exact=not blocking,
+                reason=str(blocking[0]) if blocking else None,
+            )
+            layer.groups.append(g.id)
+            groups.append(g)
+        return groups, layers
+
+    def _data_of(self, m: Member, node: gs.Node) -> dict[int, tuple[str, int, np.ndarray]]:
+        """For a weight matrix read along its input axis: the activation it multiplies (the
+        op's other operand, a Conv's or Gemm's data), per component, as (tensor, axis, indices)."""
+        if m.side != "in" or not m.matrix or m.input_index not in (0, 1):
+            return {}
+        x = node.inputs[1 - m.input_index] if len(node.inputs) > 1 else None
+        if x is None or isinstance(x, gs.Constant):
+            return {}
+        out: dict[int, tuple[str, int, np.ndarray]] = {}
+        for axis in range(len(x.shape or [])):
+            if (x.name, axis) in self.part.offsets:
+                for comp, idx in _split(self.part.of((x.name, axis))):
+                    out.setdefault(comp, (x.name, axis, idx))
+        return out
+
+    def _read_whole(self, comp: int) -> bool:
+        """Only LIVE pins: an op reads this axis whole by its structure, not for a reason."""
+        reasons = self.part.reasons.get(comp, [])
+        return bool(reasons) and all(r == LIVE for r in reasons)
+
+    def _members(self, t: gs.Constant, axis: int) -> list[tuple[Member, gs.Node]]:
+        """One member template per node reading `t` (untied: usually one)."""
+        out = []
+        for node in t.outputs:
+            handler = self.analysis.handler_for(node)
+            i = next(k for k, x in enumerate(node.inputs) if x is t)
+            op = OpNode.of(node)
+            role, side, matrix, family = None, "", False, ""
+            site = (node.outputs[0].name if node.outputs else "", i)
+            if handler is not None:
+                constant = [isinstance(x, gs.Constant) for x in node.inputs]
+                role = next((r for r, k in handler.param_inputs(op, constant).items() if k == i), None)
+                wa = handler.weight_axes(op, i, len(t.shape))
+                if wa is not None:
+                    side = "out" if axis == wa.out else "in" if axis == wa.inp else ""
+                    matrix, family = wa.inp is not None, wa.family
+            out.append((
+                Member(
+                    self.untied.get(t.name, t.name),
+                    axis,
+                    np.zeros(0, np.int64),
+                    node.name,
+                    node.op,
+                    role,
+                    side,
+                    self._params(node, i, axis, side, tuple(int(d) for d in t.shape)),
+                    t.name,
+                    i,
+                    matrix,
+                    family,
+                    site,
+                ),
+                node,
+            ))
+        return out
+
+    def _params(
+        self, node: gs.Node, i: int, axis: int, side: str, shape: tuple[int, ...]
+    ) -> list[ParamRef]:
+        """The framework parameters the exporter recorded for input i of `node`: its module scope
+        and the input's role, in the framework's layout (a Linear weight a MatMul reads is
+        stored transposed). A BatchNorm the exporter folded into a conv: the fused weight's
+        output channels are the BatchNorm's scale and shift (zeroing both zeroes the channel)."""
+        k = self.node_of.get(node.outputs[0].name) if node.outputs else None
+        if k is None:
+            return []
+        module = self.index.modules[k]
+        if not module or not (
+            module_of_dynamo_node(self.index.nodes[k]) or self.index.model.producer_name == "pytorch"
+        ):
+            return []  # node names read as module paths only where torch's exporter wrote them
+        handler, op = self.index.facts[k]
+        if handler is None:
+            return []
+        roles = handler.param_inputs(op, self.index.constant_inputs(k))
+        role = next((r for r, slot in roles.items() if slot == i), None)
+        if role is None:
+            return []
+        if is_fused_batchnorm(self.index.nodes[k]):
+            if side != "out":
+                return []
+            n = (shape[axis],)
+            return [ParamRef(f"{module}.weight", 0, n), ParamRef(f"{module}.bias", 0, n)]
+        layout = self.index.layout(Site(k, i)) if i < len(self.index.nodes[k].input) else None
+        if layout is not None and layout.transposed and len(shape) == 2:
+            return [ParamRef(f"{module}.{role}", 1 - axis, shape[::-1])]
+        return [ParamRef(f"{module}.{role}", axis, shape)]
+
+    def _unit(self, comp: int, members: list[Member]) -> Unit:
+        """What the group is, from its members: the layers producing it (weight matrices read
+        along their output axis) own one channel each (a channel; a neuron when they are all
+        linear layers, gated when an elementwise product combines them), or blocks of
+        channels (a head of head_dim channels; a K/V head, whose query heads own more)."""
+        producers = [m for m in members if m.side == "out" and m.matrix]
+        counts = sorted({len(m.indices) for m in producers}) or [1]
+        families = {m.family for m in producers}
+        if counts[-1] > 1 and families != {"linear"}:  # a grouped conv's group
+            return Unit("conv_group", counts[0])
+        if counts[-1] > 1:
+            d = counts[0]
+            if counts[-1] != d:
+                return Unit("kv_group", d, head_dim=d, query_heads=counts[-1] // d)
+            return Unit("head", d, head_dim=d)
+        handlers = [self.analysis.handler_for(n) for n in self.part.meets.get(comp, [])]
+        if producers and families == {"linear"}:
+            gated = any(
+                h is not None and h.multiplies(OpNode.of(n))
+                for h, n in zip(handlers, self.part.meets.get(comp, []), strict=True)
+            )
+            return Unit("gated_neuron" if gated else "neuron", 1)
+        return Unit("channel", 1)
+
+
+def zero_slice(values: np.ndarray, axis: int, indices: np.ndarray) -> None:
+    """values[..., indices, ...] = 0 along `axis`, in place."""
+    index: list[Any] = [slice(None)] * values.ndim
+    index[axis] = indices
+    values[tuple(index)] = 0
+
+
+def _is_float(t: gs.Constant) -> bool:
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)) in FLOAT_TYPES
+    except (TypeError, KeyError):
+        return False
+
+
+def _split(comps: np.ndarray):
+    """(component, indices) pairs of an axis whose index i is in component comps[i]."""
+    order = np.argsort(comps, kind="stable")
+    ids, starts = np.unique(comps[order], return_index=True)
+    for k, comp in enumerate(ids):
+        end = starts[k + 1] if k + 1 < len(starts) else len(order)
+        yield int(comp), np.sort(order[starts[k] : end])
+
+
+def _with(template: Member, indices: np.ndarray) -> Member:
+    m = Member(**{**template.__dict__})
+    m.indices = indices
+    return m
+
+
+def _params(members: list[Member], tensors: dict[str, gs.Tensor]) -> int:
+    """Elements the members hold (a tensor sliced along several axes counted once)."""
+    per_tensor: dict[str, dict[int, int]] = defaultdict(dict)
+    for m in members:
+        per_tensor[m.tensor][m.axis] = len(m.indices)
+    total = 0
+    for name, axes in per_tensor.items():
+        shape = [int(d) for d in tensors[name].shape]
+        kept = 1
+        for a, n in enumerate(shape):
+            kept *= n - axes.get(a, 0)
+        total += int(np.prod(shape, dtype=np.int64)) - kept
+    return total
+
+
+def _layer_name(members: list[Member]) -> str:
+    """The weights producing the layer's channels, by the framework's names where recorded."""
+    producers = [m for m in members if m.side == "out" and m.matrix] or members
+    names = sorted({m.params[0].name if m.params else m.initializer for m in producers})
+    return names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
+
+
+# ---------------------------------------------------------------------- checking them
+def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int) -> None:
+    """Zero the exact groups, half of each layer at a time (a layer left empty is a different
+    question: `max ratio` keeps one), run the closure, and mark not exact any group the
+    closure keeps a member of, with its reason."""
+    by_layer: dict[int, list[Group]] = defaultdict(list)
+    for g in result.exact():
+        by_layer[g.layer].append(g)
+    for half in (0, 1):
+        chosen = [g for layer in by_layer.values() for k, g in enumerate(layer) if k % 2 == half]
+        if not chosen:
+            continue
+        graph, untied = prepare(model, base_dir)
+        tensors = graph.tensors()
+        zeroed: dict[str, np.ndarray] = {}
+        for g in chosen:
+            for m in g.members:
+                if m.tensor not in zeroed:
+                    zeroed[m.tensor] = np.array(tensors[m.tensor].values)
+                zero_slice(zeroed[m.tensor], m.axis, m.indices)
+        for name, values in zeroed.items():
+            tensors[name].values = values
+        ks = analyze(graph, opset, lookup(opset), untied).keep
+        for g in chosen:
+            for m in g.members:
+                t = tensors[m.tensor]
+                kept = ks.kept(t, m.axis)
+                if kept is not None and kept[m.indices].any():
+                    j = int(m.indices[np.flatnonzero(kept[m.indices])[0]])
+                    why = ks.why(t, m.axis)[j]
+                    g.exact = False
+                    g.reason = f"{m.initializer} (axis {m.axis}) is kept when it is zeroed: {why}"
+                    break

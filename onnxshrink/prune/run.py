@@ -1,0 +1,221 @@
+"""`prune`: choose whole groups by importance, zero them, and shrink exactly.
+
+The pruned model is not the input model (it is pruned): it is the input with the chosen groups
+zeroed, the *reference*, and the shrink is proven against that reference as any shrink is. The
+masks that make the reference are returned (and written with `masks_out`) under the framework's
+parameter names the exporter recorded, so that they can be applied in the framework too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxshrink.api import ShrinkResult, read_model, shrink
+from onnxshrink.errors import ShrinkError
+from onnxshrink.io.model import load_external
+from onnxshrink.options import ShrinkOptions
+from onnxshrink.prune.groups import GroupSet, Member, find_groups, zero_slice
+from onnxshrink.prune.importance import scores
+from onnxshrink.prune.select import LayerPlan, choose
+from onnxshrink.report import ModelStats, model_stats
+
+
+@dataclass
+class PruneResult:
+    """What `prune` did: the groups, the plan per layer, the masks, and the exact shrink."""
+
+    groups: GroupSet
+    plans: list[LayerPlan]
+    masks: dict[str, np.ndarray]  # framework parameter (or initializer) name -> 0/1 mask
+    shrink: ShrinkResult
+    original: ModelStats  # the unpruned input
+    skipped_masks: list[str] = field(default_factory=list)  # shared initializers with no name
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        return self.shrink.model
+
+    def removed(self) -> list[int]:
+        return [i for p in self.plans for i in p.removed]
+
+    def to_dict(self) -> dict[str, Any]:
+        layers = [
+            {
+                "layer": p.layer.name,
+                "kind": p.layer.kind,
+                "groups": p.total,
+                "removed": len(p.removed),
+                "ignored": p.ignored,
+            }
+            for p in self.plans
+            if p.total
+        ]
+        return {
+            "layers": layers,
+            "original": {"params": self.original.params, "macs": self.original.macs},
+            "skipped_masks": self.skipped_masks,
+            "shrink": self.shrink.to_dict(),
+        }
+
+
+def prune(
+    model: str | Path | onnx.ModelProto,
+    ratio: float,
+    output: str | Path | None = None,
+    *,
+    criterion: str = "l1",
+    global_ranking: bool = False,
+    ignore: Sequence[str] = (),
+    round_to: int | None = None,
+    max_layer_ratio: float = 1.0,
+    data: list[Mapping[str, np.ndarray]] | None = None,
+    masks_out: str | Path | None = None,
+    options: ShrinkOptions | None = None,
+    **option_values: Any,
+) -> PruneResult:
+    """Remove `ratio` of every layer's groups (or of all groups, `global_ranking`), the least
+    important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
+    Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
+    opts = (options or ShrinkOptions()).but(**option_values)
+    source = read_model(model)
+    proto = onnx.ModelProto()
+    proto.CopyFrom(source.proto)
+    if source.base_dir is not None:
+        load_external(proto, Path(source.base_dir), str(source.path))
+    original = model_stats(proto, dict(opts.input_shapes or {}), source.file_bytes)
+    opts.say("finding the coupled groups ...")
+    gset = find_groups(proto, name=str(source.path or ""))
+    importance = scores(gset, criterion, seed=opts.seed, model=proto, inputs=data)
+    plans = choose(
+        gset,
+        importance,
+        ratio,
+        global_ranking=global_ranking,
+        ignore=ignore,
+        round_to=round_to,
+        max_layer_ratio=max_layer_ratio,
+    )
+    chosen = [gset.groups[i] for p in plans for i in p.removed]
+    opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
+    members = [m for g in chosen for m in g.members]
+    reference = zeroed(proto, gset, members)
+    masks, skipped = framework_masks(proto, members)
+    if masks_out is not None:
+        save_masks(masks, masks_out)
+    result = shrink(reference, None, output, options=opts.but(input_masked=None))
+    result.before.file_bytes = source.file_bytes
+    return PruneResult(gset, plans, masks, result, original, skipped)
+
+
+# ---------------------------------------------------------------------- the reference
+def zeroed(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onnx.ModelProto:
+    """`model` with every member's slice zeroed. An initializer several nodes read is first
+    given one copy per reader (as the analysis saw it), so that only the readers in the chosen
+    groups lose their slices; the shrink merges the copies that stay equal."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    _constants_to_initializers(out, {m.initializer for m in members})
+    inits = {t.name: t for t in g.initializer}
+    shared = {m.initializer for m in members if m.tensor != m.initializer}
+    shared |= {gset.untied[t] for t in gset.untied if gset.untied[t] in {m.initializer for m in members}}
+    values: dict[str, np.ndarray] = {}
+    if shared:
+        copies = _copy_per_reader(g, gset, shared)
+        for name, original in copies.items():
+            values[name] = numpy_helper.to_array(inits[original]).copy()
+    for m in members:
+        if m.tensor not in values:
+            source = inits[m.tensor] if m.tensor in inits else inits[m.initializer]
+            values[m.tensor] = numpy_helper.to_array(source).copy()
+        zero_slice(values[m.tensor], m.axis, m.indices)
+    for name, v in values.items():
+        t = numpy_helper.from_array(v, name)
+        if name in inits:
+            inits[name].CopyFrom(t)
+        else:
+            g.initializer.append(t)
+    return out
+
+
+def _copy_per_reader(g: onnx.GraphProto, gset: GroupSet, shared: set[str]) -> dict[str, str]:
+    """Point each reader of a shared initializer at the copy the analysis gave it; {copy: original}."""
+    site_tensor = {m.site: m.tensor for grp in gset.groups for m in grp.members}
+    copies: dict[str, str] = {}
+    for node in g.node:
+        key = node.output[0] if node.output else ""
+        for i, name in enumerate(node.input):
+            if name in shared:
+                t = site_tensor.get((key, i), name)
+                if t != name and gset.untied.get(t) == name:
+                    node.input[i] = t
+                    copies[t] = name
+    return copies
+
+
+def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
+    """Nodes that produce one of `names` without inputs (Constant) become initializers: the
+    analysis saw them so (prepare does the same)."""
+    from onnxshrink.ops import facts
+    from onnxshrink.prepare import default_opset
+
+    g, opset = model.graph, default_opset(model)
+    for node in list(g.node):
+        if node.input or len(node.output) != 1 or node.output[0] not in names:
+            continue
+        handler, op = facts(node, opset)
+        value = handler.constant_value(op) if handler is not None else None
+        if value is not None:
+            g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
+            g.node.remove(node)
+
+
+# ---------------------------------------------------------------------- masks out
+def framework_masks(
+    model: onnx.ModelProto, members: list[Member]
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """0/1 masks of the zeroed slices: under the framework parameter names the exporter recorded
+    (in the framework's layout), and under the initializer's own name. An initializer several
+    nodes share is named only by its parameters (its own name would mask every reader); one
+    with none is listed as skipped."""
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    masks: dict[str, np.ndarray] = {}
+    skipped: set[str] = set()
+
+    def zero(name: str, shape: tuple[int, ...], axis: int, idx: np.ndarray) -> None:
+        zero_slice(masks.setdefault(name, np.ones(shape, np.float32)), axis, idx)
+
+    shared = {m.initializer for m in members if m.tensor != m.initializer}
+    for m in members:
+        for p in m.params:
+            zero(p.name, p.shape, p.axis, m.indices)
+        if m.initializer not in shared and m.initializer in shapes:
+            zero(m.initializer, shapes[m.initializer], m.axis, m.indices)
+        elif not m.params:
+            skipped.add(m.initializer)
+    return masks, sorted(skipped)
+
+
+def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:
+    """Write masks as .pt (torch.save of tensors), .npz or .safetensors, by the extension."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".npz":
+        np.savez(str(p), **masks)  # type: ignore[arg-type]  # names are keywords
+    elif suffix == ".safetensors":
+        from safetensors.numpy import save_file
+
+        save_file({k: np.ascontiguousarray(v) for k, v in masks.items()}, str(p))
+    elif suffix in (".pt", ".pth"):
+        import torch
+
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in masks.items()}, p)
+    else:
+        raise ShrinkError(f"--masks-out {path}: give a .pt, .npz or .safetensors file name.")

@@ -1,0 +1,188 @@
+"""`--prune`: whole groups chosen by importance, shrunk exactly against the model with them
+zeroed, and the same size as the model built natively with the channels kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from conftest import ROOT, error_against, export_cached, params, run, tiny
+
+from models.zoo import BENCH, ZOO, randomize
+from onnxshrink import shrink
+from onnxshrink.cli import main
+from onnxshrink.prune import find_groups, prune, scores
+from onnxshrink.prune.select import choose
+
+
+def native_widths(module, ratio: float) -> dict[str, int]:
+    """Torch-Pruning's per-layer count: a layer of n channels keeps int(n * (1 - ratio))."""
+    return {g: int(n * (1 - ratio)) for g, n in module.widths.items()}
+
+
+def exports(zoo_dir, entry, name: str, **kwargs):
+    def full():
+        return randomize(entry.build(), seed=1), entry.input_shape, kwargs
+
+    def native():
+        widths = native_widths(entry.build(), 0.5)
+        return randomize(entry.build(widths), seed=3), entry.input_shape, kwargs
+
+    key = tuple(sorted(kwargs.items()))
+    return export_cached(zoo_dir, ("prune", name, key), full), export_cached(
+        zoo_dir, ("prune-native", name, key), native
+    )
+
+
+def test_resnet50_at_half_reaches_the_native_size_and_is_proven(zoo_dir):
+    path, native = exports(zoo_dir, BENCH["resnet50"], "resnet50")
+    result = prune(path, 0.5, draws=1)
+    assert result.shrink.validation.passed  # against the model with the chosen groups zeroed
+    assert result.model.graph.initializer[0].data_type == onnx.TensorProto.FLOAT
+    assert result.shrink.after.params == params(onnx.load(native))  # 6.9 M of 25.5 M
+    assert result.original.params > 3.5 * result.shrink.after.params
+    assert error_against(result.shrink.reference, result.model, draws=1) <= 1e-5
+
+
+def tp_l1_choice(module, gset, ratio: float) -> list[set[tuple[str, int]]]:
+    """Per layer, the channels Torch-Pruning's group L1 (MagnitudeImportance(p=1), mean over
+    the weights of conv, linear and BatchNorm layers, biases excluded) removes, computed here
+    from the PyTorch module's own parameters, each as (parameter, index) of its producers."""
+    state = module.state_dict()
+    out = []
+    for layer in gset.layers:
+        groups = [gset.groups[i] for i in layer.groups if gset.groups[i].exact]
+        if not groups:
+            continue
+
+        def l1(g):
+            terms = []
+            for m in g.members:
+                for p in m.params:
+                    owner = module.get_submodule(p.name.rsplit(".", 1)[0])
+                    if p.name.endswith(".weight") and isinstance(
+                        owner, torch.nn.Conv2d | torch.nn.Linear | torch.nn.BatchNorm2d
+                    ):
+                        idx = torch.tensor(m.indices)
+                        terms.append(float(state[p.name].index_select(p.axis, idx).abs().sum()))
+            return sum(terms) / len(terms)
+
+        n = len(groups)
+        drop = sorted(groups, key=lambda g: (l1(g), g.id))[: n - int(n * (1 - ratio))]
+        out.append({(m.params[0].name, int(i)) for g in drop for m in g.members if m.side == "out" and m.params for i in m.indices})
+    return out
+
+
+def test_mobilenetv2_l1_removes_the_channels_torch_pruning_l1_removes(zoo_dir):
+    # With BatchNorm kept as a node (optimize=False) the ONNX weights are the module's: the
+    # criterion is Torch-Pruning's, and so must be the channels.
+    entry = ZOO["mobilenetv2"]
+    path, native = exports(zoo_dir, entry, "mobilenetv2", optimize=False)
+    result = prune(path, 0.5, validate=False)
+    assert error_against(result.shrink.reference, result.model) <= 1e-5
+    assert result.shrink.after.params == params(onnx.load(native))
+    module = randomize(entry.build(), seed=1)
+    removed = [
+        {(m.params[0].name, int(i)) for i in p.removed for m in result.groups.groups[i].members if m.side == "out" and m.params for i in m.indices}
+        for p in result.plans
+        if p.total
+    ]
+    assert removed == tp_l1_choice(module, result.groups, 0.5)
+
+
+KERAS = ROOT / "models/keras/keras_cnn.onnx"
+
+
+def test_a_keras_model_exported_with_tf2onnx_is_pruned_and_proven(tmp_path):
+    # tools/keras_export.py wrote it (and what Keras computed on an input).
+    x = np.load(KERAS.with_suffix(".input.npy"))
+    assert np.abs(run(onnx.load(KERAS), {"image": x})[0] - np.load(KERAS.with_suffix(".expected.npy"))).max() < 1e-5
+    out = tmp_path / "small.onnx"
+    assert main([str(KERAS), "--prune", "0.5", "-o", str(out), "-q"]) == 0
+    result = prune(KERAS, 0.5, validate=False)
+    assert params(onnx.load(out)) == result.shrink.after.params
+    kinds = {p.layer.name: (len(p.removed), p.total) for p in result.plans if p.total}
+    # conv1 (24), the residual stream with its depthwise conv (16), project (32), fc1 (20)
+    assert sorted(kinds.values()) == [(8, 16), (10, 20), (12, 24), (16, 32)]
+    assert error_against(result.shrink.reference, result.model) <= 1e-5
+    assert result.shrink.after.params < 0.4 * result.original.params
+
+
+def test_masks_out_reapply_to_the_unpruned_model(zoo_dir, tmp_path):
+    path, _ = exports(zoo_dir, ZOO["resnet_basic"], "resnet_basic")
+    out, masks = tmp_path / "small.onnx", tmp_path / "masks.pt"
+    assert main([str(path), "--prune", "0.5", "-o", str(out), "--masks-out", str(masks), "-q"]) == 0
+    saved = torch.load(masks, weights_only=True)
+    assert "stem.1.weight" in saved and saved["stem.1.weight"].shape == (8,)  # a folded BatchNorm
+    again = shrink(path, masks, validate=False, input_masked=False)
+    assert again.after.params == params(onnx.load(out))
+    assert error_against(onnx.load(out), again.model) <= 1e-5
+
+
+CHAIN = """
+g (float[2, 3, 5, 5] x, float[8, 3, 3, 3] W1, float[8] B1, float[4, 8, 1, 1] W2) => (float[2, 4, 3, 3] y) {
+  h = Conv (x, W1, B1)
+  r = Relu (h)
+  y = Conv (r, W2)
+}
+"""
+
+
+def test_activation_criterion_is_mean_abs_activation_times_the_weights_reading_it():
+    model = tiny(CHAIN)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 5)).astype(np.float32)
+    gset = find_groups(model)
+    got = scores(gset, "activation", model=model, inputs=[{"x": x}])
+    w1 = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, None))
+    r = run(probe, {"x": x})[1]
+    want = np.abs(r).mean(axis=(0, 2, 3)) * np.abs(w1["W2"]).sum(axis=(0, 2, 3))
+    [layer] = [layer for layer in gset.layers if gset.groups[layer.groups[0]].exact]
+    np.testing.assert_allclose([got[i] for i in layer.groups], want, rtol=1e-6)
+
+
+def test_round_to_ignore_max_ratio_and_global(zoo_dir):
+    path, _ = exports(zoo_dir, ZOO["resnet_basic"], "resnet_basic")
+    gset = find_groups(onnx.load(path))
+    imp = scores(gset, "l1")
+    by = {p.layer.name: p for p in choose(gset, imp, 0.3, round_to=8)}
+    sizes = {name: p.total - len(p.removed) for name, p in by.items() if p.total}
+    # 32 channels at 0.3 keep int(22.4) = 22, rounded down to 16; 16 keep 11 -> 8; 8 keep 5 -> 1 (at least one)
+    assert sorted(sizes.values()) == [1, 1, 1, 8, 8, 16, 16]
+    plans = choose(gset, imp, 0.5, ignore=["blocks_.3.*"], max_layer_ratio=0.25)
+    for p in plans:
+        if p.total:
+            assert len(p.removed) == (0 if p.ignored else int(p.total * 0.25))
+    assert sum(p.ignored for p in plans) == 2  # both layers blocks_.3's convs produce
+    plans = choose(gset, imp, 0.5, global_ranking=True)
+    total = sum(p.total for p in plans)
+    assert sum(len(p.removed) for p in plans) == total - int(total * 0.5)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prune", "1.5"], "give a ratio in [0, 1)"),
+        (["--prune", "0.5", "--criterion", "activation"], "--inputs"),
+        (["--prune", "0.5", "--round-to", "0"], "--round-to 0"),
+    ],
+)
+def test_bad_prune_options_are_exit_2_naming_them(zoo_dir, capsys, args, message):
+    path, _ = exports(zoo_dir, ZOO["resnet_basic"], "resnet_basic")
+    assert main([str(path), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_prune_with_a_masks_file_is_refused(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    onnx.save(tiny(CHAIN), str(model))
+    masks = tmp_path / "masks.npz"
+    np.savez(masks, W1=np.ones((8, 3, 3, 3)))
+    assert main([str(model), str(masks), "--prune", "0.5"]) == 2
+    assert "drop the masks file" in capsys.readouterr().err
+    assert Path(model).exists()

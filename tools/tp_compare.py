@@ -1,0 +1,119 @@
+"""onnxshrink --prune 0.5 (L1) against Torch-Pruning's MagnitudePruner on torchvision models.
+
+Needs torchvision and torch-pruning, which cannot live beside the project's torch: use a
+separate environment, e.g.
+
+    python3 -m venv .venv-tv && . .venv-tv/bin/activate
+    pip install torch==2.14.1 torchvision==0.29.1 torch-pruning onnx onnxscript onnxruntime onnx-graphsurgeon
+    pip install --no-deps -e .
+    python tools/tp_compare.py [--models resnet50 mobilenet_v2]
+
+For each model (weights randomized): Torch-Pruning's parameter count at ratio 0.5 (group L1,
+p=1, its default "mean" group reduction, the classifier ignored), onnxshrink's on the default
+export, and the share of Torch-Pruning's removed channels onnxshrink removed too on an export
+that keeps BatchNorm as a node (optimize=False: the same weights, so the same criterion).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+
+def randomized(name: str):
+    import torchvision
+
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim == 1 else 0.05) + (1.0 if p.ndim == 1 else 0))
+        for n, b in model.named_buffers():
+            if n.endswith("running_var"):
+                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
+            elif n.endswith("running_mean"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+    return model
+
+
+def export(model, path: Path, **kw) -> None:
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(1, 3, 224, 224),), str(path), **kw)
+
+
+def torch_pruning(model):
+    import torch_pruning as tp
+
+    classifier = model.fc if hasattr(model, "fc") else model.classifier[-1]
+    pruner = tp.pruner.MagnitudePruner(
+        model,
+        torch.randn(1, 3, 224, 224),
+        importance=tp.importance.MagnitudeImportance(p=1),
+        pruning_ratio=0.5,
+        ignored_layers=[classifier],
+    )
+    removed: set[tuple[str, int]] = set()
+    names = {m: n for n, m in model.named_modules()}
+    for group in pruner.step(interactive=True):
+        for dep, idxs in group:
+            if pruner.DG.is_out_channel_pruning_fn(dep.handler) and isinstance(dep.target.module, torch.nn.Conv2d):
+                removed |= {(names[dep.target.module] + ".weight", int(i)) for i in idxs}
+        group.prune()
+    return model, removed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v2"])
+    args = p.parse_args()
+    from onnxshrink.prune import prune
+    from onnxshrink.report import model_stats
+
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as tmp:
+            full, plain = Path(tmp) / "full.onnx", Path(tmp) / "plain.onnx"
+            export(randomized(name), full)
+            export(randomized(name), plain, optimize=False)
+            t = time.perf_counter()
+            tp_model, tp_removed = torch_pruning(randomized(name))
+            tp_time = time.perf_counter() - t
+            tp_path = Path(tmp) / "tp.onnx"
+            export(tp_model, tp_path)
+            import onnx
+
+            tp_params = model_stats(onnx.load(tp_path)).params
+            t = time.perf_counter()
+            ours = prune(full, 0.5, draws=1)
+            ours_time = time.perf_counter() - t
+            same = prune(plain, 0.5, validate=False)
+            ours_removed = {
+                (m.params[0].name, int(i))
+                for k in same.removed()
+                for m in same.groups.groups[k].members
+                if m.side == "out" and m.op == "Conv" and m.params
+                for i in m.indices
+            }
+            before = ours.original.params
+            after = ours.shrink.after.params
+            agree = len(tp_removed & ours_removed) / max(len(tp_removed), 1)
+            print(
+                f"{name}: parameters {before / 1e6:.2f} M -> onnxshrink {after / 1e6:.3f} M "
+                f"({ours_time:.1f} s, proof {'PASSED' if ours.shrink.passed else 'FAILED'}, "
+                f"max rel error {ours.shrink.validation.outputs[0].max_rel_error:.1e}), "
+                f"Torch-Pruning {tp_params / 1e6:.3f} M ({tp_time:.1f} s): "
+                f"{100 * (after - tp_params) / tp_params:+.2f}%; "
+                f"conv channels removed by both: {100 * agree:.1f}% of Torch-Pruning's "
+                f"{len(tp_removed)} (onnxshrink {len(ours_removed)})"
+            )
+
+
+if __name__ == "__main__":
+    main()
