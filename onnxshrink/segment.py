@@ -6,10 +6,10 @@ in a topological order is a cut: what the nodes before it produced and the nodes
 bytes; running them in order, each on the frontier the previous one left, computes exactly what
 the whole model computes, with one segment's weights in memory at a time.
 
-`blocks` finds the repeated structure of the graph (the layers of a transformer, the stages of a
-CNN) from its node order alone: the period P at which op types repeat over the longest run.
-`prefix` is the model up to the end of the first N blocks, its outputs the frontier there: what
-`--validate-layers N` proves.
+`blocks` finds the repeated structure of the graph (the layers of a transformer, the residual
+blocks of a CNN stage) from the nodes that read weights: the period at which they repeat (op
+type and weight shapes) over the longest run. `prefix` is the model up to the end of the first
+N blocks, its outputs the frontier there: what `--validate-layers N` proves.
 """
 
 from __future__ import annotations
@@ -140,28 +140,41 @@ def _segments(model: onnx.ModelProto, nodes: list[onnx.NodeProto], bounds: list[
 
 @dataclass
 class Blocks:
-    start: int  # the node index where the first block begins
-    period: int  # nodes per block
     count: int  # how many blocks repeat
+    cuts: list[int]  # cuts[n - 1]: the node index after block n (n < count)
+    period: int  # weight-reading nodes per block
 
     def end(self, n: int) -> int:
-        """The node index after the first n blocks."""
-        return self.start + min(n, self.count) * self.period
+        """The node index after the first n blocks (n < count)."""
+        return self.cuts[n - 1]
 
 
-def blocks(model: onnx.ModelProto, min_period: int = 4) -> Blocks | None:
-    """The repeated blocks of the node order: the period P whose run of equal op types (node i
-    and node i + P alike) is longest; the shortest such P. None when nothing repeats twice."""
-    ops = [n.domain + ":" + n.op_type for n in model.graph.node]
-    codes = np.unique(np.asarray(ops), return_inverse=True)[1]
+def blocks(model: onnx.ModelProto) -> Blocks | None:
+    """The repeated blocks of the graph (a transformer's layers, a stage's residual blocks): the
+    nodes that read weights, each by op type and weight shapes, repeat with some period P; the
+    P with the longest run of repetition (the shortest such P) gives the blocks. Shared nodes
+    that read no weights (rotary tables, masks, hoisted by exporters into the first layer) do not
+    disturb it. Between the last weight node of block n and the first of block n + 1, the cut is
+    where the fewest tensors cross (the residual stream, after its Add). None when nothing
+    repeats."""
+    nodes = list(model.graph.node)
+    shapes = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
+    readers = [
+        k for k, n in enumerate(nodes) if any(int(np.prod(shapes.get(i, (1,)))) > 1 for i in n.input)
+    ]
+    signatures = [
+        f"{nodes[k].domain}:{nodes[k].op_type}:{[shapes[i] for i in nodes[k].input if i in shapes]}"
+        for k in readers
+    ]
+    if len(signatures) < 2:
+        return None
+    codes = np.unique(np.asarray(signatures), return_inverse=True)[1]
     best: tuple[int, int, int] | None = None  # (run length, -period, start)
-    for p in range(min_period, len(codes) // 2 + 1):
-        eq = codes[:-p] == codes[p:]
-        if not eq.any():
+    for p in range(1, len(codes) // 2 + 1):
+        eq = np.concatenate([[False], codes[:-p] == codes[p:], [False]])
+        edges = np.flatnonzero(eq[1:] != eq[:-1])
+        if not len(edges):
             continue
-        # the longest run of True in eq
-        padded = np.concatenate([[False], eq, [False]])
-        edges = np.flatnonzero(padded[1:] != padded[:-1])
         starts, ends = edges[::2], edges[1::2]
         j = int(np.argmax(ends - starts))
         run = int(ends[j] - starts[j])
@@ -169,9 +182,17 @@ def blocks(model: onnx.ModelProto, min_period: int = 4) -> Blocks | None:
             best = (run, -p, int(starts[j]))
     if best is None:
         return None
-    run, neg_p, start = best
-    period = -neg_p
-    return Blocks(start, period, (run + period) // period)
+    run, period, start = best[0], -best[1], best[2]
+    count = (run + period) // period
+    graph_outputs = {o.name for o in model.graph.output}
+    cuts = []
+    for n in range(1, count):
+        last, first = readers[start + n * period - 1], readers[start + n * period]
+        # the narrowest cut between the two (the latest of equals)
+        sizes = {c: len(_frontier(nodes, c, graph_outputs)) for c in range(last + 1, first + 1)}
+        narrowest = min(sizes.values())
+        cuts.append(max(c for c, size in sizes.items() if size == narrowest))
+    return Blocks(count, cuts, period)
 
 
 @dataclass

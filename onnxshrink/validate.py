@@ -400,7 +400,7 @@ def compare(
                 "validate it whole (omit --validate-layers)."
             )
         n = opts.validate_layers
-        if n < found.count:
+        if n < found.count:  # else the whole model is proven
             head = prefix(reference, found.end(n))
             tail = prefix(shrunk, 0, head.outputs) if head is not None else None
             if head is None or tail is None:

@@ -1,0 +1,37 @@
+"""Cutting a model for the proof: the repeated blocks are found from the nodes that read
+weights, whatever shared nodes an exporter hoists into the first block."""
+
+from __future__ import annotations
+
+from conftest import tiny
+
+from onnxshrink.segment import blocks, prefix
+
+# Three residual blocks; the first also computes a shared table (s) the later ones read, as
+# exporters hoist rotary tables into the first layer.
+THREE = """
+g (float[1, 4, 8] x, float[8, 8] W0, float[8, 8] W1, float[8, 8] W2, float[8] S) => (float[1, 4, 8] y) {
+  s = Sigmoid (S)
+  a0 = MatMul (x, W0)
+  m0 = Mul (a0, s)
+  h0 = Add (x, m0)
+  a1 = MatMul (h0, W1)
+  m1 = Mul (a1, s)
+  h1 = Add (h0, m1)
+  a2 = MatMul (h1, W2)
+  m2 = Mul (a2, s)
+  y = Add (h1, m2)
+}
+"""
+
+
+def test_blocks_from_the_weight_readers():
+    model = tiny(THREE)
+    found = blocks(model)
+    assert found is not None and found.count == 3 and found.period == 1
+    names = [n.output[0] for n in model.graph.node]
+    # after block 1: the residual stream h0 and the shared table s cross the cut
+    assert names[found.end(1) - 1] == "h0"
+    head = prefix(model, found.end(1))
+    assert head is not None and sorted(head.outputs) == ["h0", "s"] and head.nodes == 4
+    assert names[found.end(2) - 1] == "h1"
