@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import queue
+import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ T = TypeVar("T")
 MADV_POPULATE_READ = 22  # Linux >= 5.14: fault a range in at once (page faults one by one cost ~10x)
 # Mapped pages this process may keep resident before `trim` gives them back to the page cache.
 TRIM_BYTES = 128 * 2**20
-CHUNK_BYTES = 64 * 2**20  # row blocks of a streamed slice or pass
+CHUNK_BYTES = 32 * 2**20  # row blocks of a streamed slice (a few are in flight at once)
 ALIGN = 4096  # offsets of written tensors: a page, so that each can be mapped on its own
 
 _STORES: weakref.WeakSet[WeightStore] = weakref.WeakSet()
@@ -163,14 +165,15 @@ class DataWriter:
         self.tensors = 0
 
     def write(self, name: str, blocks: Iterator[np.ndarray], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """Write the row blocks of a tensor of `shape` (C order) and return the mapped view."""
+        """Write the row blocks of a tensor of `shape` (C order) and return the mapped view.
+        Blocks that need a copy (slices) are made by a worker thread while the previous one is
+        written: the copies and the writes overlap."""
         pad = -self.offset % ALIGN
         if pad:
             self._f.write(b"\0" * pad)
             self.offset += pad
         start = self.offset
-        for block in blocks:
-            block = np.ascontiguousarray(block, dtype=dtype)
+        for block in _ahead(blocks, np.dtype(dtype)):
             self._f.write(block.reshape(-1).view(np.uint8).data)
             self.offset += block.nbytes
         length = self.offset - start
@@ -189,6 +192,49 @@ class DataWriter:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
+
+
+def _ahead(blocks: Iterator[np.ndarray], dtype: np.dtype, depth: int = 2) -> Iterator[np.ndarray]:
+    """The blocks, made contiguous (copied when they are strided views) by a worker thread at
+    most `depth` blocks ahead of the caller. numpy's copies and file writes release the GIL, so
+    on two cores a slice costs about the larger of its copy and its write, not their sum."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for block in blocks:
+                if stop.is_set():
+                    return
+                q.put(np.ascontiguousarray(block, dtype=dtype))
+            q.put(_END)
+        except BaseException as exc:  # handed to the caller, which raises it
+            q.put(_Failed(exc))
+
+    worker = threading.Thread(target=work, name="onnxshrink-slices", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a worker waiting to put
+            with contextlib.suppress(queue.Empty):
+                q.get_nowait()
+            worker.join(0.01)
 
 
 def tensor_proto(name: str, arr: np.ndarray, where: Location, relative_to: Path) -> onnx.TensorProto:
