@@ -54,7 +54,9 @@ class ShrinkResult:
 
     `reference` is the input model with the masks applied. When the input was a path whose
     weights live in an external data file, its unmasked weights still refer to that file (they
-    are loaded into it only for a model under IN_MEMORY_BYTES that was validated).
+    are loaded into it only for a model under IN_MEMORY_BYTES that was validated); in a model
+    past IN_MEMORY_BYTES, its masked weights refer by absolute path to a file that lives as long
+    as the result.
 
     A model read from external data is shrunk *streamed*: its weights are mapped, not read, and
     the shrunk weights are written to an external data file as they are sliced. `model` then
@@ -150,11 +152,13 @@ def shrink(
     clock.lap("load")
 
     masks_name = str(masks) if isinstance(masks, str | Path) else "masks"
-    bound, reference, held = bind(source, maskset, values, masks_name, opts)
+    scratch = Scratch(source.store, output) if source.streamed else None
+    # a large model's masked weights are written to a file, not held (see apply_masks)
+    large = scratch is not None and (source.file_bytes or 0) >= IN_MEMORY_BYTES
+    bound, reference, held = bind(source, maskset, values, masks_name, opts, scratch if large else None)
     clock.lap("bind")
     _log_binding(opts, maskset, bound, held)
 
-    scratch = Scratch(source.store, output) if source.streamed else None
     opts.say(f"analyzing {len(reference.graph.node)} nodes ...")
     analysis = analyze_model(reference, source.base_dir, opts, store=source.store)
     clock.lap("analyze")
@@ -292,9 +296,11 @@ def bind(
     values: dict[str, np.ndarray] | None,
     masks_name: str,
     opts: ShrinkOptions,
+    scratch: Scratch | None = None,
 ) -> tuple[BoundMasks, onnx.ModelProto, bool]:
     """Bind the masks; the reference model (the input with them applied); whether the input
-    already held them (the reference is then the input itself)."""
+    already held them (the reference is then the input itself). With a `scratch`, the masked
+    weights are written to a file of it rather than held in memory."""
     bound = bind_masks(
         source.proto,
         maskset or MaskSet(),
@@ -304,7 +310,13 @@ def bind(
         base_dir=source.base_dir,
     )
     held = check_reference(bound, opts.input_masked, masks_name)
-    reference = source.proto if held else apply_masks(source.proto, bound, source.base_dir)
+    if held:
+        reference = source.proto
+    else:
+        spill = scratch.spill() if scratch is not None else None
+        reference = apply_masks(source.proto, bound, source.base_dir, spill)
+        if spill is not None:
+            spill.close()
     bound.index = None  # its cached weight arrays: prepare() reads the reference's
     return bound, reference, held
 

@@ -338,12 +338,12 @@ def run_model(
     `parts`: the segments, when already cut (onnxshrink.segment.split)."""
     from onnxshrink.segment import Segment, split
 
-    parts = parts or split(model, SEGMENT_BYTES)
+    parts = parts or split(model, segment_bytes(model))
     parts = parts or [Segment(model, [i.name for i in model.graph.input], outputs)]
     values = [dict(feed) for feed in feeds]
     for k, part in enumerate(parts):
         try:
-            sess = session(part.model, provider, data_dir)
+            sess = session(_inlined(part.model, own=len(parts) > 1), provider, data_dir)
         except ShrinkError:
             raise
         except Exception as exc:
@@ -363,6 +363,33 @@ def run_model(
             for n in [n for n in v if n not in later]:
                 del v[n]
     return [[v[o] for o in outputs] for v in values]
+
+
+def segment_bytes(model: onnx.ModelProto) -> int:
+    """The weight budget of a segment: SEGMENT_BYTES, a quarter of it when the model holds
+    weights onnxruntime must be given inline (spilled masked weights: held by the segment's
+    proto, its serialization and the session at once)."""
+    from onnxshrink.io.weights import absolute
+
+    spilled = any(absolute(t) is not None for t in model.graph.initializer)
+    return SEGMENT_BYTES // 4 if spilled else SEGMENT_BYTES
+
+
+def _inlined(model: onnx.ModelProto, own: bool) -> onnx.ModelProto:
+    """`model` with the weights it keeps by absolute path (spilled masked weights, which
+    onnxruntime refuses to read) inline; a copy unless `own` (a segment made for this run)."""
+    from onnxshrink.io.weights import absolute, inline
+
+    spilled = [i for i, t in enumerate(model.graph.initializer) if absolute(t) is not None]
+    if not spilled:
+        return model
+    if not own:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model = copy
+    for i in spilled:
+        inline(model.graph.initializer[i])
+    return model
 
 
 def compare(
@@ -412,7 +439,8 @@ def compare(
             kind = f"first {n} of {found.count} repeated blocks"
             detail.append(f"{head.nodes} of {len(reference.graph.node)} nodes; compared: {', '.join(outputs)}")
     tally = ErrorTally(outputs)
-    ref_parts, new_parts = split(ref_model, SEGMENT_BYTES), split(new_model, SEGMENT_BYTES)
+    ref_parts = split(ref_model, segment_bytes(ref_model))
+    new_parts = split(new_model, segment_bytes(new_model))
     counts = [len(p) if p else 1 for p in (ref_parts, new_parts)]
     detail.append(
         "reference, then shrunk model"

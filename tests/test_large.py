@@ -176,3 +176,29 @@ def test_a_failed_streamed_proof_leaves_nothing(models, tmp_path, monkeypatch):
 
     gc.collect()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("segment_bytes", [20_000, 1 << 30])  # in segments, and whole
+def test_masks_applied_to_a_large_model_are_spilled(models, tmp_path, monkeypatch, segment_bytes):
+    """A masks file on the unmasked export: the masked weights of the reference go to a file
+    (absolute paths onnxshrink maps; onnxruntime gets them inline), not to memory."""
+    from onnxshrink.io.weights import absolute
+
+    masked_path, ideal = models["fp32"]
+    unmasked = build(LlamaConfig(**{**TINY.__dict__, "masked_kv": (), "masked_ffn": ()}), tmp_path / "u.onnx")
+    masked = onnx.load(masked_path)
+    masks = {
+        t.name: (onnx.numpy_helper.to_array(t) != 0).astype(np.uint8)
+        for t in masked.graph.initializer
+        if len(t.dims) == 2 and not onnx.numpy_helper.to_array(t).all()
+    }
+    assert len(masks) == 2 * 7  # Q, K, V, O, gate, up and down of each of the 2 layers
+    monkeypatch.setattr(api, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(validate, "SEGMENT_BYTES", segment_bytes)
+    out = tmp_path / "small.onnx"
+    result = shrink(unmasked.path, masks, output=out, input_shapes={"input_ids": [1, 8]})
+    assert result.input_masked is False and result.validation.passed
+    assert result.after.params == ideal
+    spilled = [t for t in result.reference.graph.initializer if absolute(t) is not None]
+    assert {t.name for t in spilled} == set(masks) and absolute(spilled[0]).exists()
+    assert error_against(masked_path, onnx.load(out), {"input_ids": [1, 8]}) == 0.0

@@ -21,6 +21,9 @@ from onnxshrink.bind.binding import Binding, BoundMasks
 from onnxshrink.bind.graph import ModelIndex, Site
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io import weights
+from onnxshrink.io.weights import DataWriter, tensor_proto
+
+SPILL_BYTES = 1024  # masked weights at least this large go to the spill file
 
 UNMASKED_FLAG = "--unmasked-input"
 
@@ -126,12 +129,17 @@ def _describe(e: Effect) -> str:
 
 
 def apply_masks(
-    model: onnx.ModelProto, bound: BoundMasks, base_dir: str | None = None
+    model: onnx.ModelProto,
+    bound: BoundMasks,
+    base_dir: str | None = None,
+    spill: DataWriter | None = None,
 ) -> onnx.ModelProto:
     """The reference model: each mask applied to the readers its parameter stands for (an
     initializer shared by parameters that end up different is untied, each copy named after its
     parameter when that name is free). External weights are read from `base_dir`; the masked
-    ones are then held in the model."""
+    ones are held in the model, or with a `spill` writer written to its file, which the model
+    then refers to by absolute path (onnxshrink reads it; onnxruntime is given those weights
+    inline, a segment at a time: validate.run_model)."""
     if not bound.bindings:
         return model
     index = bound.index if bound.index is not None and bound.index.model is model else None
@@ -155,7 +163,7 @@ def apply_masks(
             groups[tuple(j for j, b in enumerate(bindings) if b.sites is None or s in b.sites)].append(s)
         variants = {key: _masked(arr, [bindings[j] for j in key]) for key in groups}
         first, *others = sorted(variants, key=lambda key: (len(key) > 0, key))
-        _store(inits[name], variants[first])
+        _store(inits[name], variants[first], spill)
         for key in others:
             if np.array_equal(variants[key], variants[first]):
                 continue
@@ -164,10 +172,13 @@ def apply_masks(
             while copy in taken:
                 copy += "_"
             taken.add(copy)
-            ref.graph.initializer.append(numpy_helper.from_array(variants[key], copy))
+            ref.graph.initializer.append(onnx.TensorProto())
+            _store(ref.graph.initializer[-1], variants[key], spill, copy)
             for s in groups[key]:
                 ref.graph.node[s.node].input[s.input] = copy
             bound.shared.setdefault(name, []).append(owner)
+        del variants
+        weights.trim()  # the mapped weight read goes back to the page cache
     return ref
 
 
@@ -177,8 +188,17 @@ def _masked(arr: np.ndarray, bindings: list[Binding]) -> np.ndarray:
     return arr
 
 
-def _store(t: onnx.TensorProto, values: np.ndarray) -> None:
-    t.CopyFrom(numpy_helper.from_array(values, t.name))
+def _store(
+    t: onnx.TensorProto, values: np.ndarray, spill: DataWriter | None, name: str | None = None
+) -> None:
+    name = name or t.name
+    if spill is None or values.nbytes < SPILL_BYTES:
+        t.CopyFrom(numpy_helper.from_array(values, name))
+        return
+    arr = spill.write(name, weights.row_blocks(values), values.shape, values.dtype)
+    where = spill.store.location(arr)
+    assert where is not None
+    t.CopyFrom(tensor_proto(name, arr, where, None))
 
 
 def _attach(ref: onnx.ModelProto, index: ModelIndex, b: Binding, taken: set[str]) -> None:

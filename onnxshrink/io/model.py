@@ -147,11 +147,14 @@ class Scratch:
         if not self.dir.is_dir():
             raise ShrinkError(f"{self.dir}: the output directory does not exist.")
         self.files: list[Path] = []
-        self._finalizer = weakref.finalize(self, Scratch._cleanup, self.files, self._tmp)
+        self._spilled: list[Path] = []
+        self._finalizer = weakref.finalize(
+            self, Scratch._cleanup, self.files, self._spilled, self._tmp
+        )
 
     @staticmethod
-    def _cleanup(files: list[Path], tmp: str | None) -> None:
-        for f in files:
+    def _cleanup(files: list[Path], spilled: list[Path], tmp: str | None) -> None:
+        for f in [*files, *spilled]:
             f.unlink(missing_ok=True)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -159,6 +162,13 @@ class Scratch:
     def writer(self) -> DataWriter:
         path = self.dir / f".onnxshrink-{os.getpid()}-{uuid.uuid4().hex[:8]}.data"
         self.files.append(path)
+        return self.store.writer(path)
+
+    def spill(self) -> DataWriter:
+        """A file for the reference's masked weights: it lives as long as this Scratch (the
+        reference refers to it), whatever attempts are dropped."""
+        path = self.dir / f".onnxshrink-{os.getpid()}-{uuid.uuid4().hex[:8]}.reference.data"
+        self._spilled.append(path)
         return self.store.writer(path)
 
     def discard(self, writer: DataWriter) -> None:

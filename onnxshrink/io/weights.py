@@ -237,20 +237,43 @@ def _ahead(blocks: Iterator[np.ndarray], dtype: np.dtype, depth: int = 2) -> Ite
             worker.join(0.01)
 
 
-def tensor_proto(name: str, arr: np.ndarray, where: Location, relative_to: Path) -> onnx.TensorProto:
-    """A TensorProto of `arr`'s shape and dtype whose data are at `where` (named relative to
-    the directory the model is read from)."""
+def tensor_proto(
+    name: str, arr: np.ndarray, where: Location, relative_to: Path | None
+) -> onnx.TensorProto:
+    """A TensorProto of `arr`'s shape and dtype whose data are at `where`, named relative to
+    the directory the model is read from (None: by absolute path, which onnxruntime refuses:
+    see `absolute` and validate.run_model)."""
     t = onnx.TensorProto(name=name, dims=list(arr.shape))
     t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
     t.data_location = onnx.TensorProto.EXTERNAL
     for key, value in (
-        ("location", os.path.relpath(where.path, relative_to)),
+        ("location", str(where.path) if relative_to is None else os.path.relpath(where.path, relative_to)),
         ("offset", str(where.offset)),
         ("length", str(where.length)),
     ):
         e = t.external_data.add()
         e.key, e.value = key, value
     return t
+
+
+def absolute(t: onnx.TensorProto) -> Path | None:
+    """The file of an initializer stored by absolute path (a spilled masked weight), else None."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    location = next((e.value for e in t.external_data if e.key == "location"), "")
+    return Path(location) if os.path.isabs(location) else None
+
+
+def inline(t: onnx.TensorProto) -> None:
+    """Read an initializer stored by absolute path into the TensorProto itself."""
+    path = absolute(t)
+    assert path is not None
+    info = {e.key: e.value for e in t.external_data}
+    with open(path, "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        t.raw_data = f.read(int(info["length"]))
+    del t.external_data[:]
+    t.data_location = onnx.TensorProto.DEFAULT
 
 
 def owner(arr: np.ndarray) -> WeightStore | None:
