@@ -193,6 +193,20 @@ def _evaluate(
     return out
 
 
+def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference knows no onnxruntime contrib op (com.microsoft: the fused
+    attention and normalizations its transformer optimizer writes), so every shape after one is
+    unknown. onnxruntime's symbolic shape inference knows them: used for such models only."""
+    if all(n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # it gave up: the shapes onnx inferred
+        return model
+
+
 def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Shapes of the model's intermediate tensors, inferred on its skeleton (no weight data is
     copied: shape inference of a large model would otherwise serialize it twice), with its
@@ -202,6 +216,7 @@ def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # a model onnx cannot infer: work with the shapes it carries
         return list(model.graph.value_info)
+    inferred = contrib_shapes(inferred)
     complete_shapes(inferred)
     original = {t.name for t in model.graph.initializer}
     folded = [
