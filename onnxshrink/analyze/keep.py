@@ -157,6 +157,11 @@ class KeepState:
             return []
         return [self.reasons[i] if i >= 0 else None for i in w]
 
+    def is_read(self, t: gs.Tensor) -> bool:
+        """Does a live node (or the graph's interface) read `t`? An optional output nothing
+        reads constrains nothing."""
+        return t.name in self.demanded
+
     def exists(self, t: gs.Tensor) -> bool:
         if t.name not in self.demanded:
             return False

@@ -16,7 +16,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.ops.contract import OpNode, RewriteView, WeightAxes
+from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.ops.common import const_or_live
+from onnxshrink.ops.contract import ConstView, OpNode, RewriteView, WeightAxes
 from onnxshrink.ops.elementwise import Elementwise
 from onnxshrink.ops.registry import register
 
@@ -54,6 +56,41 @@ class _Fused(Elementwise):
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
         slot = self.bias_slot
         return {"bias": slot} if slot is not None and slot < len(constant) and constant[slot] else {}
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        """As Elementwise's, with every operand at full size along the last axis and the bias a
+        vector: onnxruntime's kernels take no other broadcast."""
+        y = node.outputs[0]
+        r, n = ir.rank(y), ir.static_dim(y, -1)
+        ops = self.operands(node)
+        if r is None or n is None or all(ctx.const(t) is None for t in ops):
+            return None
+        pairs = []
+        for i, t in enumerate(node.inputs):
+            if t is None or not t.name:
+                pairs.append(None)
+                continue
+            rt = ir.rank(t)
+            if rt is None:
+                return None
+            m, v = const_or_live(ctx, t, rt)
+            full = m.shape[:-1] + (n,)
+            pairs.append((np.broadcast_to(m, full), np.broadcast_to(v, v.shape[:-1] + (n,))))
+        mask = np.logical_and.reduce(
+            np.broadcast_arrays(*[p[0].reshape((1,) * (r - p[0].ndim) + p[0].shape) for p in pairs if p])
+        )
+        if not mask.any():
+            return None
+        lead = np.broadcast_shapes(*[p[1].shape[:-1] for p in pairs if p and p[1].ndim == r])
+        vals = [
+            None
+            if p is None
+            else (p[1].reshape(-1)[:n] if i == self.bias_slot else np.broadcast_to(p[1], lead + (n,)))
+            for i, p in enumerate(pairs)
+        ]
+        out = ctx.evaluate(node, [None if v is None else np.ascontiguousarray(v) for v in vals])[0]
+        mask, out = np.broadcast_arrays(mask, out)
+        return [compress(np.array(mask), np.array(out))]
 
     def absorb_addend(self, node: gs.Node, i: int, values: np.ndarray, rw: RewriteView) -> bool:
         if self.bias_slot is None or i == self.bias_slot or i >= self.bias_slot:

@@ -202,8 +202,15 @@ def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-    except Exception:  # it gave up: the shapes onnx inferred
+        # Its `infer_shapes` raises when one node's shapes stay unknown (and saves the model to
+        # the working directory first): run its steps and keep whatever it inferred.
+        infer = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        infer._preprocess(model)
+        while infer.run_:
+            infer._infer_impl()
+        infer._update_output_from_vi()
+        return infer.out_mp_
+    except Exception:  # it gave up (or its internals changed): the shapes onnx inferred
         return model
 
 
