@@ -44,14 +44,14 @@ def heads_read(kept: np.ndarray | None, heads: int) -> np.ndarray:
     """Per head: is any index of its block kept? (a dynamic axis: all)"""
     if kept is None:
         return np.ones(heads, bool)
-    return kept.reshape(heads, -1).any(axis=1)
+    return np.asarray(kept.reshape(heads, -1).any(axis=1))
 
 
 def zero_heads(c: ConstInfo | None, axis: int, size: int, heads: int) -> np.ndarray:
     """Per head: is its block along `axis` (of `size` indices) constant zero?"""
     if c is None:
         return np.zeros(heads, bool)
-    return c.slice_zero(axis, size).reshape(heads, -1).all(axis=1)
+    return np.asarray(c.slice_zero(axis, size).reshape(heads, -1).all(axis=1))
 
 
 def grouped(q_heads: np.ndarray, kv_needed: np.ndarray, rep: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,8 +60,8 @@ def grouped(q_heads: np.ndarray, kv_needed: np.ndarray, rep: int) -> tuple[np.nd
     K/V head serves the same number of query heads."""
     kv = len(kv_needed)
     need = q_heads.reshape(kv, rep)
-    groups = need.any(axis=1) | kv_needed
-    ranks = need[groups].any(axis=0)
+    groups = np.asarray(need.any(axis=1) | kv_needed)
+    ranks = np.asarray(need[groups].any(axis=0))
     if groups.any() and not ranks.any():
         ranks[0] = True  # a K/V head kept for its present output still serves one query head
     q = (groups[:, None] & ranks[None, :]).reshape(-1)

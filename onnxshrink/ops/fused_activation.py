@@ -65,8 +65,8 @@ class _Fused(Elementwise):
         ops = self.operands(node)
         if r is None or n is None or all(ctx.const(t) is None for t in ops):
             return None
-        pairs = []
-        for i, t in enumerate(node.inputs):
+        pairs: list[tuple[np.ndarray, np.ndarray] | None] = []
+        for t in node.inputs:
             if t is None or not t.name:
                 pairs.append(None)
                 continue
