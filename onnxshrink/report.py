@@ -25,6 +25,19 @@ class ModelStats:
     file_bytes: int | None = None
 
 
+# Parameters: float weights, and the integer ones of quantized models (8-, 4- and 16-bit weights,
+# int32 biases); int64 constants are shape arithmetic.
+PARAM_TYPES = FLOAT_TYPES | {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32,
+}
+
+
 def model_stats(
     model: onnx.ModelProto,
     input_shapes: dict[str, list[int]] | None = None,
@@ -40,7 +53,7 @@ def model_stats(
     params = 0
     for g in _graphs(model.graph):
         params += sum(
-            int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer if t.data_type in FLOAT_TYPES
+            int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer if t.data_type in PARAM_TYPES
         )
         for n in g.node:
             handler, op = facts(n, opset) if not n.input else (None, None)
