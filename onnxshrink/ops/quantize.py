@@ -210,7 +210,7 @@ class _IntegerProduct(Handler):
             return None
         out, _ = self.w_axes(w.ndim)
         live = weight_live(w, zv, out)
-        return ~np.moveaxis(live, out, 0).reshape(w.shape[out], -1).any(axis=1)
+        return np.asarray(~np.moveaxis(live, out, 0).reshape(w.shape[out], -1).any(axis=1))
 
     def reads(self, node: gs.Node, reader: Reader, kept_out: np.ndarray | None) -> np.ndarray | None:
         """Input features some kept output channel reads with a weight off its zero point."""
@@ -220,9 +220,9 @@ class _IntegerProduct(Handler):
         if w is None or (zp is not None and zv is None):
             return None
         out, inp = self.w_axes(w.ndim)
-        live = np.moveaxis(weight_live(w, zv, out), (out, inp), (0, 1))
-        live = live.reshape(live.shape[0], live.shape[1], -1).any(axis=2)
-        return live[kept_out].any(axis=0) if kept_out is not None else live.any(axis=0)
+        moved = np.moveaxis(weight_live(w, zv, out), (out, inp), (0, 1))
+        live = np.asarray(moved.reshape(moved.shape[0], moved.shape[1], -1).any(axis=2))
+        return np.asarray(live[kept_out].any(axis=0) if kept_out is not None else live.any(axis=0))
 
     def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
         raise NotImplementedError
