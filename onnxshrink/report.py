@@ -14,6 +14,7 @@ from onnx import numpy_helper
 
 from onnxshrink.ops.contract import OpNode
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
+from onnxshrink.prepare.shapes import contrib_shapes
 
 
 @dataclass
@@ -84,6 +85,7 @@ def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> in
         inferred = onnx.shape_inference.infer_shapes(skeleton(model, input_shapes), data_prop=True)
     except Exception:
         return 0
+    inferred = contrib_shapes(inferred)
     shapes: dict[str, list[int]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):

@@ -16,7 +16,8 @@ from onnxshrink.analyze import Analysis
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.evaluate import evaluate
 from onnxshrink.errors import InternalError
-from onnxshrink.prepare import inferred_shapes, retie, skeleton
+from onnxshrink.prepare import inferred_shapes, retie
+from onnxshrink.prepare.shapes import checkable
 from onnxshrink.report import explain_kept
 
 T = TypeVar("T")
@@ -286,14 +287,5 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
         model.functions.extend(original.functions)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred_shapes(model))
-    try:
-        onnx.checker.check_model(skeleton(model))
-    except onnx.checker.ValidationError:
-        # onnxruntime writes some contrib ops in the ONNX domain (SimplifiedLayerNormalization),
-        # which onnx's checker refuses: a model it refused as given is left to the proof.
-        try:
-            onnx.checker.check_model(skeleton(original))
-        except onnx.checker.ValidationError:
-            return model
-        raise
+    onnx.checker.check_model(checkable(model))
     return model

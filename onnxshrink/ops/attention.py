@@ -28,7 +28,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, RewriteView
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView
 from onnxshrink.ops.fused_activation import MS
 from onnxshrink.ops.registry import register
 
@@ -87,6 +87,14 @@ class ContribAttention(Handler):
     [B, S, v]. Inputs after bias: mask_index, past, attention_bias, past_sequence_length."""
 
     evaluate_with_ort = True
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        """The packed projection, and each head's scores and weighted values."""
+        x, w = inputs[0], inputs[1]
+        if x is None or w is None or len(x) != 3 or len(w) != 2:
+            return 0
+        b, s = x[0], x[1]
+        return b * s * int(np.prod(w)) + 2 * b * s * s * (w[1] // 3)
 
     def sizes(self, node: gs.Node, w: np.ndarray | None) -> tuple[int, int, int, int] | None:
         """(heads, q, k, v) hidden sizes, from qkv_hidden_sizes or equal thirds."""

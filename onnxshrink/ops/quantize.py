@@ -24,6 +24,8 @@ channel; per-tensor ones (scalars) stay.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -200,6 +202,14 @@ class _IntegerProduct(Handler):
             out, inp = self.w_axes(rank)
             return WeightAxes(out, inp, "conv" if rank > 2 else "linear")
         return None
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        w = inputs[self.w_slot] if self.w_slot < len(inputs) else None
+        if w is None or len(w) < 2:
+            return 0
+        _, inp = self.w_axes(len(w))
+        per_output = int(np.prod(w[1:])) if len(w) > 2 else int(w[inp])  # conv: a filter
+        return int(np.prod(output)) * per_output
 
     def dead_outputs(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
         """Output channels whose weights all equal their zero point."""

@@ -16,6 +16,8 @@ Input features no kept unit reads (W columns zero), or that are zero, go.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -23,7 +25,7 @@ from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import along
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, RewriteView
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
 from onnxshrink.ops.registry import register
 
 
@@ -32,6 +34,13 @@ class _Recurrent(Handler):
     peepholes = False
     #: state inputs ([dirs, batch, hidden], or [batch, dirs, hidden] with layout 1)
     state_inputs: tuple[int, ...] = (5,)
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        """Every step of every sequence: the input and recurrent products of every gate."""
+        x, w, r = (inputs[i] if i < len(inputs) else None for i in range(3))
+        if x is None or w is None or r is None or len(x) != 3:
+            return 0
+        return x[0] * x[1] * (int(np.prod(w)) + int(np.prod(r)))
 
     # -------------------------------------------------------------- structure
     def axes(self, node: gs.Node) -> dict[str, tuple[int, ...]]:
