@@ -28,7 +28,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
 from onnxshrink.ops.fused_activation import MS
 from onnxshrink.ops.registry import register
 
@@ -257,6 +257,16 @@ class _PackedHeads(Handler):
             ks.pin(q, 1, Reason("structure", node.name, node.op, "every position is a key"))
         need_q = heads_read(ks.kept(y, 2), hq)
         need_kv = np.zeros(hkv, bool)
+        # What other readers keep of the inputs stays too, and only as whole heads.
+        kq = ks.kept(q, 2)
+        if packed:
+            kq = np.ones((hq + 2 * hkv) * d, bool) if kq is None else kq
+            need_q |= heads_read(kq[: hq * d], hq)
+            need_kv |= heads_read(kq[hq * d : (hq + hkv) * d], hkv)
+            need_kv |= heads_read(kq[(hq + hkv) * d :], hkv)
+        else:
+            need_q |= heads_read(kq, hq)
+            need_kv |= heads_read(ks.kept(kv_ins[0], 2), hkv) | heads_read(ks.kept(kv_ins[1], 2), hkv)
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
@@ -401,8 +411,8 @@ class OnnxAttention(_PackedHeads):
             ks.pin(t, 2, key)
         ks.pin(q, 3, dims)
         ks.pin(k, 3, dims)
-        need_q = heads_read(ks.kept(y, 1), hq)
-        need_kv = np.zeros(hkv, bool)
+        need_q = heads_read(ks.kept(y, 1), hq) | heads_read(ks.kept(q, 1), hq)
+        need_kv = heads_read(ks.kept(k, 1), hkv) | heads_read(ks.kept(v, 1), hkv)
         for out in node.outputs[1:3]:
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
@@ -444,3 +454,65 @@ class OnnxAttention(_PackedHeads):
         if got is not None:
             set_attr(node, "q_num_heads", int(node.attrs["q_num_heads"]), got[0])
             set_attr(node, "kv_num_heads", int(node.attrs["kv_num_heads"]), got[1])
+
+
+# ------------------------------------------------------------------ rotary embeddings
+class _Rotary(Handler):
+    """Rotates pairs of dims within each head: [B, heads, S, d] (heads an axis) or
+    [B, S, heads * d] (blocks). Heads pass through whole; the head dims stay."""
+
+    evaluate_with_ort = True
+    cos_slot = 2
+
+    def head_size(self, node: gs.Node, hidden: int, reader: Reader) -> int | None:
+        heads = int(node.attrs.get("num_heads", 0))
+        if heads > 0:
+            return hidden // heads if hidden % heads == 0 else None
+        cos = ir.present(node, self.cos_slot)
+        half = ir.static_dim(cos, -1) if cos is not None else None
+        return 2 * half if half else None  # no num_heads: a head is the rotary dims
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        for i, t in enumerate(node.inputs):
+            ks.demand(t if t is not None and t.name else None, pin=i != 0)
+        why = Reason("structure", node.name, node.op, "rotations pair dims within a head")
+        if r == 4 and ir.rank(y) == 4:
+            for a in range(3):
+                ks.couple(x, a, y, a)
+            ks.pin(x, 3, why)
+            ks.pin(y, 3, why)
+            return
+        hidden = ir.static_dim(x, 2) if r == 3 else None
+        d = self.head_size(node, hidden, ks) if hidden else None
+        if r != 3 or ir.rank(y) != 3 or hidden is None or d is None or hidden % d:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "head layout unknown"))
+            return
+        ks.couple(x, 0, y, 0)
+        ks.couple(x, 1, y, 1)
+        heads = hidden // d
+        need = heads_read(ks.kept(y, 2), heads) | heads_read(ks.kept(x, 2), heads)
+        for t in (x, y):
+            keep_blocks(ks, t, 2, np.repeat(need, d), why)
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        heads = int(node.attrs.get("num_heads", 0))
+        k = rw.kept(node.outputs[0], 2) if ir.rank(node.outputs[0]) == 3 else None
+        hidden = ir.static_dim(node.outputs[0], 2)
+        if heads > 0 and k is not None and hidden:
+            set_attr(node, "num_heads", heads, int(k.sum()) // (hidden // heads))
+
+
+@register("RotaryEmbedding", domain=MS)
+class ContribRotary(_Rotary):
+    """input, position_ids, cos_cache, sin_cache."""
+
+    cos_slot = 2
+
+
+@register("RotaryEmbedding", since=23)
+class OnnxRotary(_Rotary):
+    """X, cos_cache, sin_cache[, position_ids]."""
+
+    cos_slot = 1

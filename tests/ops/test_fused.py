@@ -307,3 +307,77 @@ def test_optimized_zoo_transformers_reach_the_optimized_native_size(zoo_dir, nam
     assert result.after.params == params(onnx.load(native))
     assert result.after.params < 0.7 * result.before.params
     assert not result.barriers and not result.kept_zeroed
+
+
+ROTARY_MHA = MS + """
+g (float[1, 5, 16] x, float[16, 32] Wq, float[16, 32] Wk, float[16, 32] Wv, float[32, 16] Wo, float[8, 4] Cos, float[8, 4] Sin, int64[1, 5] Pos) => (float[1, 5, 16] y) {
+  q = MatMul (x, Wq)
+  k = MatMul (x, Wk)
+  v = MatMul (x, Wv)
+  qr = com.microsoft.RotaryEmbedding <num_heads = 4> (q, Pos, Cos, Sin)
+  kr = com.microsoft.RotaryEmbedding <num_heads = 4> (k, Pos, Cos, Sin)
+  a = com.microsoft.MultiHeadAttention <num_heads = 4> (qr, kr, v)
+  y = MatMul (a, Wo)
+}"""
+
+
+def test_rotary_embeddings_pass_whole_heads_and_rewrite_num_heads():
+    angles = np.arange(8)[:, None] * (1.0 / 10000 ** (np.arange(4) / 4))[None, :]
+    values = {"Cos": np.cos(angles), "Sin": np.sin(angles), "Pos": np.arange(5)}
+    result = shrink_checked(tiny(ROTARY_MHA, zero={"Wo": np.s_[8:24]}, values=values))  # heads 1, 2
+    s = shapes(result.model)
+    assert s["Wq"] == s["Wk"] == s["Wv"] == (16, 16) and s["Wo"] == (16, 16)
+    heads = [
+        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}["num_heads"]
+        for n in result.model.graph.node
+        if n.op_type in ("RotaryEmbedding", "MultiHeadAttention")
+    ]
+    assert heads == [2, 2, 2] and not result.barriers
+
+
+GQA_PAST = MS + """
+g (float[1, 1, 16] x, float[1, 2, 4, 8] past_k, float[1, 2, 4, 8] past_v, float[16, 32] Wq, float[16, 16] Wk, float[16, 16] Wv, float[32, 16] Wo, int32[1] seqlens, int32 total) => (float[1, 1, 16] y, float[1, 2, 5, 8] pk, float[1, 2, 5, 8] pv) {
+  q = MatMul (x, Wq)
+  k = MatMul (x, Wk)
+  v = MatMul (x, Wv)
+  a, pk, pv = com.microsoft.GroupQueryAttention <num_heads = 4, kv_num_heads = 2> (q, k, v, past_k, past_v, seqlens, total)
+  y = MatMul (a, Wo)
+}"""
+
+
+def test_group_query_attention_with_a_kv_cache_keeps_every_head_and_runs():
+    from conftest import run
+
+    from onnxshrink import shrink
+
+    model = tiny(GQA_PAST, zero={"Wo": np.s_[16:32]})
+    result = shrink(model, validate=False)
+    assert shapes(result.model)["Wq"] == (16, 32) and not result.barriers
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((1, 1, 16)).astype(np.float32),
+        "past_k": rng.standard_normal((1, 2, 4, 8)).astype(np.float32),
+        "past_v": rng.standard_normal((1, 2, 4, 8)).astype(np.float32),
+        "seqlens": np.array([4], np.int32),
+        "total": np.array(5, np.int32),
+    }
+    for a, b in zip(run(model, feeds), run(result.model, feeds), strict=True):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+
+
+def test_a_query_other_readers_keep_partly_keeps_whole_heads():
+    # q is read by the attention (which needs heads 0 and 3) and by a MatMul reading only
+    # dims 2 and 3 (head 1): head 1 stays whole, its layout intact.
+    text = MS + """
+    g (float[1, 5, 8] x, float[8, 8] Wq, float[8, 8] Wk, float[8, 8] Wv, float[24] B, float[8, 8] Wo, float[8, 3] U) => (float[1, 5, 8] y, float[1, 5, 3] z) {
+      q = MatMul (x, Wq)
+      k = MatMul (x, Wk)
+      v = MatMul (x, Wv)
+      a = com.microsoft.MultiHeadAttention <num_heads = 4> (q, k, v, B)
+      y = MatMul (a, Wo)
+      z = MatMul (q, U)
+    }"""
+    u_rows = [0, 1, 4, 5, 6, 7]  # U reads q's dims 2 and 3 only
+    result = shrink_checked(tiny(text, zero={"Wo": np.s_[[2, 3, 4, 5]], "U": np.s_[u_rows]}))
+    s = shapes(result.model)
+    assert s["Wq"] == (8, 6) and s["Wk"] == s["Wv"] == (8, 6) and s["Wo"] == (6, 8)
