@@ -75,6 +75,23 @@ def keep_blocks(ks: KeepView, t: gs.Tensor, axis: int, mask: np.ndarray, why: Re
         ks.pin(t, axis, why)
 
 
+def keep_head_axis(
+    ks: KeepView, t: gs.Tensor, heads: np.ndarray, y: gs.Tensor, why: Reason, last: gs.Tensor | None = None
+) -> None:
+    """A [batch, heads, seq, d] output (present key/value, scores): the kept heads; batch tied to
+    y's; its sequence pinned; its last axis tied to `last`'s (present value: V's dims) or pinned."""
+    if ir.rank(t) != 4:
+        ks.pin(t)
+        return
+    keep_blocks(ks, t, 1, heads, why)
+    ks.couple(t, 0, y, 0)
+    ks.pin(t, 2)
+    if last is not None:
+        ks.couple(t, 3, last, 3)
+    else:
+        ks.pin(t, 3)
+
+
 def set_attr(node: gs.Node, name: str, old: int, new: int) -> None:
     if new != old:
         node.attrs[name] = int(new)
@@ -286,13 +303,7 @@ class _PackedHeads(Handler):
         if bias is not None:
             keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
         for out in node.outputs[1:3]:
-            if ir.rank(out) == 4:
-                keep_blocks(ks, out, 1, kv_heads, why)
-                ks.couple(out, 0, y, 0)
-                ks.pin(out, 2)
-                ks.pin(out, 3)
-            else:
-                ks.pin(out)
+            keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
             ks.pin(out)
 
@@ -428,24 +439,9 @@ class OnnxAttention(_PackedHeads):
         for t in (k, v):
             keep_blocks(ks, t, 1, kv_heads, why)
         for j, out in enumerate(node.outputs[1:3]):
-            if ir.rank(out) != 4:
-                ks.pin(out)
-                continue
-            keep_blocks(ks, out, 1, kv_heads, why)
-            ks.couple(out, 0, y, 0)
-            ks.pin(out, 2)
-            if j == 1:
-                ks.couple(out, 3, v, 3)
-            else:
-                ks.pin(out, 3)
+            keep_head_axis(ks, out, kv_heads, y, why, last=v if j == 1 else None)
         if qk is not None:
-            if ir.rank(qk) == 4:
-                keep_blocks(ks, qk, 1, q_heads, why)
-                ks.couple(qk, 0, y, 0)
-                ks.pin(qk, 2)
-                ks.pin(qk, 3)
-            else:
-                ks.pin(qk)
+            keep_head_axis(ks, qk, q_heads, y, why)
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         if ir.rank(node.inputs[0]) != 3:

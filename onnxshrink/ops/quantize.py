@@ -211,19 +211,8 @@ class _IntegerProduct(Handler):
         per_output = int(np.prod(w[1:])) if len(w) > 2 else int(w[inp])  # conv: a filter
         return int(np.prod(output)) * per_output
 
-    def dead_outputs(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
-        """Output channels whose weights all equal their zero point."""
-        w = reader.value(node.inputs[self.w_slot])
-        zp = ir.present(node, self.w_zp)
-        zv = reader.value(zp) if zp is not None else None
-        if w is None or (zp is not None and zv is None):
-            return None
-        out, _ = self.w_axes(w.ndim)
-        live = weight_live(w, zv, out)
-        return np.asarray(~np.moveaxis(live, out, 0).reshape(w.shape[out], -1).any(axis=1))
-
-    def reads(self, node: gs.Node, reader: Reader, kept_out: np.ndarray | None) -> np.ndarray | None:
-        """Input features some kept output channel reads with a weight off its zero point."""
+    def live_weights(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """[output channel, input feature]: is any weight between them off its zero point?"""
         w = reader.value(node.inputs[self.w_slot])
         zp = ir.present(node, self.w_zp)
         zv = reader.value(zp) if zp is not None else None
@@ -231,7 +220,18 @@ class _IntegerProduct(Handler):
             return None
         out, inp = self.w_axes(w.ndim)
         moved = np.moveaxis(weight_live(w, zv, out), (out, inp), (0, 1))
-        live = np.asarray(moved.reshape(moved.shape[0], moved.shape[1], -1).any(axis=2))
+        return np.asarray(moved.reshape(moved.shape[0], moved.shape[1], -1).any(axis=2))
+
+    def dead_outputs(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """Output channels whose weights all equal their zero point."""
+        live = self.live_weights(node, reader)
+        return None if live is None else np.asarray(~live.any(axis=1))
+
+    def reads(self, node: gs.Node, reader: Reader, kept_out: np.ndarray | None) -> np.ndarray | None:
+        """Input features some kept output channel reads with a weight off its zero point."""
+        live = self.live_weights(node, reader)
+        if live is None:
+            return None
         return np.asarray(live[kept_out].any(axis=0) if kept_out is not None else live.any(axis=0))
 
     def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:

@@ -5,10 +5,9 @@ transformers passed through onnxruntime's transformer optimizer."""
 import numpy as np
 import onnx
 import pytest
-from conftest import export_cached, params, shapes, shrink_checked, tiny
+from conftest import export_cached, half_masked, params, shapes, shrink_checked, tiny
 
 from models.transformers import TRANSFORMERS
-from models.zoo import choose_kept, native_widths, randomize, zero_groups
 
 MS = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
 
@@ -275,16 +274,7 @@ def optimized(zoo_dir, name: str, which: str, model_type: str):
     rest), exported and passed through onnxruntime's transformer optimizer (its fusions only)."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    entry = TRANSFORMERS[name]
-
-    def build():
-        kept = choose_kept(randomize(entry.build(), seed=1), 0.5, seed=2)
-        if which == "native":
-            return randomize(entry.build(native_widths(kept)), seed=3), entry.inputs(), {}
-        model = randomize(entry.build(), seed=1)
-        zero_groups(model, kept)
-        return model, entry.inputs(), {}
-
+    build = half_masked(TRANSFORMERS[name], which)
     path = export_cached(zoo_dir, ("tf", name, which, ()), build)
     out = path.with_name(path.stem + "_ortopt.onnx")
     if not out.exists():

@@ -6,10 +6,10 @@ import logging
 import numpy as np
 import onnx
 import pytest
-from conftest import export_cached, params, run, shapes, shrink_checked, tiny
+from conftest import export_cached, half_masked, params, run, shapes, shrink_checked, tiny
 
 from models.transformers import TRANSFORMERS
-from models.zoo import ZOO, choose_kept, native_widths, randomize, zero_groups
+from models.zoo import ZOO
 
 QDQ = """<ir_version: 8, opset_import: ["" : 17]>
 g (float[1, 3, 6, 6] x, int8[8, 3, 3, 3] Wq, float[8] Ws, int8[8] Wz, int8[4, 8, 1, 1] Vq, float[4] Vs, int8[4] Vz, float S, uint8 Z) => (float[1, 4, 6, 6] y) {
@@ -168,15 +168,7 @@ def quantized(zoo_dir, name: str, which: str, how: str):
     )
 
     entry = ZOO[name] if name in ZOO else TRANSFORMERS[name]
-
-    def build():
-        kept = choose_kept(randomize(entry.build(), seed=1), 0.5, seed=2)
-        if which == "native":
-            return randomize(entry.build(native_widths(kept)), seed=3), entry.inputs(), {"dynamo": False}
-        model = randomize(entry.build(), seed=1)
-        zero_groups(model, kept)
-        return model, entry.inputs(), {"dynamo": False}
-
+    build = half_masked(entry, which, dynamo=False)
     path = export_cached(zoo_dir, ("q", name, which), build)
     out = path.with_name(f"{path.stem}_{how}.onnx")
     if not out.exists():

@@ -4,10 +4,9 @@ states and outputs; hidden_size rewritten; a unit a kept unit reads through R st
 import numpy as np
 import onnx
 import pytest
-from conftest import export_cached, params, shapes, shrink_checked, tiny
+from conftest import export_cached, half_masked, params, shapes, shrink_checked, tiny
 
 from models.recurrent import RECURRENT
-from models.zoo import choose_kept, native_widths, randomize, zero_groups
 
 H = 6
 DEAD = [1, 4]
@@ -124,16 +123,8 @@ def test_zero_units_need_zero_initial_states():
 
 @pytest.mark.parametrize("dynamo", [False, True])
 def test_lstm_bilstm_gru_model_reaches_the_native_size(zoo_dir, dynamo):
-    def build(which):
-        kept = choose_kept(randomize(RECURRENT.build(), seed=1), 0.5, seed=2)
-        if which == "native":
-            return randomize(RECURRENT.build(native_widths(kept)), seed=3), RECURRENT.inputs(), {"dynamo": dynamo}
-        model = randomize(RECURRENT.build(), seed=1)
-        zero_groups(model, kept)
-        return model, RECURRENT.inputs(), {"dynamo": dynamo}
-
-    masked = export_cached(zoo_dir, ("rnn", "masked", dynamo), lambda: build("masked"))
-    native = export_cached(zoo_dir, ("rnn", "native", dynamo), lambda: build("native"))
+    masked = export_cached(zoo_dir, ("rnn", "masked", dynamo), half_masked(RECURRENT, "masked", dynamo=dynamo))
+    native = export_cached(zoo_dir, ("rnn", "native", dynamo), half_masked(RECURRENT, "native", dynamo=dynamo))
     result = shrink_checked(masked)
     assert result.after.params == params(onnx.load(native))
     assert result.after.params < 0.4 * result.before.params
