@@ -201,6 +201,8 @@ class _PackedHeads(Handler):
     slots: tuple[int, int, int, int | None] = (0, 1, 2, 3)
     #: inputs that carry every head when present (past key/value, per-head biases)
     all_heads_inputs: tuple[int, ...] = ()
+    #: an attention mask that may have a head axis ([.., heads or 1, q, k])
+    mask_slot: int | None = None
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         """(query heads, key/value heads)."""
@@ -245,9 +247,10 @@ class _PackedHeads(Handler):
         if not dead_kv.any():
             return None
         dead = np.repeat(dead_kv, hq // hkv)  # a zero V head: its query heads output zero
-        dtype = np.asarray(ctx.value(ir.present(node, bi)) if bi is not None else 0.0).dtype
+        y = node.outputs[0]
+        dtype = np.dtype(y.dtype) if y.dtype is not None else np.dtype(np.float32)
         mask = np.repeat(dead, dv).reshape(1, 1, hq * dv)
-        return [ConstInfo(mask, np.zeros((1, 1, 1), np.float32 if dtype.kind != "f" else dtype))]
+        return [ConstInfo(mask, np.zeros((1, 1, 1), dtype))]
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         got = self.layout(node)
@@ -287,7 +290,7 @@ class _PackedHeads(Handler):
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
-        if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
+        if self.every_head(node, ks, node.outputs[3:]):
             need_q[:], need_kv[:] = True, True  # they carry every head
         q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
         why = Reason("structure", node.name, node.op, "a head's dims go together")
@@ -306,6 +309,16 @@ class _PackedHeads(Handler):
             keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
             ks.pin(out)
+
+    def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor]) -> bool:
+        """Inputs that carry every head (past key/value, per-head biases, a mask with a head
+        axis) or other outputs that are read with one (the scores): no head can go."""
+        if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
+            return True
+        mask = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
+        if mask is not None and (ir.rank(mask) or 0) >= 3 and ir.static_dim(mask, -3) != 1:
+            return True
+        return any(ks.is_read(t) for t in outputs)
 
     def kept_heads(self, node: gs.Node, rw: RewriteView) -> tuple[int, int] | None:
         got = self.layout(node)
@@ -364,6 +377,7 @@ class OnnxAttention(_PackedHeads):
 
     slots = (0, 1, 2, None)
     all_heads_inputs = (4, 5)
+    mask_slot = 3
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
@@ -430,7 +444,7 @@ class OnnxAttention(_PackedHeads):
         qk = node.outputs[3] if len(node.outputs) > 3 else None
         if qk is not None and ks.is_read(qk):
             need_q |= heads_read(ks.kept(qk, 1), hq) if ir.rank(qk) == 4 else True
-        if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
+        if self.every_head(node, ks, ()):
             need_q[:], need_kv[:] = True, True
         q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
         why = Reason("structure", node.name, node.op, "a head's query, key and value go together")
