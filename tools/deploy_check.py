@@ -136,7 +136,7 @@ def check(label: str, masked: Path, native: Path) -> bool:
     ok = err <= 1e-5 and exact and result.after.params == native_params
     barriers = sorted({b["op"] for b in result.barriers})
     print(
-        f"{label:34s} {'ok  ' if ok else 'FAIL'} params {result.before.params:7d} -> "
+        f"{label:52s} {'ok  ' if ok else 'FAIL'} params {result.before.params:7d} -> "
         f"{result.after.params:7d} (native {native_params:7d}), max rel err {err:.1e}"
         + ("" if exact else ", integer outputs differ")
         + (f", barriers {barriers}" if barriers else "")
