@@ -120,6 +120,11 @@ class QuantizeDequantize(Handler):
             tie_params(ks, node, (1, 2), y, axis)
 
 
+@register("QuantizeLinear", "DequantizeLinear", domain="com.microsoft")
+class ContribQuantizeDequantize(QuantizeDequantize):
+    """onnxruntime's own Q/DQ (16-bit and 4-bit types before ONNX had them): the same ops."""
+
+
 @register("DynamicQuantizeLinear", since=11)
 class DynamicQuantizeLinear(Handler):
     """x -> (uint8 y, scale, zero point) from x's min and max (0 always in range): its

@@ -36,9 +36,16 @@ def qdq_values(dead_filters):
     }  # fmt: skip
 
 
-def test_qdq_masked_filters_go_with_their_per_channel_scales_and_zero_points():
+@pytest.mark.parametrize("domain", ["", "com.microsoft"])
+def test_qdq_masked_filters_go_with_their_per_channel_scales_and_zero_points(domain):
     dead = [1, 4, 5]
-    result = shrink_checked(tiny(QDQ, values=qdq_values(dead)))
+    model = tiny(QDQ, values=qdq_values(dead))
+    if domain:  # onnxruntime's own Q/DQ ops
+        model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+        for n in model.graph.node:
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                n.domain = domain
+    result = shrink_checked(model)
     s = shapes(result.model)
     assert s["Wq"] == (5, 3, 3, 3) and s["Ws"] == s["Wz"] == (5,)  # per channel: sliced
     assert s["Vq"] == (4, 5, 1, 1) and s["Vs"] == s["Vz"] == (4,)
