@@ -57,6 +57,7 @@ class ShrinkResult:
     shared_initializers: dict[str, list[str]] = field(default_factory=dict)  # untied per parameter
     folds: list[Fold] = field(default_factory=list)
     barriers: list[dict[str, str]] = field(default_factory=list)
+    replayed: list[dict[str, str]] = field(default_factory=list)  # ops with no rule, replayed
     kept_zeroed: list[KeptGroup] = field(default_factory=list)
     sparsity: list[Sparsity] = field(default_factory=list)
     removed_nodes: int = 0
@@ -82,6 +83,7 @@ class ShrinkResult:
             "shared_initializers",
             "folds",
             "barriers",
+            "replayed",
             "kept_zeroed",
             "sparsity",
             "removed_nodes",
@@ -129,7 +131,7 @@ def shrink(
     _log_binding(opts, maskset, bound, held)
 
     opts.say(f"analyzing {len(reference.graph.node)} nodes ...")
-    analysis = analyze_model(reference, source.base_dir)
+    analysis = analyze_model(reference, source.base_dir, opts)
     clock.lap("analyze")
     opts.say(f"analyzed in {clock.timings['analyze']:.2f} s; rewriting ...")
     first = attempt_rewrite(analysis, reference, opts)
@@ -154,6 +156,7 @@ def shrink(
     barriers = [
         {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
     ]
+    replayed = [{"node": n, "op": op, "finding": f} for n, op, f in analysis.keep.notes.values()]
     shapes = report.input_shapes if report else resolve_shapes(reference, opts.input_shapes or {})
     result = ShrinkResult(
         model=shrunk,
@@ -168,6 +171,7 @@ def shrink(
         shared_initializers=bound.shared,
         folds=rewritten.folds,
         barriers=barriers,
+        replayed=replayed,
         kept_zeroed=rewritten.kept_zeroed,
         sparsity=sparsity_left(shrunk),
         removed_nodes=rewritten.removed_nodes,
@@ -255,11 +259,14 @@ def bind(
 
 
 def analyze_model(
-    reference: onnx.ModelProto, base_dir: str | None, pins: frozenset[AxisKey] = frozenset()
+    reference: onnx.ModelProto,
+    base_dir: str | None,
+    opts: ShrinkOptions,
+    pins: frozenset[AxisKey] = frozenset(),
 ) -> Analysis:
     graph, untied = prepare(reference, base_dir)
     opset = default_opset(reference)
-    return analyze(graph, opset, lookup(opset), untied, pins)
+    return analyze(graph, opset, lookup(opset), untied, pins, opts.analysis)
 
 
 def attempt_rewrite(analysis: Analysis, reference: onnx.ModelProto, opts: ShrinkOptions) -> Attempt:
@@ -277,7 +284,7 @@ def attempt(
     reference: onnx.ModelProto, base_dir: str | None, opts: ShrinkOptions, pins: frozenset[AxisKey]
 ) -> Attempt:
     """A whole analysis, rewrite and proof, with some tensor axes kept whole."""
-    result = attempt_rewrite(analyze_model(reference, base_dir, pins), reference, opts)
+    result = attempt_rewrite(analyze_model(reference, base_dir, opts, pins), reference, opts)
     if result.rewritten is not None:
         result.report = compare(reference, result.rewritten.model, opts)
     return result

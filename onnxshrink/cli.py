@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-failed", action="store_true", help="write the output even when validation fails"
     )
     p.add_argument(
+        "--analysis",
+        choices=["rules", "replay"],
+        default="rules",
+        help="rules: each op's handler says what its outputs need (default); replay: every node "
+        "is replayed in onnxruntime to find it (slower; a cross-check of the rules)",
+    )
+    p.add_argument(
         "--no-recover",
         action="store_true",
         help="when the proof fails, fail (exit 1) instead of keeping the removals responsible",
@@ -146,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 provider=args.provider,
                 keep_failed=args.keep_failed,
                 recover=not args.no_recover,
+                analysis=args.analysis,
                 allow_unbound=args.allow_unbound,
                 masks_format=args.masks_format,
                 weights=args.weights,
@@ -239,6 +247,15 @@ def _print_result(result, args, say) -> None:
             f"[I] folded {n} constant channel(s) into {len(result.folds)} consumer(s)"
             + (f" ({maps} as constant maps, for zero padding at the borders)" if maps else "")
         )
+    if result.replayed:
+        ops = sorted({r["op"] for r in result.replayed})
+        say(
+            f"[I] {len(result.replayed)} node(s) with no rule were replayed in onnxruntime "
+            f"({', '.join(ops)}); --explain says what each passes through"
+        )
+        if args.explain:
+            for r in result.replayed:
+                say(f"[I]     node {r['node']!r} ({r['op']}): {r['finding']}")
     if result.barriers:
         ops = sorted({b["op"] for b in result.barriers})
         say(

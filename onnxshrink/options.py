@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # kept light: the CLI builds its parser from this module
     import numpy as np
 
+ANALYSES = ("rules", "replay")
+
 # How a masks file can be read (see onnxshrink.masks); "auto" detects it from the content.
 MASKS_FORMATS = ("auto", "flat", "nni", "torch-prune", "torch-ao", "ao-data", "dpu", "state-dict")
 
@@ -25,6 +27,9 @@ class ShrinkOptions:
     rtol, atol: tolerance: max |shrunk - reference| <= atol + rtol * max |reference|.
     provider: onnxruntime execution provider for validation ("cpu" or "cuda").
     keep_failed: write the output even when validation fails.
+    analysis: "rules" (each op's handler says what its outputs need) or "replay" (every node is
+        replayed in onnxruntime to find what its kept outputs depend on; handlers give only
+        the structure: slower, a cross-check of the rules).
     recover: when the proof fails, keep the removals responsible and prove again (see
         onnxshrink.recover); off: the run fails.
     allow_unbound: go on when some masks bind nowhere.
@@ -45,6 +50,7 @@ class ShrinkOptions:
     atol: float = 0.0
     provider: str = "cpu"
     keep_failed: bool = False
+    analysis: str = "rules"
     recover: bool = True
     allow_unbound: bool = False
     masks_format: str = "auto"
@@ -59,7 +65,10 @@ class ShrinkOptions:
         unknown = sorted(set(changes) - known)
         if unknown:
             raise TypeError(f"unknown shrink option(s): {', '.join(unknown)}")
-        return replace(self, **changes)
+        out = replace(self, **changes)
+        if out.analysis not in ANALYSES:
+            raise ValueError(f"analysis={out.analysis!r}: choose one of {', '.join(ANALYSES)}")
+        return out
 
     def say(self, message: str) -> None:
         if self.log is not None:

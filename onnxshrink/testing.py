@@ -118,16 +118,22 @@ def analyze_node(
     opset: int = 17,
     values: Mapping[str, Any] | None = None,
     zero: Mapping[str, Any] | None = None,
+    analysis: str = "rules",
+    free_inputs: bool = False,
 ) -> NodeBench:
     """Run the analysis (constants, shape values, keep closure) on a small graph. `needs` maps a
-    graph output to, per axis, the indices downstream reads: only those are demanded of it."""
+    graph output to, per axis, the indices downstream reads: only those are demanded of it.
+    `analysis="replay"`: handlers' needs found by replaying their nodes. `free_inputs`: graph
+    inputs are not the interface (not pinned): their kept sets are what the node demands."""
     if isinstance(model, str):
         model = model_from_text(model, opset=opset, values=values, zero=zero)
     if needs:
         model = _gather_outputs(model, needs)
     graph, untied = prepare(model)
     op_set = default_opset(model)
-    return NodeBench(analyze(graph, op_set, lookup(op_set), untied))
+    return NodeBench(
+        analyze(graph, op_set, lookup(op_set), untied, mode=analysis, free_inputs=free_inputs)
+    )
 
 
 def _gather_outputs(

@@ -35,13 +35,17 @@ def analyze(
     lookup: Lookup,
     untied: dict[str, str] | None = None,
     pins: frozenset[AxisKey] = frozenset(),
+    mode: str = "rules",
+    free_inputs: bool = False,
 ) -> Analysis:
-    """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof)."""
+    """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof);
+    `mode` "replay": handlers' needs are found by replaying their nodes (analyze/replay.py);
+    `free_inputs`: graph inputs are not pinned (what the rules demand of them shows)."""
     consts = propagate_constants(graph, opset, lookup)
     syms = propagate_shapes(graph, consts, lookup)
     if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
         consts = propagate_constants(graph, opset, lookup, syms)
         syms = propagate_shapes(graph, consts, lookup)
-    keep = KeepState(graph, consts, syms, lookup, pins)
+    keep = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs)
     keep.run()
     return Analysis(graph, opset, consts, syms, keep, untied or {}, lookup)

@@ -22,6 +22,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext, ConstInfo
+from onnxshrink.analyze.replay import Replayed, ReplayError, replay
 from onnxshrink.analyze.shapes import SymValue
 from onnxshrink.errors import InternalError
 
@@ -46,6 +47,7 @@ class Reason:
             "not-absorbable": f"{where} cannot absorb this constant channel",
             "structure": f"{where} needs it to keep a valid structure",
             "shape": f"its size is read by {where} in a way that cannot be rewritten",
+            "replay": f"replaying {where} shows that a kept output depends on it",
             "proof": "kept after a failed proof: removing it made the shrunk model differ "
             "(a bug in onnxshrink's analysis; please report it with the model)",
         }.get(self.kind, self.kind)
@@ -70,9 +72,17 @@ class KeepState:
         syms: dict[str, SymValue],
         handler_for: Callable[[gs.Node], Any],
         pins: Iterable[AxisKey] = (),
+        mode: str = "rules",
+        free_inputs: bool = False,
     ):
         self.graph = graph
         self.pins = frozenset(pins)
+        self.free_inputs = free_inputs  # graph inputs not pinned (the test bench's oracle)
+        # "rules": a handler's needs are its own; "replay": they are found by replaying the node
+        # (analyze/replay.py), the handler still giving its structure.
+        self.mode = mode
+        self._needed_axes: dict[int, set[tuple[int, int]]] = {}  # id(node) -> (input, axis)
+        self._visiting: gs.Node | None = None
         self.opset = consts.opset
         self.tensors = graph.tensors()
         self.consts = consts
@@ -86,6 +96,8 @@ class KeepState:
         self._claimed: set[tuple[int, int]] = set()
         # id(node) -> why it is a barrier (by identity: node names may be empty)
         self.barriers: dict[int, Reason] = {}
+        # id(node) -> (name, op, what a handler found worth reporting: a replay's finding)
+        self.notes: dict[int, tuple[str, str, str]] = {}
         self._consumers: dict[str, list[gs.Node]] = {}
         self._producer: dict[str, gs.Node] = {}
         for node in graph.nodes:
@@ -232,6 +244,16 @@ class KeepState:
         self._reasons(t, axis)[new] = why[new] if why is not None else self._rid(reason)
         self._touch(t)
 
+    def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
+        """The kept outputs of the node being visited read these indices of its input `t`."""
+        if self.mode == "replay" and self._visiting is not None:
+            node = self._visiting
+            for i, x in enumerate(node.inputs):
+                if x is t:
+                    self._needed_axes.setdefault(id(node), set()).add((i, axis))
+            return
+        self.keep(t, axis, mask, why=why)
+
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = LIVE) -> None:
         st = self._state(t)
         for a in range(len(st)) if axis is None else [axis]:
@@ -295,6 +317,10 @@ class KeepState:
         if sel.any():
             self.keep(small, sa, sel, why=self._reasons(big, ba)[idx])
 
+    def note(self, node: gs.Node, text: str) -> None:
+        """Something about `node` the report should say (e.g. what its replay found)."""
+        self.notes[id(node)] = (node.name, node.op, text)
+
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""
         self._claimed.add((id(node), i))
@@ -335,7 +361,7 @@ class KeepState:
             s = self.sym(t)
             if s is not None:
                 self.pin_refs(s, INTERFACE)
-        for t in self.graph.inputs:
+        for t in self.graph.inputs if not self.free_inputs else ():
             self.pin(t, reason=INTERFACE)
         for name, axis in sorted(self.pins):
             t = self.tensors.get(name)
@@ -364,7 +390,13 @@ class KeepState:
         if handler is None:
             self.barrier(node, Reason("barrier", node.name, node.op, "no handler for this op"))
             return
-        handler.keep(node, self)
+        self._visiting = node
+        try:
+            handler.keep(node, self)
+        finally:
+            self._visiting = None
+        if self.mode == "replay" and id(node) in self._needed_axes:
+            self._replay_needs(node)
         for i, t in enumerate(node.inputs):  # the contract: a handler demands what it reads
             if t is not None and t.name and t.name not in self.demanded:
                 raise InternalError(
@@ -372,6 +404,67 @@ class KeepState:
                     f"{node.name!r}"
                 )
         self._pin_symbol_deps(node)
+
+    def _replay_needs(self, node: gs.Node) -> None:
+        """What the handler's needs would be, found by replaying the node (--analysis replay):
+        the input slices a kept output element can change. Constant slices keep their values and
+        are not drawn: whether they may go is the handler's (it absorbs them, or keeps them)."""
+        wanted = sorted(self._needed_axes[id(node)])
+        found = self.memo(("replay", id(node), tuple(wanted)), lambda: self._replay(node, wanted))
+        if isinstance(found, str):  # cannot replay it: the handler's own needs, then
+            self.mode, handler = "rules", self.handler_for(node)
+            try:
+                self._visiting = node
+                handler.keep(node, self)
+            finally:
+                self._visiting, self.mode = None, "replay"
+            self.note(node, f"not replayed ({found}): its rules' needs are kept")
+            return
+        kept = []
+        for y in node.outputs:
+            kept.append(
+                [self.kept(y, b) for b in range(len(ir.dims(y) or []))] if self.exists(y) else None
+            )
+        for i, a in wanted:
+            t = node.inputs[i]
+            for j in np.flatnonzero(found.needed(i, a, kept)):
+                w = found.witness(i, a, int(j), kept)
+                detail = "" if w is None else (
+                    f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
+                )
+                self.keep(t, a, [int(j)], Reason("replay", node.name, node.op, detail))
+
+    def _replay(self, node: gs.Node, wanted: list[tuple[int, int]]) -> Replayed | str:
+        inputs: list[np.ndarray | None] = []
+        live: list[bool] = []
+        fixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i, t in enumerate(node.inputs):
+            value = self.value(t) if t is not None and t.name else None
+            if t is None or not t.name:
+                inputs.append(None)
+                live.append(False)
+            elif value is not None:
+                inputs.append(np.asarray(value))
+                live.append(False)
+            else:
+                shape = [d if isinstance(d, int) else 1 for d in (ir.dims(t) or [])]
+                if ir.dims(t) is None or t.dtype is None or any(
+                    not isinstance(d, int) for d in (ir.dims(t) or [])[1:]
+                ):
+                    return f"input {i} has no static shape"
+                inputs.append(np.zeros(shape, np.dtype(t.dtype)))
+                live.append(np.issubdtype(np.dtype(t.dtype), np.floating))
+                c = self.const(t)
+                if c is not None:
+                    fixed[i] = (c.mask, c.value)
+        axes: dict[int, list[int]] = {}
+        for i, a in wanted:
+            if live[i]:
+                axes.setdefault(i, []).append(a)
+        try:
+            return replay(node, inputs, live, axes, self.opset, fixed=fixed)
+        except ReplayError as exc:
+            return str(exc)
 
     def _repair(self) -> bool:
         """Once the closure is stable, structural choices: each live node's handler settles what

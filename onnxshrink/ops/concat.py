@@ -448,7 +448,7 @@ class Gather(Handler):
             ks.demand(i_t)
             idx = np.where(idx < 0, idx + n, idx)
             if idx.ndim == 0:
-                ks.keep(x, axis, [int(idx)])
+                ks.need(x, axis, [int(idx)])
             else:
                 ks.couple_map(y, axis, x, axis, idx)
         else:

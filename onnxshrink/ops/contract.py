@@ -10,7 +10,9 @@ at each step, through one of three views:
 
 Rules every handler follows (the analysis checks the first two):
 1. `keep` demands every input the node reads (`ks.demand(t)`, or `ks.barrier(node)`), with
-   `pin=False` only for inputs whose every axis it constrains itself.
+   `pin=False` only for inputs whose every axis it constrains itself. What the kept outputs
+   read is `ks.need`; what the op's structure requires (tied axes, whole blocks, equal groups,
+   constants it cannot absorb) is `ks.couple`, `ks.pin` and `ks.keep`.
 2. Sets only grow: a handler adds to what is kept, never removes.
 3. A removed input index that a kept output still reads must be a constant the handler absorbs
    in `rewrite` (`rw.check_removed_constant`).
@@ -97,6 +99,11 @@ class KeepView(Protocol):
         self, t: gs.Tensor, axis: int, mask: Any, reason: Reason = ..., why: np.ndarray | None = None
     ) -> None: ...
 
+    def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
+        """The kept outputs read these indices of input `t` (a dependence the handler derives,
+        e.g. from a weight's non-zeros). `keep` is for what the op's structure requires. With
+        `--analysis replay`, needs are found by replaying the node instead."""
+
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = ...) -> None: ...
 
     def couple(
@@ -110,6 +117,8 @@ class KeepView(Protocol):
     def claim(self, node: gs.Node, i: int) -> None: ...
 
     def barrier(self, node: gs.Node, reason: Reason | None = None) -> None: ...
+
+    def note(self, node: gs.Node, text: str) -> None: ...
 
 
 class RewriteView(Protocol):

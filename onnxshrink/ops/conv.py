@@ -191,7 +191,7 @@ class _ConvBase(Handler):
                         "weights its removal saves",
                     ),
                 )
-        ks.keep(x, 1, reads & ~absorb)
+        ks.need(x, 1, reads & ~absorb)
 
     def settle(self, node: gs.Node, ks: KeepView) -> None:
         w = ks.value(node.inputs[1])

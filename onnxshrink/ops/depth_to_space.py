@@ -68,5 +68,5 @@ class DepthToSpace(Handler):
         owner = self.owner(node, co)
         kx, ky = ks.kept(x, 1), ks.kept(y, 1)
         assert kx is not None and ky is not None  # static (checked above)
-        ks.keep(x, 1, ky[owner], why=ks.reason_ids(y, 1)[owner])  # an output channel: its block
+        ks.need(x, 1, ky[owner], why=ks.reason_ids(y, 1)[owner])  # an output channel: its block
         ks.keep(y, 1, np.bincount(owner, weights=kx, minlength=co) > 0, why)

@@ -147,7 +147,7 @@ class Gemm(Handler):
             ky = ks.kept(y, 1)
             reads = nz[:, ky].any(axis=1) if ky is not None else nz.any(axis=1)
             absorb = absorbable(ks, a_t, a_k, len(reads))
-            ks.keep(a_t, a_k, reads & ~absorb)
+            ks.need(a_t, a_k, reads & ~absorb)
         else:
             ks.pin(a_t, a_k)
 
@@ -285,12 +285,12 @@ class MatMul(Handler):
             absorb = np.zeros(len(reads), dtype=bool)
             if rb == 2:
                 absorb = absorbable(ks, a_t, ra - 1, len(reads))
-            ks.keep(a_t, ra - 1, reads & ~absorb)
+            ks.need(a_t, ra - 1, reads & ~absorb)
         elif a is not None:
             nz = self._nz_a(a, ra)
             km = ks.kept(y, y_m) if y_m is not None else None
             reads = nz[km].any(axis=0) if km is not None else nz.any(axis=0)
-            ks.keep(b_t, b_k, reads)
+            ks.need(b_t, b_k, reads)
         else:
             ks.pin(a_t, ra - 1)
 

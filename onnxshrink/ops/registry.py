@@ -64,8 +64,14 @@ Lookup = Callable[[gs.Node], Handler | None]
 
 
 def lookup(opset: int) -> Lookup:
-    """Handler lookup for one model's opset, as the analysis takes it."""
-    return lambda node: handler_for(node, opset)
+    """Handler lookup for one model's opset, as the analysis takes it: an op no handler claims
+    gets the replay fallback (ops/replayed.py), which keeps it whole where it cannot tell."""
+    from onnxshrink.ops.replayed import NO_RULE
+
+    def find(node: gs.Node) -> Handler:
+        return handler_for(node, opset) or NO_RULE
+
+    return find
 
 
 def registered_ops() -> list[str]:

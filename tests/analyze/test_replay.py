@@ -1,0 +1,146 @@
+"""The replay (analyze/replay.py): what a node's outputs depend on, read off onnxruntime runs;
+ops without a rule shrink through it where it proves they act per channel; --analysis replay."""
+
+import contextlib
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from conftest import export_cached, params, shapes, shrink_checked, tiny
+
+from models.zoo import ZOO, choose_kept, randomize, zero_groups
+from onnxshrink import shrink
+from onnxshrink.analyze.replay import commutes, replay
+from onnxshrink.ops import registry
+from onnxshrink.testing import analyze_node
+
+
+def lone(op: str, shape=(1, 4, 3, 3), **attrs) -> gs.Node:
+    x, y = gs.Variable("x", np.float32, list(shape)), gs.Variable("y", np.float32, list(shape))
+    return gs.Node(op, attrs=attrs, inputs=[x], outputs=[y])
+
+
+@contextlib.contextmanager
+def without_rule(op: str):
+    """The registry as if no handler knew `op` (to replay an op the rules know)."""
+    saved = registry._REGISTRY.pop(("", op))
+    try:
+        yield
+    finally:
+        registry._REGISTRY[("", op)] = saved
+
+
+# ------------------------------------------------------------------ the engine
+@pytest.mark.parametrize(
+    "op, attrs", [("Relu", {}), ("Shrink", {"lambd": 5.0}), ("Clip", {}), ("Softsign", {})]
+)
+def test_an_elementwise_op_depends_on_each_channel_alone(op, attrs):
+    # Shrink's flat region is |x| < 5: only the large draws leave it; one element per slice.
+    node = lone(op, shape=(1, 6), **attrs)
+    found = replay(node, [np.zeros((1, 6), np.float32)], [True], {0: [1]}, 17)
+    np.testing.assert_array_equal(found.relation[(0, 1)][0][1], np.eye(6, dtype=bool))
+
+
+def test_a_channel_mixing_op_depends_on_every_channel():
+    found = replay(lone("LpNormalization", axis=1), [np.zeros((1, 4, 3, 3), np.float32)], [True], {0: [1, 2]}, 17)
+    assert found.relation[(0, 1)][0][1].all()  # every output channel on every input channel
+    np.testing.assert_array_equal(found.relation[(0, 2)][0][2], np.eye(3, dtype=bool))  # rows alone
+
+
+def test_constant_elements_are_never_redrawn():
+    # Channel 2 of the input is a constant: no output depends on it changing.
+    mask = np.zeros((1, 4, 1, 1), bool)
+    mask[0, 2] = True
+    found = replay(lone("Relu"), [np.zeros((1, 4, 3, 3), np.float32)], [True], {0: [1]}, 17,
+                   fixed={0: (mask, np.full((1, 4, 1, 1), 0.5, np.float32))})
+    assert found.relation[(0, 1)][0][1].diagonal().tolist() == [True, True, False, True]
+    assert not found.depends[0][0, 2].any() and found.depends[0][0, 1].all()
+
+
+def test_slicing_commutes_with_a_per_channel_op_and_not_with_one_that_regroups():
+    x = np.zeros((1, 6, 2, 2), np.float32)
+    assert commutes(lone("Softsign", shape=(1, 6, 2, 2)), [x], [True], [0], 1, 17)
+    # DepthToSpace's output channel c is built from input channels c, c+C, ...: removing an
+    # input channel does not remove an output channel.
+    d2s = gs.Node("DepthToSpace", attrs={"blocksize": 2}, inputs=[gs.Variable("x", np.float32, [1, 8, 2, 2])],
+                  outputs=[gs.Variable("y", np.float32, [1, 2, 4, 4])])
+    assert not commutes(d2s, [np.zeros((1, 8, 2, 2), np.float32)], [True], [0], 1, 17)
+
+
+# ------------------------------------------------------------------ ops with no rule
+BETWEEN = """
+agraph (float[1, 3, 6, 6] x, float[6, 3, 3, 3] W1, float[6] B1, float[4, 6, 1, 1] W2, float[4] B2) => (float[1, 4, 6, 6] y)
+{{
+  a = Conv <pads = [1, 1, 1, 1]> (x, W1, B1)
+  s = {op} (a)
+  y = Conv (s, W2, B2)
+}}
+"""
+DEAD = {"W1": np.s_[[1, 4]], "B1": np.s_[[1, 4]]}
+
+
+def test_an_op_without_a_rule_that_acts_per_channel_passes_channels_through():
+    model = tiny(BETWEEN.format(op="Shrink <lambd = 0.5>"), zero=DEAD)
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+    assert shapes(result.model)["W2"] == (4, 4, 1, 1)
+    [found] = result.replayed
+    assert found["op"] == "Shrink" and "axis [1, 2, 3] pass(es) through" in found["finding"]
+    assert not result.barriers
+
+
+def test_a_channel_mixing_op_without_a_rule_keeps_its_channels():
+    # LpNormalization over channels, its rule removed: the replay sees every output channel
+    # depend on every input channel, so channel 1 and 4 stay (their zeros change the norm).
+    with without_rule("LpNormalization"):
+        result = shrink_checked(tiny(BETWEEN.format(op="LpNormalization <axis = 1>"), zero=DEAD))
+        assert shapes(result.model)["W1"] == (6, 3, 3, 3)
+        [found] = result.replayed
+        assert found["op"] == "LpNormalization" and "axis [2, 3] pass(es) through" in found["finding"]
+        [kept] = [g for g in result.kept_zeroed if g.tensor == "W1"]
+        assert kept.count == 2 and "mixes the indices of this axis" in kept.reason
+
+
+def test_a_removed_rule_is_found_again_by_the_replay():
+    # Softsign's rule removed: the replay alone shrinks through it, to what the rule gives.
+    model = tiny(BETWEEN.format(op="Softsign"), zero=DEAD)
+    with_rule = shrink_checked(model)
+    with without_rule("Softsign"):
+        replayed = shrink_checked(model)
+    assert params(replayed.model) == params(with_rule.model) < params(model)
+    assert [r["op"] for r in replayed.replayed] == ["Softsign"]
+
+
+def test_an_op_of_a_domain_onnxruntime_does_not_know_stays_a_barrier():
+    text = BETWEEN.format(op="custom.Mystery").replace("agraph", "agraph").strip()
+    model = tiny('<ir_version: 8, opset_import: ["" : 17, "custom" : 1]>\n' + text, zero=DEAD)
+    result = shrink(model, validate=False)
+    assert shapes(result.model)["W1"] == (6, 3, 3, 3)
+    [mystery] = [b for b in result.barriers if b["op"] == "Mystery"]  # (the Conv after it: no shapes)
+    assert "no handler" in mystery["reason"]
+    assert not result.replayed
+
+
+# ------------------------------------------------------------------ --analysis replay
+@pytest.mark.parametrize("name", ["resnet_basic", "mobilenetv2", "densenet", "inception", "resnext"])
+def test_replay_mode_reaches_the_rules_on_the_zoo(zoo_dir, name):
+    entry = ZOO[name]
+
+    def masked():
+        model = randomize(entry.build(), seed=1)
+        zero_groups(model, choose_kept(model, 0.5, seed=2))
+        return model, entry.input_shape, {"dynamic_batch": False}
+
+    path = export_cached(zoo_dir, (name, "masked", 0.5, False), masked)
+    rules = shrink_checked(path)
+    replayed = shrink_checked(path, analysis="replay")
+    assert replayed.after.params == rules.after.params < rules.before.params
+
+
+def test_replay_mode_explains_a_kept_channel_by_the_output_that_needs_it():
+    bench = analyze_node(BETWEEN.format(op="Relu"), zero={"W2": np.s_[:, [4]]}, analysis="replay")
+    assert bench.kept("a", 1) == [0, 1, 2, 3, 5]  # W2 does not read channel 4
+    why = bench.why("a", 1)
+    assert why[0].startswith("replaying an unnamed Conv node shows that a kept output depends on it: ")
+    assert why[0].endswith("index 0 (axis 1) depends on it")  # output channel 0 of y reads it
+    assert bench.why("a", 1)[4] is None

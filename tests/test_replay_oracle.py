@@ -1,0 +1,48 @@
+"""The replay as an oracle for every handler (models/opcases.py): random single-node graphs of
+every registered op (random shapes, attributes, opsets, masks, and what a consumer reads of the
+outputs); the handler's rule must keep every input index the replay finds a kept output depends
+on. Keeping more is imprecision (tools/oracle.py counts it); keeping less is a bug."""
+
+import os
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+
+from models.opcases import EXCLUDED, FAMILIES, case, compare
+from onnxshrink.ops import registered_ops, registry
+from onnxshrink.ops.contract import Handler, KeepView
+
+SEEDS = int(os.environ.get("ONNXSHRINK_ORACLE_SEEDS", "3"))
+# Boolean outputs change only on values random draws never hit (equality, infinities): the
+# replay cannot judge what they depend on, and says so.
+BOOLEAN_OUTPUTS = {"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "IsInf", "IsNaN"}
+
+
+def test_every_registered_op_has_a_case_or_a_stated_reason():
+    assert set(FAMILIES) | set(EXCLUDED) == set(registered_ops())
+    assert not set(FAMILIES) & set(EXCLUDED)
+
+
+@pytest.mark.parametrize("op", sorted(FAMILIES))
+def test_the_rule_keeps_what_the_replay_finds_needed(op):
+    for seed in range(SEEDS):
+        found = compare(case(op, seed))
+        assert found.judged == (op not in BOOLEAN_OUTPUTS), f"{op} seed {seed}"
+        assert not found.missing, f"{op} seed {seed}: the rule drops needed indices {found.missing}"
+        assert set(found.rule) == set(found.replay)
+
+
+def test_the_oracle_catches_a_rule_that_keeps_too_little():
+    class Broken(Handler):  # ties nothing: every input index looks unneeded
+        def keep(self, node: gs.Node, ks: KeepView) -> None:
+            ks.demand(node.inputs[0], pin=False)
+
+    saved = registry._REGISTRY.pop(("", "Softsign"))
+    registry.register("Softsign")(Broken)
+    try:
+        found = compare(case("Softsign", 0))
+    finally:
+        registry._REGISTRY[("", "Softsign")] = saved
+    assert found.missing  # e.g. {("x", 1): [0, 1, ...]}
+    assert all(np.asarray(v).size for v in found.missing.values())
