@@ -16,7 +16,8 @@ from onnxshrink.analyze import Analysis
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.evaluate import evaluate
 from onnxshrink.errors import InternalError
-from onnxshrink.prepare import inferred_shapes, retie, skeleton
+from onnxshrink.prepare import inferred_shapes, retie
+from onnxshrink.prepare.shapes import checkable
 from onnxshrink.report import explain_kept
 
 T = TypeVar("T")
@@ -286,5 +287,5 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
         model.functions.extend(original.functions)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred_shapes(model))
-    onnx.checker.check_model(skeleton(model))
+    onnx.checker.check_model(checkable(model))
     return model
