@@ -41,7 +41,23 @@ EXCLUDED = {
     "Multinomial": "not a function of its inputs", "Bernoulli": "not a function of its inputs",
     "RMSNormalization": "onnxruntime here has no kernel for it (opset 23)",
     "Swish": "onnxruntime here has no kernel for it (opset 24)",
+    "BiasAdd": "onnxruntime has a CUDA kernel only (tests/ops/test_fused.py checks its rule)",
+    "SimplifiedLayerNormalization": "onnx's checker refuses it in the ONNX domain, where "
+    "onnxruntime defines it (tests/ops/test_fused.py runs it)",
+    "EmbedLayerNormalization": "its data inputs are token ids (integers)",
+    "DequantizeLinear": "integer data (the replay draws floats); tests/ops/test_quantize.py",
+    "QuantizeLinear": "integer outputs, which the replay does not judge; tests/ops/test_quantize.py",
+    "DynamicQuantizeLinear": "integer outputs, which the replay does not judge; "
+    "tests/ops/test_quantize.py",
+    "GroupQueryAttention": "empty optional inputs (past key/value) before the ones it needs, "
+    "which the replay cannot feed; tests/ops/test_fused.py",
+    "MatMulInteger": "integer data only; tests/ops/test_quantize.py",
+    "ConvInteger": "integer data only; tests/ops/test_quantize.py",
+    "QLinearMatMul": "integer data only; tests/ops/test_quantize.py",
+    "QLinearConv": "integer data only; tests/ops/test_quantize.py",
 }  # fmt: skip
+MS_HEADER = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
+OPSET23 = '<ir_version: 10, opset_import: ["" : 23]>\n'
 
 
 @dataclass
@@ -322,6 +338,98 @@ def _layout(op: str, rng: np.random.Generator) -> Case:
     raise KeyError(op)
 
 
+def _fused(op: str, rng: np.random.Generator) -> Case:
+    """onnxruntime's fused activations and normalizations (com.microsoft)."""
+    s, c = int(rng.integers(1, 4)), int(rng.choice([4, 6, 8]))
+    x = [1, s, c]
+    vec = {"BiasGelu": "B", "FastGelu": "B"}.get(op)
+    if op in ("BiasGelu", "FastGelu", "QuickGelu"):
+        ins = [("x", "float", x)] + ([("B", "float", [c])] if vec else [])
+        args = "x, B" if vec else "x"
+        text = _sig(ins, [("y", x)]) + f" {{ y = com.microsoft.{op} ({args}) }}"
+        return Case(op, MS_HEADER + text, 17, zero={"B": np.s_[_zero_rows(rng, c)]} if vec else {},
+                    needs=_needs(rng, "y", x))
+    ins = [("x", "float", x), ("skip", "float", x), ("G", "float", [c])]
+    if op == "SkipLayerNormalization":
+        ins += [("Be", "float", [c]), ("Bi", "float", [c])]
+    args = ", ".join(n for n, _, _ in ins)
+    text = _sig(ins, [("y", x)]) + f" {{ y = com.microsoft.{op} <epsilon = 1e-5> ({args}) }}"
+    return Case(op, MS_HEADER + text, 17, needs=_needs(rng, "y", x))
+
+
+def _attention(op: str, rng: np.random.Generator) -> Case:
+    """Fused attention, one of its forms at random; heads of 2 dims."""
+    s, heads = int(rng.integers(2, 5)), int(rng.choice([2, 4]))
+    d = 2
+    h = heads * d
+    if op == "MultiHeadAttention":
+        ins = [("q", "float", [1, s, h]), ("k", "float", [1, s, h]), ("v", "float", [1, s, h]), ("B", "float", [3 * h])]
+        body = f"y = com.microsoft.MultiHeadAttention <num_heads = {heads}> (q, k, v, B)"
+        return Case(op, MS_HEADER + _sig(ins, [("y", [1, s, h])]) + f" {{ {body} }}", 17,
+                    needs=_needs(rng, "y", [1, s, h]))
+    form = rng.choice(["contrib", "3d", "4d"])
+    if form == "contrib":
+        ins = [("x", "float", [1, s, 8]), ("W", "float", [8, 3 * h]), ("B", "float", [3 * h])]
+        body = f"y = com.microsoft.Attention <num_heads = {heads}> (x, W, B)"
+        return Case(op, MS_HEADER + _sig(ins, [("y", [1, s, h])]) + f" {{ {body} }}", 17,
+                    zero={"W": np.s_[:, _zero_rows(rng, 3 * h)]}, needs=_needs(rng, "y", [1, s, h]))
+    if form == "3d":
+        ins = [("q", "float", [1, s, h]), ("k", "float", [1, s, h]), ("v", "float", [1, s, h])]
+        body = f"y = Attention <q_num_heads = {heads}, kv_num_heads = {heads}> (q, k, v)"
+        return Case(op, OPSET23 + _sig(ins, [("y", [1, s, h])]) + f" {{ {body} }}", 23,
+                    needs=_needs(rng, "y", [1, s, h]))
+    kv = int(rng.choice([1, heads]))
+    q, k = [1, heads, s, d], [1, kv, s, d]
+    ins = [("q", "float", q), ("k", "float", k), ("v", "float", k)]
+    body = f"y = Attention <is_causal = {int(rng.integers(0, 2))}> (q, k, v)"
+    return Case(op, OPSET23 + _sig(ins, [("y", q)]) + f" {{ {body} }}", 23, needs=_needs(rng, "y", q))
+
+
+def _rotary(rng: np.random.Generator) -> Case:
+    s, heads, d = int(rng.integers(2, 5)), int(rng.choice([1, 2])), 4
+    angles = np.arange(s)[:, None] * (1.0 / 10000 ** (np.arange(d // 2) / (d // 2)))[None, :]
+    values = {"C": np.cos(angles), "S": np.sin(angles), "P": np.arange(s).reshape(1, s)}
+    x = [1, s, heads * d]
+    caches = [("C", "float", [s, d // 2]), ("S", "float", [s, d // 2]), ("P", "int64", [1, s])]
+    if rng.random() < 0.5:
+        body = f"y = com.microsoft.RotaryEmbedding <num_heads = {heads}> (x, P, C, S)"
+        return Case("RotaryEmbedding", MS_HEADER + _sig([("x", "float", x), *caches], [("y", x)]) + f" {{ {body} }}",
+                    17, values=values, needs=_needs(rng, "y", x))
+    body = f"y = RotaryEmbedding <num_heads = {heads}> (x, C, S, P)"
+    return Case("RotaryEmbedding", OPSET23 + _sig([("x", "float", x), *caches], [("y", x)]) + f" {{ {body} }}",
+                23, values=values, needs=_needs(rng, "y", x))
+
+
+def _recurrent(op: str, rng: np.random.Generator) -> Case:
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    seq, batch, feat, h = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(2, 5)), int(rng.integers(2, 5))
+    dirs = int(rng.integers(1, 3))
+    ins = [("x", "float", [seq, batch, feat]), ("W", "float", [dirs, gates * h, feat]),
+           ("R", "float", [dirs, gates * h, h]), ("B", "float", [dirs, 2 * gates * h])]  # fmt: skip
+    y = [seq, dirs, batch, h]
+    direction = "bidirectional" if dirs == 2 else "forward"
+    body = f'y, yh = {op} <hidden_size = {h}, direction = "{direction}"> (x, W, R, B)'
+    units = _zero_rows(rng, h)
+    rows = [g * h + u for g in range(gates) for u in units]
+    zero = {"R": np.s_[:, :, units]} if rng.random() < 0.5 else {"W": np.s_[:, rows], "R": np.s_[:, rows]}
+    return Case(op, _sig(ins, [("y", y), ("yh", [dirs, batch, h])]) + f" {{ {body} }}", 17, zero=zero,
+                needs={**_needs(rng, "y", y), **_needs(rng, "yh", [dirs, batch, h])})
+
+
+def _einsum(rng: np.random.Generator) -> Case:
+    b, i, j, k = (int(v) for v in rng.integers(1, 4, size=4))
+    eq = str(rng.choice(["bij,bjk->bik", "bij,jk->bik", "bij,bkj->bik", "bij,bik->bjk"]))
+    a_term, b_term, out = eq.replace("->", ",").split(",")
+    size = {"b": b, "i": i, "j": j + 1, "k": k + 1}
+    shape = {t: [size[ch] for ch in t] for t in (a_term, b_term, out)}
+    weight = len(b_term) == 2 or rng.random() < 0.5
+    name = "W" if weight else "w"
+    ins = [("x", "float", shape[a_term]), (name, "float", shape[b_term])]
+    zero = {"W": np.s_[_zero_rows(rng, shape[b_term][0])]} if weight else {}
+    text = _sig(ins, [("y", shape[out])]) + f' {{ y = Einsum <equation = "{eq}"> (x, {name}) }}'
+    return Case("Einsum", text, 17, zero=zero, needs=_needs(rng, "y", shape[out]))
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator], Case]] = {}
 for _op in UNARY:
     FAMILIES[_op] = lambda rng, op=_op: _unary(op, rng)
@@ -341,6 +449,13 @@ for _op in ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Expand",
 for _op in ("Conv", "ConvTranspose"):
     FAMILIES[_op] = lambda rng, op=_op: _conv(op, rng)
 FAMILIES.update(Gemm=_gemm, MatMul=_matmul, PRelu=_prelu, Mod=_mod, Where=_where, Clip=_clip)
+for _op in ("BiasGelu", "FastGelu", "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"):
+    FAMILIES[_op] = lambda rng, op=_op: _fused(op, rng)
+for _op in ("Attention", "MultiHeadAttention"):
+    FAMILIES[_op] = lambda rng, op=_op: _attention(op, rng)
+for _op in ("LSTM", "GRU", "RNN"):
+    FAMILIES[_op] = lambda rng, op=_op: _recurrent(op, rng)
+FAMILIES.update(RotaryEmbedding=_rotary, Einsum=_einsum)
 
 
 def case(op: str, seed: int) -> Case:

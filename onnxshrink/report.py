@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from onnxshrink.analyze.nonzero import pattern
 from onnxshrink.ops.contract import OpNode
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
+from onnxshrink.prepare.shapes import contrib_shapes
 
 
 @dataclass
@@ -24,6 +25,19 @@ class ModelStats:
     params: int
     macs: int
     file_bytes: int | None = None
+
+
+# Parameters: float weights, and the integer ones of quantized models (8-, 4- and 16-bit weights,
+# int32 biases); int64 constants are shape arithmetic.
+PARAM_TYPES = FLOAT_TYPES | {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32,
+}
 
 
 def model_stats(
@@ -41,7 +55,7 @@ def model_stats(
     params = 0
     for g in _graphs(model.graph):
         params += sum(
-            int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer if t.data_type in FLOAT_TYPES
+            int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer if t.data_type in PARAM_TYPES
         )
         for n in g.node:
             handler, op = facts(n, opset) if not n.input else (None, None)
@@ -72,6 +86,7 @@ def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> in
         inferred = onnx.shape_inference.infer_shapes(skeleton(model, input_shapes), data_prop=True)
     except Exception:
         return 0
+    inferred = contrib_shapes(inferred)
     shapes: dict[str, list[int]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):

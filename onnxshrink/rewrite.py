@@ -20,7 +20,8 @@ from onnxshrink.analyze.evaluate import evaluate
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, tensor_proto
-from onnxshrink.prepare import inferred_shapes, retie, skeleton
+from onnxshrink.prepare import inferred_shapes, retie
+from onnxshrink.prepare.shapes import checkable
 from onnxshrink.report import explain_kept
 
 T = TypeVar("T")
@@ -352,5 +353,5 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
         model.functions.extend(original.functions)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred_shapes(model))
-    onnx.checker.check_model(skeleton(model))
+    onnx.checker.check_model(checkable(model))
     return model

@@ -116,6 +116,22 @@ def zoo_dir(tmp_path_factory) -> Path:
 _EXPORTS: dict[tuple, Path] = {}
 
 
+def half_masked(entry, which: str, **export_kwargs):
+    """For export_cached: a zoo entry with half of every channel group masked ("masked"), or
+    built natively with the channels kept ("native")."""
+    from models.zoo import choose_kept, native_widths, randomize, zero_groups
+
+    def build():
+        kept = choose_kept(randomize(entry.build(), seed=1), 0.5, seed=2)
+        if which == "native":
+            return randomize(entry.build(native_widths(kept)), seed=3), entry.inputs(), export_kwargs
+        model = randomize(entry.build(), seed=1)
+        zero_groups(model, kept)
+        return model, entry.inputs(), export_kwargs
+
+    return build
+
+
 def export_cached(directory: Path, key: tuple, build) -> Path:
     """Export once per session per key; `build()` returns (module, input_shape, export kwargs)."""
     if key not in _EXPORTS:

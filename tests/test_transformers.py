@@ -172,14 +172,14 @@ agraph (float[1, 5, 16] x, float[16, 16] Wq, float[16, 16] Wk, float[16, 16] Wv,
 """
 
 
-def test_fused_attention_op_without_a_rule_is_replayed_and_kept_exactly():
-    # Opset 23's Attention: head 1 is dead (V columns and O rows masked). Replayed in
-    # onnxruntime (no rule), its outputs depend on V's hidden dims one to one, but removing
-    # dims regroups the heads: slicing does not commute with it, so the hidden axis stays, and
-    # the report says what the replay found.
+def test_fused_attention_op_heads_go_as_units():
+    # Opset 23's Attention (3-D form): head 1 is dead (V columns and O rows masked); it goes
+    # with its Q, K and V columns, and q_num_heads/kv_num_heads are rewritten (ops/attention.py).
     model = tiny(FUSED_ATTENTION, zero={"Wv": np.s_[:, 4:8], "Wo": np.s_[4:8]}, opset=23)
     result = shrink_checked(model)
-    assert set(shapes(result.model).values()) == {(16, 16)}
-    [found] = result.replayed
-    assert found["op"] == "Attention" and "replayed in onnxruntime" in found["finding"]
-    assert "2" not in found["finding"].split("axis")[-1]  # the hidden axis does not pass through
+    s = shapes(result.model)
+    assert s["Wq"] == s["Wk"] == s["Wv"] == (16, 12) and s["Wo"] == (12, 16)
+    assert not result.barriers
+    [node] = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["q_num_heads"] == attrs["kv_num_heads"] == 3

@@ -23,6 +23,8 @@ on any mismatch.
     python tools/hf_check.py --init default           # the library's initialization
     python tools/hf_check.py --attn sdpa --dynamic    # SDPA attention, dynamic batch/sequence
     python tools/hf_check.py --legacy --models bert,vit
+    python tools/hf_check.py --ort-optimize --models bert,gpt2   # onnxruntime's fused ops
+    python tools/hf_check.py --attn sdpa --opset 23               # ONNX's Attention op
 """
 
 from __future__ import annotations
@@ -212,7 +214,23 @@ def silenced():
                 os.close(fd)
 
 
-def export(model, inputs: dict, path: Path, legacy: bool, dynamic: bool) -> None:
+# onnxruntime's transformer optimizer: the model type each architecture's fusions go by
+ORT_TYPES = {"bert": "bert", "vit": "vit", "gpt2": "gpt2", "llama": "gpt2"}
+
+
+def ort_optimize(path: Path, name: str) -> None:
+    """Rewrite the export as onnxruntime's transformer optimizer does before serving (its
+    fusions only: SkipLayerNormalization, BiasGelu/FastGelu, Attention where it matches)."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    with silenced():
+        opt = optimize_model(str(path), model_type=ORT_TYPES[name], num_heads=H, hidden_size=D, opt_level=0)
+        opt.save_model_to_file(str(path))
+
+
+def export(
+    model, inputs: dict, path: Path, legacy: bool, dynamic: bool, opset: int | None = None
+) -> None:
     names = list(inputs)
     axes = {0: "batch"} if names == ["pixel_values"] else {0: "batch", 1: "seq"}
     with silenced():
@@ -229,7 +247,8 @@ def export(model, inputs: dict, path: Path, legacy: bool, dynamic: bool) -> None
             return
         dims = {"batch": torch.export.Dim("batch", min=1), "seq": torch.export.Dim("seq", min=2)}
         shapes = {n: {a: dims[d] for a, d in axes.items()} for n in names} if dynamic else None
-        torch.onnx.export(model.eval(), (), str(path), kwargs=inputs, dynamic_shapes=shapes)
+        extra = {"opset_version": opset} if opset else {}
+        torch.onnx.export(model.eval(), (), str(path), kwargs=inputs, dynamic_shapes=shapes, **extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--legacy", action="store_true", help="the TorchScript exporter")
     ap.add_argument("--dynamic", action="store_true", help="dynamic batch and sequence axes")
     ap.add_argument("--init", choices=sorted(INIT), default="random", help="parameters: randomized, or the library's default initialization")
+    ap.add_argument("--opset", type=int, help="export at this opset (23: SDPA becomes ONNX's Attention op)")
+    ap.add_argument("--ort-optimize", action="store_true", help="pass the exports through onnxruntime's transformer optimizer first")
     args = ap.parse_args(argv)
     try:
         import transformers
@@ -252,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     exporter = "legacy" if args.legacy else "dynamo"
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, {exporter} "
           f"exporter, {args.attn} attention, {'dynamic' if args.dynamic else 'static'} shapes, "
-          f"{args.init} parameters")  # fmt: skip
+          f"{args.init} parameters" + (f", opset {args.opset}" if args.opset else "")
+          + (", onnxruntime-optimized" if args.ort_optimize else ""))  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             MASKS.clear()
@@ -270,14 +292,22 @@ def main(argv: list[str] | None = None) -> int:
             }
             paths = {k: Path(tmp) / f"{name}_{k}.onnx" for k in ("masked", "unmasked")}
             try:
-                export(model, inputs, paths["masked"], args.legacy, args.dynamic)
-                export(unmasked_module[0], inputs, paths["unmasked"], args.legacy, args.dynamic)
+                export(model, inputs, paths["masked"], args.legacy, args.dynamic, args.opset)
+                export(unmasked_module[0], inputs, paths["unmasked"], args.legacy, args.dynamic, args.opset)
+                if args.ort_optimize:
+                    for path in paths.values():
+                        ort_optimize(path, name)
             except Exception as e:  # an exporter limitation, not ours: report and go on
                 print(
                     f"{name:6s} export failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}"
                 )
                 continue
             reference = onnx.load(str(paths["masked"]))
+            fused = sorted(
+                {n.op_type for n in reference.graph.node if n.domain or n.op_type == "Attention" or not onnx.defs.has(n.op_type)}
+            )
+            if fused:
+                print(f"{name:6s} fused ops: {', '.join(fused)}")
             feeds = make_inputs(reference, resolve_shapes(reference, {}), 3, seed=11)
             expected = [run(reference, f) for f in feeds]
             before = distinct_params(reference) if args.init == "default" else None

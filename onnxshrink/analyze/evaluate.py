@@ -48,9 +48,11 @@ def op_model(
     ]
     graph_outputs = [onnx.ValueInfoProto(name=n) for n in out_names]  # types left to the runtime
     graph = helper.make_graph([onode], "node", graph_inputs, graph_outputs)
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid(domain, opset)], ir_version=_IR_VERSION
-    )
+    # A contrib op (com.microsoft) is version 1 of its domain; `opset` is the model's default one.
+    imports = [helper.make_opsetid("", opset)]
+    if domain and domain != "ai.onnx":
+        imports.append(helper.make_opsetid(domain, 1))
+    return helper.make_model(graph, opset_imports=imports, ir_version=_IR_VERSION)
 
 
 def evaluate(

@@ -174,6 +174,11 @@ class KeepState:
             return []
         return [self.reasons[i] if i >= 0 else None for i in w]
 
+    def is_read(self, t: gs.Tensor) -> bool:
+        """Does a live node (or the graph's interface) read `t`? An optional output nothing
+        reads constrains nothing."""
+        return t.name in self.demanded
+
     def exists(self, t: gs.Tensor) -> bool:
         if t.name not in self.demanded:
             return False
@@ -245,14 +250,24 @@ class KeepState:
         self._touch(t)
 
     def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
-        """The kept outputs of the node being visited read these indices of its input `t`."""
-        if self.mode == "replay" and self._visiting is not None:
+        """The kept outputs of the node being visited read these indices of its input `t`.
+        With --analysis replay, found by replaying the node instead, for the inputs a replay
+        draws (computed, floating point); a weight's or an integer input's needs stay the rule's."""
+        if self.mode == "replay" and self._visiting is not None and self._drawable(t):
             node = self._visiting
             for i, x in enumerate(node.inputs):
                 if x is t:
                     self._needed_axes.setdefault(id(node), set()).add((i, axis))
             return
         self.keep(t, axis, mask, why=why)
+
+    def _drawable(self, t: gs.Tensor) -> bool:
+        """Does a replay draw this input's values (see _replay)?"""
+        return (
+            self.value(t) is None
+            and t.dtype is not None
+            and bool(np.issubdtype(np.dtype(t.dtype), np.floating))
+        )
 
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = LIVE) -> None:
         st = self._state(t)

@@ -104,10 +104,10 @@ def check_model(model: onnx.ModelProto, source: str = "model") -> None:
     """Refuse a model onnx's checker rejects (e.g. a file cut short, losing its opset)."""
     if not model.opset_import:
         raise ShrinkError(f"{source}: not a valid ONNX model (it declares no opset); re-export it.")
-    from onnxshrink.prepare import skeleton
+    from onnxshrink.prepare.shapes import checkable
 
     try:
-        onnx.checker.check_model(skeleton(model))  # the graph, without copying the weights
+        onnx.checker.check_model(checkable(model))  # the graph, without copying the weights
     except Exception as exc:
         raise ShrinkError(
             f"{source}: not a valid ONNX model ({first_line(exc)}). Re-export it, or run onnx.checker.check_model on it to see why."

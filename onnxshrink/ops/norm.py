@@ -110,7 +110,7 @@ def normalized_axes(node: gs.Node, reader: Reader, r: int, opset: int) -> list[i
     if op in ("Softmax", "LogSoftmax", "Hardmax"):
         axis = ir.norm_axis(int(node.attrs.get("axis", -1 if opset >= 13 else 1)), r)
         return [axis] if opset >= 13 else list(range(axis, r))  # before 13: flattened from axis
-    if op in ("LayerNormalization", "RMSNormalization"):
+    if op in ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"):
         return list(range(ir.norm_axis(int(node.attrs.get("axis", -1)), r), r))
     if op == "LpNormalization":
         return [ir.norm_axis(int(node.attrs.get("axis", -1)), r)]

@@ -8,6 +8,8 @@ static the dims that do not depend on the dynamic input sizes.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -58,6 +60,43 @@ def skeleton(
             for d, v in zip(vi.type.tensor_type.shape.dim, input_shapes[i.name], strict=False):
                 d.Clear()
                 d.dim_value = int(v)
+    return light
+
+
+def _onnx_knows(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx") and onnx.defs.has(node.op_type)
+
+
+@functools.cache
+def _runtime_onnx_ops() -> frozenset[str]:
+    """Ops onnxruntime defines in the ONNX domain that onnx does not (its contrib
+    SimplifiedLayerNormalization, which its transformer optimizer writes)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as rt
+
+        schemas = rt.get_all_operator_schema()
+    except Exception:
+        return frozenset()
+    return frozenset(
+        s.name for s in schemas if s.domain in ("", "ai.onnx") and not onnx.defs.has(s.name)
+    )
+
+
+RUNTIME_DOMAIN = "onnxshrink.onnxruntime_onnx_domain"
+
+
+def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A skeleton onnx's checker can check: ops onnxruntime defines in the ONNX domain and onnx
+    does not are moved to a domain of their own, which the checker leaves alone (everything
+    else is checked as usual)."""
+    light = skeleton(model)
+    moved = False
+    for n in light.graph.node:
+        if not _onnx_knows(n) and n.op_type in _runtime_onnx_ops():
+            n.domain = RUNTIME_DOMAIN
+            moved = True
+    if moved:
+        light.opset_import.append(onnx.helper.make_opsetid(RUNTIME_DOMAIN, 1))
     return light
 
 
@@ -193,6 +232,29 @@ def _evaluate(
     return out
 
 
+def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference knows no onnxruntime contrib op (com.microsoft, and the few it
+    defines in the ONNX domain: the fused attention and normalizations its transformer
+    optimizer writes), so every shape after one is unknown. onnxruntime's symbolic shape
+    inference knows them: used for models that have ops onnx does not know (custom ones too:
+    where it knows nothing either, what onnx inferred stays)."""
+    if all(_onnx_knows(n) for n in model.graph.node):
+        return model
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        # Its `infer_shapes` raises when one node's shapes stay unknown (and saves the model to
+        # the working directory first): run its steps and keep whatever it inferred.
+        infer = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        infer._preprocess(model)
+        while infer.run_:
+            infer._infer_impl()
+        infer._update_output_from_vi()
+        return infer.out_mp_
+    except Exception:  # it gave up (or its internals changed): the shapes onnx inferred
+        return model
+
+
 def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Shapes of the model's intermediate tensors, inferred on its skeleton (no weight data is
     copied: shape inference of a large model would otherwise serialize it twice), with its
@@ -202,6 +264,7 @@ def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # a model onnx cannot infer: work with the shapes it carries
         return list(model.graph.value_info)
+    inferred = contrib_shapes(inferred)
     complete_shapes(inferred)
     original = {t.name for t in model.graph.initializer}
     folded = [

@@ -1,0 +1,528 @@
+"""Fused attention: ONNX `Attention` (opset 23) and onnxruntime's `Attention`,
+`MultiHeadAttention` and `GroupQueryAttention` (com.microsoft).
+
+A head is a unit: its query, key and value dims are read together (the scores contract the
+query and key dims; softmax mixes the key positions), so a head goes whole or stays whole.
+Heads are either an axis of their own (opset 23's 4-D form, [batch, heads, seq, head_dim]) or
+blocks of head_dim along a packed hidden axis ([batch, seq, heads * head_dim], the contrib ops
+and opset 23's 3-D form). A head goes when no kept output reads it: its output block is
+unread (the output projection's columns are masked) or constant zero (its value projection is
+masked: softmax(scores) @ 0 = 0, which the consumer absorbs). With grouped-query attention a
+key/value head serves `rep` query heads; the kept query heads are a product (kept K/V heads) x
+(kept ranks within a group), so that every K/V head still serves the same number of query
+heads, and a K/V head goes with all its query heads. `num_heads`-style attributes are
+rewritten; the initializers (packed QKV weights and biases) are sliced by the kept sets.
+
+Past key/value inputs and attention biases carry every head: when a model has them as inputs
+(the interface), every head stays, exactly; rotary embeddings act within a head and need
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstInfo
+from onnxshrink.analyze.keep import Reason
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
+from onnxshrink.ops.fused_activation import MS
+from onnxshrink.ops.registry import register
+
+
+# ------------------------------------------------------------------ heads as blocks
+def blocks(heads: Sequence[int] | np.ndarray, size: int, offset: int = 0) -> np.ndarray:
+    """The indices of heads' blocks of `size` along a packed axis starting at `offset`."""
+    heads = np.asarray(heads, dtype=np.int64)
+    return (offset + heads[:, None] * size + np.arange(size)[None, :]).reshape(-1)
+
+
+def heads_read(kept: np.ndarray | None, heads: int) -> np.ndarray:
+    """Per head: is any index of its block kept? (a dynamic axis: all)"""
+    if kept is None:
+        return np.ones(heads, bool)
+    return np.asarray(kept.reshape(heads, -1).any(axis=1))
+
+
+def zero_heads(c: ConstInfo | None, axis: int, size: int, heads: int) -> np.ndarray:
+    """Per head: is its block along `axis` (of `size` indices) constant zero?"""
+    if c is None:
+        return np.zeros(heads, bool)
+    return np.asarray(c.slice_zero(axis, size).reshape(heads, -1).all(axis=1))
+
+
+def grouped(q_heads: np.ndarray, kv_needed: np.ndarray, rep: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept query heads, kept K/V heads) with grouped-query attention: query head j * rep + r
+    reads K/V head j. The kept query heads form a product (K/V heads) x (ranks) so that every
+    K/V head serves the same number of query heads."""
+    kv = len(kv_needed)
+    need = q_heads.reshape(kv, rep)
+    groups = np.asarray(need.any(axis=1) | kv_needed)
+    ranks = np.asarray(need[groups].any(axis=0))
+    if groups.any() and not ranks.any():
+        ranks[0] = True  # a K/V head kept for its present output still serves one query head
+    q = (groups[:, None] & ranks[None, :]).reshape(-1)
+    return q, groups
+
+
+def keep_blocks(ks: KeepView, t: gs.Tensor, axis: int, mask: np.ndarray, why: Reason) -> None:
+    if ks.kept(t, axis) is not None and ks.size(t, axis) == len(mask):
+        ks.keep(t, axis, mask, why)
+    else:
+        ks.pin(t, axis, why)
+
+
+def keep_head_axis(
+    ks: KeepView, t: gs.Tensor, heads: np.ndarray, y: gs.Tensor, why: Reason, last: gs.Tensor | None = None
+) -> None:
+    """A [batch, heads, seq, d] output (present key/value, scores): the kept heads; batch tied to
+    y's; its sequence pinned; its last axis tied to `last`'s (present value: V's dims) or pinned."""
+    if ir.rank(t) != 4:
+        ks.pin(t)
+        return
+    keep_blocks(ks, t, 1, heads, why)
+    ks.couple(t, 0, y, 0)
+    ks.pin(t, 2)
+    if last is not None:
+        ks.couple(t, 3, last, 3)
+    else:
+        ks.pin(t, 3)
+
+
+def set_attr(node: gs.Node, name: str, old: int, new: int) -> None:
+    if new != old:
+        node.attrs[name] = int(new)
+
+
+# ------------------------------------------------------------------ onnxruntime's Attention
+@register("Attention", domain=MS)
+class ContribAttention(Handler):
+    """x [B, S, in] @ packed weights [in, q + k + v] (+ bias) -> per-head attention ->
+    [B, S, v]. Inputs after bias: mask_index, past, attention_bias, past_sequence_length."""
+
+    evaluate_with_ort = True
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        """The packed projection, and each head's scores and weighted values."""
+        x, w = inputs[0], inputs[1]
+        if x is None or w is None or len(x) != 3 or len(w) != 2:
+            return 0
+        b, s = x[0], x[1]
+        return b * s * int(np.prod(w)) + 2 * b * s * s * (w[1] // 3)
+
+    def sizes(self, node: gs.Node, w: np.ndarray | None) -> tuple[int, int, int, int] | None:
+        """(heads, q, k, v) hidden sizes, from qkv_hidden_sizes or equal thirds."""
+        heads = int(node.attrs.get("num_heads", 0))
+        if w is None or w.ndim != 2 or heads <= 0:
+            return None
+        sizes = node.attrs.get("qkv_hidden_sizes")
+        q, k, v = [int(s) for s in sizes] if sizes else [w.shape[1] // 3] * 3
+        if q + k + v != w.shape[1] or q % heads or k % heads or v % heads or q != k:
+            return None
+        return heads, q, k, v
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        w, y = ctx.value(node.inputs[1]), node.outputs[0]
+        got = self.sizes(node, w)
+        if got is None or w is None or ir.rank(y) != 3:
+            return None
+        heads, q, k, v = got
+        b = ctx.value(ir.present(node, 2))
+        wv = w[:, q + k :]
+        dead = (wv == 0).all(axis=0) & ((b[q + k :] == 0) if b is not None else True)
+        dead = dead.reshape(heads, -1).all(axis=1)  # a head whose V is zero outputs zero
+        if not dead.any():
+            return None
+        mask = np.repeat(dead, v // heads).reshape(1, 1, v)
+        return [ConstInfo(mask, np.zeros((1, 1, 1), w.dtype))]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, wt, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        w = ks.value(wt)
+        got = self.sizes(node, w)
+        if got is None or w is None or ir.rank(x) != 3 or ir.rank(y) != 3:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "weights or sizes unknown"))
+            return
+        heads, q, k, v = got
+        bias = ir.present(node, 2)
+        ks.demand(x, pin=False)
+        ks.demand(wt, pin=False)
+        ks.demand(bias, pin=False)
+        for t in node.inputs[3:]:
+            ks.demand(t if t is not None and t.name else None)
+        ks.couple(x, 0, y, 0)
+        ks.couple(x, 1, y, 1)
+        why = Reason("structure", node.name, node.op, "a head's dims go together")
+        ks.pin(x, 1, Reason("structure", node.name, node.op, "every position is a key"))
+        need = heads_read(ks.kept(y, 2), heads)
+        if any(ir.present(node, i) is not None for i in (4, 5)) or any(
+            ks.is_read(t) for t in node.outputs[1:]
+        ):
+            need[:] = True  # past/present and attention biases carry every head
+        kept = np.flatnonzero(need)
+        cols = np.zeros(q + k + v, bool)
+        for off, size in ((0, q), (q, k), (q + k, v)):
+            cols[blocks(kept, size // heads, off)] = True
+        keep_blocks(ks, y, 2, np.repeat(need, v // heads), why)
+        if bias is not None:
+            ks.couple(wt, 1, bias, 0)
+        ks.keep(wt, 1, cols, why)
+        ks.couple(x, 2, wt, 0)
+        ks.need(x, 2, (w[:, cols] != 0).any(axis=1))
+        for t in node.outputs[1:]:
+            ks.pin(t)
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        w = rw.original(node.inputs[1])
+        got = self.sizes(node, w)
+        kept = rw.kept(node.inputs[1], 1)
+        if got is None or kept is None:
+            return
+        heads, q, k, v = got
+        now = int(kept[:q].sum()) // (q // heads)
+        set_attr(node, "num_heads", heads, now)
+        if node.attrs.get("qkv_hidden_sizes"):
+            node.attrs["qkv_hidden_sizes"] = [
+                int(kept[:q].sum()),
+                int(kept[q : q + k].sum()),
+                int(kept[q + k :].sum()),
+            ]
+
+
+# ------------------------------------------------------------------ packed-hidden forms
+class _PackedHeads(Handler):
+    """Query, key and value as [B, S, heads * head_dim] inputs (projected before the op)."""
+
+    evaluate_with_ort = True
+    #: input slots: query, key, value, packed bias (None: no bias input)
+    slots: tuple[int, int, int, int | None] = (0, 1, 2, 3)
+    #: inputs that carry every head when present (past key/value, per-head biases)
+    all_heads_inputs: tuple[int, ...] = ()
+    #: an attention mask that may have a head axis ([.., heads or 1, q, k])
+    mask_slot: int | None = None
+
+    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+        """(query heads, key/value heads)."""
+        raise NotImplementedError
+
+    def layout(self, node: gs.Node) -> tuple[int, int, int, int, bool] | None:
+        """(query heads, K/V heads, head_dim, value head_dim, packed QKV in the query input)."""
+        counts = self.head_counts(node)
+        qi, ki, vi, _ = self.slots
+        q, k, v = (ir.present(node, i) for i in (qi, ki, vi))
+        if counts is None or q is None or ir.rank(q) != 3:
+            return None
+        hq, hkv = counts
+        if hq <= 0 or hkv <= 0 or hq % hkv:
+            return None
+        qs = ir.static_dim(q, 2)
+        if k is None and v is None:  # packed: [B, S, (hq + 2 hkv) * d]
+            if qs is None or qs % (hq + 2 * hkv):
+                return None
+            d = qs // (hq + 2 * hkv)
+            return hq, hkv, d, d, True
+        ks_, vs = (ir.static_dim(t, 2) if t is not None and ir.rank(t) == 3 else None for t in (k, v))
+        if qs is None or ks_ is None or vs is None or qs % hq or ks_ % hkv or vs % hkv:
+            return None
+        if qs // hq != ks_ // hkv:
+            return None
+        return hq, hkv, qs // hq, vs // hkv, False
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        got = self.layout(node)
+        if got is None or got[4]:
+            return None
+        hq, hkv, d, dv, _ = got
+        _, _, vi, bi = self.slots
+        bias = ctx.value(ir.present(node, bi)) if bi is not None else None
+        if bi is not None and ir.present(node, bi) is not None and bias is None:
+            return None
+        dead_kv = zero_heads(ctx.const(node.inputs[vi]), 2, hkv * dv, hkv)
+        if bias is not None:
+            off = hq * d + hkv * d
+            dead_kv &= (bias[off : off + hkv * dv] == 0).reshape(hkv, dv).all(axis=1)
+        if not dead_kv.any():
+            return None
+        dead = np.repeat(dead_kv, hq // hkv)  # a zero V head: its query heads output zero
+        y = node.outputs[0]
+        dtype = np.dtype(y.dtype) if y.dtype is not None else np.dtype(np.float32)
+        mask = np.repeat(dead, dv).reshape(1, 1, hq * dv)
+        return [ConstInfo(mask, np.zeros((1, 1, 1), dtype))]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        got = self.layout(node)
+        y = node.outputs[0]
+        if got is None or ir.rank(y) != 3:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "head layout unknown"))
+            return
+        hq, hkv, d, dv, packed = got
+        qi, ki, vi, bi = self.slots
+        q = node.inputs[qi]
+        kv_ins = [] if packed else [node.inputs[ki], node.inputs[vi]]
+        bias = ir.present(node, bi) if bi is not None else None
+        for t in [q, *kv_ins, bias]:
+            ks.demand(t, pin=False)
+        for i, t in enumerate(node.inputs):
+            if i not in (qi, ki, vi, bi):
+                ks.demand(t if t is not None and t.name else None)
+        ks.couple(q, 0, y, 0)
+        ks.couple(q, 1, y, 1)
+        for t in kv_ins:
+            ks.couple(t, 0, y, 0)
+            ks.pin(t, 1, Reason("structure", node.name, node.op, "every position is a key"))
+        if packed:
+            ks.pin(q, 1, Reason("structure", node.name, node.op, "every position is a key"))
+        need_q = heads_read(ks.kept(y, 2), hq)
+        need_kv = np.zeros(hkv, bool)
+        # What other readers keep of the inputs stays too, and only as whole heads.
+        kq = ks.kept(q, 2)
+        if packed:
+            kq = np.ones((hq + 2 * hkv) * d, bool) if kq is None else kq
+            need_q |= heads_read(kq[: hq * d], hq)
+            need_kv |= heads_read(kq[hq * d : (hq + hkv) * d], hkv)
+            need_kv |= heads_read(kq[(hq + hkv) * d :], hkv)
+        else:
+            need_q |= heads_read(kq, hq)
+            need_kv |= heads_read(ks.kept(kv_ins[0], 2), hkv) | heads_read(ks.kept(kv_ins[1], 2), hkv)
+        for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
+            if ks.is_read(out):
+                need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
+        if self.every_head(node, ks, node.outputs[3:]):
+            need_q[:], need_kv[:] = True, True  # they carry every head
+        q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
+        why = Reason("structure", node.name, node.op, "a head's dims go together")
+        keep_blocks(ks, y, 2, np.repeat(q_heads, dv), why)
+        qcols = np.repeat(q_heads, d)
+        kcols, vcols = np.repeat(kv_heads, d), np.repeat(kv_heads, dv)
+        if packed:
+            keep_blocks(ks, q, 2, np.concatenate([qcols, kcols, vcols]), why)
+        else:
+            keep_blocks(ks, q, 2, qcols, why)
+            keep_blocks(ks, kv_ins[0], 2, kcols, why)
+            keep_blocks(ks, kv_ins[1], 2, vcols, why)
+        if bias is not None:
+            keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
+        for out in node.outputs[1:3]:
+            keep_head_axis(ks, out, kv_heads, y, why)
+        for out in node.outputs[3:]:
+            ks.pin(out)
+
+    def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor]) -> bool:
+        """Inputs that carry every head (past key/value, per-head biases, a mask with a head
+        axis) or other outputs that are read with one (the scores): no head can go."""
+        if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
+            return True
+        mask = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
+        if mask is not None and (ir.rank(mask) or 0) >= 3 and ir.static_dim(mask, -3) != 1:
+            return True
+        return any(ks.is_read(t) for t in outputs)
+
+    def kept_heads(self, node: gs.Node, rw: RewriteView) -> tuple[int, int] | None:
+        got = self.layout(node)
+        k = rw.kept(node.outputs[0], 2)
+        if got is None or k is None:
+            return None
+        hq, hkv, d, dv, _ = got
+        q_heads = heads_read(k, hq)
+        kv = q_heads.reshape(hkv, hq // hkv).any(axis=1)
+        return int(q_heads.sum()), int(kv.sum())
+
+
+@register("MultiHeadAttention", domain=MS)
+class MultiHeadAttention(_PackedHeads):
+    """query, key, value, bias, key_padding_mask, attention_bias, past_key, past_value, ..."""
+
+    slots = (0, 1, 2, 3)
+    all_heads_inputs = (5, 6, 7)
+
+    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+        heads = int(node.attrs.get("num_heads", 0))
+        return (heads, heads) if heads > 0 else None
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        got = self.kept_heads(node, rw)
+        if got is not None:
+            set_attr(node, "num_heads", int(node.attrs["num_heads"]), got[0])
+
+
+@register("GroupQueryAttention", domain=MS)
+class GroupQueryAttention(_PackedHeads):
+    """query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+    sin_cache, position_ids, attention_bias, head_sink; a K/V head serves
+    num_heads / kv_num_heads query heads."""
+
+    slots = (0, 1, 2, None)
+    all_heads_inputs = (3, 4, 10, 11)
+
+    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+        hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
+        return (hq, hkv) if hq > 0 and hkv > 0 else None
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        got = self.kept_heads(node, rw)
+        if got is not None:
+            set_attr(node, "num_heads", int(node.attrs["num_heads"]), got[0])
+            set_attr(node, "kv_num_heads", int(node.attrs["kv_num_heads"]), got[1])
+
+
+# ------------------------------------------------------------------ ONNX Attention (opset 23)
+@register("Attention", since=23)
+class OnnxAttention(_PackedHeads):
+    """Q, K, V, attn_mask, past_key, past_value[, nonpad_kv_seqlen] -> Y, present_key,
+    present_value, qk_matmul_output. 4-D inputs ([B, heads, seq, head_dim]) have heads as an
+    axis; 3-D inputs pack them ([B, seq, heads * head_dim], with q_num_heads/kv_num_heads)."""
+
+    slots = (0, 1, 2, None)
+    all_heads_inputs = (4, 5)
+    mask_slot = 3
+
+    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+        hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
+        return (hq, hkv) if hq > 0 and hkv > 0 else None
+
+    def four_d(self, node: gs.Node) -> tuple[int, int] | None:
+        """(query heads, K/V heads) of the 4-D form, when static."""
+        q, k, v = node.inputs[:3]
+        if not all(ir.rank(t) == 4 for t in (q, k, v, node.outputs[0])):
+            return None
+        hq, hkv = ir.static_dim(q, 1), ir.static_dim(k, 1)
+        if hq is None or hkv is None or hq % hkv or ir.static_dim(v, 1) != hkv:
+            return None
+        return hq, hkv
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        if ir.rank(node.inputs[0]) == 3:
+            return super().constants(node, ctx)
+        got = self.four_d(node)
+        c = ctx.const(node.inputs[2])
+        if got is None or c is None:
+            return None
+        hq, hkv = got
+        shape = np.broadcast_shapes(c.mask.shape, c.value.shape)
+        zero = (np.broadcast_to(c.mask, shape) & (np.broadcast_to(c.value, shape) == 0)).all(
+            axis=(0, 2)
+        )  # [kv heads or 1, dv or 1]: V's zero columns, per K/V head
+        if not zero.any():
+            return None
+        if zero.shape[0] == hkv and hq != hkv:
+            zero = np.repeat(zero, hq // hkv, axis=0)  # each query head reads its K/V head
+        return [ConstInfo(zero[None, :, None, :], np.zeros((1, 1, 1, 1), c.value.dtype))]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        if ir.rank(node.inputs[0]) == 3:
+            super().keep(node, ks)
+            return
+        got = self.four_d(node)
+        q, k, v = node.inputs[:3]
+        y = node.outputs[0]
+        if got is None:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "head counts unknown"))
+            return
+        hq, hkv = got
+        for t in (q, k, v):
+            ks.demand(t, pin=False)
+        for t in node.inputs[3:]:
+            ks.demand(t if t is not None and t.name else None)
+        key = Reason("structure", node.name, node.op, "every position is a key")
+        dims = Reason("structure", node.name, node.op, "query and key dims are contracted")
+        ks.couple(q, 0, y, 0)
+        ks.couple(q, 2, y, 2)
+        ks.couple(v, 3, y, 3)  # output column j is probs @ V[..., j]
+        for t in (k, v):
+            ks.couple(t, 0, y, 0)
+            ks.pin(t, 2, key)
+        ks.pin(q, 3, dims)
+        ks.pin(k, 3, dims)
+        need_q = heads_read(ks.kept(y, 1), hq) | heads_read(ks.kept(q, 1), hq)
+        need_kv = heads_read(ks.kept(k, 1), hkv) | heads_read(ks.kept(v, 1), hkv)
+        for out in node.outputs[1:3]:
+            if ks.is_read(out):
+                need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
+        qk = node.outputs[3] if len(node.outputs) > 3 else None
+        if qk is not None and ks.is_read(qk):
+            need_q |= heads_read(ks.kept(qk, 1), hq) if ir.rank(qk) == 4 else True
+        if self.every_head(node, ks, ()):
+            need_q[:], need_kv[:] = True, True
+        q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
+        why = Reason("structure", node.name, node.op, "a head's query, key and value go together")
+        for t in (q, y):
+            keep_blocks(ks, t, 1, q_heads, why)
+        for t in (k, v):
+            keep_blocks(ks, t, 1, kv_heads, why)
+        for j, out in enumerate(node.outputs[1:3]):
+            keep_head_axis(ks, out, kv_heads, y, why, last=v if j == 1 else None)
+        if qk is not None:
+            keep_head_axis(ks, qk, q_heads, y, why)
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        if ir.rank(node.inputs[0]) != 3:
+            return  # heads are an axis: nothing names their count
+        got = self.kept_heads(node, rw)
+        if got is not None:
+            set_attr(node, "q_num_heads", int(node.attrs["q_num_heads"]), got[0])
+            set_attr(node, "kv_num_heads", int(node.attrs["kv_num_heads"]), got[1])
+
+
+# ------------------------------------------------------------------ rotary embeddings
+class _Rotary(Handler):
+    """Rotates pairs of dims within each head: [B, heads, S, d] (heads an axis) or
+    [B, S, heads * d] (blocks). Heads pass through whole; the head dims stay."""
+
+    evaluate_with_ort = True
+    cos_slot = 2
+
+    def head_size(self, node: gs.Node, hidden: int, reader: Reader) -> int | None:
+        heads = int(node.attrs.get("num_heads", 0))
+        if heads > 0:
+            return hidden // heads if hidden % heads == 0 else None
+        cos = ir.present(node, self.cos_slot)
+        half = ir.static_dim(cos, -1) if cos is not None else None
+        return 2 * half if half else None  # no num_heads: a head is the rotary dims
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        for i, t in enumerate(node.inputs):
+            ks.demand(t if t is not None and t.name else None, pin=i != 0)
+        why = Reason("structure", node.name, node.op, "rotations pair dims within a head")
+        if r == 4 and ir.rank(y) == 4:
+            for a in range(3):
+                ks.couple(x, a, y, a)
+            ks.pin(x, 3, why)
+            ks.pin(y, 3, why)
+            return
+        hidden = ir.static_dim(x, 2) if r == 3 else None
+        d = self.head_size(node, hidden, ks) if hidden else None
+        if r != 3 or ir.rank(y) != 3 or hidden is None or d is None or hidden % d:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "head layout unknown"))
+            return
+        ks.couple(x, 0, y, 0)
+        ks.couple(x, 1, y, 1)
+        heads = hidden // d
+        need = heads_read(ks.kept(y, 2), heads) | heads_read(ks.kept(x, 2), heads)
+        for t in (x, y):
+            keep_blocks(ks, t, 2, np.repeat(need, d), why)
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        heads = int(node.attrs.get("num_heads", 0))
+        k = rw.kept(node.outputs[0], 2) if ir.rank(node.outputs[0]) == 3 else None
+        hidden = ir.static_dim(node.outputs[0], 2)
+        if heads > 0 and k is not None and hidden:
+            set_attr(node, "num_heads", heads, int(k.sum()) // (hidden // heads))
+
+
+@register("RotaryEmbedding", domain=MS)
+class ContribRotary(_Rotary):
+    """input, position_ids, cos_cache, sin_cache."""
+
+    cos_slot = 2
+
+
+@register("RotaryEmbedding", since=23)
+class OnnxRotary(_Rotary):
+    """X, cos_cache, sin_cache[, position_ids]."""
+
+    cos_slot = 1

@@ -1,0 +1,382 @@
+"""Quantized models: QDQ (`QuantizeLinear`/`DequantizeLinear` around float ops), dynamic
+quantization (`DynamicQuantizeLinear` feeding `MatMulInteger`/`ConvInteger`) and the operator
+form (`QLinearMatMul`, `QLinearConv`).
+
+The reference is the quantized model as given: a masked weight quantizes to its zero point, so
+an integer weight "is zero" where it equals its zero point, and DequantizeLinear of it is
+exactly 0. Integer products read `(a - a_zero_point) * (w - w_zero_point)`: an input feature
+whose weights all equal their zero point is unread, and one whose values all equal its zero
+point adds nothing. Per-channel scales and zero points (1-D, along `axis`) slice with their
+channel; per-tensor ones (scalars) stay.
+
+- Q and DQ are elementwise (their scale and zero point broadcast along `axis`): they pass
+  channels through, and their constants are computed with onnxruntime's kernels.
+- DynamicQuantizeLinear computes its scale and zero point from every element of its input
+  (min and max, with 0 always in the range): an index may go only where its whole slice is
+  constant zero; everything else stays, as under a normalization.
+- The integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv) are a weight
+  product with zero points: output channels whose weights equal the zero point are constant
+  (0, or the requantized bias); no constant is folded into them, so an input feature goes only
+  when unread or equal to its zero point. A ConvInteger/QLinearConv input channel equal to its
+  zero point is removed under ONNX's definition of these ops (onnx's reference: the input is
+  shifted by its zero point, then zero-padded), which onnxruntime follows (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.keep import Reason
+from onnxshrink.ops.common import along, const_or_live, couple_same
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, WeightAxes
+from onnxshrink.ops.registry import register
+
+
+def per_axis(node: gs.Node, reader: Reader, slot: int, rank: int) -> int | None:
+    """The axis a quantization parameter at `slot` runs along (its `axis` attribute), or None
+    for a per-tensor one (a scalar or a single value)."""
+    t = ir.present(node, slot)
+    if t is None or ir.rank(t) in (None, 0):
+        return None
+    if ir.rank(t) == 1 and ir.static_dim(t, 0) == 1:
+        return None
+    return ir.norm_axis(int(node.attrs.get("axis", 1)), rank)
+
+
+def tie_params(ks: KeepView, node: gs.Node, slots: tuple[int, ...], y: gs.Tensor, axis: int) -> None:
+    """Parameters at `slots`: a 1-D one of y's size along `axis` is sliced with it; a scalar
+    stays whole."""
+    n = ks.size(y, axis)
+    for s in slots:
+        t = ir.present(node, s)
+        if t is None:
+            continue
+        if ir.rank(t) == 1 and ks.size(t, 0) == n and n not in (None, 1):
+            ks.demand(t, pin=False)
+            ks.couple(t, 0, y, axis)
+        else:
+            ks.demand(t)
+
+
+# ------------------------------------------------------------------ Q and DQ
+@register("QuantizeLinear", "DequantizeLinear", since=10)
+class QuantizeDequantize(Handler):
+    """y = saturate(round(x / scale) + zp), or y = (x - zp) * scale: elementwise, the scale
+    and zero point per tensor or along `axis`."""
+
+    evaluate_with_ort = True
+
+    def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
+        return list(range(rank)) if i == 0 else None
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        return WeightAxes(0, None, "vector") if i in (1, 2) and rank == 1 else None
+
+    def blocked(self, node: gs.Node) -> bool:
+        return int(node.attrs.get("block_size", 0)) != 0
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        x, y = node.inputs[0], node.outputs[0]
+        c, r = ctx.const(x), ir.rank(y)
+        if c is None or r is None or self.blocked(node):
+            return None
+        params = [ctx.value(ir.present(node, i)) for i in (1, 2)]
+        if params[0] is None or (ir.present(node, 2) is not None and params[1] is None):
+            return None
+        m, v = const_or_live(ctx, x, r)
+        axis = per_axis(node, ctx, 1, r)
+        if axis is not None:  # the values must line up with their per-channel parameters
+            n = ir.static_dim(x, axis)
+            if n is None:
+                return None
+            shape = list(np.broadcast_shapes(m.shape, v.shape))
+            shape[axis] = n
+            m, v = np.broadcast_to(m, shape), np.broadcast_to(v, shape)
+        elif r > 0:
+            params = [None if p is None else p.reshape(()) for p in params]
+        out = ctx.evaluate(node, [np.ascontiguousarray(v), *params])[0]
+        m, out = np.broadcast_arrays(m, out)
+        return [compress(np.array(m), np.array(out))]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(y)
+        if r is None or ir.rank(x) != r or self.blocked(node):
+            why = "block quantization" if self.blocked(node) else "shapes unknown"
+            ks.barrier(node, Reason("barrier", node.name, node.op, why))
+            return
+        ks.demand(x, pin=False)
+        couple_same(ks, node, x, y)
+        axis = per_axis(node, ks, 1, r)
+        if axis is None:
+            for t in node.inputs[1:]:
+                ks.demand(t if t is not None and t.name else None)
+        else:
+            tie_params(ks, node, (1, 2), y, axis)
+
+
+@register("QuantizeLinear", "DequantizeLinear", domain="com.microsoft")
+class ContribQuantizeDequantize(QuantizeDequantize):
+    """onnxruntime's own Q/DQ (16-bit and 4-bit types before ONNX had them): the same ops."""
+
+
+@register("DynamicQuantizeLinear", since=11)
+class DynamicQuantizeLinear(Handler):
+    """x -> (uint8 y, scale, zero point) from x's min and max (0 always in range): its
+    statistics see every element, so an index goes only where x is constant zero."""
+
+    evaluate_with_ort = True
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        if r is None or ir.rank(y) != r:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "shapes unknown"))
+            return
+        ks.demand(x, pin=False)
+        couple_same(ks, node, x, y)
+        why = Reason(
+            "normalization",
+            node.name,
+            node.op,
+            "its scale and zero point are computed from every element (only zeros do not count)",
+        )
+        c = ks.const(x)
+        for a in range(r):
+            n = ks.size(x, a)
+            if n is None:
+                continue
+            zero = c.slice_zero(a, n) if c is not None else np.zeros(n, bool)
+            ks.keep(x, a, ~zero, why)
+        for t in node.outputs[1:]:
+            ks.pin(t)
+
+
+def at_zero_point(reader: Reader, node: gs.Node, a_slot: int, zp_slot: int, axis: int, n: int) -> np.ndarray:
+    """Per index of input a_slot along `axis`: is its whole slice equal to its zero point (it
+    adds nothing to an integer product)? Known when the input is constant there and the zero
+    point constant, or when the input is DynamicQuantizeLinear's output with its own zero point
+    (its input constant zero there: zero quantizes to the zero point exactly)."""
+    a, zp = node.inputs[a_slot], ir.present(node, zp_slot)
+    src = ir.producer(a)
+    if (
+        src is not None
+        and src.op == "DynamicQuantizeLinear"
+        and src.outputs[0] is a
+        and len(src.outputs) > 2
+        and zp is src.outputs[2]
+    ):
+        cx = reader.const(src.inputs[0])
+        return cx.slice_zero(axis, n) if cx is not None else np.zeros(n, bool)
+    c = reader.const(a)
+    zv = np.zeros((), np.int32) if zp is None else reader.value(zp)
+    if c is None or zv is None or zv.size != 1:
+        return np.zeros(n, bool)
+    shape = np.broadcast_shapes(c.mask.shape, c.value.shape)
+    at = np.broadcast_to(c.mask, shape) & (np.broadcast_to(c.value, shape) == zv.reshape(()))
+    return ConstInfo(at, np.broadcast_to(c.value, shape)).slice_constant(axis, n)
+
+
+def weight_live(w: np.ndarray, zp: np.ndarray | None, out_axis: int) -> np.ndarray:
+    """Where an integer weight differs from its zero point (per tensor or per output channel)."""
+    w = w.astype(np.int64)
+    if zp is None or zp.size == 1:
+        return w != (0 if zp is None else int(zp.reshape(-1)[0]))
+    return w != along(zp.reshape(-1).astype(np.int64), out_axis, w.ndim)
+
+
+# ------------------------------------------------------------------ integer products
+class _IntegerProduct(Handler):
+    """A weight product with zero points: x, w and their parameters at `slots`."""
+
+    evaluate_with_ort = True
+    x_slot, w_slot, x_zp, w_zp = 0, 1, 2, 3
+    per_output: tuple[int, ...] = (3,)  # parameters along the weight's output channels
+
+    def w_axes(self, rank: int) -> tuple[int, int]:
+        """(output-channel axis, input-feature axis) of the weight."""
+        raise NotImplementedError
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        if i == self.w_slot and rank >= 2:
+            out, inp = self.w_axes(rank)
+            return WeightAxes(out, inp, "conv" if rank > 2 else "linear")
+        return None
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        w = inputs[self.w_slot] if self.w_slot < len(inputs) else None
+        if w is None or len(w) < 2:
+            return 0
+        _, inp = self.w_axes(len(w))
+        per_output = int(np.prod(w[1:])) if len(w) > 2 else int(w[inp])  # conv: a filter
+        return int(np.prod(output)) * per_output
+
+    def live_weights(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """[output channel, input feature]: is any weight between them off its zero point?"""
+        w = reader.value(node.inputs[self.w_slot])
+        zp = ir.present(node, self.w_zp)
+        zv = reader.value(zp) if zp is not None else None
+        if w is None or (zp is not None and zv is None):
+            return None
+        out, inp = self.w_axes(w.ndim)
+        moved = np.moveaxis(weight_live(w, zv, out), (out, inp), (0, 1))
+        return np.asarray(moved.reshape(moved.shape[0], moved.shape[1], -1).any(axis=2))
+
+    def dead_outputs(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """Output channels whose weights all equal their zero point."""
+        live = self.live_weights(node, reader)
+        return None if live is None else np.asarray(~live.any(axis=1))
+
+    def reads(self, node: gs.Node, reader: Reader, kept_out: np.ndarray | None) -> np.ndarray | None:
+        """Input features some kept output channel reads with a weight off its zero point."""
+        live = self.live_weights(node, reader)
+        if live is None:
+            return None
+        return np.asarray(live[kept_out].any(axis=0) if kept_out is not None else live.any(axis=0))
+
+    def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        """Dead output channels do not depend on x: evaluated once on a small stand-in."""
+        dead, y = self.dead_outputs(node, ctx), node.outputs[0]
+        r = ir.rank(y)
+        if dead is None or not dead.any() or r is None:
+            return None
+        x = self.dummy_input(node, ctx)
+        others = [ctx.value(t) if t is not None and t.name else None for t in node.inputs]
+        if x is None or any(
+            v is None and i not in (self.x_slot, self.x_zp) and ir.present(node, i) is not None
+            for i, v in enumerate(others)
+        ):
+            return None
+        others[self.x_slot] = x
+        if self.x_zp < len(others) and ir.present(node, self.x_zp) is not None:
+            others[self.x_zp] = np.zeros((), x.dtype)  # its run-time zero point: any will do
+        out = ctx.evaluate(node, others)[0]
+        ch = self.out_axis(r)
+        values = np.moveaxis(out, ch, 0).reshape(out.shape[ch], -1)[:, 0]
+        return [ConstInfo(along(dead, ch, r), along(np.where(dead, values, 0).astype(out.dtype), ch, r))]
+
+    def out_axis(self, r: int) -> int:
+        raise NotImplementedError
+
+
+@register("MatMulInteger", since=10)
+class MatMulInteger(_IntegerProduct):
+    """A [.., M, K] x B [K, N] (constant) with a_zero_point and b_zero_point (per column)."""
+
+    def w_axes(self, rank: int) -> tuple[int, int]:
+        return rank - 1, rank - 2
+
+    def out_axis(self, r: int) -> int:
+        return r - 1
+
+    def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
+        w, a = ctx.value(node.inputs[self.w_slot]), node.inputs[self.x_slot]
+        ra = ir.rank(a)
+        if w is None or ra is None or ra < 2:
+            return None
+        dtype = a.dtype if a.dtype is not None else np.uint8
+        return np.zeros((1,) * (ra - 1) + (w.shape[-2],), dtype=np.dtype(dtype))
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        a, b, y = node.inputs[self.x_slot], node.inputs[self.w_slot], node.outputs[0]
+        ra, ry = ir.rank(a), ir.rank(y)
+        w = ks.value(b)
+        if w is None or w.ndim != 2 or ra is None or ra < 2 or ry != ra:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "weights not a constant matrix"))
+            return
+        ks.demand(a, pin=False)
+        ks.demand(b, pin=False)
+        for j in range(ra - 1):
+            ks.couple(a, j, y, j)
+        ks.couple(b, 1, y, ry - 1)
+        ks.couple(a, ra - 1, b, 0)
+        tie_params(ks, node, self.per_output, y, ry - 1)
+        for i, t in enumerate(node.inputs):
+            if i not in (self.x_slot, self.w_slot, *self.per_output):
+                ks.demand(t if t is not None and t.name else None)
+        reads = self.reads(node, ks, ks.kept(y, ry - 1))
+        k = len(reads) if reads is not None else 0
+        silent = at_zero_point(ks, node, self.x_slot, self.x_zp, ra - 1, k)
+        if reads is None:
+            ks.pin(a, ra - 1)
+        else:
+            ks.need(a, ra - 1, reads & ~silent)
+
+
+@register("QLinearMatMul", since=10)
+class QLinearMatMul(MatMulInteger):
+    """a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp: MatMulInteger requantized."""
+
+    x_slot, w_slot, x_zp, w_zp = 0, 3, 2, 5
+    per_output = (4, 5)
+
+
+@register("ConvInteger", since=10)
+class ConvInteger(_IntegerProduct):
+    """x [N, C, ...] with a constant weight [M, C, k...], x_zero_point, w_zero_point (per M)."""
+
+    bias_slot: int | None = None
+
+    def w_axes(self, rank: int) -> tuple[int, int]:
+        return 0, 1
+
+    def out_axis(self, r: int) -> int:
+        return 1
+
+    def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
+        """One sample, the kernel's extent in every spatial dim (so at least one output)."""
+        w, x = ctx.value(node.inputs[self.w_slot]), node.inputs[self.x_slot]
+        if w is None:
+            return None
+        dil = node.attrs.get("dilations") or [1] * (w.ndim - 2)
+        spatial = [(k - 1) * int(d) + 1 for k, d in zip(w.shape[2:], dil, strict=True)]
+        dtype = x.dtype if x.dtype is not None else np.uint8
+        return np.zeros([1, w.shape[1], *spatial], dtype=np.dtype(dtype))
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, wt, y = node.inputs[self.x_slot], node.inputs[self.w_slot], node.outputs[0]
+        w, r = ks.value(wt), ir.rank(x)
+        if (
+            w is None
+            or r is None
+            or ir.rank(y) != r
+            or int(node.attrs.get("group", 1)) != 1
+            or ks.size(x, 1) != w.shape[1]
+        ):
+            ks.barrier(
+                node, Reason("barrier", node.name, node.op, "weights unknown or a grouped conv")
+            )
+            return
+        ks.demand(x, pin=False)
+        ks.demand(wt, pin=False)
+        ks.couple(x, 0, y, 0)
+        for a in range(2, r):
+            ks.pin(x, a)
+            ks.pin(y, a)
+            ks.pin(wt, a)
+        ks.couple(x, 1, wt, 1)
+        ks.couple(y, 1, wt, 0)
+        tie_params(ks, node, self.per_output, y, 1)
+        for i, t in enumerate(node.inputs):
+            if i not in (self.x_slot, self.w_slot, *self.per_output):
+                ks.demand(t if t is not None and t.name else None)
+        reads = self.reads(node, ks, ks.kept(y, 1))
+        assert reads is not None  # w is constant (checked above)
+        ks.need(x, 1, reads & ~at_zero_point(ks, node, self.x_slot, self.x_zp, 1, len(reads)))
+
+
+@register("QLinearConv", since=10)
+class QLinearConv(ConvInteger):
+    """x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias: ConvInteger requantized, with
+    an int32 bias and per-channel w_scale, w_zp."""
+
+    x_slot, w_slot, x_zp, w_zp = 0, 3, 2, 5
+    per_output = (4, 5, 8)

@@ -1,0 +1,217 @@
+"""Recurrent layers: LSTM, GRU and RNN. Hidden units are the channels.
+
+Unit j of a layer owns row g * hidden + j of W and R for each of its G gates (LSTM 4: i, o, f,
+c; GRU 3: z, r, h; RNN 1), the same rows of both halves of B (Wb, Rb), of the peepholes P
+(LSTM), column j of R (what every unit reads of it at the previous step), index j of the
+initial states and of the outputs Y, Y_h, Y_c. `hidden_size` is one attribute for every
+direction, so a kept unit is kept in each direction (one index set for the hidden axis).
+
+A unit stays when a kept output reads it, or when a kept unit reads it through R (the closure
+is taken to a fixpoint). A unit whose W, R and B rows (and peepholes, initial states) are all
+zero, under the default activations, is exactly zero at every step: sigmoid(0) gates times
+tanh(0) = 0 candidates keep its cell and hidden state at 0 (GRU: h = z * h_prev = 0; RNN:
+tanh(0) = 0). It is a constant its readers absorb, and what it reads through R is not needed.
+Input features no kept unit reads (W columns zero), or that are zero, go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxshrink import ir
+from onnxshrink.analyze.constants import ConstInfo
+from onnxshrink.analyze.keep import Reason
+from onnxshrink.ops.common import along
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
+from onnxshrink.ops.registry import register
+
+
+class _Recurrent(Handler):
+    gates = 1
+    peepholes = False
+    #: state inputs ([dirs, batch, hidden], or [batch, dirs, hidden] with layout 1)
+    state_inputs: tuple[int, ...] = (5,)
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        """Every step of every sequence: the input and recurrent products of every gate."""
+        x, w, r = (inputs[i] if i < len(inputs) else None for i in range(3))
+        if x is None or w is None or r is None or len(x) != 3:
+            return 0
+        return x[0] * x[1] * (int(np.prod(w)) + int(np.prod(r)))
+
+    # -------------------------------------------------------------- structure
+    def axes(self, node: gs.Node) -> dict[str, tuple[int, ...]]:
+        """Axis roles: X (seq, batch, feature), Y (seq, dir, batch, hidden), states (dir,
+        batch, hidden)."""
+        if int(node.attrs.get("layout", 0)):
+            return {"x": (1, 0, 2), "y": (1, 2, 0, 3), "state": (1, 0, 2)}
+        return {"x": (0, 1, 2), "y": (0, 1, 2, 3), "state": (0, 1, 2)}
+
+    def weights(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
+        """(W, R, B or None, hidden size) when W and R (and B) are constants of the layout."""
+        w, r = reader.value(node.inputs[1]), reader.value(node.inputs[2])
+        b_t = ir.present(node, 3)
+        b = reader.value(b_t) if b_t is not None else None
+        h = int(node.attrs.get("hidden_size", 0))
+        if w is None or r is None or (b_t is not None and b is None) or h <= 0:
+            return None
+        g = self.gates
+        if w.ndim != 3 or r.shape != (w.shape[0], g * h, h) or w.shape[1] != g * h:
+            return None
+        if b is not None and b.shape != (w.shape[0], 2 * g * h):
+            return None
+        return w, r, b, h
+
+    def rows(self, units: np.ndarray, copies: int) -> np.ndarray:
+        """Unit mask -> mask of the rows of `copies` stacked blocks (gates)."""
+        return np.tile(units, copies)
+
+    def default_activations(self, node: gs.Node) -> bool:
+        return not node.attrs.get("activations") and node.attrs.get("clip") is None
+
+    def zero_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """Units exactly zero at every step (see the module docstring); None if unknown."""
+        got = self.weights(node, reader)
+        if got is None:
+            return None
+        w, r, b, h = got
+        g = self.gates
+        if not self.default_activations(node) or int(node.attrs.get("input_forget", 0)):
+            return np.zeros(h, bool)
+        zero = ~(w != 0).any(axis=2).reshape(-1, g, h).any(axis=(0, 1))
+        zero &= ~(r != 0).any(axis=2).reshape(-1, g, h).any(axis=(0, 1))
+        if b is not None:
+            zero &= ~(b != 0).reshape(-1, 2 * g, h).any(axis=(0, 1))
+        p_t = ir.present(node, 7) if self.peepholes else None
+        if p_t is not None:
+            p = reader.value(p_t)
+            if p is None:
+                return np.zeros(h, bool)
+            zero &= ~(p != 0).reshape(-1, 3, h).any(axis=(0, 1))
+        axis = self.axes(node)["state"][2]
+        for i in self.state_inputs:
+            t = ir.present(node, i)
+            if t is None:
+                continue
+            c = reader.const(t)
+            zero &= c.slice_zero(axis, h) if c is not None else False
+        return zero
+
+    # -------------------------------------------------------------- forward
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        zero = self.zero_units(node, ctx)
+        if zero is None or not zero.any():
+            return None
+        roles = self.axes(node)
+        outs: list[ConstInfo | None] = []
+        for k, t in enumerate(node.outputs):
+            r = ir.rank(t)
+            hid = roles["y"][3] if k == 0 else roles["state"][2]
+            if r is None or hid >= r:
+                outs.append(None)
+                continue
+            dtype = t.dtype if t.dtype is not None else np.float32
+            outs.append(ConstInfo(along(zero, hid, r), np.zeros((1,) * r, np.dtype(dtype))))
+        return outs
+
+    # -------------------------------------------------------------- backward
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        got = self.weights(node, ks)
+        x = node.inputs[0]
+        if got is None or ir.rank(x) != 3:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "weights or shapes unknown"))
+            return
+        w, r, b, h = got
+        roles = self.axes(node)
+        xs, xb, xf = roles["x"]
+        wt, rt, bt = node.inputs[1], node.inputs[2], ir.present(node, 3)
+        for t in (x, wt, rt, bt):
+            ks.demand(t, pin=False)
+        states = [ir.present(node, i) for i in self.state_inputs]
+        p_t = ir.present(node, 7) if self.peepholes else None
+        for t in [*states, p_t]:
+            ks.demand(t, pin=False)
+        for i, t in enumerate(node.inputs):
+            if i not in (0, 1, 2, 3, 7 if self.peepholes else -1, *self.state_inputs):
+                ks.demand(t if t is not None and t.name else None)  # sequence_lens
+        time = Reason("structure", node.name, node.op, "every step feeds the next")
+        ks.pin(x, xs, time)
+        for t in (wt, rt, bt, p_t):
+            if t is not None:
+                ks.pin(t, 0)  # directions
+        outs = [(t, roles["y"] if k == 0 else roles["state"]) for k, t in enumerate(node.outputs)]
+        for t, role in outs:
+            if ir.rank(t) != len(role):
+                ks.pin(t)
+                continue
+            ks.couple(x, xb, t, role[-2])  # batch
+            ks.pin(t, role[-3])  # directions
+            if len(role) == 4:
+                ks.pin(t, role[0], time)
+        for t in states:
+            if t is not None and ir.rank(t) == 3:
+                ks.couple(x, xb, t, roles["state"][1])
+                ks.pin(t, roles["state"][0])
+            elif t is not None:
+                ks.pin(t)
+        # The units: those kept outputs read, closed under R (what kept units read of it).
+        zero = self.zero_units(node, ks)
+        zero = np.zeros(h, bool) if zero is None else zero
+        need = np.zeros(h, bool)
+        for t, role in outs:
+            k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
+            if k is not None and len(k) == h:
+                need |= k
+            elif ks.is_read(t):
+                need[:] = True
+        reads = (r != 0).reshape(r.shape[0], self.gates, h, h).any(axis=(0, 1))  # [unit, unit it reads]
+        while True:
+            more = (need | reads[need].any(axis=0)) & ~zero | need
+            if (more == need).all():
+                break
+            need = more
+        why = Reason("structure", node.name, node.op, "a hidden unit keeps its gates, states and outputs")
+        for t, role in outs:
+            if ir.rank(t) == len(role):
+                ks.keep(t, role[-1], need, why)
+        ks.keep(wt, 1, self.rows(need, self.gates), why)
+        ks.keep(rt, 1, self.rows(need, self.gates), why)
+        ks.keep(rt, 2, need, why)
+        if bt is not None:
+            ks.keep(bt, 1, self.rows(need, 2 * self.gates), why)
+        if p_t is not None:
+            ks.keep(p_t, 1, self.rows(need, 3), why)
+        for t in states:
+            if t is not None and ir.rank(t) == 3:
+                ks.keep(t, roles["state"][2], need, why)
+        ks.couple(x, xf, wt, 2)
+        cx = ks.const(x)
+        silent = cx.slice_zero(xf, w.shape[2]) if cx is not None else np.zeros(w.shape[2], bool)
+        used = (w[:, self.rows(need, self.gates)] != 0).any(axis=(0, 1))
+        ks.need(x, xf, used & ~silent)
+
+    # -------------------------------------------------------------- rewrite
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        k = rw.kept(node.inputs[2], 2)
+        if k is not None:
+            node.attrs["hidden_size"] = int(k.sum())
+
+
+@register("LSTM")
+class LSTM(_Recurrent):
+    gates = 4
+    peepholes = True
+    state_inputs = (5, 6)
+
+
+@register("GRU")
+class GRU(_Recurrent):
+    gates = 3
+
+
+@register("RNN")
+class RNN(_Recurrent):
+    gates = 1

@@ -1,0 +1,204 @@
+"""Quantized models (ops/quantize.py): QDQ, dynamic quantization and the QLinear operator form.
+The reference is the quantized model itself: masked weights quantize to their zero point."""
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from conftest import export_cached, half_masked, params, run, shapes, shrink_checked, tiny
+
+from models.transformers import TRANSFORMERS
+from models.zoo import ZOO
+
+QDQ = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, 6, 6] x, int8[8, 3, 3, 3] Wq, float[8] Ws, int8[8] Wz, int8[4, 8, 1, 1] Vq, float[4] Vs, int8[4] Vz, float S, uint8 Z) => (float[1, 4, 6, 6] y) {
+  w = DequantizeLinear <axis = 0> (Wq, Ws, Wz)
+  v = DequantizeLinear <axis = 0> (Vq, Vs, Vz)
+  xq = QuantizeLinear (x, S, Z)
+  xd = DequantizeLinear (xq, S, Z)
+  h = Conv <pads = [1, 1, 1, 1]> (xd, w)
+  r = Relu (h)
+  hq = QuantizeLinear (r, S, Z)
+  hd = DequantizeLinear (hq, S, Z)
+  y = Conv (hd, v)
+}"""
+
+
+def qdq_values(dead_filters):
+    rng = np.random.default_rng(0)
+    wz = rng.integers(-3, 3, 8).astype(np.int8)
+    wq = rng.integers(-100, 100, (8, 3, 3, 3)).astype(np.int8)
+    wq[dead_filters] = wz[dead_filters, None, None, None]  # masked: the zero point
+    return {
+        "Wq": wq, "Wz": wz, "Ws": rng.uniform(0.01, 0.02, 8), "Vs": rng.uniform(0.01, 0.02, 4),
+        "Vz": np.zeros(4), "S": 0.05, "Z": 128,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("domain", ["", "com.microsoft"])
+def test_qdq_masked_filters_go_with_their_per_channel_scales_and_zero_points(domain):
+    dead = [1, 4, 5]
+    model = tiny(QDQ, values=qdq_values(dead))
+    if domain:  # onnxruntime's own Q/DQ ops
+        model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+        for n in model.graph.node:
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                n.domain = domain
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["Wq"] == (5, 3, 3, 3) and s["Ws"] == s["Wz"] == (5,)  # per channel: sliced
+    assert s["Vq"] == (4, 5, 1, 1) and s["Vs"] == s["Vz"] == (4,)
+    assert s["S"] == s["Z"] == ()  # per tensor: kept
+    assert not result.barriers
+
+
+DYNAMIC = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 4, 8] x, float[8, 16] W1, float[16] B1, int8[16, 8] Wq, int8 Wz, float Ws) => (float[1, 4, 8] y) {
+  h = MatMul (x, W1)
+  a = Add (h, B1)
+  r = Relu (a)
+  q, qs, qz = DynamicQuantizeLinear (r)
+  p = MatMulInteger (q, Wq, qz, Wz)
+  f = Cast <to = 1> (p)
+  s = Mul (qs, Ws)
+  y = Mul (f, s)
+}"""
+NEURONS = [1, 4, 6, 9, 12]
+
+
+def test_dynamic_quantization_zero_features_go_and_constant_ones_stay():
+    zeroed = tiny(DYNAMIC, zero={"W1": np.s_[:, NEURONS], "B1": np.s_[NEURONS]})
+    result = shrink_checked(zeroed)
+    assert shapes(result.model)["W1"] == (8, 11) and shapes(result.model)["Wq"] == (11, 8)
+    # The bias left: relu(bias) is a constant the dynamic range sees. It stays, even with the
+    # quantized weight's rows for it at the zero point (unread), and the reason says so.
+    values = {
+        "B1": np.linspace(0.1, 1, 16),
+        "Wz": 3,
+        "Wq": np.where(np.isin(np.arange(16), NEURONS)[:, None], 3, np.full((16, 8), 7)),
+    }
+    result = shrink_checked(tiny(DYNAMIC, zero={"W1": np.s_[:, NEURONS]}, values=values))
+    assert shapes(result.model)["Wq"] == (16, 8)
+    [kept] = [g for g in result.kept_zeroed if g.tensor == "W1"]
+    assert kept.count == len(NEURONS) and kept.kind == "normalization"
+    assert "computed from every element" in kept.reason
+
+
+STATIC_A = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 4, 8] x, float[8, 16] W1, float S, uint8 Z, int8[16, 8] Wq, int8 Wz) => (int32[1, 4, 8] y) {
+  h = MatMul (x, W1)
+  q = QuantizeLinear (h, S, Z)
+  y = MatMulInteger (q, Wq, Z, Wz)
+}"""
+
+
+def test_matmul_integer_unread_features_go_with_their_weight_rows():
+    # The features' rows of the quantized weight are at its zero point: unread. (Quantized
+    # statically: with DynamicQuantizeLinear the range would still see them.)
+    rows = np.isin(np.arange(16), NEURONS)[:, None]
+    values = {"S": 0.05, "Z": 128, "Wz": 3, "Wq": np.where(rows, 3, np.full((16, 8), 7))}
+    result = shrink_checked(tiny(STATIC_A, values=values))
+    assert shapes(result.model)["Wq"] == (11, 8) and shapes(result.model)["W1"] == (8, 11)
+
+
+CONV_INTEGER = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, 6, 6] x, float[8, 3, 3, 3] W, int8[4, 8, 3, 3] Vq, int8 Vz) => (int32[1, 4, 6, 6] y) {
+  h = Conv <pads = [1, 1, 1, 1]> (x, W)
+  r = Relu (h)
+  q, qs, qz = DynamicQuantizeLinear (r)
+  y = ConvInteger <pads = [1, 1, 1, 1]> (q, Vq, qz, Vz)
+}"""
+
+
+def test_conv_integer_a_channel_at_its_zero_point_goes_even_with_padding():
+    # onnxruntime pads ConvInteger's input with its zero point (as onnx's reference does):
+    # the integer output is exactly equal after the channels are removed.
+    model = tiny(CONV_INTEGER, zero={"W": np.s_[[0, 3, 7]]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W"] == (5, 3, 3, 3) and shapes(result.model)["Vq"] == (4, 5, 3, 3)
+    feed = {"x": np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype(np.float32)}
+    [a], [b] = run(model, feed), run(result.model, feed)
+    assert a.dtype == np.int32 and np.array_equal(a, b)  # integer outputs: equal
+
+
+QLINEAR = """<ir_version: 8, opset_import: ["" : 17]>
+g (uint8[1, 3, 3, 3] x, float Xs, uint8 Xz, int8[8, 3, 3, 3] Wq, float[8] Ws, int8[8] Wz, float Ys, uint8 Yz, int32[8] B, int8[8, 4] Mq, float Ms, int8 Mz, float Os, uint8 Oz) => (uint8[1, 1, 4] y) {
+  c = QLinearConv (x, Xs, Xz, Wq, Ws, Wz, Ys, Yz, B)
+  shape = Constant <value = int64[3] {1, 1, 8}> ()
+  s = Reshape (c, shape)
+  y = QLinearMatMul (s, Ys, Yz, Mq, Ms, Mz, Os, Oz)
+}"""
+
+
+def test_qlinear_conv_dead_filters_are_their_zero_point_and_go():
+    rng = np.random.default_rng(2)
+    wz = rng.integers(-2, 2, 8).astype(np.int8)
+    wq = rng.integers(-60, 60, (8, 3, 3, 3)).astype(np.int8)
+    dead = [2, 5]
+    wq[dead] = wz[dead, None, None, None]
+    values = {
+        "Wq": wq, "Wz": wz, "Ws": rng.uniform(0.01, 0.02, 8), "Xs": 0.02, "Xz": 120, "Ys": 0.05,
+        "Yz": 128, "B": np.where(np.isin(np.arange(8), dead), 0, rng.integers(-50, 50, 8)),
+        "Ms": 0.01, "Mz": 0, "Os": 0.1, "Oz": 100,
+    }  # fmt: skip
+    model = tiny(QLINEAR, values=values)
+    # the dead channels' output is the zero point (bias 0): QLinearMatMul's rows for them need
+    # not be masked, the features equal their zero point
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["Wq"] == (6, 3, 3, 3) and s["Ws"] == s["Wz"] == s["B"] == (6,) and s["Mq"] == (6, 4)
+    feed = {"x": np.random.default_rng(3).integers(0, 255, (1, 3, 3, 3)).astype(np.uint8)}
+    [a], [b] = run(model, feed), run(result.model, feed)
+    assert np.array_equal(a, b)
+
+
+# ------------------------------------------------------------------ the zoo, quantized
+class _Calibration:
+    def __init__(self, model: onnx.ModelProto):
+        from onnxshrink.validate import make_inputs, resolve_shapes
+
+        self.feeds = iter(make_inputs(model, resolve_shapes(model, {}), 4, seed=5))
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+
+def quantized(zoo_dir, name: str, which: str, how: str):
+    """A zoo model with half its channel groups masked (or natively built with the rest),
+    exported, then quantized by onnxruntime.quantization: static QDQ per channel, or dynamic."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    entry = ZOO[name] if name in ZOO else TRANSFORMERS[name]
+    build = half_masked(entry, which, dynamo=False)
+    path = export_cached(zoo_dir, ("q", name, which), build)
+    out = path.with_name(f"{path.stem}_{how}.onnx")
+    if not out.exists():
+        logging.disable(logging.WARNING)
+        try:
+            if how == "static":
+                reader = type("Reader", (_Calibration, CalibrationDataReader), {})(onnx.load(path))
+                quantize_static(path, out, reader, quant_format=QuantFormat.QDQ, per_channel=True)
+            else:
+                quantize_dynamic(path, out, per_channel=True)
+        finally:
+            logging.disable(logging.NOTSET)
+    return out
+
+
+@pytest.mark.parametrize("name", ["resnet_basic", "bert"])
+@pytest.mark.parametrize("how", ["static", "dynamic"])
+def test_quantized_zoo_models_reach_the_quantized_native_size(zoo_dir, name, how):
+    masked = quantized(zoo_dir, name, "masked", how)
+    native = quantized(zoo_dir, name, "native", how)
+    ops = {n.op_type for n in onnx.load(masked).graph.node}
+    assert ({"QuantizeLinear", "DequantizeLinear"} if how == "static" else {"DynamicQuantizeLinear"}) <= ops
+    result = shrink_checked(masked)  # against the quantized model: its zero points are the masks
+    assert result.after.params == params(onnx.load(native))
+    assert result.after.params < 0.7 * result.before.params
+    assert not result.barriers

@@ -1,0 +1,131 @@
+"""LSTM, GRU and RNN (ops/recurrent.py): hidden units removed with their gate rows, R columns,
+states and outputs; hidden_size rewritten; a unit a kept unit reads through R stays."""
+
+import numpy as np
+import onnx
+import pytest
+from conftest import export_cached, half_masked, params, shapes, shrink_checked, tiny
+
+from models.recurrent import RECURRENT
+
+H = 6
+DEAD = [1, 4]
+
+
+def unit_rows(units, gates, h=H):
+    return [g * h + u for g in range(gates) for u in units]
+
+
+RNN = """
+g (float[5, 2, 3] x, float[1, {gh}, 3] W, float[1, {gh}, 6] R, float[1, {bh}] B, float[4, 6] V) => (float[5, 1, 2, 4] y) {{
+  s, last = {op} <hidden_size = 6{attrs}> (x, W, R, B)
+  y = MatMul (s, V)
+}}"""
+
+
+def rnn(op, zero, attrs="", values=None):
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    text = RNN.format(op=op, gh=gates * H, bh=2 * gates * H, attrs=attrs)
+    text = text.replace("float[4, 6] V", "float[6, 4] V")
+    return tiny(text, zero=zero, values=values), gates
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_units_no_output_reads_go_with_their_rows_and_r_columns(op):
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    rows = unit_rows(DEAD, gates)
+    # the units' output rows of V masked, and R's columns for them (no kept unit reads them)
+    model, _ = rnn(op, {"V": np.s_[DEAD], "R": np.s_[:, :, DEAD]})
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["W"] == (1, gates * 4, 3) and s["R"] == (1, gates * 4, 4) and s["B"] == (1, 2 * gates * 4)
+    assert s["V"] == (4, 4)
+    [node] = [n for n in result.model.graph.node if n.op_type == op]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["hidden_size"] == 4
+    assert rows  # (documentation: the rows the units own)
+
+
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_a_unit_a_kept_unit_reads_through_r_stays(op):
+    model, gates = rnn(op, {"V": np.s_[DEAD]})  # R's columns for them are not masked
+    result = shrink_checked(model)
+    assert shapes(result.model)["R"] == (1, gates * H, H)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_a_zeroed_unit_is_zero_and_goes_even_when_others_read_it(op):
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    rows = unit_rows(DEAD, gates)
+    brows = unit_rows(DEAD, 2 * gates)
+    # W, R rows and B zeroed: the unit is 0 at every step; R's columns and V's rows not masked
+    model, _ = rnn(op, {"W": np.s_[:, rows], "R": np.s_[:, rows], "B": np.s_[:, brows]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["R"] == (1, gates * 4, 4) and shapes(result.model)["V"] == (4, 4)
+
+
+def test_a_zeroed_unit_with_a_non_default_activation_stays():
+    rows = unit_rows(DEAD, 1)
+    model, _ = rnn(
+        "RNN",
+        {"W": np.s_[:, rows], "R": np.s_[:, rows], "B": np.s_[:, unit_rows(DEAD, 2)]},
+        attrs=', activations = ["Affine"], activation_alpha = [0.5], activation_beta = [1.0]',
+    )
+    result = shrink_checked(model)  # Affine(0) = 1: not a zero unit
+    assert shapes(result.model)["R"] == (1, H, H)
+
+
+LSTM_BI = """
+g (float[5, 2, 3] x, float[2, 24, 3] W, float[2, 24, 6] R, float[2, 48] B, float[2, 18] P, float[2, 2, 6] H0, float[2, 2, 6] C0, float[12, 4] V) => (float[5, 2, 4] y) {
+  s, hn, cn = LSTM <hidden_size = 6, direction = "bidirectional"> (x, W, R, B, , H0, C0, P)
+  t = Transpose <perm = [0, 2, 1, 3]> (s)
+  shape = Constant <value = int64[3] {5, 2, 12}> ()
+  f = Reshape (t, shape)
+  y = MatMul (f, V)
+}"""
+
+
+def test_bidirectional_lstm_with_peepholes_and_initial_states():
+    rows = unit_rows(DEAD, 4)
+    cols = [d * H + u for d in range(2) for u in DEAD]
+    model = tiny(LSTM_BI, zero={"V": np.s_[cols], "R": np.s_[:, :, DEAD]})
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["W"] == (2, 16, 3) and s["R"] == (2, 16, 4) and s["B"] == (2, 32) and s["P"] == (2, 12)
+    assert s["H0"] == s["C0"] == (2, 2, 4) and s["V"] == (8, 4)
+    assert rows
+
+
+def test_batch_first_layout_maps_the_axes():
+    # onnxruntime runs layout 0 only: the rule is checked on the analysis
+    from onnxshrink.testing import analyze_node
+
+    bench = analyze_node(
+        """g (float[2, 5, 3] x, float[1, 24, 3] W, float[1, 24, 6] R, float[2, 1, 6] H0) => (float[2, 5, 1, 6] y) {
+          s, hn, cn = LSTM <hidden_size = 6, layout = 1> (x, W, R, , , H0)
+          y = Identity (s)
+        }""",
+        needs={"y": {3: [0, 2]}},
+        zero={"R": np.s_[:, :, [1, 3, 4, 5]]},
+    )
+    assert bench.kept("s", 3) == [0, 2] and bench.kept("H0", 2) == [0, 2]
+    assert bench.kept("W", 1) == unit_rows([0, 2], 4) and bench.kept("R", 2) == [0, 2]
+    assert bench.kept("x", 0) == [0, 1] and bench.barriers == []
+
+
+def test_zero_units_need_zero_initial_states():
+    rows, brows = unit_rows(DEAD, 4), unit_rows(DEAD, 8)
+    zero = {"W": np.s_[:, rows], "R": np.s_[:, rows], "B": np.s_[:, brows], "P": np.s_[:, unit_rows(DEAD, 3)]}
+    result = shrink_checked(tiny(LSTM_BI, zero=zero))  # random initial states: not zero units
+    assert shapes(result.model)["R"] == (2, 24, 6)
+    result = shrink_checked(tiny(LSTM_BI, zero={**zero, "H0": np.s_[:, :, DEAD], "C0": np.s_[:, :, DEAD]}))
+    assert shapes(result.model)["R"] == (2, 16, 4)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_lstm_bilstm_gru_model_reaches_the_native_size(zoo_dir, dynamo):
+    masked = export_cached(zoo_dir, ("rnn", "masked", dynamo), half_masked(RECURRENT, "masked", dynamo=dynamo))
+    native = export_cached(zoo_dir, ("rnn", "native", dynamo), half_masked(RECURRENT, "native", dynamo=dynamo))
+    result = shrink_checked(masked)
+    assert result.after.params == params(onnx.load(native))
+    assert result.after.params < 0.4 * result.before.params
+    assert not result.barriers and not result.kept_zeroed
