@@ -516,12 +516,15 @@ class KeepState:
             if live[i]:
                 axes.setdefault(i, []).append(a)
         try:
-            return replay(
+            found = replay(
                 node, inputs, live, axes, self.opset, fixed=fixed,
                 enough=lambda i, a, rows: reaches(rows, kept),
             )  # fmt: skip
         except ReplayError as exc:
             return str(exc)
+        # Only the relation is read here; the memo would otherwise hold every node's output.
+        found.outputs, found.depends = [], []
+        return found
 
     def _repair(self) -> bool:
         """Once the closure is stable, structural choices: each live node's handler settles what
