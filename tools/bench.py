@@ -72,6 +72,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _proc import proc_status, reset_peak  # tools/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("groups", "conv-only")
 PHASES = ("load", "bind", "analyze", "rewrite", "validate", "save")
@@ -79,27 +81,6 @@ MIB = 2**20
 
 
 # ------------------------------------------------------------------ child: one measured shrink
-def _proc_status() -> dict[str, int]:
-    """VmRSS / VmHWM / ... of this process, in bytes."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Vm") and line.rstrip().endswith("kB"):
-                key, value = line.split(":", 1)
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> bool:
-    """Make VmHWM restart from the current RSS (Linux >= 4.0); False if not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _files(path: Path) -> list[Path]:
     data = path.with_name(path.name + ".data")
     return [path, data] if data.exists() else [path]
@@ -113,7 +94,7 @@ def child(src: str, out: str, analysis: str = "rules") -> None:
     """Shrink `src` into `out` once and print the measurements as one JSON line."""
     import importlib
 
-    rss_start = _proc_status()["VmRSS"]
+    rss_start = proc_status()["VmRSS"]
     # Everything a shrink imports, some of it lazily (op handlers, onnx.reference, onnxruntime
     # for constant evaluation), is imported first: the baseline is "after imports", so the
     # figure is the memory the model's data costs, not the libraries' fixed footprint (which
@@ -133,19 +114,19 @@ def child(src: str, out: str, analysis: str = "rules") -> None:
     import onnxshrink
     from onnxshrink.report import to_jsonable
 
-    rss_imports = _proc_status()["VmRSS"] - rss_start
+    rss_imports = proc_status()["VmRSS"] - rss_start
     src_path = Path(src)
     for p in _files(src_path):  # warm the page cache; 16 MiB chunks keep RSS flat
         with open(p, "rb") as f:
             while f.read(16 * MIB):
                 pass
     gc.collect()
-    reset = _reset_peak()
-    base = _proc_status()["VmRSS"]  # after imports; before the model is read
+    reset = reset_peak()
+    base = proc_status()["VmRSS"]  # after imports; before the model is read
     t0 = time.perf_counter()
     result = onnxshrink.shrink(src_path, validate=False, output=out, analysis=analysis)
     wall = time.perf_counter() - t0
-    peak = _proc_status()["VmHWM"]  # since the reset: the peak of the call
+    peak = proc_status()["VmHWM"]  # since the reset: the peak of the call
     record = {
         "wall": wall,
         "timings": dict(result.timings),

@@ -31,26 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+from _proc import proc_status, reset_peak  # tools/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MIB = 2**20
 GIB = 2**30
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Vm") and line.rstrip().endswith("kB"):
-                key, value = line.split(":", 1)
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _files(path: Path) -> list[Path]:
@@ -100,7 +87,7 @@ class _Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            rss = _status()["VmRSS"]
+            rss = proc_status()["VmRSS"]
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
 
     def stop(self) -> dict[str, int]:
@@ -114,7 +101,7 @@ def child(src: str, out: str, options: str) -> None:
     from onnxshrink.report import to_jsonable
 
     opts = json.loads(options)
-    rss_imports = _status()["VmRSS"]
+    rss_imports = proc_status()["VmRSS"]
     src_path = Path(src)
     read_bytes, read_s = _read_all(_files(src_path))
     from onnxshrink.analyze import nonzero
@@ -131,13 +118,13 @@ def child(src: str, out: str, options: str) -> None:
             scanned["bytes"] += w.nbytes
 
     nonzero._scan = timed_scan
-    _reset_peak()
+    reset_peak()
     sampler = _Sampler()
     t0 = time.perf_counter()
     result = onnxshrink.shrink(src_path, output=out, log=sampler.log, **opts)
     wall = time.perf_counter() - t0
     sampler.phase = "after"
-    peak = _status()["VmHWM"]
+    peak = proc_status()["VmHWM"]
     phase_peaks = sampler.stop()
     written = sum(Path(p).stat().st_size for p in result.written)
     write_s = _write_bytes(Path(out).with_name(".bench-floor"), written)
