@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     try:
+        from onnxshrink.logs import show_library_logs
+
+        show_library_logs(args.verbose and not args.quiet)
         from onnxshrink.api import shrink
         from onnxshrink.options import ShrinkOptions
         from onnxshrink.validate import load_inputs, parse_shapes

@@ -20,6 +20,7 @@ from onnxshrink.analyze.evaluate import evaluate
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, tensor_proto
+from onnxshrink.logs import route_library_logs
 from onnxshrink.prepare import inferred_shapes, retie
 from onnxshrink.prepare.shapes import checkable
 from onnxshrink.report import explain_kept
@@ -243,6 +244,7 @@ def apply(
     `writer`, every initializer of STREAM_BYTES or more is written (sliced) to its external data
     file a block of rows at a time, and the model refers to it there. `progress.update(n)` is
     told the bytes of each initializer done."""
+    route_library_logs()
     rw = Rewriter(analysis)
     graph, ks = analysis.graph, analysis.keep
     live = [n for n in graph.nodes if ks.node_live(n)]
