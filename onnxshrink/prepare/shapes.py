@@ -44,12 +44,15 @@ def skeleton(
     g.name = model.graph.name or "graph"
     g.node.extend(model.graph.node)
     g.output.extend(model.graph.output)
+    listed = model.ir_version < 4  # IR 3: every initializer is also a graph input
     for t in model.graph.initializer:
         external = t.data_location == onnx.TensorProto.EXTERNAL
         if external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64):
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
+            if listed:
+                g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     inits = {t.name for t in model.graph.initializer}
     for i in model.graph.input:
         if i.name in inits:
