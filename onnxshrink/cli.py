@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 
 from onnxshrink import __version__
-from onnxshrink.errors import ShrinkError, ValidationFailed
+from onnxshrink.errors import ShrinkError, ValidationFailed, file_access, os_error_message
 from onnxshrink.options import MASKS_FORMATS
 
 EXIT_INTERNAL = 3
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             data = result.to_dict() if result is not None else {"passed": False, "error": str(failure)}
             if pruned is not None:
                 data = pruned.to_dict()
-            report.write_text(json.dumps(data, indent=2))
+            with file_access(report):
+                report.write_text(json.dumps(data, indent=2))
         if failure is not None:
             print(f"[E] {failure}", file=sys.stderr)
             return failure.exit_code
@@ -260,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             traceback.print_exc()
         return exc.exit_code
+    except OSError as exc:  # the user's disk or files (full, read-only, no permission), not a bug
+        print(f"[E] {os_error_message(exc, what='read or write')}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        return ShrinkError.exit_code
     except KeyboardInterrupt:
         print("[E] interrupted; nothing was written.", file=sys.stderr)
         return 130
@@ -280,7 +286,8 @@ def _write_groups(args, say) -> None:
 
     model = load_model(Path(args.model))
     groups = find_groups(model, name=args.model)
-    Path(args.groups).write_text(json.dumps(groups.to_dict()))
+    with file_access(args.groups):
+        Path(args.groups).write_text(json.dumps(groups.to_dict()))
     exact = groups.exact()
     say(
         f"[I] {len(groups.groups)} coupled group(s) in {len(groups.layers)} layer(s), "
@@ -360,6 +367,12 @@ def _report_path(args) -> Path | None:
 def _print_result(result, args, say) -> None:
     from onnxshrink.report import human, human_bytes, stats_table
 
+    if result.renamed_nodes:
+        (old, new), n = result.renamed_nodes[0], len(result.renamed_nodes)
+        say(
+            f"[W] {n} node(s) had the name of another node (e.g. '{old}'), which onnxruntime "
+            f"refuses: the output names them apart (e.g. '{new}')"
+        )
     if result.validation is not None:
         for line in result.validation.lines():
             say(line)
