@@ -82,7 +82,7 @@ class ShrinkResult:
     input_masked: bool | None = None  # the input already held every mask's zeros (None: no masks)
     shared_initializers: dict[str, list[str]] = field(default_factory=dict)  # untied per parameter
     folds: list[Fold] = field(default_factory=list)
-    barriers: list[dict[str, str]] = field(default_factory=list)
+    barriers: list[dict[str, Any]] = field(default_factory=list)  # nodes kept whole: node, op, reason
     replayed: list[dict[str, str]] = field(default_factory=list)  # ops with no rule, replayed
     kept_zeroed: list[KeptGroup] = field(default_factory=list)
     sparsity: list[Sparsity] = field(default_factory=list)
@@ -209,9 +209,22 @@ def shrink(
     ):  # a small model's reference holds its weights, as its shrunk model does
         load_external(reference, Path(source.base_dir), str(source.path))
     rewritten, report, analysis = outcome.rewritten, outcome.report, outcome.analysis
+    if (
+        (report is None or report.passed)
+        and (source.file_bytes or 0) < IN_MEMORY_BYTES
+        and same_structure(reference, rewritten.model)
+    ):  # nothing was removed: the output is the reference itself, no larger than the input
+        # (the rewrite's export adds the inferred shapes)
+        if source.base_dir is not None:
+            load_external(reference, Path(source.base_dir), str(source.path))
+        if rewritten.data_file is not None:
+            rewritten.data_file.unlink(missing_ok=True)
+            rewritten.data_file = None
+        rewritten.model, rewritten.arrays = reference, {}
     shrunk = rewritten.model
     barriers = [
-        {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
+        {"node": r.node, "op": r.op, "reason": str(r), "unsupported": r.kind == "unsupported"}
+        for r in analysis.keep.barriers.values()
     ]
     replayed = [{"node": n, "op": op, "finding": f} for n, op, f in analysis.keep.notes.values()]
     shapes = report.input_shapes if report else resolve_shapes(reference, opts.input_shapes or {})
@@ -230,7 +243,7 @@ def shrink(
         barriers=barriers,
         replayed=replayed,
         kept_zeroed=rewritten.kept_zeroed,
-        sparsity=sparsity_left(shrunk, arrays=rewritten.arrays),
+        sparsity=sparsity_left(shrunk, arrays=rewritten.arrays, skip=rewritten.inserted),
         removed_nodes=rewritten.removed_nodes,
         first_failure=recovery.first_failure if recovery else None,
         renamed_nodes=source.renamed,
@@ -257,6 +270,13 @@ def shrink(
             result,
         )
     return result
+
+
+def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """The same ops and the same initializer shapes: a shrink that removed nothing."""
+    shapes = [sorted((t.name, tuple(t.dims)) for t in m.graph.initializer) for m in (a, b)]
+    ops = [sorted(n.op_type for n in m.graph.node) for m in (a, b)]
+    return shapes[0] == shapes[1] and ops[0] == ops[1]
 
 
 # ---------------------------------------------------------------------- stages
@@ -308,7 +328,7 @@ def read_masks(
     values = None
     if opts.weights is not None:
         w = opts.weights
-        raw = load_masks_file(w) if isinstance(w, str | Path) else w
+        raw = load_masks_file(w, "weights") if isinstance(w, str | Path) else w
         values = flatten(raw, str(w) if isinstance(w, str | Path) else "weights")
     return maskset, values
 

@@ -45,6 +45,7 @@ class RewriteResult:
     # Streamed: the initializers written to the external data file, by name (mapped, read-only)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     data_file: Path | None = None  # that file
+    inserted: set[str] = field(default_factory=set)  # initializers the rewrite added (not the model's)
 
 
 class Rewriter:
@@ -58,6 +59,7 @@ class Rewriter:
         self.tensors = self.ks.tensors
         self.folds: list[Fold] = []
         self._taken = set(self.tensors)
+        self.inserted: set[str] = set()  # constants made here (folds, corrections): not the model's
         self._ones: dict[tuple, gs.Tensor] = {}
         for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
             self.ks.kept(t, 0)
@@ -111,7 +113,9 @@ class Rewriter:
         return name
 
     def constant(self, values: np.ndarray, hint: str) -> gs.Constant:
-        return gs.Constant(self._name(f"onnxshrink_{hint}"), values=np.asarray(values))
+        c = gs.Constant(self._name(f"onnxshrink_{hint}"), values=np.asarray(values))
+        self.inserted.add(c.name)
+        return c
 
     def replace_input(self, node: gs.Node, i: int, values: np.ndarray) -> gs.Constant:
         """Give input i new constant values: in place when only `node` reads it (the name stays)."""
@@ -313,7 +317,9 @@ def apply(
     kept_zeroed = explain_kept(analysis)
     retie(graph, analysis.untied)
     arrays = _externalize(graph, writer) if writer is not None else {}
-    return RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
+    result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
+    result.inserted = rw.inserted
+    return result
 
 
 def release(graph: gs.Graph) -> None:

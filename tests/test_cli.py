@@ -440,15 +440,17 @@ def test_explain_lists_kept_zeroed_slices(tmp_path, capsys):
 
     assert main([str(path)]) == 0
     plain = capsys.readouterr().out
-    assert "[I] 1 zeroed slice(s) had to be kept; --explain says why" in plain
+    # W2's row 2 (4 weights) is the kept zero slice: not counted as unstructured sparsity
+    assert "[I] 1 zeroed slice(s) had to be kept (4 zero weights); --explain says why" in plain
+    assert "unstructured" not in plain
     assert "(axis 0)" not in plain
 
     assert main([str(path), "--explain"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "[I] 1 zeroed slice(s) had to be kept" in lines
+    assert "[I] 1 zeroed slice(s) had to be kept (4 zero weights)" in lines
     assert "[I]     W2 (axis 0): 1 kept: it is part of a graph input or output" in lines
-    # W2 after shrinking is [4, 4, 1, 1] with one row of zeros: 4 of 16 weights
-    assert "[I]     W2: 25.0% zeros of 16" in lines
+    # W2 after shrinking is [4, 4, 1, 1] with one row of zeros: a whole slice, not sparsity
+    assert not any(line.startswith("[I]     W2:") for line in lines)
 
 
 def test_report_lists_unbound_masks_with_allow_unbound(tmp_path, conv2, capsys):
@@ -610,6 +612,10 @@ ERRORS = {
     "inputs-file-missing": (
         lambda d: ["m.onnx", "--inputs", "feeds.npz"],
         ["feeds.npz: no such inputs file"],
+    ),
+    "weights-missing": (
+        lambda d: ["m.onnx", "--weights", "orig.pt"],
+        ["orig.pt: no such weights file", "--weights", "state dict"],
     ),
     "inputs-file-wrong-name": (
         lambda d: ["m.onnx", "--inputs", *_write_npz(d, "feeds.npz", image=np.zeros((1, 3, 8, 8), np.float32))],
