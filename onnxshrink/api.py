@@ -20,11 +20,13 @@ from onnxshrink.io.masks import flatten, load_masks_file
 from onnxshrink.io.model import (
     Scratch,
     check_output,
+    check_tensor_data,
     data_files,
     load_external,
     load_model,
     save_model,
     save_streamed,
+    unique_node_names,
 )
 from onnxshrink.io.weights import DataWriter, WeightStore
 from onnxshrink.masks import MaskSet, load_maskset
@@ -42,7 +44,13 @@ from onnxshrink.report import (
     to_jsonable,
 )
 from onnxshrink.rewrite import Fold, RewriteResult, apply, release
-from onnxshrink.validate import ValidationReport, compare, resolve_shapes
+from onnxshrink.validate import (
+    ValidationReport,
+    check_inputs,
+    check_runnable,
+    compare,
+    resolve_shapes,
+)
 
 ModelLike = str | Path | onnx.ModelProto
 MasksLike = str | Path | Mapping | None
@@ -74,7 +82,7 @@ class ShrinkResult:
     input_masked: bool | None = None  # the input already held every mask's zeros (None: no masks)
     shared_initializers: dict[str, list[str]] = field(default_factory=dict)  # untied per parameter
     folds: list[Fold] = field(default_factory=list)
-    barriers: list[dict[str, str]] = field(default_factory=list)
+    barriers: list[dict[str, Any]] = field(default_factory=list)  # nodes kept whole: node, op, reason
     replayed: list[dict[str, str]] = field(default_factory=list)  # ops with no rule, replayed
     kept_zeroed: list[KeptGroup] = field(default_factory=list)
     sparsity: list[Sparsity] = field(default_factory=list)
@@ -85,6 +93,7 @@ class ShrinkResult:
     first_failure: str | None = None
     kept_after_failed_proof: list[dict[str, Any]] = field(default_factory=list)
     data_file: Path | None = None  # where `model`'s external weights are, when not in memory
+    renamed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (shared name, new name)
     _scratch: Any = field(default=None, repr=False)  # keeps an unsaved data file alive
 
     @property
@@ -111,6 +120,7 @@ class ShrinkResult:
             "torch_validation",
             "first_failure",
             "kept_after_failed_proof",
+            "renamed_nodes",
         )
         return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
 
@@ -148,6 +158,9 @@ def shrink(
     source = read_model(model)
     if output is not None:
         check_output(output, [source.path, *source.data] if source.path is not None else [])
+    if opts.validate:
+        check_runnable(source.proto, str(source.path or "model"))
+        check_inputs(source.proto, opts.inputs)
     maskset, values = read_masks(masks, opts)
     clock.lap("load")
 
@@ -196,9 +209,22 @@ def shrink(
     ):  # a small model's reference holds its weights, as its shrunk model does
         load_external(reference, Path(source.base_dir), str(source.path))
     rewritten, report, analysis = outcome.rewritten, outcome.report, outcome.analysis
+    if (
+        (report is None or report.passed)
+        and (source.file_bytes or 0) < IN_MEMORY_BYTES
+        and same_structure(reference, rewritten.model)
+    ):  # nothing was removed: the output is the reference itself, no larger than the input
+        # (the rewrite's export adds the inferred shapes)
+        if source.base_dir is not None:
+            load_external(reference, Path(source.base_dir), str(source.path))
+        if rewritten.data_file is not None:
+            rewritten.data_file.unlink(missing_ok=True)
+            rewritten.data_file = None
+        rewritten.model, rewritten.arrays = reference, {}
     shrunk = rewritten.model
     barriers = [
-        {"node": r.node, "op": r.op, "reason": str(r)} for r in analysis.keep.barriers.values()
+        {"node": r.node, "op": r.op, "reason": str(r), "unsupported": r.kind == "unsupported"}
+        for r in analysis.keep.barriers.values()
     ]
     replayed = [{"node": n, "op": op, "finding": f} for n, op, f in analysis.keep.notes.values()]
     shapes = report.input_shapes if report else resolve_shapes(reference, opts.input_shapes or {})
@@ -217,9 +243,10 @@ def shrink(
         barriers=barriers,
         replayed=replayed,
         kept_zeroed=rewritten.kept_zeroed,
-        sparsity=sparsity_left(shrunk, arrays=rewritten.arrays),
+        sparsity=sparsity_left(shrunk, arrays=rewritten.arrays, skip=rewritten.inserted),
         removed_nodes=rewritten.removed_nodes,
         first_failure=recovery.first_failure if recovery else None,
+        renamed_nodes=source.renamed,
         kept_after_failed_proof=[
             {"tensor": t, "axis": a, "indices": n} for (t, a), n in recovery.kept.items()
         ]
@@ -245,6 +272,13 @@ def shrink(
     return result
 
 
+def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """The same ops and the same initializer shapes: a shrink that removed nothing."""
+    shapes = [sorted((t.name, tuple(t.dims)) for t in m.graph.initializer) for m in (a, b)]
+    ops = [sorted(n.op_type for n in m.graph.node) for m in (a, b)]
+    return shapes[0] == shapes[1] and ops[0] == ops[1]
+
+
 # ---------------------------------------------------------------------- stages
 @dataclass
 class Source:
@@ -256,6 +290,7 @@ class Source:
     data: list[Path] = field(default_factory=list)  # its external data files: never overwritten
     file_bytes: int | None = None
     store: WeightStore = field(default_factory=WeightStore)  # maps the external data
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # nodes named apart (see io)
 
     @property
     def streamed(self) -> bool:
@@ -264,14 +299,22 @@ class Source:
 
 
 def read_model(model: ModelLike) -> Source:
+    """The input model, checked; nodes that share a name are named apart (in a copy of a
+    ModelProto given: the caller's is never changed)."""
     if isinstance(model, str | Path):
         path = Path(model)
         proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
         data = data_files(path, proto)
         size = path.stat().st_size + sum(p.stat().st_size for p in data if p.exists())
-        return Source(proto, path, str(path.parent), data, size)
+        return Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
     if isinstance(model, onnx.ModelProto):
-        return Source(model)
+        check_tensor_data(model, "model")
+        names = [n.name for n in model.graph.node if n.name]
+        if len(set(names)) == len(names):
+            return Source(model)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return Source(copy, renamed=unique_node_names(copy))
     raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
 
 
@@ -285,7 +328,7 @@ def read_masks(
     values = None
     if opts.weights is not None:
         w = opts.weights
-        raw = load_masks_file(w) if isinstance(w, str | Path) else w
+        raw = load_masks_file(w, "weights") if isinstance(w, str | Path) else w
         values = flatten(raw, str(w) if isinstance(w, str | Path) else "weights")
     return maskset, values
 

@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 import traceback
+from collections import Counter
 from pathlib import Path
 
 from onnxshrink import __version__
-from onnxshrink.errors import ShrinkError, ValidationFailed
+from onnxshrink.errors import ShrinkError, ValidationFailed, file_access, os_error_message
 from onnxshrink.options import MASKS_FORMATS
 
 EXIT_INTERNAL = 3
@@ -185,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     try:
+        from onnxshrink.logs import show_library_logs
+
+        show_library_logs(args.verbose and not args.quiet)
         from onnxshrink.api import shrink
         from onnxshrink.options import ShrinkOptions
         from onnxshrink.validate import load_inputs, parse_shapes
@@ -247,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             data = result.to_dict() if result is not None else {"passed": False, "error": str(failure)}
             if pruned is not None:
                 data = pruned.to_dict()
-            report.write_text(json.dumps(data, indent=2))
+            with file_access(report):
+                report.write_text(json.dumps(data, indent=2))
         if failure is not None:
             print(f"[E] {failure}", file=sys.stderr)
             return failure.exit_code
@@ -257,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             traceback.print_exc()
         return exc.exit_code
+    except OSError as exc:  # the user's disk or files (full, read-only, no permission), not a bug
+        print(f"[E] {os_error_message(exc, what='read or write')}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        return ShrinkError.exit_code
     except KeyboardInterrupt:
         print("[E] interrupted; nothing was written.", file=sys.stderr)
         return 130
@@ -277,7 +287,8 @@ def _write_groups(args, say) -> None:
 
     model = load_model(Path(args.model))
     groups = find_groups(model, name=args.model)
-    Path(args.groups).write_text(json.dumps(groups.to_dict()))
+    with file_access(args.groups):
+        Path(args.groups).write_text(json.dumps(groups.to_dict()))
     exact = groups.exact()
     say(
         f"[I] {len(groups.groups)} coupled group(s) in {len(groups.layers)} layer(s), "
@@ -355,8 +366,14 @@ def _report_path(args) -> Path | None:
 
 
 def _print_result(result, args, say) -> None:
-    from onnxshrink.report import human, human_bytes, stats_table
+    from onnxshrink.report import human, human_bytes, stats_table, summary
 
+    if result.renamed_nodes:
+        (old, new), n = result.renamed_nodes[0], len(result.renamed_nodes)
+        say(
+            f"[W] {n} node(s) had the name of another node (e.g. '{old}'), which onnxruntime "
+            f"refuses: the output names them apart (e.g. '{new}')"
+        )
     if result.validation is not None:
         for line in result.validation.lines():
             say(line)
@@ -364,6 +381,7 @@ def _print_result(result, args, say) -> None:
         say("[W] validation skipped (--no-validate): the output is not proven equivalent")
     for line in stats_table(result.before, result.after, result.timings):
         say(line)
+    say(f"[I] {summary(result.before, result.after, Counter(f.into for f in result.folds))}")
     if result.kept_after_failed_proof:
         kept = result.kept_after_failed_proof
         say(
@@ -380,10 +398,11 @@ def _print_result(result, args, say) -> None:
         )
     if result.folds:
         n = sum(f.channels for f in result.folds)
-        maps = sum(f.into == "constant map" for f in result.folds)
+        kinds = Counter(f.into for f in result.folds if f.into != "bias")
+        how = ", ".join(f"{k} as {kind}s" for kind, k in sorted(kinds.items()))
         say(
             f"[I] folded {n} constant channel(s) into {len(result.folds)} consumer(s)"
-            + (f" ({maps} as constant maps, for zero padding at the borders)" if maps else "")
+            + (f" ({how}, for zero padding at the borders)" if how else "")
         )
     if result.replayed:
         ops = sorted({r["op"] for r in result.replayed})
@@ -395,14 +414,21 @@ def _print_result(result, args, say) -> None:
             for r in result.replayed:
                 say(f"[I]     node {r['node']!r} ({r['op']}): {r['finding']}")
     if result.barriers:
-        ops = sorted({b["op"] for b in result.barriers})
+        unsupported = sorted({b["op"] for b in result.barriers if b["unsupported"]})
+        whole = sorted({b["op"] for b in result.barriers if not b["unsupported"]})
+        what = ([f"unsupported: {', '.join(unsupported)}"] if unsupported else []) + (
+            [f"kept whole by their handler: {', '.join(whole)}"] if whole else []
+        )
         say(
-            f"[W] {len(result.barriers)} node(s) keep all their channels (unsupported: {', '.join(ops)}); --explain lists them"
+            f"[W] {len(result.barriers)} node(s) keep all their channels ({'; '.join(what)}); "
+            "--explain says why"
         )
     kept = sum(g.count for g in result.kept_zeroed)
+    in_slices = sum(s.in_zero_slices for s in result.sparsity)
     if kept:
         say(
             f"[I] {kept} zeroed slice(s) had to be kept"
+            + (f" ({human(in_slices)} zero weights)" if in_slices else "")
             + ("" if args.explain else "; --explain says why")
         )
     if args.explain:
@@ -410,15 +436,15 @@ def _print_result(result, args, say) -> None:
             where = f" in {g.module}" if g.module else ""
             say(f"[I]     {g.tensor}{where} (axis {g.axis}): {g.count} kept: {g.reason}")
         for b in result.barriers:
-            say(f"[I]     node {b['node']!r} ({b['op']}): {b['reason']}")
-    zeros = sum(s.zeros * s.elements for s in result.sparsity)
-    total = sum(s.elements for s in result.sparsity)
-    if total and zeros:
+            say(f"[I]     node {b['node'] or '(unnamed)'!r} ({b['op']}): {b['reason']}")
+    unstructured = [s for s in result.sparsity if s.zeros > 0]
+    zeros = sum(s.zeros * s.elements for s in unstructured)
+    if zeros:
         say(
             f"[I] {human(zeros)} zero weights remain inside kept channels (unstructured sparsity shrinking cannot remove)"
         )
         if args.explain or args.verbose:
-            for s in result.sparsity:
+            for s in unstructured:
                 say(f"[I]     {s.tensor}: {s.zeros:.1%} zeros of {human(s.elements)}")
     if result.written:
         say(f"[I] saved {', '.join(result.written)} ({human_bytes(result.after.file_bytes)})")

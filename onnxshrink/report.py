@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -176,26 +176,44 @@ def explain_kept(analysis) -> list[KeptGroup]:
 @dataclass
 class Sparsity:
     tensor: str
-    zeros: float  # fraction of zero elements left in the shrunk weight
+    zeros: float  # fraction of the shrunk weight's elements that are zeros inside non-zero slices
     elements: int
+    # zeros in whole zero slices (filters, input channels) that had to be kept: structured, not
+    # unstructured sparsity (`kept_zeroed` says why each was kept)
+    in_zero_slices: int = 0
 
 
 def sparsity_left(
-    model: onnx.ModelProto, minimum: float = 0.0, arrays: Mapping[str, np.ndarray] | None = None
+    model: onnx.ModelProto,
+    minimum: float = 0.0,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    skip: Collection[str] = (),
 ) -> list[Sparsity]:
-    """Zeros that remain inside kept weights (rank >= 2): unstructured sparsity. `arrays`: the
-    values of initializers stored as external data, by name."""
+    """Zeros that remain in kept weights (rank >= 2): inside non-zero slices (unstructured
+    sparsity), and in whole zero slices along the first two axes (kept for a reason). `arrays`:
+    the values of initializers stored as external data, by name; `skip`: tensors onnxshrink
+    added (folds, border corrections), which are not the model's weights."""
     out = []
     for t in model.graph.initializer:
-        if t.data_type not in FLOAT_TYPES or len(t.dims) < 2:
+        if t.data_type not in FLOAT_TYPES or len(t.dims) < 2 or t.name in skip:
             continue
         v = arrays[t.name] if arrays and t.name in arrays else numpy_helper.to_array(t)
         if v.size == 0:
             continue
-        nonzeros = pattern(v).count if v.ndim == 2 else int(np.count_nonzero(v))
-        z = float(v.size - nonzeros) / v.size
-        if z > minimum:
-            out.append(Sparsity(t.name, z, int(v.size)))
+        if v.ndim == 2:
+            p = pattern(v)
+            nonzeros, rows, cols = p.count, p.rows, p.cols
+        else:
+            nonzeros = int(np.count_nonzero(v))
+            blocks = (v != 0).reshape(v.shape[0], v.shape[1], -1).any(axis=2)
+            rows, cols = blocks.any(axis=1), blocks.any(axis=0)
+        # elements in a zero row or a zero column (filters / input channels), each counted once
+        per_block = v.size // (len(rows) * len(cols))
+        zr, zc = int((~rows).sum()), int((~cols).sum())
+        in_slices = (zr * len(cols) + zc * len(rows) - zr * zc) * per_block
+        z = float(v.size - nonzeros - in_slices) / v.size
+        if z > minimum or in_slices:
+            out.append(Sparsity(t.name, z, int(v.size), in_slices))
     return out
 
 
@@ -264,6 +282,32 @@ def stats_table(before: ModelStats, after: ModelStats, timings: dict[str, float]
     if timings:
         lines.append("Time: " + " | ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
     return lines
+
+
+def summary(before: ModelStats, after: ModelStats, fold_kinds: Mapping[str, int]) -> str:
+    """One line: what shrank and what grew (ops the rewrite added, and why: `fold_kinds` counts
+    the folds by how they were made, e.g. {"border correction": 12})."""
+    shrank: list[str] = []
+    grew: list[str] = []
+    for label, b, a in (
+        ("parameters", before.params, after.params),
+        ("MACs", before.macs, after.macs),
+        ("nodes", before.nodes, after.nodes),
+        ("file size", before.file_bytes, after.file_bytes),
+    ):
+        if b and a is not None and a != b:
+            (shrank if a < b else grew).append(f"{label} {_change(b, a)}")
+    text = ("smaller: " + ", ".join(shrank)) if shrank else "nothing smaller"
+    added = [f"{op} {before.ops.get(op, 0)} -> {n}" for op, n in after.ops.items() if n > before.ops.get(op, 0)]
+    if grew or added:
+        text += "; larger: " + (", ".join(grew) if grew else "some ops")
+        if added:
+            text += f" ({', '.join(added)})"
+        made = {kind: n for kind, n in fold_kinds.items() if kind != "bias"}
+        if added and made:
+            text += ": added by " + ", ".join(f"{n} {kind}(s)" for kind, n in sorted(made.items()))
+            text += " folding constant channels through zero padding"
+    return text
 
 
 def to_jsonable(obj):

@@ -20,6 +20,7 @@ from onnxshrink.analyze.evaluate import evaluate
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, tensor_proto
+from onnxshrink.logs import route_library_logs
 from onnxshrink.prepare import inferred_shapes, retie
 from onnxshrink.prepare.shapes import checkable
 from onnxshrink.report import explain_kept
@@ -44,6 +45,7 @@ class RewriteResult:
     # Streamed: the initializers written to the external data file, by name (mapped, read-only)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     data_file: Path | None = None  # that file
+    inserted: set[str] = field(default_factory=set)  # initializers the rewrite added (not the model's)
 
 
 class Rewriter:
@@ -57,7 +59,8 @@ class Rewriter:
         self.tensors = self.ks.tensors
         self.folds: list[Fold] = []
         self._taken = set(self.tensors)
-        self._ones: dict[tuple, gs.Variable] = {}
+        self.inserted: set[str] = set()  # constants made here (folds, corrections): not the model's
+        self._ones: dict[tuple, gs.Tensor] = {}
         for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
             self.ks.kept(t, 0)
 
@@ -110,7 +113,9 @@ class Rewriter:
         return name
 
     def constant(self, values: np.ndarray, hint: str) -> gs.Constant:
-        return gs.Constant(self._name(f"onnxshrink_{hint}"), values=np.asarray(values))
+        c = gs.Constant(self._name(f"onnxshrink_{hint}"), values=np.asarray(values))
+        self.inserted.add(c.name)
+        return c
 
     def replace_input(self, node: gs.Node, i: int, values: np.ndarray) -> gs.Constant:
         """Give input i new constant values: in place when only `node` reads it (the name stays)."""
@@ -125,9 +130,26 @@ class Rewriter:
         node.inputs[i] = c
         return c
 
+    def available(self, op: str) -> bool:
+        """Can a node of ONNX op `op`, in the form this rewrite writes it, be added at the
+        model's opset? (Inserted ops never need a newer opset than the model's.)"""
+        try:
+            schema = onnx.defs.get_schema(op, self.opset, "")
+        except onnx.defs.SchemaError:
+            return False
+        return schema.since_version >= _FORM_SINCE.get(op, 1)
+
+    def _check_available(self, op: str) -> None:
+        if not self.available(op):
+            raise InternalError(
+                f"the rewrite needs a {op} node in a form the model's opset {self.opset} does not "
+                f"have (opset {_FORM_SINCE.get(op, 1)}+): that channel is kept"
+            )
+
     def add_node(
         self, op: str, inputs: list[gs.Tensor], hint: str, attrs: dict | None = None, dtype=None
     ) -> gs.Variable:
+        self._check_available(op)
         out = gs.Variable(self._name(f"onnxshrink_{hint}"), dtype=dtype)
         self.graph.nodes.append(
             gs.Node(
@@ -141,7 +163,14 @@ class Rewriter:
         return out
 
     def slice1d(self, t: gs.Tensor, p: int) -> gs.Variable:
-        ints = [self.constant(np.asarray([v], dtype=np.int64), "idx") for v in (p, p + 1, 0)]
+        return self._slice(t, p, p + 1)
+
+    def _slice(self, t: gs.Tensor, start: int, end: int) -> gs.Variable:
+        """t[start:end] along axis 0: Slice's bounds are inputs from opset 10, attributes before."""
+        if self.opset < 10:
+            attrs = {"starts": [start], "ends": [end], "axes": [0]}
+            return self.add_node("Slice", [t], "shape_part", attrs, dtype=np.int64)
+        ints = [self.constant(np.asarray([v], dtype=np.int64), "idx") for v in (start, end, 0)]
         return self.add_node("Slice", [t, *ints], "shape_part", dtype=np.int64)
 
     def concat1d(self, parts: list[gs.Tensor]) -> gs.Variable:
@@ -174,6 +203,7 @@ class Rewriter:
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None:
         """Output `out_index` of `node` becomes itself + `addend` (for every reader)."""
+        self._check_available("Add")
         y = node.outputs[out_index]
         mid = gs.Variable(self._name(f"{y.name}_unfolded"), dtype=y.dtype)
         node.outputs[out_index] = mid
@@ -181,30 +211,39 @@ class Rewriter:
             gs.Node("Add", name=self._name(f"{node.name}_fold"), inputs=[mid, addend], outputs=[y])
         )
 
-    def ones_map(self, x: gs.Tensor, dtype: Any) -> gs.Variable:
+    def ones_map(self, x: gs.Tensor, dtype: Any) -> gs.Tensor:
         """A [1, 1, *spatial] map of ones the size of x's spatial dims: one shared map per static
-        size, or built from x's shape at run time."""
+        size, or built from x's shape at run time (ConstantOfShape from opset 9; before, a
+        stored map of a static size, or a Tile of a one)."""
         dims = ir.dims(x) or []
         static = len(dims) > 2 and all(isinstance(d, int) for d in dims[2:])
         key = (tuple(dims[2:]) if static else x.name, np.dtype(dtype).str)
         if key in self._ones:
             return self._ones[key]
-        if static:
-            size = self.constant(np.asarray([1, 1, *dims[2:]], np.int64), "ones_shape")
+        ones: gs.Tensor
+        if static and not self.available("ConstantOfShape"):
+            ones = self.constant(np.ones([1, 1, *(int(d) for d in dims[2:] if isinstance(d, int))], dtype=dtype), "ones")
         else:
-            if self.opset >= 15:
-                spatial = self.add_node("Shape", [x], "spatial", {"start": 2}, np.int64)
+            size: gs.Tensor
+            if static:
+                size = self.constant(np.asarray([1, 1, *dims[2:]], np.int64), "ones_shape")
             else:
-                shape = self.add_node("Shape", [x], "shape", None, np.int64)
-                bounds = [
-                    self.constant(np.asarray([v], np.int64), "idx")
-                    for v in (2, np.iinfo(np.int64).max)
-                ]
-                spatial = self.add_node("Slice", [shape, *bounds], "spatial", None, np.int64)
-            size = self.concat1d([self.constant(np.asarray([1, 1], np.int64), "one_one"), spatial])
-        one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
-        self._ones[key] = self.add_node("ConstantOfShape", [size], "ones", {"value": one}, dtype)
-        return self._ones[key]
+                if self.opset >= 15:
+                    spatial = self.add_node("Shape", [x], "spatial", {"start": 2}, np.int64)
+                else:
+                    shape = self.add_node("Shape", [x], "shape", None, np.int64)
+                    spatial = self._slice(shape, 2, np.iinfo(np.int64).max)
+                one_one = self.constant(np.asarray([1, 1], np.int64), "one_one")
+                size = self.concat1d([one_one, spatial])
+            if self.available("ConstantOfShape"):
+                one = gs.Constant(self._name("onnxshrink_one"), values=np.ones(1, dtype=dtype))
+                ones = self.add_node("ConstantOfShape", [size], "ones", {"value": one}, dtype)
+            else:  # opset 7-8, dynamic spatial size: a one tiled to the size
+                rank = len(dims) if dims else 4
+                one = self.constant(np.ones([1] * rank, dtype=dtype), "one")
+                ones = self.add_node("Tile", [one, size], "ones", None, dtype)
+        self._ones[key] = ones
+        return ones
 
     def record_fold(self, node: gs.Node, channels: int, into: str) -> None:
         self.folds.append(Fold(node.name, node.op, channels, into))
@@ -222,6 +261,11 @@ class Rewriter:
                 f"{node.op} node {node.name!r}: input indices {np.flatnonzero(bad)[:8].tolist()} were "
                 "removed although live outputs read them"
             )
+
+
+# Inserted ops whose form here needs a newer opset than the op itself: multidirectional
+# broadcasting (Add, opset 7), a target shape input (Expand, 8; Tile's repeats input, 6).
+_FORM_SINCE = {"Add": 7, "Tile": 6, "Expand": 8}
 
 
 def _smallest_broadcast(values: np.ndarray) -> np.ndarray:
@@ -243,6 +287,7 @@ def apply(
     `writer`, every initializer of STREAM_BYTES or more is written (sliced) to its external data
     file a block of rows at a time, and the model refers to it there. `progress.update(n)` is
     told the bytes of each initializer done."""
+    route_library_logs()
     rw = Rewriter(analysis)
     graph, ks = analysis.graph, analysis.keep
     live = [n for n in graph.nodes if ks.node_live(n)]
@@ -272,7 +317,9 @@ def apply(
     kept_zeroed = explain_kept(analysis)
     retie(graph, analysis.untied)
     arrays = _externalize(graph, writer) if writer is not None else {}
-    return RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
+    result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
+    result.inserted = rw.inserted
+    return result
 
 
 def release(graph: gs.Graph) -> None:
@@ -351,6 +398,13 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     model.metadata_props.extend(original.metadata_props)
     if original.functions and not model.functions:
         model.functions.extend(original.functions)
+    if original.ir_version < 4:  # IR 3: every initializer is listed as a graph input too
+        listed = {i.name for i in model.graph.input}
+        model.graph.input.extend(
+            onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+            for t in model.graph.initializer
+            if t.name not in listed
+        )
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred_shapes(model))
     onnx.checker.check_model(checkable(model))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -125,7 +125,59 @@ def parse_shapes(specs: list[str] | None) -> dict[str, list[int]]:
             raise ShrinkError(
                 f"--input-shapes '{spec}': expected name:d0,d1,... e.g. input:1,3,224,224"
             ) from None
+        bad = [d for d in out[name] if d < 1]
+        if bad:
+            raise ShrinkError(
+                f"--input-shapes '{spec}': dim {bad[0]} is not a size; every dim must be a "
+                "positive integer, e.g. input:1,3,224,224"
+            )
     return out
+
+
+class InputFile(dict):
+    """Validation inputs read from a file (`--inputs`): {input name: array}, and the file."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], source: str):
+        super().__init__(arrays)
+        self.source = source
+
+
+def check_inputs(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]] | None) -> None:
+    """Refuse given validation inputs that do not fit the model: names it does not have, inputs
+    missing, another dtype or rank, or a static dim that differs (each named)."""
+    inputs = {i.name: i for i in _graph_inputs(model)}
+    for feed in feeds or []:
+        where = getattr(feed, "source", "inputs")
+        unknown = sorted(set(feed) - set(inputs))
+        if unknown:
+            raise ShrinkError(
+                f"{where}: holds '{unknown[0]}', which is not a model input; the model's inputs "
+                f"are {sorted(inputs)} (give one array per input, named as the input)."
+            )
+        missing = sorted(set(inputs) - set(feed))
+        if missing:
+            raise ShrinkError(
+                f"{where}: has no array for model input '{missing[0]}'; the model's inputs are "
+                f"{sorted(inputs)} (give one array per input, named as the input)."
+            )
+        for name, value in feed.items():
+            arr = np.asarray(value)
+            t = inputs[name].type.tensor_type
+            want = helper.tensor_dtype_to_np_dtype(t.elem_type)
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+            if arr.dtype != want:
+                raise ShrinkError(
+                    f"{where}: array '{name}' is {arr.dtype}; the model's input '{name}' is {want}."
+                )
+            if t.HasField("shape") and (
+                arr.ndim != len(dims)
+                or any(d is not None and d != n for d, n in zip(dims, arr.shape, strict=False))
+            ):
+                shape = ["?" if d is None else d for d in dims]
+                raise ShrinkError(
+                    f"{where}: array '{name}' has shape {list(arr.shape)}; the model's input "
+                    f"'{name}' has shape {shape}."
+                )
 
 
 def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -223,7 +275,7 @@ def make_inputs(
 def load_inputs(path: str) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
+            return InputFile({k: f[k] for k in f.files}, path)
     except FileNotFoundError:
         raise ShrinkError(
             f"{path}: no such inputs file (.npz with one array per model input)."
@@ -232,6 +284,47 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
         raise ShrinkError(
             f"{path}: cannot be read as a .npz of input arrays ({first_line(exc)})."
         ) from exc
+
+
+def unrunnable_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(domain:op, node name) of the nodes of custom domains onnxruntime has no kernel for
+    (nor the model a function), which the proof cannot run."""
+    from onnxshrink.prepare.shapes import runtime_schemas
+
+    known = runtime_schemas() | {(f.domain, f.name) for f in model.functions}
+    out: dict[str, str] = {}
+    for n in _all_nodes(model.graph):
+        if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known:
+            out.setdefault(f"{n.domain}:{n.op_type}", node_label(n))
+    return list(out.items())
+
+
+def node_label(n: onnx.NodeProto) -> str:
+    """How a message names a node: by its name, or by its output when it has none."""
+    if n.name:
+        return f"node '{n.name}'"
+    return f"the node writing '{n.output[0]}'" if n.output else "an unnamed node"
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                yield from _all_nodes(g)
+
+
+def check_runnable(model: onnx.ModelProto, source: str) -> None:
+    """Refuse, before any work, a model whose proof onnxruntime cannot run (custom ops)."""
+    ops = unrunnable_ops(model)
+    if ops:
+        listed = ", ".join(f"{op} ({node})" for op, node in ops[:5])
+        raise ShrinkError(
+            f"{source}: onnxruntime has no kernel for {listed}, so the proof cannot run the model. "
+            "Pass --no-validate to shrink it without the proof (those nodes keep all their "
+            "channels; the rest is shrunk by the analysis alone), or prove it yourself with the "
+            "op's library registered in onnxruntime."
+        )
 
 
 def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
@@ -320,7 +413,36 @@ def default_rtol(model: onnx.ModelProto) -> tuple[float, str]:
 
 
 class _RunFailed(Exception):
-    pass
+    def __init__(self, message: str, loading: bool):
+        super().__init__(message)
+        self.loading = loading  # onnxruntime refused the model (else: it failed on the inputs)
+
+
+def _reference_failed(
+    reference: onnx.ModelProto, opts: ShrinkOptions, shapes: dict[str, list[int]], exc: _RunFailed
+) -> str:
+    """Why the proof could not even run the reference, and what to do about it."""
+    text = f"the reference model (the input, masks applied) {exc}"
+    if exc.loading:
+        return (
+            f"{text}, so the proof cannot run. Check the model with onnxruntime, or pass "
+            "--no-validate to shrink it without the proof."
+        )
+    if opts.inputs:
+        return f"{text}. Check the arrays given with --inputs against the model's inputs."
+    dynamic = {
+        i.name: shapes[i.name]
+        for i in _graph_inputs(reference)
+        if any(not d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)
+        and i.name not in (opts.input_shapes or {})
+    }
+    if dynamic:
+        chosen = ", ".join(f"{n}:{','.join(map(str, d))}" for n, d in dynamic.items())
+        return (
+            f"{text} on random inputs of the shapes chosen for its dynamic dims ({chosen}). "
+            "Give the shapes it runs on with --input-shapes name:d0,d1,..., or real inputs with --inputs."
+        )
+    return f"{text} on random inputs. Give real inputs it runs on with --inputs."
 
 
 def run_model(
@@ -347,14 +469,14 @@ def run_model(
         except ShrinkError:
             raise
         except Exception as exc:
-            raise _RunFailed(f"onnxruntime cannot load it ({first_line(exc)})") from exc
+            raise _RunFailed(f"cannot be loaded by onnxruntime ({first_line(exc)})", True) from exc
         names = [o.name for o in sess.get_outputs()]
         wanted = [i.name for i in sess.get_inputs()]
         for v in values:
             try:
                 v.update(zip(names, sess.run(names, {n: v[n] for n in wanted}), strict=True))
             except Exception as exc:
-                raise _RunFailed(f"it fails to run ({first_line(exc)})") from exc
+                raise _RunFailed(f"fails to run in onnxruntime ({first_line(exc)})", False) from exc
             if progress is not None:
                 progress.update(1)
         del sess
@@ -452,10 +574,7 @@ def compare(
                 ref_model, feeds, outputs, opts.provider, reference_dir, progress, ref_parts
             )
         except _RunFailed as exc:
-            raise ShrinkError(
-                f"the reference model does not run on the validation inputs ({exc}). Give input "
-                "shapes with --input-shapes name:d0,d1,..."
-            ) from exc
+            raise ShrinkError(_reference_failed(reference, opts, shapes, exc)) from exc
     try:
         with bar(len(feeds) * counts[1], "proof: shrunk", "run", opts.progress) as progress:
             new_out = run_model(

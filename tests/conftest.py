@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +37,26 @@ def tiny(text: str, zero: dict | None = None, seed: int = 0, opset: int = 17, va
     from onnxshrink.testing import model_from_text
 
     return model_from_text(text, opset=opset, values=values, zero=zero, seed=seed)
+
+
+def cli(*args, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    """Run the command line in a fresh process (`kwargs`: for subprocess.run, e.g. preexec_fn)."""
+    return subprocess.run(
+        [sys.executable, "-m", "onnxshrink.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file (and directory) under `directory`, with its bytes."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        out[str(p.relative_to(directory))] = p.read_bytes() if p.is_file() else b"<dir>"
+    return out
 
 
 def init(model: onnx.ModelProto, name: str) -> np.ndarray:

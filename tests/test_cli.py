@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import CONV2, export_cached, init, params, run, tiny
+from conftest import CONV2, cli, export_cached, init, params, run, snapshot, tiny
 
 from onnxshrink import ShrinkError, ValidationFailed, shrink
 from onnxshrink.cli import main
@@ -46,29 +44,11 @@ WIDE_BEFORE = 64 * 16 * 9 + 64 + 32 * 64 + 32  # 11360
 WIDE_PER_CHANNEL = 16 * 9 + 1 + 32  # one W1 filter, its bias, one W2 column
 
 
-def cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "onnxshrink.cli", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def save_external(model: onnx.ModelProto, path: Path, **kwargs) -> None:
     """Save with external data (onnx.save_model rewrites the proto it is given: save a copy)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     onnx.save_model(copy, path, save_as_external_data=True, location=path.name + ".data", **kwargs)
-
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file (and directory) under `directory`, with its bytes."""
-    out = {}
-    for p in sorted(directory.rglob("*")):
-        out[str(p.relative_to(directory))] = p.read_bytes() if p.is_file() else b"<dir>"
-    return out
 
 
 def temp_dirs(directory: Path) -> list[str]:
@@ -460,15 +440,17 @@ def test_explain_lists_kept_zeroed_slices(tmp_path, capsys):
 
     assert main([str(path)]) == 0
     plain = capsys.readouterr().out
-    assert "[I] 1 zeroed slice(s) had to be kept; --explain says why" in plain
+    # W2's row 2 (4 weights) is the kept zero slice: not counted as unstructured sparsity
+    assert "[I] 1 zeroed slice(s) had to be kept (4 zero weights); --explain says why" in plain
+    assert "unstructured" not in plain
     assert "(axis 0)" not in plain
 
     assert main([str(path), "--explain"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "[I] 1 zeroed slice(s) had to be kept" in lines
+    assert "[I] 1 zeroed slice(s) had to be kept (4 zero weights)" in lines
     assert "[I]     W2 (axis 0): 1 kept: it is part of a graph input or output" in lines
-    # W2 after shrinking is [4, 4, 1, 1] with one row of zeros: 4 of 16 weights
-    assert "[I]     W2: 25.0% zeros of 16" in lines
+    # W2 after shrinking is [4, 4, 1, 1] with one row of zeros: a whole slice, not sparsity
+    assert not any(line.startswith("[I]     W2:") for line in lines)
 
 
 def test_report_lists_unbound_masks_with_allow_unbound(tmp_path, conv2, capsys):
@@ -554,6 +536,11 @@ def _npz(d: Path, name: str, **arrays) -> list[str]:
     return ["m.onnx", name]
 
 
+def _write_npz(d: Path, name: str, **arrays) -> list[str]:
+    np.savez(d / name, **arrays)
+    return [name]
+
+
 ERRORS = {
     "missing-model": (lambda d: ["nope.onnx"], ["nope.onnx: no such file"]),
     "model-is-directory": (lambda d: _mkdir(d, "dir.onnx"), ["dir.onnx: is a directory"]),
@@ -625,6 +612,26 @@ ERRORS = {
     "inputs-file-missing": (
         lambda d: ["m.onnx", "--inputs", "feeds.npz"],
         ["feeds.npz: no such inputs file"],
+    ),
+    "weights-missing": (
+        lambda d: ["m.onnx", "--weights", "orig.pt"],
+        ["orig.pt: no such weights file", "--weights", "state dict"],
+    ),
+    "inputs-file-wrong-name": (
+        lambda d: ["m.onnx", "--inputs", *_write_npz(d, "feeds.npz", image=np.zeros((1, 3, 8, 8), np.float32))],
+        ["feeds.npz: holds 'image', which is not a model input; the model's inputs are ['x']"],
+    ),
+    "inputs-file-missing-input": (
+        lambda d: ["m.onnx", "--inputs", *_write_npz(d, "feeds.npz")],
+        ["feeds.npz: has no array for model input 'x'"],
+    ),
+    "inputs-file-wrong-dtype": (
+        lambda d: ["m.onnx", "--inputs", *_write_npz(d, "feeds.npz", x=np.zeros((1, 3, 8, 8)))],
+        ["feeds.npz: array 'x' is float64; the model's input 'x' is float32"],
+    ),
+    "inputs-file-wrong-shape": (
+        lambda d: ["m.onnx", "--inputs", *_write_npz(d, "feeds.npz", x=np.zeros((1, 3, 9, 8), np.float32))],
+        ["feeds.npz: array 'x' has shape [1, 3, 9, 8]; the model's input 'x' has shape [1, 3, 8, 8]"],
     ),
     "output-dir-missing": (
         lambda d: ["m.onnx", "-o", "nodir/out.onnx"],

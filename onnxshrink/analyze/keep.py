@@ -32,7 +32,9 @@ from onnxshrink.io import weights
 class Reason:
     """Why an index is kept; the root cause, carried along couplings."""
 
-    kind: str  # interface | live | meets-live | normalization | barrier | not-absorbable | structure | shape | proof
+    # interface | live | meets-live | normalization | unsupported (no handler) | barrier (a
+    # handled op kept whole) | not-absorbable | structure | shape | replay | proof
+    kind: str
     node: str = ""
     op: str = ""
     detail: str = ""
@@ -44,7 +46,8 @@ class Reason:
             "live": "a live output depends on it",
             "meets-live": f"it is combined elementwise with a live value by {where}",
             "normalization": f"{where} normalizes over this axis (its statistics see every channel)",
-            "barrier": f"{where} is not supported for shrinking; its channels are kept",
+            "unsupported": f"{where} is not supported for shrinking; its channels are kept",
+            "barrier": f"{where} keeps all its channels",
             "not-absorbable": f"{where} cannot absorb this constant channel",
             "structure": f"{where} needs it to keep a valid structure",
             "shape": f"its size is read by {where} in a way that cannot be rewritten",
@@ -426,7 +429,7 @@ class KeepState:
                     self.demand(t, pin=i not in sizes)
             return
         if handler is None:
-            self.barrier(node, Reason("barrier", node.name, node.op, "no handler for this op"))
+            self.barrier(node, Reason("unsupported", node.name, node.op, "no handler for this op"))
             return
         self._visiting = node
         try:

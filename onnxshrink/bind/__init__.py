@@ -8,7 +8,7 @@ import onnx
 from onnxshrink.bind.apply import UNMASKED_FLAG, apply_masks, check_reference
 from onnxshrink.bind.binder import Binder
 from onnxshrink.bind.binding import Binding, BoundMasks
-from onnxshrink.bind.graph import ModelIndex, module_of
+from onnxshrink.bind.graph import ModelIndex, is_fused_batchnorm, module_of
 from onnxshrink.errors import ShrinkError
 from onnxshrink.masks import MaskSet
 
@@ -61,12 +61,14 @@ def bind_masks(
 
 def weight_modules(model: onnx.ModelProto) -> dict[str, str]:
     """Initializers the exporter named apart from their module (`val_10`, `onnx::MatMul_12`,
-    often a transposed copy) -> the module whose node reads them, for reports."""
+    often a transposed copy) -> the module whose node reads them, for reports. A conv the
+    exporter fused with the BatchNorm after it carries the BatchNorm's scope, not the conv's:
+    its weights are not attributed (their names are the conv's parameters)."""
     inits = {t.name for t in model.graph.initializer}
     out: dict[str, str] = {}
     for n in model.graph.node:
         module = module_of(n)
-        if not module:
+        if not module or is_fused_batchnorm(n):
             continue
         for name in n.input:
             if name in inits and not name.startswith(module + ".") and name not in out:

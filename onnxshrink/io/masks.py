@@ -16,12 +16,30 @@ from onnxshrink.errors import ShrinkError, first_line
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
-def load_masks_file(path: str | Path) -> Mapping:
+# What each kind of file read here holds, and what to give instead when it is missing.
+_KINDS = {
+    "masks": (
+        "masks",
+        "Give a .pt, .npz or .safetensors file of masks, or no masks file to use the zeros "
+        "already in the model.",
+    ),
+    "weights": (
+        "weights",
+        "Give the original weights (--weights): the model's state dict as a .pt, .npz or "
+        ".safetensors file.",
+    ),
+}
+
+
+def load_masks_file(path: str | Path, kind: str = "masks") -> Mapping:
+    """The content of a masks file (`kind` "masks") or of a state dict given with --weights
+    ("weights"): a dict of tensors, read without running code."""
     p = Path(path)
+    noun, fix = _KINDS[kind]
     if not p.exists():
-        raise ShrinkError(
-            f"{p}: no such masks file. Give a .pt, .npz or .safetensors file of masks, or no masks file to use the zeros already in the model."
-        )
+        raise ShrinkError(f"{p}: no such {noun} file. {fix}")
+    if p.is_dir():
+        raise ShrinkError(f"{p}: is a directory, not a {noun} file. {fix}")
     suffix = p.suffix.lower()
     if suffix in PT_SUFFIXES:
         raw = _read_pt(p)
@@ -31,11 +49,11 @@ def load_masks_file(path: str | Path) -> Mapping:
         raw = _read_safetensors(p)
     else:
         raise ShrinkError(
-            f"{p}: unknown masks format '{suffix}'. Use .pt (torch.save of a dict of tensors), .npz or .safetensors."
+            f"{p}: unknown {noun} format '{suffix}'. Use .pt (torch.save of a dict of tensors), .npz or .safetensors."
         )
     if not isinstance(raw, Mapping) or not raw:
         raise ShrinkError(
-            f"{p}: expected a non-empty dict of mask tensors, found {type(raw).__name__}."
+            f"{p}: expected a non-empty dict of {'mask ' if kind == 'masks' else ''}tensors, found {type(raw).__name__}."
         )
     return raw
 

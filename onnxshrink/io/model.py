@@ -10,22 +10,63 @@ import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import helper
 
-from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.errors import ShrinkError, file_access, first_line
 from onnxshrink.io.weights import DataWriter, WeightStore
 
 TWO_GB = 2**31
 
 
-def _external_locations(model: onnx.ModelProto) -> list[str]:
-    locs = []
+def _external_entries(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(tensor, location) of the first tensor stored at each external data location."""
+    seen: dict[str, str] = {}
     for t in model.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             for e in t.external_data:
-                if e.key == "location" and e.value not in locs:
-                    locs.append(e.value)
-    return locs
+                if e.key == "location" and e.value not in seen:
+                    seen[e.value] = t.name
+    return [(name, loc) for loc, name in seen.items()]
+
+
+def _external_locations(model: onnx.ModelProto) -> list[str]:
+    return [loc for _, loc in _external_entries(model)]
+
+
+def external_file(folder: Path, location: str, tensor: str, source: str) -> Path:
+    """The file that holds a tensor's external data, which must be inside the model's folder.
+
+    Checked on the location's text and on the folder's own entries only (lstat() of each step,
+    readlink() of a link, to name its target), so that nothing outside the folder is opened or
+    even stat()ed before it is refused. Symbolic links are refused wherever they point: onnx
+    reads no external data through them, and onnxruntime none outside the folder."""
+    where = f"{source}: tensor '{tensor}' keeps its data in '{location}'"
+    fix = (
+        ". onnxshrink reads external data only from the model's own folder (as onnx and "
+        "onnxruntime do): put the data file beside the model, with a location relative to it."
+    )
+    if not location or "\0" in location or os.path.isabs(location):
+        raise ShrinkError(f"{where}, which is not a path inside the model's folder{fix}")
+    current, depth = folder, 0
+    for part in location.replace("\\", "/").split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if depth == 0:
+                raise ShrinkError(f"{where}, outside the model's folder{fix}")
+            current, depth = current.parent, depth - 1
+            continue
+        current, depth = current / part, depth + 1
+        if current.is_symlink():  # an entry inside the folder: lstat() only
+            raise ShrinkError(
+                f"{where}, a symbolic link to '{os.readlink(current)}', which onnx does not "
+                f"follow{fix}"
+            )
+    if depth == 0:
+        raise ShrinkError(f"{where}, which is the model's folder itself, not a file{fix}")
+    return current
 
 
 def uses_external_data(path: str | Path) -> bool:
@@ -37,10 +78,16 @@ def uses_external_data(path: str | Path) -> bool:
 
 def data_files(path: str | Path, model: onnx.ModelProto | None = None) -> list[Path]:
     """The external data files the model at `path` refers to (`model`: that file, if already
-    loaded without its external data, so that it is not read again)."""
+    loaded without its external data, so that it is not read again); ShrinkError for a location
+    outside the model's folder (see `external_file`)."""
+    return list(_data_locations(path, model).values())
+
+
+def _data_locations(path: str | Path, model: onnx.ModelProto | None = None) -> dict[str, Path]:
     if model is None:
         model = onnx.load(str(path), load_external_data=False)
-    return [Path(path).parent / loc for loc in _external_locations(model)]
+    folder = Path(os.path.abspath(Path(path).parent))
+    return {loc: external_file(folder, loc, name, str(path)) for name, loc in _external_entries(model)}
 
 
 def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto:
@@ -61,16 +108,17 @@ def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto
         ) from exc
     if not model.graph.node or not model.graph.output:
         raise ShrinkError(f"{p}: not a valid ONNX model (it has no nodes or no outputs).")
-    missing = [loc for loc in _external_locations(model) if not (p.parent / loc).exists()]
+    files = _data_locations(p, model)  # locations outside the folder: refused before any access
+    missing = [loc for loc, f in files.items() if not f.is_file()]
     if missing:
+        location = missing[0]
         raise ShrinkError(
-            f"{p}: its weights are stored in '{missing[0]}', which is not next to the model. "
+            f"{p}: its weights are stored in '{location}', which is not next to the model. "
             "Keep the external data file beside the .onnx file (torch.onnx.export writes "
             "<model>.onnx.data)."
         )
-    if keep_external:
-        _check_external_sizes(model, p)
-    else:
+    check_tensor_data(model, str(p), files)
+    if not keep_external:
         load_external(model, p.parent, str(p))
     check_model(model, str(p))
     return model
@@ -86,18 +134,78 @@ def load_external(model: onnx.ModelProto, base_dir: Path, source: str = "model")
         ) from exc
 
 
-def _check_external_sizes(model: onnx.ModelProto, p: Path) -> None:
+# Bits per element of the packed sub-byte types (stored several to a byte in raw_data).
+_PACKED_BITS: dict[int, int] = {
+    onnx.TensorProto.INT4: 4,
+    onnx.TensorProto.UINT4: 4,
+    onnx.TensorProto.FLOAT4E2M1: 4,
+    onnx.TensorProto.INT2: 2,
+    onnx.TensorProto.UINT2: 2,
+}
+
+
+def _data_bytes(data_type: int, count: int) -> int | None:
+    """Bytes `count` elements of `data_type` take in raw_data (None: a type not checked)."""
+    if data_type in _PACKED_BITS:
+        return -(-count * _PACKED_BITS[data_type] // 8)
+    if data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    try:
+        return count * helper.tensor_dtype_to_np_dtype(data_type).itemsize
+    except Exception:
+        return None
+
+
+def check_tensor_data(
+    model: onnx.ModelProto, source: str, files: dict[str, Path] | None = None
+) -> None:
+    """Refuse initializers that hold fewer (or more) values than their shape needs, naming them:
+    onnx's checker does not look at the data, and reading it would fail deep inside a stage.
+    Data in external files (`files`: by location, see `data_files`) is checked against the
+    files' sizes."""
     for t in model.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL:
+        count = int(np.prod(t.dims, dtype=np.int64))
+        need = _data_bytes(t.data_type, count)
+        shape = f"its shape {list(t.dims)} of {onnx.TensorProto.DataType.Name(t.data_type).lower()}"
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            try:
+                offset, length = int(info.get("offset", 0)), int(info.get("length", need or 0))
+            except ValueError:
+                raise ShrinkError(
+                    f"{source}: tensor '{t.name}' has an unreadable external data offset or length "
+                    f"({info}); re-export the model."
+                ) from None
+            if need is not None and length != need:
+                raise ShrinkError(
+                    f"{source}: tensor '{t.name}' says its external data is {length} bytes, but "
+                    f"{shape} needs {need}; the model file is damaged: re-export it."
+                )
+            f = (files or {}).get(info.get("location", ""))
+            if f is not None and f.stat().st_size < offset + length:
+                raise ShrinkError(
+                    f"{source}: its external data could not be read ({f.name} is shorter than "
+                    f"tensor '{t.name}' needs: {f.stat().st_size} < {offset + length} bytes)."
+                )
             continue
-        info = {e.key: e.value for e in t.external_data}
-        f = p.parent / info.get("location", "")
-        end = int(info.get("offset", 0)) + int(info.get("length", 0))
-        if f.stat().st_size < end:
+        if need is None:
+            continue
+        if t.HasField("raw_data"):
+            have, unit = len(t.raw_data), "bytes"
+        elif t.data_type in _PACKED_BITS:
+            continue  # packed into int32_data: onnx's own reader checks it
+        else:
+            field = helper.tensor_dtype_to_field(t.data_type)
+            have, unit = len(getattr(t, field)), "values"
+            need = count * (2 if t.data_type in _COMPLEX else 1)
+        if have != need:
             raise ShrinkError(
-                f"{p}: its external data could not be read ({f.name} is shorter than tensor "
-                f"'{t.name}' needs: {f.stat().st_size} < {end} bytes)."
+                f"{source}: initializer '{t.name}' holds {have} {unit} of data, but {shape} needs "
+                f"{need}; the model file is damaged or its exporter wrote it wrongly: re-export it."
             )
+
+
+_COMPLEX = (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128)
 
 
 def check_model(model: onnx.ModelProto, source: str = "model") -> None:
@@ -115,10 +223,12 @@ def check_model(model: onnx.ModelProto, source: str = "model") -> None:
 
 
 def check_output(path: str | Path, protect: Iterable[str | Path] = ()) -> None:
-    """Refuse an output path before any work: over the input or its data, or where no file
-    can be written."""
+    """Refuse an output path before any work: over the input or its data, over something that
+    is not a regular file (a device, a pipe), or in a directory where no file can be written."""
     out = Path(path).absolute()
     _check_output(out, out.with_name(out.name + ".data"), protect)
+    with file_access(out, "write"), tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-"):
+        pass  # what saving does first: a hidden directory beside the output
 
 
 def _check_output(out: Path, data: Path, protect: Iterable[str | Path]) -> None:
@@ -132,6 +242,13 @@ def _check_output(out: Path, data: Path, protect: Iterable[str | Path]) -> None:
         raise ShrinkError(f"{out.parent}: the output directory does not exist.")
     if out.is_dir():
         raise ShrinkError(f"{out}: is a directory; give the output model's file name with -o.")
+    for target in (out, data):
+        if target.exists() and not target.is_file():
+            raise ShrinkError(
+                f"{target}: exists and is not a regular file (a device or a pipe); the output is "
+                "written beside it and renamed over it, which would replace it: choose a file path "
+                "with -o (or no -o to analyze only)."
+            )
 
 
 class Scratch:
@@ -142,7 +259,8 @@ class Scratch:
 
     def __init__(self, store: WeightStore, output: str | Path | None):
         self.store = store
-        self._tmp = None if output is not None else tempfile.mkdtemp(prefix="onnxshrink-")
+        with file_access(tempfile.gettempdir(), "write a temporary directory in"):
+            self._tmp = None if output is not None else tempfile.mkdtemp(prefix="onnxshrink-")
         self.dir = Path(self._tmp) if self._tmp else Path(output).absolute().parent  # type: ignore[arg-type]
         if not self.dir.is_dir():
             raise ShrinkError(f"{self.dir}: the output directory does not exist.")
@@ -207,7 +325,7 @@ def save_streamed(
     out = Path(path).absolute()
     data = out.with_name(out.name + ".data")
     _check_output(out, data, protect)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
+    with file_access(out), tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
         staged = Path(tmp) / data.name
         try:
             if not move:
@@ -241,7 +359,7 @@ def save_model(
     _check_output(out, data, protect)
     external = external or model.ByteSize() >= TWO_GB
     written = []
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
+    with file_access(out), tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
         tmp_model = Path(tmp) / out.name
         if external:
             if _write_external(model, tmp_model, Path(tmp) / data.name):
@@ -289,3 +407,25 @@ def _write_external(
     if offset == 0:
         data_path.unlink()
     return offset > 0
+
+
+def unique_node_names(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """Give the nodes of the main graph that share a name with an earlier one a name of their
+    own (`name_1`, ...), in place: onnx's checker accepts shared names, onnxruntime refuses the
+    model, and a node's name means nothing to what it computes. Returns (old, new) names."""
+    taken = {n.name for n in model.graph.node}
+    seen: set[str] = set()
+    renamed = []
+    for n in model.graph.node:
+        if not n.name:
+            continue  # unnamed nodes are fine with onnxruntime
+        if n.name in seen:
+            k, new = 1, f"{n.name}_1"
+            while new in taken:
+                k += 1
+                new = f"{n.name}_{k}"
+            taken.add(new)
+            renamed.append((n.name, new))
+            n.name = new
+        seen.add(n.name)
+    return renamed

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxshrink.errors import ShrinkError
+from onnxshrink.errors import ShrinkError, file_access
 
 T = TypeVar("T")
 
@@ -160,7 +160,8 @@ class DataWriter:
     def __init__(self, store: WeightStore, path: Path):
         self.store = store
         self.path = Path(path).absolute()
-        self._f = open(self.path, "wb")  # noqa: SIM115 (closed by close(), after the last tensor)
+        with file_access(self.path.parent, "write the shrunk weights in"):
+            self._f = open(self.path, "wb")  # noqa: SIM115 (closed by close(), after the last tensor)
         self.offset = 0
         self.tensors = 0
 
@@ -173,9 +174,11 @@ class DataWriter:
             self._f.write(b"\0" * pad)
             self.offset += pad
         start = self.offset
-        for block in _ahead(blocks, np.dtype(dtype)):
-            self._f.write(block.reshape(-1).view(np.uint8).data)
-            self.offset += block.nbytes
+        with file_access(self.path.parent, "write the shrunk weights in"):
+            for block in _ahead(blocks, np.dtype(dtype)):
+                self._f.write(block.reshape(-1).view(np.uint8).data)
+                self.offset += block.nbytes
+            self._f.flush()
         length = self.offset - start
         expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if length != expected:
@@ -183,7 +186,6 @@ class DataWriter:
         self.tensors += 1
         if length == 0:
             return np.zeros(shape, dtype)
-        self._f.flush()
         mm = self.store._map(self.path, start, length)
         arr = np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
         self.store._where[_key(arr)] = Location(self.path, start, length)

@@ -121,12 +121,12 @@ class ReplayedOp(Handler):
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         if not replayable(node):
-            ks.barrier(node, Reason("barrier", node.name, node.op, "no handler for this op"))
+            ks.barrier(node, Reason("unsupported", node.name, node.op, "no handler for this op"))
             return
         found = ks.memo(("replay", id(node)), lambda: self.probe(node, ks))
         if isinstance(found, str):
             why = f"no handler for this op, and it cannot be replayed: {found}"
-            ks.barrier(node, Reason("barrier", node.name, node.op, why))
+            ks.barrier(node, Reason("unsupported", node.name, node.op, why))
             return
         rep, live = found
         passes = ks.memo(("replay axes", id(node)), lambda: self.passing_axes(node, rep, live, self.arrays(node, ks), ks.opset))

@@ -10,6 +10,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxshrink.io.weights import WeightStore
+from onnxshrink.logs import route_library_logs
 from onnxshrink.prepare.shapes import default_opset, inferred_shapes
 from onnxshrink.prepare.tie import untie
 
@@ -20,6 +21,7 @@ def prepare(
     """The gs graph to analyze, and {untied copy name: original initializer name}. Weights the
     model keeps in external data files (in `base_dir`) become read-only arrays mapped by
     `store`: read only where a handler reads them."""
+    route_library_logs()  # onnx-graphsurgeon's warnings: to logging, not stdout
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
     store = store or WeightStore()

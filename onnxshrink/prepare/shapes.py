@@ -44,12 +44,15 @@ def skeleton(
     g.name = model.graph.name or "graph"
     g.node.extend(model.graph.node)
     g.output.extend(model.graph.output)
+    listed = model.ir_version < 4  # IR 3: every initializer is also a graph input
     for t in model.graph.initializer:
         external = t.data_location == onnx.TensorProto.EXTERNAL
         if external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64):
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
+            if listed:
+                g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     inits = {t.name for t in model.graph.initializer}
     for i in model.graph.input:
         if i.name in inits:
@@ -68,18 +71,22 @@ def _onnx_knows(node: onnx.NodeProto) -> bool:
 
 
 @functools.cache
-def _runtime_onnx_ops() -> frozenset[str]:
-    """Ops onnxruntime defines in the ONNX domain that onnx does not (its contrib
-    SimplifiedLayerNormalization, which its transformer optimizer writes)."""
+def runtime_schemas() -> frozenset[tuple[str, str]]:
+    """(domain, op) of every op onnxruntime has a schema for ("" for the ONNX domain)."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as rt
 
         schemas = rt.get_all_operator_schema()
     except Exception:
         return frozenset()
-    return frozenset(
-        s.name for s in schemas if s.domain in ("", "ai.onnx") and not onnx.defs.has(s.name)
-    )
+    return frozenset(("" if s.domain == "ai.onnx" else s.domain, s.name) for s in schemas)
+
+
+@functools.cache
+def _runtime_onnx_ops() -> frozenset[str]:
+    """Ops onnxruntime defines in the ONNX domain that onnx does not (its contrib
+    SimplifiedLayerNormalization, which its transformer optimizer writes)."""
+    return frozenset(op for domain, op in runtime_schemas() if domain == "" and not onnx.defs.has(op))
 
 
 RUNTIME_DOMAIN = "onnxshrink.onnxruntime_onnx_domain"

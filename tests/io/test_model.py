@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -193,17 +194,23 @@ def test_save_replaces_an_existing_output(tmp_path, model):
 
 
 def test_save_failure_leaves_no_temp_and_old_output_intact(tmp_path, model, monkeypatch):
+    """A full disk mid-write: a ShrinkError naming the output and what to do (bad input, exit 2),
+    no temporary file left, the previous output intact."""
     out = tmp_path / "o.onnx"
     out.write_bytes(b"previous result")
 
     def broken(proto, path, *args, **kwargs):
         Path(path).write_bytes(b"half a mod")  # a partial write inside the temp dir
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(onnx, "save_model", broken)
     for external in (False, True):
-        with pytest.raises(OSError, match="disk full"):
+        with pytest.raises(ShrinkError) as info:
             save_model(model, out, external=external)
+        assert str(info.value) == (
+            f"cannot write {out} (No space left on device): free some space on that disk or "
+            "write elsewhere. Nothing was written."
+        )
         assert listing(tmp_path) == ["o.onnx"]
         assert out.read_bytes() == b"previous result"
 

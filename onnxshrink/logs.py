@@ -1,0 +1,77 @@
+"""What libraries say, routed through Python logging (loggers under "onnxshrink.libs"), never
+printed on stdout where the report goes.
+
+onnx-graphsurgeon prints its messages with print(), on stdout: dumps of nodes that share a name,
+"colored module is not installed", "Could not convert: BFLOAT16". `route_library_logs` sends
+them to the logger "onnxshrink.libs.onnx_graphsurgeon" instead. The package attaches no handler
+to "onnxshrink.libs", so they are silent unless the application configures logging; the command
+line shows them, and Python's warnings, on stderr with -v (`show_library_logs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+LIBS = "onnxshrink.libs"
+logging.getLogger(LIBS).addHandler(logging.NullHandler())  # silent unless configured
+
+_routed = False
+
+
+def route_library_logs() -> None:
+    """Send onnx-graphsurgeon's log to logging (once per process; idempotent)."""
+    global _routed
+    if _routed:
+        return
+    from onnx_graphsurgeon.logger.logger import G_LOGGER, Logger, LogMode
+
+    log = logging.getLogger(f"{LIBS}.onnx_graphsurgeon")
+    levels = {
+        Logger.ULTRA_VERBOSE: logging.DEBUG,
+        Logger.VERBOSE: logging.DEBUG,
+        Logger.DEBUG: logging.DEBUG,
+        Logger.INFO: logging.INFO,
+        Logger.WARNING: logging.WARNING,
+        Logger.ERROR: logging.ERROR,
+        Logger.CRITICAL: logging.CRITICAL,
+    }
+    once: set[str] = set()
+
+    def emit(message: Any, severity: int, mode: Any = LogMode.EACH, stack_depth: int = 2) -> None:
+        level = levels.get(severity, logging.WARNING)
+        if severity < G_LOGGER.severity or not log.isEnabledFor(level):
+            return  # a message may be a callable that builds a long dump: not built then
+        text = str(message() if callable(message) else message)
+        if mode == LogMode.ONCE:
+            if text in once:
+                return
+            once.add(text)
+        log.log(level, text)
+
+    G_LOGGER.log = emit  # its print() to stdout, replaced
+    G_LOGGER.colors = False  # (and no "colored module is not installed" warning)
+    _routed = True
+
+
+class _Tagged(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        tag = "E" if record.levelno >= logging.ERROR else "W" if record.levelno >= logging.WARNING else "I"
+        source = record.name.removeprefix(f"{LIBS}.") if record.name != "py.warnings" else "warning"
+        lines = record.getMessage().rstrip().splitlines() or [""]
+        return "\n".join([f"[{tag}] ({source}) {lines[0]}", *(f"[{tag}]     {ln}" for ln in lines[1:])])
+
+
+def show_library_logs(verbose: bool) -> None:
+    """For the command line: library messages and Python warnings on stderr with -v, else
+    nowhere (the report on stdout stays the tool's own)."""
+    logging.captureWarnings(True)
+    handler: logging.Handler = logging.StreamHandler(sys.stderr) if verbose else logging.NullHandler()
+    handler.setFormatter(_Tagged())
+    for name in (LIBS, "py.warnings"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO if verbose else logging.CRITICAL + 1)
+        logger.propagate = False
+    route_library_logs()

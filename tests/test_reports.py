@@ -1,0 +1,176 @@
+"""What the run says: the summary (what shrank and what grew), kept zero slices (not sparsity),
+unsupported ops (only those), the modules named, tensors onnxshrink inserted (never listed as
+the model's), a shrink that removes nothing (no larger)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from conftest import CONV2, cli, error_against, init, params, tiny
+from onnx import numpy_helper
+from test_user_errors import custom_op_model
+
+from onnxshrink import shrink
+from onnxshrink.bind import weight_modules
+from onnxshrink.cli import main
+
+# Conv(3->6, 3x3) -> Relu -> Conv(6->4, 3x3), both zero-padded: a constant channel of the
+# first conv reaches the second through its zero padding (a border correction).
+PADDED = """
+g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,3,3] W2, float[4] B2)
+  => (float[1,4,8,8] y) {
+  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  r = Relu(h)
+  y = Conv<pads=[1,1,1,1]>(r, W2, B2)
+}
+"""
+
+
+def padded_with_constants() -> onnx.ModelProto:
+    """PADDED with filters 1 and 3 of W1 zeroed and their biases positive: constant channels
+    relu(b) > 0, folded into W2's consumer by a border correction. Output channel 0 of W2 does
+    not read them (its columns 1 and 3 are zero): the correction kernel's row 0 is zero."""
+    b1 = np.asarray([0.3, 0.7, -0.2, 1.1, 0.5, -0.4], np.float32)
+    model = tiny(PADDED, seed=2, values={"B1": b1}, zero={"W1": np.s_[[1, 3]]})
+    w2 = init(model, "W2").copy()
+    w2[0, [1, 3]] = 0
+    for t in model.graph.initializer:
+        if t.name == "W2":
+            t.CopyFrom(numpy_helper.from_array(w2, "W2"))
+    return model
+
+
+def test_summary_says_what_grew_and_why(tmp_path, capsys):
+    model = padded_with_constants()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    assert main([str(path), "-o", str(tmp_path / "out.onnx"), "-v"]) == 0
+    out = capsys.readouterr().out
+    small = onnx.load(tmp_path / "out.onnx")
+    assert [n.op_type for n in small.graph.node].count("Conv") == 3
+    # 210 - 2 filters (27 + 1) - 2 columns of W2 (4 x 9) + the correction kernel (4 x 9)
+    assert params(small) == 162 + 6 + 216 + 4 - 56 - 72 + 36
+    assert error_against(model, small) <= 1e-5
+    summary = next(line for line in out.splitlines() if line.startswith("[I] smaller:"))
+    # 388 -> 296 parameters; MACs 24192 -> 6912 + 9216 + the correction's 4 x 9 x 64
+    assert summary.startswith("[I] smaller: parameters -23.7%, MACs -23.8%; larger: nodes +100.0%, file size +")
+    assert summary.endswith(
+        " (Add 0 -> 1, ConstantOfShape 0 -> 1, Conv 2 -> 3): added by 1 "
+        "border correction(s) folding constant channels through zero padding"
+    )
+    assert "[I] folded 2 constant channel(s) into 1 consumer(s) (1 as border corrections, for zero padding at the borders)" in out
+    # the correction kernel (onnxshrink's own tensor, a quarter zeros) is not the model's sparsity
+    border = next(t for t in small.graph.initializer if t.name.endswith("_border"))
+    assert numpy_helper.to_array(border)[0].max() == 0
+    assert "onnxshrink_" not in out
+    assert "unstructured" not in out
+
+
+def test_zero_filters_kept_for_a_residual_are_not_sparsity(capsys, tmp_path):
+    """A zeroed filter whose channel meets a live residual stays: a whole zero slice, reported
+    as kept (and why), not as unstructured sparsity."""
+    text = """
+    g (float[1,4,8,8] x, float[4,4,3,3] W1, float[4] B1) => (float[1,4,8,8] y) {
+      h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+      y = Add(h, x)
+    }
+    """
+    model = tiny(text, seed=3, zero={"W1": np.s_[[2]], "B1": np.s_[[2]]})
+    result = shrink(model)
+    (w1,) = [s for s in result.sparsity if s.tensor == "W1"]
+    assert (w1.zeros, w1.in_zero_slices, w1.elements) == (0.0, 36, 144)
+    (kept,) = result.kept_zeroed
+    assert (kept.tensor, kept.axis, kept.count, kept.kind) == ("W1", 0, 1, "meets-live")
+    onnx.save(model, tmp_path / "r.onnx")
+    assert main([str(tmp_path / "r.onnx"), "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "[I] 1 zeroed slice(s) had to be kept (36 zero weights); --explain says why" in out
+    assert "unstructured" not in out
+
+
+def test_a_fused_batchnorm_conv_is_not_attributed_to_the_batchnorm(tmp_path, capsys):
+    """The dynamo exporter fuses BatchNorm into the conv before it, and the fused node carries
+    the BatchNorm's scope ('bn'): its weight 'conv1.weight' is the conv's, named as such."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 6, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(6)
+
+        def forward(self, x):
+            return self.bn(self.conv1(x))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():
+        for p in [*net.parameters(), net.bn.running_mean]:
+            p.copy_(torch.randn_like(p))
+        net.bn.running_var.uniform_(0.5, 2)
+        net.conv1.weight[2] = 0
+        net.bn.weight[2] = 0
+        net.bn.bias[2] = 0
+    from models.zoo import export
+
+    path = tmp_path / "net.onnx"
+    export(net, path, (1, 3, 8, 8))
+    model = onnx.load(path)
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    assert conv.input[1] == "conv1.weight"
+    scopes = {p.key: p.value for p in conv.metadata_props}["pkg.torch.onnx.name_scopes"]
+    assert "'bn'" in scopes  # what the exporter records
+    assert "conv1.weight" not in weight_modules(model)
+
+    assert main([str(path), "--explain"]) == 0
+    out = capsys.readouterr().out
+    # channel 2 is zero but it is the model's output: kept, and named by its own parameter
+    assert "[I]     conv1.weight (axis 0): 1 kept: it is part of a graph input or output" in out
+    assert " in bn " not in out
+
+
+def test_custom_op_is_the_only_unsupported_op_named(tmp_path):
+    onnx.save(custom_op_model(), tmp_path / "m.onnx")
+    p = cli("m.onnx", "-o", "out.onnx", "--no-validate", "--explain", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (
+        "[W] 2 node(s) keep all their channels (unsupported: MyScale; kept whole by their "
+        "handler: Conv); --explain says why" in p.stdout
+    )
+    assert "[I]     node 'scale' (MyScale): MyScale node 'scale' is not supported for shrinking" in p.stdout
+    assert "(Conv): an unnamed Conv node keeps all its channels: shape inference gave no shapes" in p.stdout
+    small = onnx.load(tmp_path / "out.onnx")
+    assert params(small) == 196  # the zeroed filters feed MyScale, which keeps them
+    assert "[I] nothing smaller" in p.stdout
+
+
+def test_a_shrink_that_removes_nothing_writes_nothing_larger(tmp_path, capsys):
+    model = tiny(CONV2, seed=5)
+    path, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(model, path)
+    assert main([str(path), "-o", str(out)]) == 0
+    assert "[I] nothing smaller" in capsys.readouterr().out
+    assert out.stat().st_size <= path.stat().st_size
+    small = onnx.load(out)
+    assert small.graph == model.graph  # the input itself, not re-exported with added shapes
+
+
+def test_masks_that_remove_nothing_write_the_masked_input(tmp_path):
+    """Masks that zero a filter the residual keeps: the output is the masked input, no larger."""
+    text = """
+    g (float[1,4,8,8] x, float[4,4,3,3] W1, float[4] B1) => (float[1,4,8,8] y) {
+      h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+      y = Add(h, x)
+    }
+    """
+    model = tiny(text, seed=3)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    mask = np.ones((4, 4, 3, 3), np.float32)
+    mask[1] = 0
+    np.savez(tmp_path / "masks.npz", W1=mask)
+    result = shrink(path, str(tmp_path / "masks.npz"), tmp_path / "out.onnx", input_masked=False)
+    assert result.passed and result.after.params == 4 * 4 * 9 + 4
+    out = tmp_path / "out.onnx"
+    assert out.stat().st_size <= path.stat().st_size
+    np.testing.assert_array_equal(init(onnx.load(out), "W1"), init(model, "W1") * mask)
