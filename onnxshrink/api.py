@@ -16,7 +16,7 @@ from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
-from onnxshrink.io.masks import flatten, load_masks_file
+from onnxshrink.io.masks import load_masks_file
 from onnxshrink.io.model import (
     Scratch,
     check_output,
@@ -27,7 +27,7 @@ from onnxshrink.io.model import (
     save_streamed,
 )
 from onnxshrink.io.weights import DataWriter, WeightStore
-from onnxshrink.masks import MaskSet, load_maskset
+from onnxshrink.masks import MaskSet, load_maskset, weight_values
 from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
@@ -286,7 +286,7 @@ def read_masks(
     if opts.weights is not None:
         w = opts.weights
         raw = load_masks_file(w) if isinstance(w, str | Path) else w
-        values = flatten(raw, str(w) if isinstance(w, str | Path) else "weights")
+        values = weight_values(raw, str(w) if isinstance(w, str | Path) else "weights")
     return maskset, values
 
 
