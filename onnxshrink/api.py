@@ -171,7 +171,8 @@ def shrink(
             first.report = prove(reference, source, first.rewritten, opts)
         clock.lap("validate")
     outcome, recovery = first, None
-    if opts.validate and opts.recover and not first.passed:
+    rounding = first.report is not None and first.report.at_resolution()
+    if opts.validate and opts.recover and not first.passed and not rounding:
         opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
         tries: list[Attempt] = []
 
@@ -239,7 +240,8 @@ def shrink(
         bad = [o.name for o in report.outputs if not o.passed]
         raise ValidationFailed(
             f"the shrunk model does not match the reference on output(s) {bad}"
-            + ("; it was written anyway (--keep-failed)." if result.written else "; nothing was written."),
+            + ("; it was written anyway (--keep-failed)." if result.written else "; nothing was written.")
+            + (f" {report.rtol_hint()}" if report.at_resolution() else ""),
             result,
         )
     return result

@@ -31,12 +31,12 @@ def pruning_masks(module) -> dict[str, np.ndarray]:
         prefix = f"{path}." if path else ""
         for name, buf in m.named_buffers(recurse=False):
             if name.endswith("_mask") and hasattr(m, name[: -len("_mask")] + "_orig"):
-                masks[prefix + name[: -len("_mask")]] = buf.detach().cpu().numpy()
+                masks[prefix + name[: -len("_mask")]] = _numpy(buf)
         if parametrize.is_parametrized(m):
             for param, plist in m.parametrizations.items():
                 for p in plist:
                     if hasattr(p, "mask"):
-                        mask = p.mask.detach().cpu().numpy()
+                        mask = _numpy(p.mask)
                         key = prefix + param
                         masks[key] = masks[key] * mask if key in masks else mask
     return masks
@@ -100,6 +100,15 @@ def _random_like(args: Sequence, rng: np.random.Generator) -> tuple:
     return tuple(out)
 
 
+def _numpy(t) -> np.ndarray:
+    """A torch tensor as numpy; bfloat16 (which numpy lacks) as float32 holding its values, as
+    the emulated model takes and gives them (onnxshrink.emulate)."""
+    import torch
+
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
 def torch_compare(
     module: Any,
     shrunk: onnx.ModelProto,
@@ -111,10 +120,16 @@ def torch_compare(
     (`data_dir`: where the shrunk model's external weights are, when not in memory)."""
     import torch
 
-    from onnxshrink.validate import ErrorTally, default_rtol, session
+    from onnxshrink.emulate import emulated, needs_emulation
+    from onnxshrink.validate import ErrorTally, arithmetic, default_tolerance, session
 
     draws, seed, atol = opts.draws, opts.seed, opts.atol
-    rtol = opts.rtol if opts.rtol is not None else default_rtol(shrunk)[0]
+    dtype, eps = arithmetic(shrunk)
+    rtol = opts.rtol if opts.rtol is not None else default_tolerance(eps)
+    detail = [f"rtol {rtol:g} for {dtype} arithmetic"] if opts.rtol is None else []
+    if needs_emulation(shrunk):
+        shrunk = emulated(shrunk)
+        detail.append("bfloat16 arithmetic emulated in float32 (onnxruntime has few bfloat16 kernels)")
     t0 = time.perf_counter()
     sess = session(shrunk, "cpu", data_dir)
     names = [i.name for i in sess.get_inputs()]
@@ -123,9 +138,9 @@ def torch_compare(
     for k in range(max(draws, 1)):
         args = tuple(example_args) if k == 0 else _random_like(example_args, rng)
         with torch.no_grad():
-            ref = [t.detach().cpu().numpy() for t in _flat_outputs(module(*args))]
+            ref = [_numpy(t) for t in _flat_outputs(module(*args))]
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        feeds = {n: a.detach().cpu().numpy() for n, a in zip(names, tensors, strict=False)}
+        feeds = {n: _numpy(a) for n, a in zip(names, tensors, strict=False)}
         got = sess.run(None, feeds)
         tally.add(ref[: len(got)], got)
     checks = tally.checks(rtol, atol)
@@ -142,6 +157,9 @@ def torch_compare(
         shapes,
         checks,
         time.perf_counter() - t0,
+        detail="; ".join(detail),
+        dtype=dtype,
+        eps=eps,
     )
 
 
@@ -206,9 +224,11 @@ def export_and_shrink(
     data_dir = result.data_file.parent if result.data_file is not None else None
     result.torch_validation = torch_compare(masked, result.model, args, opts, data_dir)
     if not result.torch_validation.passed:
-        bad = [o.name for o in result.torch_validation.outputs if not o.passed]
+        report = result.torch_validation
+        bad = [o.name for o in report.outputs if not o.passed]
         raise ValidationFailed(
-            f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written.",
+            f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written."
+            + (f" {report.rtol_hint()}" if report.at_resolution() else ""),
             result,
         )
     if output is not None:
