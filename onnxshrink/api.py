@@ -16,7 +16,7 @@ from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
-from onnxshrink.io.masks import load_masks_file
+from onnxshrink.io.masks import imports_torch, load_masks_file
 from onnxshrink.io.model import (
     Scratch,
     check_output,
@@ -281,6 +281,10 @@ def read_masks(
     masks: MasksLike, opts: ShrinkOptions
 ) -> tuple[MaskSet | None, dict[str, np.ndarray] | None]:
     """The masks in any format, and the original weights given to bind them by value."""
+    for path in (masks, opts.weights):
+        if isinstance(path, str | Path) and imports_torch(path):
+            opts.say(f"reading {path}: importing torch to read it (seconds, more on a busy machine) ...")
+            break
     maskset = masks if isinstance(masks, MaskSet) else None
     if maskset is None and masks is not None:
         maskset = load_maskset(masks, opts.masks_format)

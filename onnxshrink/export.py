@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import logging
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,7 @@ def torch_compare(
     import torch
 
     from onnxshrink.emulate import emulated, needs_emulation
+    from onnxshrink.progress import bar
     from onnxshrink.validate import ErrorTally, arithmetic, default_tolerance, session
 
     draws, seed, atol = opts.draws, opts.seed, opts.atol
@@ -135,14 +137,16 @@ def torch_compare(
     names = [i.name for i in sess.get_inputs()]
     rng = np.random.default_rng(seed)
     tally = ErrorTally([o.name for o in sess.get_outputs()])
-    for k in range(max(draws, 1)):
-        args = tuple(example_args) if k == 0 else _random_like(example_args, rng)
-        with torch.no_grad():
-            ref = [_numpy(t) for t in _flat_outputs(module(*args))]
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        feeds = {n: _numpy(a) for n, a in zip(names, tensors, strict=False)}
-        got = sess.run(None, feeds)
-        tally.add(ref[: len(got)], got)
+    with bar(max(draws, 1), "proof: against PyTorch", "run", opts.progress) as progress:
+        for k in range(max(draws, 1)):
+            args = tuple(example_args) if k == 0 else _random_like(example_args, rng)
+            with torch.no_grad():
+                ref = [_numpy(t) for t in _flat_outputs(module(*args))]
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            feeds = {n: _numpy(a) for n, a in zip(names, tensors, strict=False)}
+            got = sess.run(None, feeds)
+            tally.add(ref[: len(got)], got)
+            progress.update(1)
     checks = tally.checks(rtol, atol)
     shapes = {
         n: list(a.shape)
@@ -161,6 +165,33 @@ def torch_compare(
         dtype=dtype,
         eps=eps,
     )
+
+
+class _NoTorchvisionNotice(logging.Filter):
+    """torch.onnx's registry logs a warning per torchvision op it cannot register when
+    torchvision is not installed (four per export); a module that uses torchvision ops needs it
+    installed anyway, and the export then says so itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision is not installed" not in record.getMessage()
+
+
+REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[None]:
+    """Around our export call only: the exporter's progress prints (stdout), its warnings, and
+    its registry's torchvision notices."""
+    notice = _NoTorchvisionNotice()
+    logger = logging.getLogger(REGISTRY_LOGGER)
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def export_and_shrink(
@@ -210,8 +241,13 @@ def export_and_shrink(
                 kwargs["input_names"] = list(input_names)
             if dynamic_axes is not None:
                 kwargs["dynamic_axes"] = dict(dynamic_axes)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
+        opts.say(
+            f"exporting {type(module).__name__} with torch.onnx.export ({exporter} exporter"
+            + ("; its first export in a process loads the exporter, which takes seconds" if exporter == "dynamo" else "")
+            + ") ..."
+        )
+        t0 = time.perf_counter()
+        with _quiet_export():
             try:
                 torch.onnx.export(masked, args, str(path), **kwargs)
             except Exception as exc:
@@ -219,10 +255,15 @@ def export_and_shrink(
                     f"torch.onnx.export failed on the module ({type(exc).__name__}: "
                     f"{first_line(exc)})."
                 ) from exc
+        exported = time.perf_counter() - t0
+        opts.say(f"exported in {exported:.1f} s")
         result = shrink(path, None, None, options=opts)
+    result.timings = {"export": exported, **result.timings}
     result.masks_bound = len(set(own) | set(given))
     data_dir = result.data_file.parent if result.data_file is not None else None
+    opts.say("validating against the PyTorch module ...")
     result.torch_validation = torch_compare(masked, result.model, args, opts, data_dir)
+    result.timings["validate vs PyTorch"] = result.torch_validation.seconds
     if not result.torch_validation.passed:
         report = result.torch_validation
         bad = [o.name for o in report.outputs if not o.passed]
