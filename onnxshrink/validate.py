@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -15,8 +16,10 @@ from onnxshrink.errors import ShrinkError, first_line
 from onnxshrink.options import ShrinkOptions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-# onnxruntime's threads per session (0: its default, one per core). Tests set 1.
+# onnxruntime's threads per session (0: its default, one per core). Tests set 1; a process
+# started by them (the command line) reads ONNXSHRINK_THREADS (see session_threads).
 SESSION_THREADS = 0
+THREADS_VARIABLE = "ONNXSHRINK_THREADS"
 
 
 @dataclass
@@ -268,6 +271,22 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
         ) from exc
 
 
+def session_threads() -> int:
+    """onnxruntime's threads per session of the proof: SESSION_THREADS when set, else the
+    environment's ONNXSHRINK_THREADS (onnxruntime reads no OMP_NUM_THREADS), else 0: one per core."""
+    if SESSION_THREADS:
+        return SESSION_THREADS
+    value = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not value:
+        return 0
+    if not value.isdigit():
+        raise ShrinkError(
+            f"{THREADS_VARIABLE}={value!r}: give the number of threads per onnxruntime session "
+            f"(0 or unset: one per core), or unset it."
+        )
+    return int(value)
+
+
 def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
     """An onnxruntime session of `model`; weights it keeps in external data are read (mapped) from
     `data_dir`, never copied into this process."""
@@ -282,8 +301,9 @@ def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None =
         )
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    if SESSION_THREADS:
-        so.intra_op_num_threads = so.inter_op_num_threads = SESSION_THREADS
+    threads = session_threads()
+    if threads:
+        so.intra_op_num_threads = so.inter_op_num_threads = threads
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # The proof is about ONNX semantics: graph rewrites of the runtime are not part of it (one in
     # onnxruntime 1.31 fuses a zero Pad into a MaxPool, which pads with -inf instead).

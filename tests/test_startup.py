@@ -148,3 +148,41 @@ def test_export_and_shrink_says_what_it_does_and_hides_the_exporters_torchvision
     assert got.shape == want.shape == (1, 4, 6, 6)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     assert params(small) == 196
+
+
+SESSION_THREADS = """
+import sys
+sys.path.insert(0, {root!r})
+import onnx
+from onnxshrink.validate import session
+s = session(onnx.load("m.onnx"), "cpu")
+o = s.get_session_options()
+print(o.intra_op_num_threads, o.inter_op_num_threads, o.get_session_config_entry("session.intra_op.allow_spinning")
+      if o.intra_op_num_threads else "-")
+"""
+
+
+def test_processes_the_tests_start_run_onnxruntime_on_one_thread(tmp_path):
+    # conftest pins torch, BLAS and the tool's onnxruntime sessions in the environment, which
+    # the command line run by a test inherits (onnxruntime itself reads no OMP_NUM_THREADS)
+    import os
+
+    files(tmp_path)
+    assert all(os.environ[v] == "1" for v in ("OMP_NUM_THREADS", "ONNXSHRINK_THREADS"))
+    code = SESSION_THREADS.format(root=str(ROOT))
+    proc = python(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1", "0"]
+    # unset: onnxruntime's own default (0: one per core, spinning)
+    env = {k: v for k, v in os.environ.items() if k != "ONNXSHRINK_THREADS"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "0", "-"]
+    # a value that is no number: exit 2, the variable named, nothing written
+    proc = subprocess.run(
+        [sys.executable, "-m", "onnxshrink.cli", "m.onnx", "masks.npz", "-o", "small.onnx"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**env, "ONNXSHRINK_THREADS": "two"},
+    )
+    assert proc.returncode == 2
+    assert "[E] ONNXSHRINK_THREADS='two': give the number of threads per onnxruntime session" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "small.onnx").exists()
