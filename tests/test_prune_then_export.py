@@ -232,3 +232,31 @@ def test_a_bias_mask_on_a_conv_fused_with_its_batchnorm_is_refused(tmp_path):
 
     got = run(result.model, {"x": x.numpy()})[0]
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_a_bias_mask_on_a_fused_conv_binds_when_its_batchnorms_weight_and_bias_are_masked_too(tmp_path):
+    """As --masks-out writes them (conv bias, BatchNorm weight and bias zeroed together): the
+    fused shift (b - mean) * s + beta is zero there whether b is masked or not, so masking the
+    fused bias is masking b; checked against the PyTorch module with all four masked."""
+    model = randomize(SmallCNN(), seed=1)
+    path = tmp_path / "model.onnx"
+    export(model, path, SHAPE)
+    flags = torch.tensor([1, 0, 1, 0, 1, 1, 0, 1.0])
+    masks = {"conv1.weight": flags, "conv1.bias": flags, "bn1.weight": flags, "bn1.bias": flags}
+    result = shrink(path, masks, validate=False)
+    assert result.unbound_masks == []
+    with torch.no_grad():
+        model.conv1.weight.mul_(flags.reshape(-1, 1, 1, 1))
+        for p in (model.conv1.bias, model.bn1.weight, model.bn1.bias):
+            p.mul_(flags)
+        x = torch.randn(*SHAPE)
+        want = model(x).numpy()
+    from conftest import run
+
+    got = run(result.model, {"x": x.numpy()})[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    # the three zeroed channels are gone: conv1's filters and biases, conv2's input columns
+    assert distinct_params(result.model) == distinct_params(onnx.load(path)) - 3 * (27 + 1 + 16 * 9)
+    # the BatchNorm's bias alone is not enough: refused as before
+    with pytest.raises(ShrinkError, match="fused shift"):
+        shrink(path, {"conv1.bias": flags, "bn1.weight": flags}, validate=False)

@@ -45,6 +45,7 @@ class Binder:
         self.values = values
         self.source = source
         self._zeroed: list[str] | None = None  # see zeroed_weights
+        self.masks: dict[str, np.ndarray] = {}  # all the masks being bound (see shift_masked)
 
     # ------------------------------------------------------------------ laying a mask
     def fit(self, name: str, mask: np.ndarray, init: str, layout: Layout | None) -> np.ndarray:
@@ -102,13 +103,29 @@ class Binder:
             )
         return None if len(mine) == len(sites) else mine
 
+    def shift_masked(self, site: Site, mask: np.ndarray) -> bool:
+        """Masking the fused shift (b - mean) * s + beta of a conv fused with its BatchNorm is
+        masking b when the masks zero that BatchNorm's weight (so s) and bias (beta) wherever
+        `mask` does (as --masks-out writes them): the shift is zero there either way."""
+        module = self.index.module(site)
+        flags = np.asarray(mask).reshape(-1)
+        zero = flags == 0
+        for param in ("weight", "bias"):
+            given = self.masks.get(f"{module}.{param}")
+            if given is None or given.size != flags.size or (given.reshape(-1)[zero] != 0).any():
+                return False
+        return module is not None and bool(zero.any())
+
     # ------------------------------------------------------------------ routes
     def by_name(self, name: str, mask: np.ndarray) -> list[Binding] | None:
         init = self.index.resolve(name)
         if init is None:
             return None
         sites = self.attribute(init, name.rpartition(".")[0]) if "." in name else None
-        if not all(batchnorm.mask_commutes(self.index, s) for s in sites or self.index.sites[init]):
+        if not all(
+            batchnorm.mask_commutes(self.index, s) or self.shift_masked(s, mask)
+            for s in sites or self.index.sites[init]
+        ):
             raise Ambiguous(f"initializer '{init}' keeps its name, but {batchnorm.FUSED_SHIFT}")
         laid = self.fit(name, mask, init, self.out_layout(init, sites))
         return [Binding(name, init, laid, sites, "name" if init == name else "alias")]
@@ -249,6 +266,7 @@ class Binder:
     def bind(self, maskset: MaskSet) -> BoundMasks:
         bound = BoundMasks(index=self.index)
         masks = {k: np.asarray(v) for k, v in maskset.masks.items()}
+        self.masks = masks
         done: set[str] = set()
         for name, mask in masks.items():
             check_binary(name, mask, self.source)
