@@ -171,8 +171,7 @@ def shrink(
             first.report = prove(reference, source, first.rewritten, opts)
         clock.lap("validate")
     outcome, recovery = first, None
-    rounding = first.report is not None and first.report.at_resolution()
-    if opts.validate and opts.recover and not first.passed and not rounding:
+    if opts.validate and opts.recover and not first.passed:
         opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
         tries: list[Attempt] = []
 

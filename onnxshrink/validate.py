@@ -357,7 +357,7 @@ EPS = {
 
 
 # A failure by at most this many machine epsilons of the model's dtype is rounding (see
-# ValidationReport.at_resolution): no removal is kept back for it, and --rtol is suggested.
+# ValidationReport.at_resolution): the messages say so, and suggest an --rtol.
 ROUNDING_STEPS = 16
 
 
