@@ -16,7 +16,7 @@ from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
-from onnxshrink.io.masks import flatten, load_masks_file
+from onnxshrink.io.masks import imports_torch, load_masks_file
 from onnxshrink.io.model import (
     Scratch,
     check_output,
@@ -29,7 +29,7 @@ from onnxshrink.io.model import (
     unique_node_names,
 )
 from onnxshrink.io.weights import DataWriter, WeightStore
-from onnxshrink.masks import MaskSet, load_maskset
+from onnxshrink.masks import MaskSet, load_maskset, weight_values
 from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
@@ -266,7 +266,8 @@ def shrink(
         bad = [o.name for o in report.outputs if not o.passed]
         raise ValidationFailed(
             f"the shrunk model does not match the reference on output(s) {bad}"
-            + ("; it was written anyway (--keep-failed)." if result.written else "; nothing was written."),
+            + ("; it was written anyway (--keep-failed)." if result.written else "; nothing was written.")
+            + (f" {report.rtol_hint()}" if report.at_resolution() else ""),
             result,
         )
     return result
@@ -322,6 +323,10 @@ def read_masks(
     masks: MasksLike, opts: ShrinkOptions
 ) -> tuple[MaskSet | None, dict[str, np.ndarray] | None]:
     """The masks in any format, and the original weights given to bind them by value."""
+    for path in (masks, opts.weights):
+        if isinstance(path, str | Path) and imports_torch(path):
+            opts.say(f"reading {path}: importing torch to read it (seconds, more on a busy machine) ...")
+            break
     maskset = masks if isinstance(masks, MaskSet) else None
     if maskset is None and masks is not None:
         maskset = load_maskset(masks, opts.masks_format)
@@ -329,7 +334,7 @@ def read_masks(
     if opts.weights is not None:
         w = opts.weights
         raw = load_masks_file(w, "weights") if isinstance(w, str | Path) else w
-        values = flatten(raw, str(w) if isinstance(w, str | Path) else "weights")
+        values = weight_values(raw, str(w) if isinstance(w, str | Path) else "weights")
     return maskset, values
 
 

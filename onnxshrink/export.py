@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import logging
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,12 @@ def pruning_masks(module) -> dict[str, np.ndarray]:
         prefix = f"{path}." if path else ""
         for name, buf in m.named_buffers(recurse=False):
             if name.endswith("_mask") and hasattr(m, name[: -len("_mask")] + "_orig"):
-                masks[prefix + name[: -len("_mask")]] = buf.detach().cpu().numpy()
+                masks[prefix + name[: -len("_mask")]] = _numpy(buf)
         if parametrize.is_parametrized(m):
             for param, plist in m.parametrizations.items():
                 for p in plist:
                     if hasattr(p, "mask"):
-                        mask = p.mask.detach().cpu().numpy()
+                        mask = _numpy(p.mask)
                         key = prefix + param
                         masks[key] = masks[key] * mask if key in masks else mask
     return masks
@@ -100,6 +101,15 @@ def _random_like(args: Sequence, rng: np.random.Generator) -> tuple:
     return tuple(out)
 
 
+def _numpy(t) -> np.ndarray:
+    """A torch tensor as numpy; bfloat16 (which numpy lacks) as float32 holding its values, as
+    the emulated model takes and gives them (onnxshrink.emulate)."""
+    import torch
+
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
 def torch_compare(
     module: Any,
     shrunk: onnx.ModelProto,
@@ -111,23 +121,32 @@ def torch_compare(
     (`data_dir`: where the shrunk model's external weights are, when not in memory)."""
     import torch
 
-    from onnxshrink.validate import ErrorTally, default_rtol, session
+    from onnxshrink.emulate import emulated, needs_emulation
+    from onnxshrink.progress import bar
+    from onnxshrink.validate import ErrorTally, arithmetic, default_tolerance, session
 
     draws, seed, atol = opts.draws, opts.seed, opts.atol
-    rtol = opts.rtol if opts.rtol is not None else default_rtol(shrunk)[0]
+    dtype, eps = arithmetic(shrunk)
+    rtol = opts.rtol if opts.rtol is not None else default_tolerance(eps)
+    detail = [f"rtol {rtol:g} for {dtype} arithmetic"] if opts.rtol is None else []
+    if needs_emulation(shrunk):
+        shrunk = emulated(shrunk)
+        detail.append("bfloat16 arithmetic emulated in float32 (onnxruntime has few bfloat16 kernels)")
     t0 = time.perf_counter()
     sess = session(shrunk, "cpu", data_dir)
     names = [i.name for i in sess.get_inputs()]
     rng = np.random.default_rng(seed)
     tally = ErrorTally([o.name for o in sess.get_outputs()])
-    for k in range(max(draws, 1)):
-        args = tuple(example_args) if k == 0 else _random_like(example_args, rng)
-        with torch.no_grad():
-            ref = [t.detach().cpu().numpy() for t in _flat_outputs(module(*args))]
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        feeds = {n: a.detach().cpu().numpy() for n, a in zip(names, tensors, strict=False)}
-        got = sess.run(None, feeds)
-        tally.add(ref[: len(got)], got)
+    with bar(max(draws, 1), "proof: against PyTorch", "run", opts.progress) as progress:
+        for k in range(max(draws, 1)):
+            args = tuple(example_args) if k == 0 else _random_like(example_args, rng)
+            with torch.no_grad():
+                ref = [_numpy(t) for t in _flat_outputs(module(*args))]
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            feeds = {n: _numpy(a) for n, a in zip(names, tensors, strict=False)}
+            got = sess.run(None, feeds)
+            tally.add(ref[: len(got)], got)
+            progress.update(1)
     checks = tally.checks(rtol, atol)
     shapes = {
         n: list(a.shape)
@@ -142,7 +161,37 @@ def torch_compare(
         shapes,
         checks,
         time.perf_counter() - t0,
+        detail="; ".join(detail),
+        dtype=dtype,
+        eps=eps,
     )
+
+
+class _NoTorchvisionNotice(logging.Filter):
+    """torch.onnx's registry logs a warning per torchvision op it cannot register when
+    torchvision is not installed (four per export); a module that uses torchvision ops needs it
+    installed anyway, and the export then says so itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision is not installed" not in record.getMessage()
+
+
+REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[None]:
+    """Around our export call only: the exporter's progress prints (stdout), its warnings, and
+    its registry's torchvision notices."""
+    notice = _NoTorchvisionNotice()
+    logger = logging.getLogger(REGISTRY_LOGGER)
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def export_and_shrink(
@@ -192,8 +241,13 @@ def export_and_shrink(
                 kwargs["input_names"] = list(input_names)
             if dynamic_axes is not None:
                 kwargs["dynamic_axes"] = dict(dynamic_axes)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
+        opts.say(
+            f"exporting {type(module).__name__} with torch.onnx.export ({exporter} exporter"
+            + ("; its first export in a process loads the exporter, which takes seconds" if exporter == "dynamo" else "")
+            + ") ..."
+        )
+        t0 = time.perf_counter()
+        with _quiet_export():
             try:
                 torch.onnx.export(masked, args, str(path), **kwargs)
             except Exception as exc:
@@ -201,14 +255,21 @@ def export_and_shrink(
                     f"torch.onnx.export failed on the module ({type(exc).__name__}: "
                     f"{first_line(exc)})."
                 ) from exc
+        exported = time.perf_counter() - t0
+        opts.say(f"exported in {exported:.1f} s")
         result = shrink(path, None, None, options=opts)
+    result.timings = {"export": exported, **result.timings}
     result.masks_bound = len(set(own) | set(given))
     data_dir = result.data_file.parent if result.data_file is not None else None
+    opts.say("validating against the PyTorch module ...")
     result.torch_validation = torch_compare(masked, result.model, args, opts, data_dir)
+    result.timings["validate vs PyTorch"] = result.torch_validation.seconds
     if not result.torch_validation.passed:
-        bad = [o.name for o in result.torch_validation.outputs if not o.passed]
+        report = result.torch_validation
+        bad = [o.name for o in report.outputs if not o.passed]
         raise ValidationFailed(
-            f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written.",
+            f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written."
+            + (f" {report.rtol_hint()}" if report.at_resolution() else ""),
             result,
         )
     if output is not None:

@@ -10,6 +10,12 @@ import onnx_graphsurgeon as gs
 Dim = int | str | None
 
 
+def is_float(dtype: np.dtype) -> bool:
+    """A floating-point dtype, bfloat16 included (ml_dtypes' type, which numpy does not count
+    as np.floating)."""
+    return bool(np.issubdtype(dtype, np.floating)) or np.dtype(dtype).name == "bfloat16"
+
+
 def dims(t: gs.Tensor) -> list[Dim] | None:
     """The tensor's dims (int, symbolic name or None), or None when even the rank is unknown."""
     if t.shape is None:

@@ -156,6 +156,22 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
     return out
 
 
+def weight_values(raw: Mapping, source: str = "weights") -> dict[str, np.ndarray]:
+    """The original weights of a `--weights` file by parameter name: a state dict as it is; the
+    state dict of a model pruned with torch.nn.utils.prune (`w_orig` with `w_mask`) or prepared
+    by a torch.ao sparsifier (`...parametrizations.w.original`) also gives each pruned
+    parameter's original values under its own name."""
+    flat = flatten(raw, source)
+    out = dict(flat)
+    for k, v in flat.items():
+        if k.endswith("_orig") and k[: -len("_orig")] + "_mask" in flat:
+            out.setdefault(k[: -len("_orig")], v)
+        found = _PARAM.match(k)
+        if found is not None and k.endswith(".original"):
+            out.setdefault(f"{found['module']}.{found['param']}", v)
+    return out
+
+
 def _array(name: str, value: object, source: str) -> np.ndarray:
     arr = to_numpy(value)
     if arr is None:

@@ -46,7 +46,12 @@ class Attempt:
         if self.report is not None and self.report.error:
             return f"the shrunk model does not run ({self.report.error})"
         worst = max((o.max_rel_error for o in self.report.outputs), default=0.0) if self.report else 0.0
-        return f"the shrunk model differs from the reference (max relative error {worst:.3g})"
+        rounding = (
+            f", within a few machine epsilons of {self.report.dtype}: rounding, below the tolerance"
+            if self.report is not None and self.report.at_resolution()
+            else ""
+        )
+        return f"the shrunk model differs from the reference (max relative error {worst:.3g}{rounding})"
 
 
 @dataclass

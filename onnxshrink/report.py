@@ -13,6 +13,7 @@ import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
 from onnxshrink.analyze.nonzero import pattern
+from onnxshrink.ir import is_float
 from onnxshrink.ops.contract import OpNode
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
 from onnxshrink.prepare.shapes import contrib_shapes
@@ -60,7 +61,7 @@ def model_stats(
         for n in g.node:
             handler, op = facts(n, opset) if not n.input else (None, None)
             value = handler.constant_value(op) if handler is not None and op is not None else None
-            if value is not None and np.issubdtype(value.dtype, np.floating):
+            if value is not None and is_float(value.dtype):
                 params += int(value.size)
     return ModelStats(
         dict(sorted(ops.items())),
@@ -150,7 +151,7 @@ def explain_kept(analysis) -> list[KeptGroup]:
             continue
         values = np.asarray(t.values)
         base = untied.get(t.name, t.name)
-        if values.ndim < 2 or not np.issubdtype(values.dtype, np.floating):
+        if values.ndim < 2 or not is_float(values.dtype):
             continue
         p = pattern(values) if values.ndim == 2 else None
         for axis in range(min(values.ndim, 2)):  # output and input channels

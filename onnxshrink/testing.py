@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.ops import lookup
-from onnxshrink.prepare import default_opset, prepare
+from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 
 HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>\n'
 
@@ -60,7 +60,7 @@ def model_from_text(
         dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
         if values and inp.name in values:
             arr = np.asarray(values[inp.name], dtype=dtype).reshape(dims)
-        elif np.issubdtype(dtype, np.floating):
+        elif inp.type.tensor_type.elem_type in FLOAT_TYPES:  # bfloat16 is not np.floating
             arr = rng.standard_normal(dims).astype(dtype)
         else:
             arr = rng.integers(1, 4, size=dims).astype(dtype)

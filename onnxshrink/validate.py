@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -15,8 +16,10 @@ from onnxshrink.errors import ShrinkError, first_line
 from onnxshrink.options import ShrinkOptions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-# onnxruntime's threads per session (0: its default, one per core). Tests set 1.
+# onnxruntime's threads per session (0: its default, one per core). Tests set 1; a process
+# started by them (the command line) reads ONNXSHRINK_THREADS (see session_threads).
 SESSION_THREADS = 0
+THREADS_VARIABLE = "ONNXSHRINK_THREADS"
 
 
 @dataclass
@@ -42,9 +45,39 @@ class ValidationReport:
     # What was proven: "full" (the graph outputs), or "first N of M blocks" (their frontier)
     kind: str = "full"
     detail: str = ""  # how: sessions one after the other, segments, the dtype the tolerance follows
+    # The least precise float type the model computes in, and its machine epsilon
+    dtype: str = "float32"
+    eps: float = 2.0**-23
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def at_resolution(self) -> bool:
+        """Did it fail only by rounding: every output that failed is off by a few machine
+        epsilons of the dtype the model computes in (removing zero terms and folding constants
+        changes the order of sums, and so their rounding)?"""
+        failed = [o for o in self.outputs if not o.passed]
+        return (
+            not self.passed
+            and self.error is None
+            and bool(failed)
+            and all(o.max_rel_error <= ROUNDING_STEPS * self.eps for o in failed)
+        )
+
+    def rtol_hint(self) -> str:
+        """What to do about a failure at the dtype's resolution."""
+        worst = max(o.max_rel_error for o in self.outputs if not o.passed)
+        default = default_tolerance(self.eps)
+        advice = (
+            f"the default tolerance for {self.dtype} arithmetic is {default:.2g}: omit --rtol"
+            if self.rtol < default
+            else f"give --rtol {2 * worst:.2g} if that is close enough"
+        )
+        return (
+            f"The error (relative {worst:.3g}) is within a few machine epsilons of {self.dtype} "
+            f"({self.eps:.3g}): rounding, which differs in {self.dtype} arithmetic when zero terms "
+            f"are removed and constants folded; {advice}."
+        )
 
     def lines(self) -> list[str]:
         """Polygraphy-style accuracy block."""
@@ -254,11 +287,15 @@ def make_inputs(
     bounds = _index_bounds(model)
     feeds = []
     for _ in range(draws):
-        feed = {}
+        feed: dict[str, np.ndarray] = {}
         for inp in _graph_inputs(model):
             dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
             shape = shapes[inp.name]
-            if np.issubdtype(dtype, np.floating):
+            if inp.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16:
+                # onnxruntime's Python API takes no bfloat16 arrays: float32 holding bfloat16
+                # values, for the emulated model (onnxshrink.emulate)
+                feed[inp.name] = rng.standard_normal(shape).astype(dtype).astype(np.float32)
+            elif np.issubdtype(dtype, np.floating):
                 feed[inp.name] = rng.standard_normal(shape).astype(dtype)
             elif dtype == np.bool_:
                 feed[inp.name] = rng.random(shape) < 0.5
@@ -327,6 +364,22 @@ def check_runnable(model: onnx.ModelProto, source: str) -> None:
         )
 
 
+def session_threads() -> int:
+    """onnxruntime's threads per session of the proof: SESSION_THREADS when set, else the
+    environment's ONNXSHRINK_THREADS (onnxruntime reads no OMP_NUM_THREADS), else 0: one per core."""
+    if SESSION_THREADS:
+        return SESSION_THREADS
+    value = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not value:
+        return 0
+    if not value.isdigit():
+        raise ShrinkError(
+            f"{THREADS_VARIABLE}={value!r}: give the number of threads per onnxruntime session "
+            f"(0 or unset: one per core), or unset it."
+        )
+    return int(value)
+
+
 def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
     """An onnxruntime session of `model`; weights it keeps in external data are read (mapped) from
     `data_dir`, never copied into this process."""
@@ -341,8 +394,9 @@ def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None =
         )
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    if SESSION_THREADS:
-        so.intra_op_num_threads = so.inter_op_num_threads = SESSION_THREADS
+    threads = session_threads()
+    if threads:
+        so.intra_op_num_threads = so.inter_op_num_threads = threads
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # The proof is about ONNX semantics: graph rewrites of the runtime are not part of it (one in
     # onnxruntime 1.31 fuses a zero Pad into a MaxPool, which pads with -inf instead).
@@ -395,9 +449,19 @@ EPS = {
 }
 
 
-def default_rtol(model: onnx.ModelProto) -> tuple[float, str]:
-    """The tolerance that follows the model's dtype, and the dtype's name: rounding in fp16 or
-    bf16 arithmetic differs with the order of a sum, which removing zero terms changes."""
+# A failure by at most this many machine epsilons of the model's dtype is rounding (see
+# ValidationReport.at_resolution): the messages say so, and suggest an --rtol.
+ROUNDING_STEPS = 16
+
+
+def default_tolerance(eps: float) -> float:
+    """Ten machine epsilons of the dtype, and never below 1e-5."""
+    return max(1e-5, 10 * eps)
+
+
+def arithmetic(model: onnx.ModelProto) -> tuple[str, float]:
+    """The least precise float type the model computes in (its nodes' outputs), and its machine
+    epsilon."""
     from onnxshrink.prepare import inferred_shapes
 
     produced = {o for n in model.graph.node for o in n.output}
@@ -409,7 +473,14 @@ def default_rtol(model: onnx.ModelProto) -> tuple[float, str]:
     computed = {types[n] for n in produced if types.get(n) in EPS}
     worst = max(computed, key=lambda t: EPS[t], default=onnx.TensorProto.FLOAT)
     name = helper.tensor_dtype_to_np_dtype(worst).name if worst != onnx.TensorProto.BFLOAT16 else "bfloat16"
-    return max(1e-5, 10 * EPS[worst]), name
+    return name, EPS[worst]
+
+
+def default_rtol(model: onnx.ModelProto) -> tuple[float, str]:
+    """The tolerance that follows the model's dtype, and the dtype's name: rounding in fp16 or
+    bf16 arithmetic differs with the order of a sum, which removing zero terms changes."""
+    name, eps = arithmetic(model)
+    return default_tolerance(eps), name
 
 
 class _RunFailed(Exception):
@@ -525,14 +596,16 @@ def compare(
     outputs kept, its session freed before the shrunk model's is made); the worst error per
     output. `*_dir`: where each model's external data are. With `opts.validate_layers`, only the
     first blocks are compared (see onnxshrink.segment.prefix)."""
+    from onnxshrink.emulate import emulated, needs_emulation
     from onnxshrink.progress import bar
     from onnxshrink.segment import blocks, prefix, split
 
     opts = opts or ShrinkOptions()
     atol = opts.atol
     detail = []
+    dtype, eps = arithmetic(reference)
     if opts.rtol is None:
-        rtol, dtype = default_rtol(reference)
+        rtol = default_tolerance(eps)
         detail.append(f"rtol {rtol:g} for {dtype} arithmetic")
     else:
         rtol = opts.rtol
@@ -560,6 +633,12 @@ def compare(
             ref_model, new_model, outputs = head.model, tail.model, head.outputs
             kind = f"first {n} of {found.count} repeated blocks"
             detail.append(f"{head.nodes} of {len(reference.graph.node)} nodes; compared: {', '.join(outputs)}")
+    if needs_emulation(ref_model):
+        ref_model, new_model = emulated(ref_model), emulated(new_model)
+        detail.append(
+            "bfloat16 arithmetic emulated in float32, each bfloat16 tensor rounded to bfloat16: "
+            "onnxruntime has few bfloat16 kernels"
+        )
     tally = ErrorTally(outputs)
     ref_parts = split(ref_model, segment_bytes(ref_model))
     new_parts = split(new_model, segment_bytes(new_model))
@@ -582,7 +661,7 @@ def compare(
             )
     except _RunFailed as exc:
         report = _not_run(tally, opts, rtol, shapes, len(feeds), str(exc), t0)
-        report.kind, report.detail = kind, "; ".join(detail)
+        report.kind, report.detail, report.dtype, report.eps = kind, "; ".join(detail), dtype, eps
         return report
     if kind != "full":
         for name, r, s in zip(outputs, ref_out[0], new_out[0], strict=True):
@@ -606,4 +685,6 @@ def compare(
         time.perf_counter() - t0,
         kind=kind,
         detail="; ".join(detail),
+        dtype=dtype,
+        eps=eps,
     )

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 # One thread each for torch, onnxruntime and BLAS: on a busy 2-core machine, thread pools that
-# spin-wait for each other made the suite take 84 minutes instead of a few.
-for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+# spin-wait for each other made the suite take 84 minutes instead of a few. Set in the
+# environment, so the processes the tests start (the command line) are pinned too: onnxruntime
+# reads no OMP_NUM_THREADS, the tool's sessions follow ONNXSHRINK_THREADS.
+for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ONNXSHRINK_THREADS"):
     os.environ.setdefault(var, "1")
 
 import numpy as np  # noqa: E402

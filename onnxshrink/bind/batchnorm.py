@@ -71,6 +71,25 @@ def fused_conv(index: ModelIndex, values: dict, module: str) -> tuple[int, str |
     return found[0] if found else None
 
 
+FUSED_SHIFT = (
+    "the exporter folded a BatchNorm into the conv reading it, so it holds the fused shift "
+    "(b - mean) * s + beta, which masking b does not zero: if the model was exported masked, omit "
+    "the masks file (the zeros in the model are the masks); else apply the masks to the PyTorch "
+    "module before export (onnxshrink.export_and_shrink does), or export with optimize=False so "
+    "that the BatchNorm stays a node"
+)
+
+
+def mask_commutes(index: ModelIndex, site: Site) -> bool:
+    """Does masking what `site` reads mask the parameter it stands for? Yes, unless the node is a
+    conv the exporter fused with the BatchNorm after it and the input is not its weight: the
+    fused weight is the conv's scaled per output channel (a mask commutes with that), the fused
+    bias is (b - mean) * s + beta (not zero where b is)."""
+    if not is_fused_batchnorm(index.node(site)):
+        return True
+    return site.input == 1 and _conv_weight(index, site.node) is not None
+
+
 def _conv_weight(index: ModelIndex, k: int) -> str | None:
     """The initializer node k reads as a conv weight with output channels first (what a
     BatchNorm after it folds into), if it is such a conv."""

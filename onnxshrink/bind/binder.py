@@ -5,9 +5,12 @@ A mask binds, in order, by:
 2. a folded BatchNorm's parameters and statistics, bound together (see `batchnorm`);
 3. the module scope the exporter recorded on nodes (dynamo's `pkg.torch.onnx.name_scopes`,
    legacy node names like `/layer1/layer1.0/conv1/Conv`): the op in that module that reads the
-   parameter, with the op's layout (a Linear weight stored transposed for MatMul);
-4. value, when the original weights are known (in the masks file, or `--weights`): equal,
-   transposed, or scaled per output channel (a folded BatchNorm).
+   parameter, with the op's layout (a Linear weight stored transposed for MatMul); or, where no
+   scope names the module, the op that reads another of its parameters by its exact name in
+   that parameter's slot (`by_sibling`: a conv fused with its BatchNorm);
+4. value, when the original weights are known (in the masks file, or `--weights`): the
+   original values or the masked ones (a model exported masked, e.g. with torch.nn.utils.prune's
+   hooks attached), equal, transposed, or scaled per output channel (a folded BatchNorm).
 
 Nothing is decided by a shape coincidence: the axes come from the op reading the initializer
 (`graph.ModelIndex.layout`), and a mask whose axes nothing settles is refused by name. A mask
@@ -41,6 +44,8 @@ class Binder:
         self.index = index
         self.values = values
         self.source = source
+        self._zeroed: list[str] | None = None  # see zeroed_weights
+        self.masks: dict[str, np.ndarray] = {}  # all the masks being bound (see shift_masked)
 
     # ------------------------------------------------------------------ laying a mask
     def fit(self, name: str, mask: np.ndarray, init: str, layout: Layout | None) -> np.ndarray:
@@ -98,12 +103,30 @@ class Binder:
             )
         return None if len(mine) == len(sites) else mine
 
+    def shift_masked(self, site: Site, mask: np.ndarray) -> bool:
+        """Masking the fused shift (b - mean) * s + beta of a conv fused with its BatchNorm is
+        masking b when the masks zero that BatchNorm's weight (so s) and bias (beta) wherever
+        `mask` does (as --masks-out writes them): the shift is zero there either way."""
+        module = self.index.module(site)
+        flags = np.asarray(mask).reshape(-1)
+        zero = flags == 0
+        for param in ("weight", "bias"):
+            given = self.masks.get(f"{module}.{param}")
+            if given is None or given.size != flags.size or (given.reshape(-1)[zero] != 0).any():
+                return False
+        return module is not None and bool(zero.any())
+
     # ------------------------------------------------------------------ routes
     def by_name(self, name: str, mask: np.ndarray) -> list[Binding] | None:
         init = self.index.resolve(name)
         if init is None:
             return None
         sites = self.attribute(init, name.rpartition(".")[0]) if "." in name else None
+        if not all(
+            batchnorm.mask_commutes(self.index, s) or self.shift_masked(s, mask)
+            for s in sites or self.index.sites[init]
+        ):
+            raise Ambiguous(f"initializer '{init}' keeps its name, but {batchnorm.FUSED_SHIFT}")
         laid = self.fit(name, mask, init, self.out_layout(init, sites))
         return [Binding(name, init, laid, sites, "name" if init == name else "alias")]
 
@@ -134,6 +157,40 @@ class Binder:
             out.append(Binding(name, init, self.fit(name, mask, init, layout), own, "scope"))
         return out or None
 
+    def by_sibling(self, name: str, mask: np.ndarray) -> list[Binding] | None:
+        """The op of a module no node scope records, found by another parameter of the module
+        that it reads under its exact name in that parameter's slot: a conv the exporter fused
+        with the BatchNorm after it records only the BatchNorm's scope, but reads `conv1.bias`
+        as its bias, so its weight slot holds `conv1.weight` (scaled per output channel by the
+        fold, which a mask commutes with; see batchnorm.mask_commutes)."""
+        module, _, param = name.rpartition(".")
+        found: dict[str, tuple[list[Site], Layout | None]] = {}
+        for other in self.index.inits:
+            sibling = other.rpartition(".")
+            if other == name or sibling[0] != module:
+                continue
+            for s in self.index.sites[other]:
+                if self.index.param_slot(s.node, sibling[2]) != s.input:
+                    continue  # not read as that parameter
+                slot = self.index.param_slot(s.node, param)
+                inputs = self.index.nodes[s.node].input
+                if slot is None or slot >= len(inputs):
+                    continue
+                init, site = self.index.resolve(inputs[slot]), Site(s.node, slot)
+                if init is None or not batchnorm.mask_commutes(self.index, site):
+                    continue
+                layout = self.index.layout(site)
+                sites, lay = found.setdefault(init, ([], layout))
+                if lay != layout:
+                    raise Ambiguous(f"its module reads initializer '{init}' in two different layouts")
+                if site not in sites:
+                    sites.append(site)
+        out = []
+        for init, (sites, layout) in found.items():
+            own = None if set(self.index.sites[init]) <= set(sites) else tuple(sites)
+            out.append(Binding(name, init, self.fit(name, mask, init, layout), own, "its op, by a sibling parameter"))
+        return out or None
+
     def bias_absent(self, name: str) -> bool:
         """The mask's module computes ops that have a slot for this parameter (a Conv's or a
         Gemm's bias) but leave it empty: the exporter dropped a parameter that is zero (the
@@ -147,6 +204,10 @@ class Binder:
         return bool(slots) and all(slots)
 
     def by_value(self, name: str, mask: np.ndarray) -> list[Binding] | None:
+        """The initializer holding the parameter's original values, or those values with this
+        mask applied (a model exported masked: torch.nn.utils.prune's hooks compute weight_orig *
+        weight_mask, which the exporter folds into one initializer such as `mul`): equal,
+        transposed, or scaled per output channel (a BatchNorm folded into it)."""
         orig = self.values.get(name)
         if orig is None or not np.issubdtype(orig.dtype, np.floating) or orig.size < 2:
             return None
@@ -154,14 +215,19 @@ class Binder:
             raise Ambiguous(
                 "its original values are all equal, so they cannot tell which initializer holds it"
             )
+        forms = [orig]
+        if mask.shape == orig.shape and not mask.all():
+            forms.append(np.where(mask != 0, orig, np.zeros((), orig.dtype)))
         candidates: dict[str, set[bool]] = {}
         for init, shape in self.index.shapes.items():
             if shape == orig.shape:
                 arr = self.index.array(init)
-                if np.array_equal(arr, orig) or _row_proportional(arr, orig):
+                if any(np.array_equal(arr, f) or _row_proportional(arr, f) for f in forms):
                     candidates.setdefault(init, set()).add(False)
-            if orig.ndim == 2 and shape == orig.T.shape and np.array_equal(self.index.array(init), orig.T):
-                candidates.setdefault(init, set()).add(True)
+            if orig.ndim == 2 and shape == orig.T.shape:
+                arr = self.index.array(init)
+                if any(np.array_equal(arr, f.T) for f in forms):
+                    candidates.setdefault(init, set()).add(True)
         if not candidates:
             return None
         module = name.rpartition(".")[0]
@@ -200,6 +266,7 @@ class Binder:
     def bind(self, maskset: MaskSet) -> BoundMasks:
         bound = BoundMasks(index=self.index)
         masks = {k: np.asarray(v) for k, v in maskset.masks.items()}
+        self.masks = masks
         done: set[str] = set()
         for name, mask in masks.items():
             check_binary(name, mask, self.source)
@@ -219,7 +286,12 @@ class Binder:
                         continue
                     if isinstance(folded, str):
                         raise Ambiguous(folded)
-                found = found or self.by_scope(name, mask) or self.by_value(name, mask)
+                found = (
+                    found
+                    or self.by_scope(name, mask)
+                    or self.by_sibling(name, mask)
+                    or self.by_value(name, mask)
+                )
             except Ambiguous as why:
                 if mask.all():
                     bound.how[name] = "nothing masked"
@@ -246,14 +318,51 @@ class Binder:
         "no initializer, node scope or value matches it (if the exporter folded or renamed it, "
         "e.g. a BatchNorm with the legacy exporter, pass the original weights with --weights)"
     )
+    WITHOUT_VALUES = (
+        "If the model was exported with the pruning applied (e.g. with torch.nn.utils.prune's "
+        "hooks still attached: the exporter computes weight_orig * weight_mask, or folds it into "
+        "one weight such as 'mul'), omit the masks file: the zeros in the model are the masks{held}. "
+        "Or bind it by value: give the pruner's state dict (model.state_dict(), which carries "
+        "weight_orig and weight_mask) as the masks file, or the original weights with --weights"
+    )
 
     def hint(self, name: str) -> str:
-        if name.rpartition(".")[0] in self.index.scopes:
-            return (
-                "its module is in the graph but its weight was renamed or transformed by the "
-                "exporter; pass the original weights (--weights state_dict.pt) to match it by value"
+        module = name.rpartition(".")[0]
+        if name in self.values:
+            return self.GENERIC
+        if module in self.index.scopes:
+            why = (
+                "its module is in the graph, but the weight its op reads is not an initializer of "
+                "that name (the exporter renamed, folded or computed it)"
             )
-        return self.GENERIC
+        else:
+            why = (
+                "no node records its module (a BatchNorm that the exporter folded into a conv "
+                "records only the BatchNorm's scope on the conv)"
+            )
+        held = self.zeroed_weights()
+        return f"{why}. " + self.WITHOUT_VALUES.format(
+            held=f" (its weights {', '.join(repr(n) for n in held)} hold zeroed output channels)"
+            if held
+            else ""
+        )
+
+    def zeroed_weights(self, most: int = 3) -> list[str]:
+        """Up to `most` initializers read as weights (an op gives their output axis) holding a
+        whole zero slice along it: the mark of a model exported masked."""
+        if self._zeroed is None:
+            self._zeroed = []
+            for init, sites in self.index.sites.items():
+                layout = self.out_layout(init, tuple(sites))
+                if layout is None or len(self.index.shapes[init]) < 2:
+                    continue
+                arr = self.index.array(init)
+                flat = np.moveaxis(arr, layout.out, 0).reshape(arr.shape[layout.out], -1)
+                if not (flat != 0).any(axis=1).all():
+                    self._zeroed.append(init)
+                    if len(self._zeroed) == most:
+                        break
+        return self._zeroed
 
 
 def _row_proportional(a: np.ndarray, b: np.ndarray) -> bool:

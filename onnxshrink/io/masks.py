@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import pickle
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,12 @@ import numpy as np
 from onnxshrink.errors import ShrinkError, first_line
 
 PT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def imports_torch(path: str | Path) -> bool:
+    """Will reading this file import torch (a .pt file, torch not loaded yet)? Importing it takes
+    seconds, and tens on a busy machine: the caller says so first."""
+    return Path(path).suffix.lower() in PT_SUFFIXES and "torch" not in sys.modules
 
 
 # What each kind of file read here holds, and what to give instead when it is missing.

@@ -330,7 +330,7 @@ class _ConvBase(Handler):
 
     def border_correction(self, node, rw: RewriteView, kernel: np.ndarray, n_channels: int) -> None:
         """y += conv(ones, K): the removed uniform constants' contribution, borders included."""
-        dtype = rw.current(node.inputs[1]).dtype
+        dtype = _weight_dtype(rw, node)
         kernel = (kernel[None] if self.transposed else kernel[:, None]).astype(dtype)
         attrs = {k: val for k, val in node.attrs.items() if k != "group"}
         ones = rw.ones_map(node.inputs[0], dtype)
@@ -359,7 +359,7 @@ def fold_into_bias(
         return
     vec = flat.mean(axis=1)
     b = ir.present(node, bias_index)
-    dtype = np.asarray(rw.current(node.inputs[1])).dtype  # the weight's
+    dtype = _weight_dtype(rw, node)
     if b is None or isinstance(b, gs.Constant):
         base = np.zeros(co) if b is None else np.asarray(b.values, dtype=np.float64)
         rw.replace_input(node, bias_index, (base + vec).astype(dtype))
@@ -368,6 +368,14 @@ def fold_into_bias(
             "Add", [b, rw.constant(vec.astype(dtype), f"{node.name}_folded")], "bias", None, dtype
         )
     rw.record_fold(node, n_channels, "bias")
+
+
+def _weight_dtype(rw: RewriteView, node: gs.Node) -> np.dtype:
+    """The dtype of the node's weight: an initializer, or computed from initializers in the graph
+    (a pruning hook's weight_orig * weight_mask in an export with optimize=False)."""
+    w = rw.original(node.inputs[1])
+    assert w is not None  # keep() made a node with a computed, non-constant weight a barrier
+    return np.asarray(w).dtype
 
 
 @register("Conv")

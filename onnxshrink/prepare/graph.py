@@ -34,6 +34,9 @@ def prepare(
         ):
             t.values = store.array(lazy.tensor, base_dir or ".")
             t.data_location = None
+        elif isinstance(t, gs.Variable) and isinstance(t.dtype, int):
+            # onnx-graphsurgeon keeps the ONNX type of what numpy lacks (bfloat16): ml_dtypes has it
+            t.dtype = onnx.helper.tensor_dtype_to_np_dtype(t.dtype)
     for vi in inferred_shapes(model):
         t = tensors.get(vi.name)
         if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):
