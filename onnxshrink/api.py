@@ -91,6 +91,7 @@ class ShrinkResult:
     torch_validation: ValidationReport | None = None  # export_and_shrink: against the module itself
     # When the first proof failed: what failed, and the tensor axes kept whole to pass.
     first_failure: str | None = None
+    first_failure_rounding: bool = False  # that failure was rounding at the dtype's resolution
     kept_after_failed_proof: list[dict[str, Any]] = field(default_factory=list)
     data_file: Path | None = None  # where `model`'s external weights are, when not in memory
     renamed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (shared name, new name)
@@ -119,6 +120,7 @@ class ShrinkResult:
             "written",
             "torch_validation",
             "first_failure",
+            "first_failure_rounding",
             "kept_after_failed_proof",
             "renamed_nodes",
         )
@@ -246,6 +248,7 @@ def shrink(
         sparsity=sparsity_left(shrunk, arrays=rewritten.arrays, skip=rewritten.inserted),
         removed_nodes=rewritten.removed_nodes,
         first_failure=recovery.first_failure if recovery else None,
+        first_failure_rounding=recovery.first_rounding if recovery else False,
         renamed_nodes=source.renamed,
         kept_after_failed_proof=[
             {"tensor": t, "axis": a, "indices": n} for (t, a), n in recovery.kept.items()
