@@ -33,6 +33,19 @@ g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4]
 }
 """
 
+# Conv(16->64) -> Relu -> Conv(64->32, 1x1), wide enough for external data (W1 is 36 KiB).
+WIDE = """
+g (float[1,16,8,8] x, float[64,16,3,3] W1, float[64] B1, float[32,64,1,1] W2, float[32] B2)
+  => (float[1,32,8,8] y) {
+  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  r = Relu(h)
+  y = Conv(r, W2, B2)
+}
+"""
+WIDE_BEFORE = 64 * 16 * 9 + 64 + 32 * 64 + 32  # 11360
+WIDE_PER_CHANNEL = 16 * 9 + 1 + 32  # one W1 filter, its bias, one W2 column
+
+
 def tiny(text: str, zero: dict | None = None, seed: int = 0, opset: int = 17, values: dict | None = None) -> onnx.ModelProto:
     """A model from ONNX text (see onnxshrink.testing.model_from_text): capitalized graph inputs
     become random initializers, `values` gives some exactly, `zero` zeroes index expressions."""

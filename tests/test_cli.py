@@ -14,7 +14,19 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import CONV2, cli, export_cached, init, params, run, snapshot, tiny
+from conftest import (
+    CONV2,
+    WIDE,
+    WIDE_BEFORE,
+    WIDE_PER_CHANNEL,
+    cli,
+    export_cached,
+    init,
+    params,
+    run,
+    snapshot,
+    tiny,
+)
 
 from onnxshrink import ShrinkError, ValidationFailed, shrink
 from onnxshrink.cli import main
@@ -30,18 +42,6 @@ AFTER = BEFORE - REMOVED  # 132
 CONV2_DYN = CONV2.replace("float[1,3,8,8] x", "float[N,3,8,8] x").replace(
     "float[1,4,8,8] y", "float[N,4,8,8] y"
 )
-
-# Conv(16->64) -> Relu -> Conv(64->32, 1x1), wide enough for external data (W1 is 36 KiB).
-WIDE = """
-g (float[1,16,8,8] x, float[64,16,3,3] W1, float[64] B1, float[32,64,1,1] W2, float[32] B2)
-  => (float[1,32,8,8] y) {
-  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
-  r = Relu(h)
-  y = Conv(r, W2, B2)
-}
-"""
-WIDE_BEFORE = 64 * 16 * 9 + 64 + 32 * 64 + 32  # 11360
-WIDE_PER_CHANNEL = 16 * 9 + 1 + 32  # one W1 filter, its bias, one W2 column
 
 
 def save_external(model: onnx.ModelProto, path: Path, **kwargs) -> None:

@@ -14,23 +14,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import CONV2, cli, error_against, params, snapshot, tiny
+from conftest import CONV2, WIDE, cli, error_against, params, snapshot, tiny
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink.cli import main
 
 # CONV2 with filters 1 and 3 of W1 and their biases zeroed: 196 -> 132 parameters.
 ZEROED = {"W1": np.s_[[1, 3]], "B1": np.s_[[1, 3]]}
-
-# Conv(16->64) -> Relu -> Conv(64->32): W1 is 36 KiB, written to external data a block at a time.
-WIDE = """
-g (float[1,16,8,8] x, float[64,16,3,3] W1, float[64] B1, float[32,64,1,1] W2, float[32] B2)
-  => (float[1,32,8,8] y) {
-  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
-  r = Relu(h)
-  y = Conv(r, W2, B2)
-}
-"""
 
 
 def check_refused(p, *culprits: str) -> None:
