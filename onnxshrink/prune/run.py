@@ -8,16 +8,16 @@ parameter names the exporter recorded, so that they can be applied in the framew
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, read_model, shrink
+from onnxshrink.api import ShrinkResult, _Clock, read_model, shrink
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io.model import load_external
 from onnxshrink.options import ShrinkOptions
@@ -25,6 +25,8 @@ from onnxshrink.prune.groups import GroupSet, Member, find_groups, zero_slice
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
 from onnxshrink.report import ModelStats, model_stats
+
+K = TypeVar("K")
 
 
 @dataclass
@@ -37,6 +39,9 @@ class PruneResult:
     shrink: ShrinkResult
     original: ModelStats  # the unpruned input
     skipped_masks: list[str] = field(default_factory=list)  # shared initializers with no name
+    # seconds per phase: load, groups, importance, select, zero (the reference and the masks),
+    # then the shrink's own phases (its validate is the proof)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -84,15 +89,19 @@ def prune(
     important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
     Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
     opts = (options or ShrinkOptions()).but(**option_values)
+    clock = _Clock()
     source = read_model(model)
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
         load_external(proto, Path(source.base_dir), str(source.path))
     original = model_stats(proto, dict(opts.input_shapes or {}), source.file_bytes)
+    clock.lap("load")
     opts.say("finding the coupled groups ...")
     gset = find_groups(proto, name=str(source.path or ""))
+    clock.lap("groups")
     importance = scores(gset, criterion, seed=opts.seed, model=proto, inputs=data)
+    clock.lap("importance")
     plans = choose(
         gset,
         importance,
@@ -102,6 +111,7 @@ def prune(
         round_to=round_to,
         max_layer_ratio=max_layer_ratio,
     )
+    clock.lap("select")
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
     members = [m for g in chosen for m in g.members]
@@ -109,9 +119,11 @@ def prune(
     masks, skipped = framework_masks(proto, members)
     if masks_out is not None:
         save_masks(masks, masks_out)
+    clock.lap("zero")
     result = shrink(reference, None, output, options=opts.but(input_masked=None))
     result.before.file_bytes = source.file_bytes
-    return PruneResult(gset, plans, masks, result, original, skipped)
+    timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
+    return PruneResult(gset, plans, masks, result, original, skipped, timings)
 
 
 # ---------------------------------------------------------------------- the reference
@@ -125,17 +137,19 @@ def zeroed(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onn
     _constants_to_initializers(out, {m.initializer for m in members})
     inits = {t.name: t for t in g.initializer}
     shared = {m.initializer for m in members if m.tensor != m.initializer}
-    shared |= {gset.untied[t] for t in gset.untied if gset.untied[t] in {m.initializer for m in members}}
+    chosen = {m.initializer for m in members}
+    shared |= {original for original in gset.untied.values() if original in chosen}
     values: dict[str, np.ndarray] = {}
     if shared:
         copies = _copy_per_reader(g, gset, shared)
         for name, original in copies.items():
             values[name] = numpy_helper.to_array(inits[original]).copy()
-    for m in members:
-        if m.tensor not in values:
-            source = inits[m.tensor] if m.tensor in inits else inits[m.initializer]
-            values[m.tensor] = numpy_helper.to_array(source).copy()
-        zero_slice(values[m.tensor], m.axis, m.indices)
+    initializer_of = {m.tensor: m.initializer for m in members}
+    for (name, axis), idx in _slices((m.tensor, m.axis, m.indices) for m in members).items():
+        if name not in values:
+            source = inits[name] if name in inits else inits[initializer_of[name]]
+            values[name] = numpy_helper.to_array(source).copy()
+        zero_slice(values[name], axis, idx)
     for name, v in values.items():
         t = numpy_helper.from_array(v, name)
         if name in inits:
@@ -143,6 +157,15 @@ def zeroed(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onn
         else:
             g.initializer.append(t)
     return out
+
+
+def _slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, int], np.ndarray]:
+    """The indices of every (key, axis) of `items`, gathered: each slice is then zeroed once, not
+    once per member (a layer's thousands of groups each hold one index of the same axis)."""
+    gathered: dict[tuple[K, int], list[np.ndarray]] = {}
+    for key, axis, idx in items:
+        gathered.setdefault((key, axis), []).append(idx)
+    return {k: np.unique(np.concatenate(v)) for k, v in gathered.items()}
 
 
 def _copy_per_reader(g: onnx.GraphProto, gset: GroupSet, shared: set[str]) -> dict[str, str]:
@@ -186,20 +209,21 @@ def framework_masks(
     nodes share is named only by its parameters (its own name would mask every reader); one
     with none is listed as skipped."""
     shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
-    masks: dict[str, np.ndarray] = {}
     skipped: set[str] = set()
-
-    def zero(name: str, shape: tuple[int, ...], axis: int, idx: np.ndarray) -> None:
-        zero_slice(masks.setdefault(name, np.ones(shape, np.float32)), axis, idx)
-
+    slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
     for m in members:
         for p in m.params:
-            zero(p.name, p.shape, p.axis, m.indices)
+            slices.append(((p.name, p.shape), p.axis, m.indices))
         if m.initializer not in shared and m.initializer in shapes:
-            zero(m.initializer, shapes[m.initializer], m.axis, m.indices)
+            slices.append(((m.initializer, shapes[m.initializer]), m.axis, m.indices))
         elif not m.params:
             skipped.add(m.initializer)
+    masks: dict[str, np.ndarray] = {}
+    for ((name, shape), axis), idx in _slices(slices).items():
+        if name not in masks:
+            masks[name] = np.ones(shape, np.float32)
+        zero_slice(masks[name], axis, idx)
     return masks, sorted(skipped)
 
 
