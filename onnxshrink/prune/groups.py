@@ -144,6 +144,8 @@ class GroupSet:
     untied: dict[str, str] = field(default_factory=dict)  # analysis tensor -> initializer
     # the members' values, by analysis tensor (not written to JSON)
     arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # sum of |w|^p per index of (tensor, axis, p), computed once (prune.importance)
+    norms: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict, repr=False)
 
     def exact(self) -> list[Group]:
         return [g for g in self.groups if g.exact]
