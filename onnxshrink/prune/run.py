@@ -8,10 +8,10 @@ parameter names the exporter recorded, so that they can be applied in the framew
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,12 +21,10 @@ from onnxshrink.api import ShrinkResult, _Clock, read_model, shrink
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io.model import load_external
 from onnxshrink.options import ShrinkOptions
-from onnxshrink.prune.groups import GroupSet, Member, find_groups, zero_slice
+from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
 from onnxshrink.report import ModelStats, model_stats
-
-K = TypeVar("K")
 
 
 @dataclass
@@ -145,7 +143,7 @@ def zeroed(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onn
         for name, original in copies.items():
             values[name] = numpy_helper.to_array(inits[original]).copy()
     initializer_of = {m.tensor: m.initializer for m in members}
-    for (name, axis), idx in _slices((m.tensor, m.axis, m.indices) for m in members).items():
+    for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
         if name not in values:
             source = inits[name] if name in inits else inits[initializer_of[name]]
             values[name] = numpy_helper.to_array(source).copy()
@@ -157,15 +155,6 @@ def zeroed(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onn
         else:
             g.initializer.append(t)
     return out
-
-
-def _slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, int], np.ndarray]:
-    """The indices of every (key, axis) of `items`, gathered: each slice is then zeroed once, not
-    once per member (a layer's thousands of groups each hold one index of the same axis)."""
-    gathered: dict[tuple[K, int], list[np.ndarray]] = {}
-    for key, axis, idx in items:
-        gathered.setdefault((key, axis), []).append(idx)
-    return {k: np.unique(np.concatenate(v)) for k, v in gathered.items()}
 
 
 def _copy_per_reader(g: onnx.GraphProto, gset: GroupSet, shared: set[str]) -> dict[str, str]:
@@ -220,7 +209,7 @@ def framework_masks(
         elif not m.params:
             skipped.add(m.initializer)
     masks: dict[str, np.ndarray] = {}
-    for ((name, shape), axis), idx in _slices(slices).items():
+    for ((name, shape), axis), idx in gather_slices(slices).items():
         if name not in masks:
             masks[name] = np.ones(shape, np.float32)
         zero_slice(masks[name], axis, idx)
