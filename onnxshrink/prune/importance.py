@@ -106,7 +106,10 @@ def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
     if key not in gset.norms:
         values = gset.arrays[tensor]
         rows = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).astype(np.float64)
-        gset.norms[key] = np.sum(np.abs(rows) ** p, axis=1)
+        np.abs(rows, out=rows)
+        if p != 1:
+            np.power(rows, p, out=rows)
+        gset.norms[key] = np.sum(rows, axis=1)
     return gset.norms[key]
 
 

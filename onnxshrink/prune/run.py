@@ -113,8 +113,8 @@ def prune(
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
     members = [m for g in chosen for m in g.members]
-    reference = zeroed(proto, gset, members)
     masks, skipped = framework_masks(proto, members)
+    reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     if masks_out is not None:
         save_masks(masks, masks_out)
     clock.lap("zero")
@@ -125,12 +125,17 @@ def prune(
 
 
 # ---------------------------------------------------------------------- the reference
-def zeroed(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onnx.ModelProto:
-    """`model` with every member's slice zeroed. An initializer several nodes read is first
-    given one copy per reader (as the analysis saw it), so that only the readers in the chosen
-    groups lose their slices; the shrink merges the copies that stay equal."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+def zeroed(
+    model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True
+) -> onnx.ModelProto:
+    """`model` with every member's slice zeroed (`copy` False: `model` itself, changed). An
+    initializer several nodes read is first given one copy per reader (as the analysis saw
+    it), so that only the readers in the chosen groups lose their slices; the shrink merges
+    the copies that stay equal."""
+    out = model
+    if copy:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
     g = out.graph
     _constants_to_initializers(out, {m.initializer for m in members})
     inits = {t.name: t for t in g.initializer}
