@@ -215,7 +215,12 @@ def _zeroed_along(mask: np.ndarray, axis: int) -> list[int]:
         # per layer, L1: 8 - int(8 * 0.5) = 4 and 6 - int(6 * 0.5) = 3 groups go
         ({}, [0, 2, 3, 7], [0, 1, 3], 4 * 37 + 2 * 3 * 5 + 2 * 4),
         # global, L2: the 7 of 14 groups least important relative to their layer's mean
-        ({"criterion": "l2", "global_ranking": True}, [0, 2, 4, 5, 7], [0, 4], 3 * 37 + 2 * 4 * 4 + 2 * 5),
+        (
+            {"criterion": "l2", "global_ranking": True},
+            [0, 2, 4, 5, 7],
+            [0, 4],
+            3 * 37 + 2 * 4 * 4 + 2 * 5,
+        ),
     ],
 )
 def test_the_choice_on_a_small_model_is_pinned(options, layer1, layer2, after):
@@ -238,7 +243,8 @@ def test_the_choice_on_a_small_model_is_pinned(options, layer1, layer2, after):
         expected1 = np.argsort(imp1, kind="stable")[: int((imp1 / imp1.mean() <= threshold).sum())]
         expected2 = np.argsort(imp2, kind="stable")[: int((imp2 / imp2.mean() <= threshold).sum())]
     else:
-        expected1, expected2 = np.argsort(imp1, kind="stable")[:4], np.argsort(imp2, kind="stable")[:3]
+        expected1 = np.argsort(imp1, kind="stable")[:4]
+        expected2 = np.argsort(imp2, kind="stable")[:3]
     assert sorted(expected1.tolist()) == layer1 and sorted(expected2.tolist()) == layer2
 
     result = prune(model, 0.5, draws=1, **options)
