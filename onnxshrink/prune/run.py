@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,19 @@ class PruneResult:
 
     groups: GroupSet
     plans: list[LayerPlan]
-    masks: dict[str, np.ndarray]  # framework parameter (or initializer) name -> 0/1 mask
+    slices: MaskSlices  # what the masks zero (`masks` makes them when asked)
     shrink: ShrinkResult
     original: ModelStats  # the unpruned input
     skipped_masks: list[str] = field(default_factory=list)  # shared initializers with no name
-    # seconds per phase: load, groups, importance, select, zero (the reference and the masks),
-    # then the shrink's own phases (its validate is the proof)
+    # seconds per phase: load, groups, importance, select, zero (the reference, and the masks
+    # when written), then the shrink's own phases (its validate is the proof)
     timings: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def masks(self) -> dict[str, np.ndarray]:
+        """Framework parameter (or initializer) name -> 0/1 mask, as `--masks-out` writes them:
+        made on first use (a model's worth of arrays, which the pruned model does not need)."""
+        return self.slices.masks()
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -113,15 +120,15 @@ def prune(
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
     members = [m for g in chosen for m in g.members]
-    masks, skipped = framework_masks(proto, members)
+    slices = mask_slices(proto, members)
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     if masks_out is not None:
-        save_masks(masks, masks_out)
+        save_masks(slices.masks(), masks_out)
     clock.lap("zero")
     result = shrink(reference, None, output, options=opts.but(input_masked=None))
     result.before.file_bytes = source.file_bytes
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
-    return PruneResult(gset, plans, masks, result, original, skipped, timings)
+    return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
 
 
 # ---------------------------------------------------------------------- the reference
@@ -195,13 +202,27 @@ def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
 
 
 # ---------------------------------------------------------------------- masks out
-def framework_masks(
-    model: onnx.ModelProto, members: list[Member]
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    """0/1 masks of the zeroed slices: under the framework parameter names the exporter recorded
-    (in the framework's layout), and under the initializer's own name. An initializer several
-    nodes share is named only by its parameters (its own name would mask every reader); one
-    with none is listed as skipped."""
+@dataclass
+class MaskSlices:
+    """The slices the masks zero, per (name, shape) and axis, and the initializers left out."""
+
+    zeroed: dict[tuple[tuple[str, tuple[int, ...]], int], np.ndarray]
+    skipped: list[str]
+
+    def masks(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for ((name, shape), axis), idx in self.zeroed.items():
+            if name not in out:
+                out[name] = np.ones(shape, np.float32)
+            zero_slice(out[name], axis, idx)
+        return out
+
+
+def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
+    """What the 0/1 masks of the zeroed slices are: under the framework parameter names the
+    exporter recorded (in the framework's layout), and under the initializer's own name. An
+    initializer several nodes share is named only by its parameters (its own name would mask
+    every reader); one with none is listed as skipped."""
     shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
     skipped: set[str] = set()
     slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
@@ -213,12 +234,15 @@ def framework_masks(
             slices.append(((m.initializer, shapes[m.initializer]), m.axis, m.indices))
         elif not m.params:
             skipped.add(m.initializer)
-    masks: dict[str, np.ndarray] = {}
-    for ((name, shape), axis), idx in gather_slices(slices).items():
-        if name not in masks:
-            masks[name] = np.ones(shape, np.float32)
-        zero_slice(masks[name], axis, idx)
-    return masks, sorted(skipped)
+    return MaskSlices(gather_slices(slices), sorted(skipped))
+
+
+def framework_masks(
+    model: onnx.ModelProto, members: list[Member]
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The masks of `mask_slices`, made, and the initializers skipped."""
+    slices = mask_slices(model, members)
+    return slices.masks(), slices.skipped
 
 
 def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:
