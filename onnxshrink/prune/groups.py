@@ -408,7 +408,11 @@ def _params(members: list[Member], shapes: dict[str, tuple[int, ...]]) -> int:
     total = 0
     for name, axes in per_tensor.items():
         shape = shapes[name]
-        total += math.prod(shape) - math.prod(n - axes.get(a, 0) for a, n in enumerate(shape))
+        if len(axes) == 1:  # the usual member: k slices of one axis
+            ((a, k),) = axes.items()
+            total += math.prod(shape) // shape[a] * k
+        else:
+            total += math.prod(shape) - math.prod(n - axes.get(a, 0) for a, n in enumerate(shape))
     return total
 
 
