@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ class PruneResult:
     # when written), then the shrink's own phases (its validate is the proof)
     timings: dict[str, float] = field(default_factory=dict)
 
-    @cached_property
+    @property
     def masks(self) -> dict[str, np.ndarray]:
         """Framework parameter (or initializer) name -> 0/1 mask, as `--masks-out` writes them:
         made on first use (a model's worth of arrays, which the pruned model does not need)."""
@@ -208,14 +207,17 @@ class MaskSlices:
 
     zeroed: dict[tuple[tuple[str, tuple[int, ...]], int], np.ndarray]
     skipped: list[str]
+    _made: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     def masks(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for ((name, shape), axis), idx in self.zeroed.items():
-            if name not in out:
-                out[name] = np.ones(shape, np.float32)
-            zero_slice(out[name], axis, idx)
-        return out
+        """The 0/1 masks, made once."""
+        if self._made is None:
+            self._made = {}
+            for ((name, shape), axis), idx in self.zeroed.items():
+                if name not in self._made:
+                    self._made[name] = np.ones(shape, np.float32)
+                zero_slice(self._made[name], axis, idx)
+        return self._made
 
 
 def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
