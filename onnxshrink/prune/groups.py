@@ -443,8 +443,9 @@ def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int) -> N
             if name not in zeroed:  # the values the analysis read (prepare's, untouched)
                 zeroed[name] = np.array(result.arrays[name])
             zero_slice(zeroed[name], axis, idx)
-        for name, values in zeroed.items():
-            tensors[name].values = values
+        for name, values in result.arrays.items():  # read already: not converted again
+            if name in tensors:
+                tensors[name].values = zeroed.get(name, values)
         ks = analyze(graph, opset, lookup(opset), untied).keep
         kept_any = set()  # the zeroed slices the closure keeps some index of: usually none
         for (name, axis), idx in slices.items():
