@@ -186,3 +186,74 @@ def test_prune_with_a_masks_file_is_refused(tmp_path, capsys):
     assert main([str(model), str(masks), "--prune", "0.5"]) == 2
     assert "drop the masks file" in capsys.readouterr().err
     assert Path(model).exists()
+
+
+# Two layers with a coupling: W1's 8 channels are read by W2 and W3; W2's and W3's 6 channels
+# meet in an Add (one group each: rows of both, and W4's column). W4's rows are the output's.
+BRANCHES = """
+g (float[1,4,8,8] x, float[8,4,3,3] W1, float[8] B1, float[6,8,1,1] W2, float[6] B2,
+   float[6,8,1,1] W3, float[6] B3, float[2,6,1,1] W4, float[2] B4) => (float[1,2,8,8] y) {
+  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  r = Relu(h)
+  a = Conv(r, W2, B2)
+  b = Conv(r, W3, B3)
+  s = Add(a, b)
+  t = Relu(s)
+  y = Conv(t, W4, B4)
+}
+"""
+
+
+def _zeroed_along(mask: np.ndarray, axis: int) -> list[int]:
+    other = tuple(a for a in range(mask.ndim) if a != axis)
+    return np.flatnonzero((mask == 0).all(axis=other)).tolist()
+
+
+@pytest.mark.parametrize(
+    "options, layer1, layer2, after",
+    [
+        # per layer, L1: 8 - int(8 * 0.5) = 4 and 6 - int(6 * 0.5) = 3 groups go
+        ({}, [0, 2, 3, 7], [0, 1, 3], 4 * 37 + 2 * 3 * 5 + 2 * 4),
+        # global, L2: the 7 of 14 groups least important relative to their layer's mean
+        (
+            {"criterion": "l2", "global_ranking": True},
+            [0, 2, 4, 5, 7],
+            [0, 4],
+            3 * 37 + 2 * 4 * 4 + 2 * 5,
+        ),
+    ],
+)
+def test_the_choice_on_a_small_model_is_pinned(options, layer1, layer2, after):
+    # The channels chosen (as main chose them before prune was made fast), recomputed here
+    # from the weights: a group's importance is the mean over its weights (biases excluded)
+    # of the sum of |w|^p over its slice; Torch-Pruning's group magnitude.
+    model = tiny(BRANCHES, seed=7)
+    w = {t.name: onnx.numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    p = 2 if options.get("criterion") == "l2" else 1
+
+    def norm(name: str, axis: int) -> np.ndarray:
+        other = tuple(a for a in range(w[name].ndim) if a != axis)
+        return (np.abs(w[name]) ** p).sum(axis=other)
+
+    imp1 = (norm("W1", 0) + norm("W2", 1) + norm("W3", 1)) / 3
+    imp2 = (norm("W2", 0) + norm("W3", 0) + norm("W4", 1)) / 3
+    if options.get("global_ranking"):
+        scaled = np.concatenate([imp1 / imp1.mean(), imp2 / imp2.mean()])
+        threshold = np.sort(scaled)[7 - 1]
+        expected1 = np.argsort(imp1, kind="stable")[: int((imp1 / imp1.mean() <= threshold).sum())]
+        expected2 = np.argsort(imp2, kind="stable")[: int((imp2 / imp2.mean() <= threshold).sum())]
+    else:
+        expected1 = np.argsort(imp1, kind="stable")[:4]
+        expected2 = np.argsort(imp2, kind="stable")[:3]
+    assert sorted(expected1.tolist()) == layer1 and sorted(expected2.tolist()) == layer2
+
+    result = prune(model, 0.5, draws=1, **options)
+    masks = result.masks
+    assert _zeroed_along(masks["W1"], 0) == layer1
+    assert _zeroed_along(masks["W2"], 1) == _zeroed_along(masks["W3"], 1) == layer1
+    assert _zeroed_along(masks["W2"], 0) == _zeroed_along(masks["W3"], 0) == layer2
+    assert _zeroed_along(masks["W4"], 1) == layer2
+    assert result.original.params == 418
+    assert result.shrink.after.params == after
+    assert result.shrink.validation.passed
+    assert error_against(result.shrink.reference, result.model, draws=1) <= 1e-5

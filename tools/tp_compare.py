@@ -86,7 +86,6 @@ def prune_as_torch_pruning(path: Path, model):
     GroupMagnitudeImportance skips a depthwise conv (the conv's pruning function there is
     DepthwiseConvPruner's, not one of those it weighs), so the depthwise weights do not count.
     onnxshrink counts them; this shows that the choices differ by that alone."""
-    import numpy as np
 
     import onnxshrink.prune.importance as importance
     from onnxshrink.prune import prune
@@ -96,21 +95,20 @@ def prune_as_torch_pruning(path: Path, model):
         for n, mod in model.named_modules()
         if isinstance(mod, torch.nn.Conv2d) and mod.groups > 1
     }
-    magnitude = importance.magnitude
+    weighed = importance.weighed
 
-    def without_depthwise(gset, g, p):
-        weights = [
+    def without_depthwise(g):
+        return [
             m
             for m in g.members
             if m.role == "weight" and not (m.params and m.params[0].name in depthwise)
         ]
-        return float(np.mean([importance._slice_norm(gset.arrays[m.tensor], m, p) for m in weights]))
 
-    importance.magnitude = without_depthwise
+    importance.weighed = without_depthwise
     try:
         return prune(path, 0.5, validate=False)
     finally:
-        importance.magnitude = magnitude
+        importance.weighed = weighed
 
 
 def main() -> None:

@@ -53,19 +53,64 @@ def scores(
             out[g.id] = _activation_score(gset, g, means)
         return out
     p = 1 if criterion == "l1" else 2
-    for g in exact:
-        out[g.id] = magnitude(gset, g, p)
+    out[[g.id for g in exact]] = magnitudes(gset, exact, p)
+    return out
+
+
+def weighed(g: Group) -> list[Member]:
+    """The members whose magnitude counts: the weights (biases excluded), else all."""
+    return [m for m in g.members if m.role == "weight"] or g.members
+
+
+def magnitudes(gset: GroupSet, groups: list[Group], p: int) -> np.ndarray:
+    """`magnitude` of each of `groups`, vectorised: the members' norms are read from each
+    weight's per-index norms (one fancy index per weight), then averaged per group with one
+    reduceat (the same sums, in the same order, as np.mean of each group's list)."""
+    members = [weighed(g) for g in groups]
+    counts = np.array([len(ms) for ms in members], np.int64)
+    flat = np.empty(int(counts.sum()), np.float64)
+    single: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+    k = 0
+    for ms in members:
+        for m in ms:
+            if len(m.indices) == 1:
+                pos, idx = single.setdefault((m.tensor, m.axis), ([], []))
+                pos.append(k)
+                idx.append(int(m.indices[0]))
+            else:
+                flat[k] = member_norm(gset, m, p)
+            k += 1
+    for (tensor, axis), (pos, idx) in single.items():
+        flat[pos] = channel_norms(gset, tensor, axis, p)[idx]
+    out = np.full(len(groups), np.nan)  # a group with no member to weigh: nan, as np.mean([])
+    some = counts > 0
+    if some.any():
+        starts = (np.cumsum(counts) - counts)[some]
+        out[some] = np.add.reduceat(flat, starts) / counts[some]
     return out
 
 
 def magnitude(gset: GroupSet, g: Group, p: int) -> float:
-    weights = [m for m in g.members if m.role == "weight"] or g.members
-    return float(np.mean([_slice_norm(gset.arrays[m.tensor], m, p) for m in weights]))
+    return float(np.mean([member_norm(gset, m, p) for m in weighed(g)]))
 
 
-def _slice_norm(values: np.ndarray, m: Member, p: int) -> float:
-    part = np.take(values, m.indices, axis=m.axis).astype(np.float64)
-    return float(np.sum(np.abs(part) ** p))
+def member_norm(gset: GroupSet, m: Member, p: int) -> float:
+    """The sum of |w|^p over the member's slice."""
+    return float(np.sum(channel_norms(gset, m.tensor, m.axis, p)[m.indices]))
+
+
+def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
+    """The sum of |w|^p of each index of `axis` of `tensor`: one pass over the weight (in float64),
+    kept for every member that slices it (a layer's groups each hold one index or a few)."""
+    key = (tensor, axis, p)
+    if key not in gset.norms:
+        values = gset.arrays[tensor]
+        rows = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).astype(np.float64)
+        np.abs(rows, out=rows)
+        if p != 1:
+            np.power(rows, p, out=rows)
+        gset.norms[key] = np.sum(rows, axis=1)
+    return gset.norms[key]
 
 
 def _activation_score(gset: GroupSet, g: Group, means: dict[str, np.ndarray]) -> float:
@@ -76,8 +121,7 @@ def _activation_score(gset: GroupSet, g: Group, means: dict[str, np.ndarray]) ->
         name, _, idx = m.data
         if len(idx) != len(m.indices):
             continue
-        w = np.abs(np.take(gset.arrays[m.tensor], m.indices, axis=m.axis).astype(np.float64))
-        per_channel = np.moveaxis(w, m.axis, 0).reshape(len(m.indices), -1).sum(axis=1)
+        per_channel = channel_norms(gset, m.tensor, m.axis, 1)[m.indices]
         total += float(np.sum(means[name][idx] * per_channel))
         used = True
     return total if used else magnitude(gset, g, 1)  # nothing reads it through a weight

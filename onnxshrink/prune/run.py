@@ -17,11 +17,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, read_model, shrink
+from onnxshrink.api import ShrinkResult, _Clock, read_model, shrink
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io.model import load_external
 from onnxshrink.options import ShrinkOptions
-from onnxshrink.prune.groups import GroupSet, Member, find_groups, zero_slice
+from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
 from onnxshrink.report import ModelStats, model_stats
@@ -33,10 +33,19 @@ class PruneResult:
 
     groups: GroupSet
     plans: list[LayerPlan]
-    masks: dict[str, np.ndarray]  # framework parameter (or initializer) name -> 0/1 mask
+    slices: MaskSlices  # what the masks zero (`masks` makes them when asked)
     shrink: ShrinkResult
     original: ModelStats  # the unpruned input
     skipped_masks: list[str] = field(default_factory=list)  # shared initializers with no name
+    # seconds per phase: load, groups, importance, select, zero (the reference, and the masks
+    # when written), then the shrink's own phases (its validate is the proof)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def masks(self) -> dict[str, np.ndarray]:
+        """Framework parameter (or initializer) name -> 0/1 mask, as `--masks-out` writes them:
+        made on first use (a model's worth of arrays, which the pruned model does not need)."""
+        return self.slices.masks()
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -84,15 +93,19 @@ def prune(
     important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
     Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
     opts = (options or ShrinkOptions()).but(**option_values)
+    clock = _Clock()
     source = read_model(model)
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
         load_external(proto, Path(source.base_dir), str(source.path))
     original = model_stats(proto, dict(opts.input_shapes or {}), source.file_bytes)
+    clock.lap("load")
     opts.say("finding the coupled groups ...")
     gset = find_groups(proto, name=str(source.path or ""))
+    clock.lap("groups")
     importance = scores(gset, criterion, seed=opts.seed, model=proto, inputs=data)
+    clock.lap("importance")
     plans = choose(
         gset,
         importance,
@@ -102,40 +115,50 @@ def prune(
         round_to=round_to,
         max_layer_ratio=max_layer_ratio,
     )
+    clock.lap("select")
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
     members = [m for g in chosen for m in g.members]
-    reference = zeroed(proto, gset, members)
-    masks, skipped = framework_masks(proto, members)
+    slices = mask_slices(proto, members)
+    reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     if masks_out is not None:
-        save_masks(masks, masks_out)
+        save_masks(slices.masks(), masks_out)
+    clock.lap("zero")
     result = shrink(reference, None, output, options=opts.but(input_masked=None))
     result.before.file_bytes = source.file_bytes
-    return PruneResult(gset, plans, masks, result, original, skipped)
+    timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
+    return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
 
 
 # ---------------------------------------------------------------------- the reference
-def zeroed(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onnx.ModelProto:
-    """`model` with every member's slice zeroed. An initializer several nodes read is first
-    given one copy per reader (as the analysis saw it), so that only the readers in the chosen
-    groups lose their slices; the shrink merges the copies that stay equal."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+def zeroed(
+    model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True
+) -> onnx.ModelProto:
+    """`model` with every member's slice zeroed (`copy` False: `model` itself, changed). An
+    initializer several nodes read is first given one copy per reader (as the analysis saw
+    it), so that only the readers in the chosen groups lose their slices; the shrink merges
+    the copies that stay equal."""
+    out = model
+    if copy:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
     g = out.graph
     _constants_to_initializers(out, {m.initializer for m in members})
     inits = {t.name: t for t in g.initializer}
     shared = {m.initializer for m in members if m.tensor != m.initializer}
-    shared |= {gset.untied[t] for t in gset.untied if gset.untied[t] in {m.initializer for m in members}}
+    chosen = {m.initializer for m in members}
+    shared |= {original for original in gset.untied.values() if original in chosen}
     values: dict[str, np.ndarray] = {}
     if shared:
         copies = _copy_per_reader(g, gset, shared)
         for name, original in copies.items():
             values[name] = numpy_helper.to_array(inits[original]).copy()
-    for m in members:
-        if m.tensor not in values:
-            source = inits[m.tensor] if m.tensor in inits else inits[m.initializer]
-            values[m.tensor] = numpy_helper.to_array(source).copy()
-        zero_slice(values[m.tensor], m.axis, m.indices)
+    initializer_of = {m.tensor: m.initializer for m in members}
+    for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
+        if name not in values:
+            source = inits[name] if name in inits else inits[initializer_of[name]]
+            values[name] = numpy_helper.to_array(source).copy()
+        zero_slice(values[name], axis, idx)
     for name, v in values.items():
         t = numpy_helper.from_array(v, name)
         if name in inits:
@@ -178,29 +201,50 @@ def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
 
 
 # ---------------------------------------------------------------------- masks out
-def framework_masks(
-    model: onnx.ModelProto, members: list[Member]
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    """0/1 masks of the zeroed slices: under the framework parameter names the exporter recorded
-    (in the framework's layout), and under the initializer's own name. An initializer several
-    nodes share is named only by its parameters (its own name would mask every reader); one
-    with none is listed as skipped."""
+@dataclass
+class MaskSlices:
+    """The slices the masks zero, per (name, shape) and axis, and the initializers left out."""
+
+    zeroed: dict[tuple[tuple[str, tuple[int, ...]], int], np.ndarray]
+    skipped: list[str]
+    _made: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    def masks(self) -> dict[str, np.ndarray]:
+        """The 0/1 masks, made once."""
+        if self._made is None:
+            self._made = {}
+            for ((name, shape), axis), idx in self.zeroed.items():
+                if name not in self._made:
+                    self._made[name] = np.ones(shape, np.float32)
+                zero_slice(self._made[name], axis, idx)
+        return self._made
+
+
+def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
+    """What the 0/1 masks of the zeroed slices are: under the framework parameter names the
+    exporter recorded (in the framework's layout), and under the initializer's own name. An
+    initializer several nodes share is named only by its parameters (its own name would mask
+    every reader); one with none is listed as skipped."""
     shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
-    masks: dict[str, np.ndarray] = {}
     skipped: set[str] = set()
-
-    def zero(name: str, shape: tuple[int, ...], axis: int, idx: np.ndarray) -> None:
-        zero_slice(masks.setdefault(name, np.ones(shape, np.float32)), axis, idx)
-
+    slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
     for m in members:
         for p in m.params:
-            zero(p.name, p.shape, p.axis, m.indices)
+            slices.append(((p.name, p.shape), p.axis, m.indices))
         if m.initializer not in shared and m.initializer in shapes:
-            zero(m.initializer, shapes[m.initializer], m.axis, m.indices)
+            slices.append(((m.initializer, shapes[m.initializer]), m.axis, m.indices))
         elif not m.params:
             skipped.add(m.initializer)
-    return masks, sorted(skipped)
+    return MaskSlices(gather_slices(slices), sorted(skipped))
+
+
+def framework_masks(
+    model: onnx.ModelProto, members: list[Member]
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The masks of `mask_slices`, made, and the initializers skipped."""
+    slices = mask_slices(model, members)
+    return slices.masks(), slices.skipped
 
 
 def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:

@@ -90,13 +90,10 @@ def _global(gset, importance, ratio, ranked, round_to, max_ratio) -> None:
     normalized.sort(key=lambda t: (t[0], t[2]))
     threshold = normalized[target - 1][0]
     for plan, order in ranked:
-        below = [i for i in order if _norm(importance, order, i) <= threshold]
-        plan.removed = order[: _bounded(gset, plan, len(below), round_to, max_ratio)]
-
-
-def _norm(importance: np.ndarray, order: list[int], i: int) -> float:
-    mean = float(np.mean(importance[order]))
-    return float(importance[i] / mean) if mean else float(importance[i])
+        imp = importance[order]
+        mean = float(np.mean(imp))  # the layer's mean once (it was taken again per group)
+        below = int(np.count_nonzero((imp / mean if mean else imp) <= threshold))
+        plan.removed = order[: _bounded(gset, plan, below, round_to, max_ratio)]
 
 
 def _ignored(gset: GroupSet, layer: Layer, patterns: Sequence[str]) -> bool:
