@@ -215,32 +215,40 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], str
                 f.write(block)
 
 
-def _pt_from_safetensors(src: Path, dst: Path) -> None:
-    """The same tensors saved with torch.save, each a memory map of `src` (never all in memory)."""
+def _safetensors_entries(src: Path) -> list[tuple[str, int, tuple[int, ...], str]]:
+    """(name, offset in the file, shape, numpy dtype name) of each tensor of a .safetensors file."""
+    with open(src, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    names = {v: k for k, v in _ST_NAMES.items()}
+    return [
+        (k, 8 + n + v["data_offsets"][0], tuple(v["shape"]), names[v["dtype"]])
+        for k, v in header.items()
+        if k != "__metadata__"
+    ]
+
+
+def _save_pt(src: Path, entries: list[tuple[str, int, tuple[int, ...], str]], dst: Path) -> None:
+    """torch.save of tensors that are memory maps of `src` (never all in memory at once):
+    (name, offset, shape, numpy dtype name; "uint16" for bf16)."""
     import warnings
 
     import numpy as np
     import torch
 
-    with open(src, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    names = {v: k for k, v in _ST_NAMES.items()}
     tensors = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # read-only maps: torch warns they are not writable
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dtype = np.dtype(names[info["dtype"]])
-            arr = np.memmap(src, dtype=dtype, mode="r", offset=8 + n + info["data_offsets"][0], shape=tuple(info["shape"]))
+        for name, offset, shape, dtype in entries:
+            arr = np.memmap(src, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
             t = torch.from_numpy(arr)
-            tensors[name] = t.view(torch.bfloat16) if info["dtype"] == "BF16" else t
+            tensors[name] = t.view(torch.bfloat16) if dtype == "uint16" else t
     torch.save(tensors, dst)
 
 
-def write_element_files(model: Path, cfg, workdir: Path, tag: str) -> dict[str, Path]:
-    """masks.{safetensors,pt} and state.{safetensors,pt} beside the model (see the docstring)."""
+def write_element_files(model: Path, cfg, workdir: Path, tag: str, fmt: str) -> tuple[Path, Path]:
+    """The element-wise masks file and the state dict, as `fmt` ("safetensors" first, then
+    "pt"), beside the model (see the docstring): one format at a time on disk."""
     import numpy as np
     import onnx
 
@@ -279,14 +287,22 @@ def write_element_files(model: Path, cfg, workdir: Path, tag: str) -> dict[str, 
 
         return blocks
 
-    out = {k: workdir / f"{tag}.{k.replace('_', '.')}" for k in ("masks_safetensors", "masks_pt", "state_safetensors", "state_pt")}
-    _write_safetensors(out["masks_safetensors"], [(n, shapes[n], "bool", mask_blocks(n)) for n in masked])
     dtypes = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "uint16"}
     external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    _write_safetensors(out["state_safetensors"], [(t.name, tuple(t.dims), dtypes[t.data_type], weight_blocks(t)) for t in external])
-    _pt_from_safetensors(out["masks_safetensors"], out["masks_pt"])
-    _pt_from_safetensors(out["state_safetensors"], out["state_pt"])
-    return out
+    masks_st = workdir / f"{tag}.masks.safetensors"
+    if fmt == "safetensors":
+        state = workdir / f"{tag}.state.safetensors"
+        _write_safetensors(masks_st, [(n, shapes[n], "bool", mask_blocks(n)) for n in masked])
+        _write_safetensors(state, [(t.name, tuple(t.dims), dtypes[t.data_type], weight_blocks(t)) for t in external])
+        return masks_st, state
+    # .pt: the masks from the .safetensors file written before (then deleted), the state dict
+    # straight from the model's external data
+    masks_pt, state = workdir / f"{tag}.masks.pt", workdir / f"{tag}.state.pt"
+    _save_pt(masks_st, _safetensors_entries(masks_st), masks_pt)
+    masks_st.unlink()
+    offsets = {t.name: int({e.key: e.value for e in t.external_data}["offset"]) for t in external}
+    _save_pt(data, [(t.name, offsets[t.name], tuple(t.dims), dtypes[t.data_type]) for t in external], state)
+    return masks_pt, state
 
 
 def gib(n: float) -> str:
@@ -366,15 +382,20 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"load average {rec['load_average']:.2f}")
     print("\n".join(lines), flush=True)
     if args.element_masks:
-        t0 = time.perf_counter()
-        files = write_element_files(model, cfg, args.workdir, tag)
-        sizes = ", ".join(f"{p.name} {gib(p.stat().st_size)}" for p in files.values())
-        print(f"element-wise files written in {time.perf_counter() - t0:.1f} s: {sizes}", flush=True)
         rec["element_runs"] = {}
+        files: list[Path] = []
         try:
             for fmt in ("safetensors", "pt"):
-                extra = {"masks": str(files[f"masks_{fmt}"]), "weights": str(files[f"state_{fmt}"]), "floor": False}
-                run = run_child(model, out, {**options, **extra})
+                t0 = time.perf_counter()
+                masks, state = write_element_files(model, cfg, args.workdir, tag, fmt)
+                files += [masks, state]
+                print(
+                    f"element-wise masks and state dict written in {time.perf_counter() - t0:.1f} s: "
+                    f"{masks.name} {gib(masks.stat().st_size)}, {state.name} {gib(state.stat().st_size)}",
+                    flush=True,
+                )
+                run = run_child(model, out, {**options, "masks": str(masks), "weights": str(state), "floor": False})
+                state.unlink()  # disk is shared: one state dict at a time
                 rec["element_runs"][fmt] = run
                 print(
                     f"element-wise masks + --weights (.{fmt}): peak RSS {gib(run['rss_peak'])} "
@@ -386,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         finally:
-            for f in files.values():
+            for f in [*files, args.workdir / f"{tag}.masks.safetensors"]:
                 f.unlink(missing_ok=True)
     if args.json:
         args.json.write_text(json.dumps(rec, indent=2))
