@@ -99,7 +99,7 @@ class Chain(Mapping):
 
 
 def value_shape(values: Mapping[str, np.ndarray], name: str) -> tuple[int, ...] | None:
-    """The shape of `values[name]` without reading it (`Values`, or a ChainMap of them)."""
+    """The shape of `values[name]` without reading it (`Values`, or a `Chain` of mappings)."""
     for m in getattr(values, "maps", [values]):
         if name in m:
             if isinstance(m, Values):
