@@ -82,9 +82,9 @@ def load_masks_file(
     path: str | Path, kind: str = "masks", say: Callable[[str], None] | None = None
 ) -> Mapping:
     """The content of a masks file (`kind` "masks") or of a state dict given with --weights
-    ("weights"), read without running code: a dict (possibly nested) whose tensors are `Leaf`s
-    or memory-mapped torch tensors, read when asked for (see `to_numpy`). `say` is told when a
-    file cannot be read lazily."""
+    ("weights"), read without running code: a dict (possibly nested) whose tensors are `Leaf`s,
+    read when asked for (an old-format .pt file: torch tensors, read whole; see `to_numpy`).
+    `say` is told when a file cannot be read lazily."""
     p = Path(path)
     noun, fix = _KINDS[kind]
     if not p.exists():
@@ -119,7 +119,7 @@ def _read_pt(p: Path, say: Callable[[str], None] | None = None):
         safe: list[Any] = [(_plain_dict, "collections.defaultdict"), collections.OrderedDict, dict]
         with torch.serialization.safe_globals(safe):
             try:  # tensors backed by the mapped file: read a page at a time, when used
-                return _MappedPt(torch.load(str(p), map_location="cpu", weights_only=True, mmap=True))
+                return _mapped_leaves(torch.load(str(p), map_location="cpu", weights_only=True, mmap=True))
             except RuntimeError as exc:
                 if "_use_new_zipfile_serialization" not in str(exc):
                     raise
@@ -145,11 +145,11 @@ def _plain_dict(*_factory) -> dict:
     return {}
 
 
-def _MappedPt(obj: Any) -> Any:
+def _mapped_leaves(obj: Any) -> Any:
     """A torch file loaded with mmap=True, its tensors as `Leaf`s that give their pages back
     when the caller is done with an array read from them."""
     if isinstance(obj, Mapping):
-        return {k: _MappedPt(v) for k, v in obj.items()}
+        return {k: _mapped_leaves(v) for k, v in obj.items()}
     if hasattr(obj, "detach") and hasattr(obj, "numpy") and not obj.is_sparse:
         dtype = _np_dtype(obj)
         # a view of the mapped file, except bf16 (widened to a float32 copy)
