@@ -44,7 +44,7 @@ def write(path: Path, tensors: dict[str, np.ndarray]) -> Path:
     elif path.suffix == ".safetensors":
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
     else:
-        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, path)
+        torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, path)  # writable copies
     return path
 
 
