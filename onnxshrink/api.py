@@ -324,19 +324,20 @@ def read_model(model: ModelLike) -> Source:
 
 def read_masks(
     masks: MasksLike, opts: ShrinkOptions
-) -> tuple[MaskSet | None, dict[str, np.ndarray] | None]:
-    """The masks in any format, and the original weights given to bind them by value."""
+) -> tuple[MaskSet | None, Mapping[str, np.ndarray] | None]:
+    """The masks in any format (read a mask at a time, each reduced as it is read), and the
+    original weights given to bind them by value (read only when a mask binds by value)."""
     for path in (masks, opts.weights):
         if isinstance(path, str | Path) and imports_torch(path):
             opts.say(f"reading {path}: importing torch to read it (seconds, more on a busy machine) ...")
             break
     maskset = masks if isinstance(masks, MaskSet) else None
     if maskset is None and masks is not None:
-        maskset = load_maskset(masks, opts.masks_format)
+        maskset = load_maskset(masks, opts.masks_format, say=opts.say)
     values = None
     if opts.weights is not None:
         w = opts.weights
-        raw = load_masks_file(w, "weights") if isinstance(w, str | Path) else w
+        raw = load_masks_file(w, "weights", say=opts.say) if isinstance(w, str | Path) else w
         values = weight_values(raw, str(w) if isinstance(w, str | Path) else "weights")
     return maskset, values
 
@@ -344,7 +345,7 @@ def read_masks(
 def bind(
     source: Source,
     maskset: MaskSet | None,
-    values: dict[str, np.ndarray] | None,
+    values: Mapping[str, np.ndarray] | None,
     masks_name: str,
     opts: ShrinkOptions,
     scratch: Scratch | None = None,

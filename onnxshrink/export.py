@@ -72,7 +72,7 @@ def masked_copy(module, masks: Mapping[str, np.ndarray]):
     with torch.no_grad():
         for name, mask in masks.items():
             p = params[name]
-            m = torch.as_tensor(np.asarray(mask), dtype=p.dtype)
+            m = torch.as_tensor(np.ascontiguousarray(mask), dtype=p.dtype)  # a compacted mask: a writable copy
             if m.dim() == 1 and p.dim() > 1 and m.shape[0] == p.shape[0]:
                 m = m.reshape((-1,) + (1,) * (p.dim() - 1))
             p.mul_(m)

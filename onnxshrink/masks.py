@@ -14,47 +14,163 @@ The format is detected from the content (`--masks-format` overrides it):
 Besides the masks, `MaskSet.values` holds original weights found in the file (`_orig`,
 `original`, a data sparsifier's container, a masked state dict): they let a mask bind by value
 when an exporter renamed its initializer.
+
+Files are read lazily (see onnxshrink.io.masks): each mask is read once, checked and reduced
+(`compact`: a full-size mask that is one flag per slice of an axis, as a channel pruner writes it,
+is kept as those flags) before the next is read; values are references, read when the binding
+asks for them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from onnxshrink.errors import ShrinkError
-from onnxshrink.io.masks import flatten, load_masks_file, to_numpy
+from onnxshrink.io.masks import Leaf, as_leaf, leaves, load_masks_file
 from onnxshrink.options import MASKS_FORMATS
 
 FORMATS = MASKS_FORMATS
 _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:original|0\.mask)$")
 
 
+class Values(Mapping):
+    """Weights by name, each read from its file when looked up (not kept): `--weights` and the
+    original values in a masks file are used only for the few masks that bind by value."""
+
+    def __init__(self, items: Mapping[str, Any] | None = None):
+        self.leaves: dict[str, Leaf] = {}
+        for k, v in (items or {}).items():
+            leaf = as_leaf(v)
+            if leaf is not None:
+                self.leaves[k] = leaf
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.leaves[key].read()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.leaves)
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        leaf = as_leaf(value)
+        if leaf is None:
+            raise TypeError(f"{key}: not a tensor or array")
+        self.leaves[key] = leaf
+
+    def setdefault(self, key: str, value: Any) -> None:
+        if key not in self.leaves:
+            self[key] = value
+
+
+class Chain(Mapping):
+    """Several mappings looked up in order (the first that holds a name gives it), none merged:
+    a lookup reads one value (see `Values`)."""
+
+    def __init__(self, *maps: Mapping[str, np.ndarray]):
+        self.maps = list(maps)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        for m in self.maps:
+            if key in m:
+                return m[key]
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in m for m in self.maps)
+
+    def __iter__(self) -> Iterator[str]:
+        seen: set[str] = set()
+        for m in self.maps:
+            for k in m:
+                if k not in seen:
+                    seen.add(k)
+                    yield k
+
+    def __len__(self) -> int:
+        return len(set().union(*self.maps))
+
+
+def value_shape(values: Mapping[str, np.ndarray], name: str) -> tuple[int, ...] | None:
+    """The shape of `values[name]` without reading it (`Values`, or a `Chain` of mappings)."""
+    for m in getattr(values, "maps", [values]):
+        if name in m:
+            if isinstance(m, Values):
+                return m.leaves[name].shape
+            return tuple(np.shape(m[name]))
+    return None
+
+
 @dataclass
 class MaskSet:
     masks: dict[str, np.ndarray] = field(default_factory=dict)
-    values: dict[str, np.ndarray] = field(default_factory=dict)  # original weights, by name
+    values: Mapping[str, np.ndarray] = field(default_factory=Values)  # original weights, by name
     optional: set[str] = field(default_factory=set)  # may not exist (a layer without bias)
     format: str = "flat"
 
 
-def _leaves(obj: object, prefix: str = "") -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
+def _leaves(obj: object, prefix: str = "") -> dict[str, Leaf]:
+    """Every tensor under `obj` by dotted name (entries that are not tensors skipped), unread."""
+    out: dict[str, Leaf] = {}
     if isinstance(obj, Mapping):
         for k, v in obj.items():
             out |= _leaves(v, f"{prefix}.{k}" if prefix else str(k))
     else:
-        arr = to_numpy(obj)
-        if arr is not None:
-            out[prefix] = arr
+        leaf = as_leaf(obj)
+        if leaf is not None:
+            out[prefix] = leaf
     return out
 
 
+def core(a: np.ndarray) -> np.ndarray:
+    """A broadcast view's distinct values: the axes it repeats (stride 0) taken once."""
+    if 0 not in a.strides:
+        return a
+    return a[tuple(slice(0, 1) if st == 0 else slice(None) for st in a.strides)]
+
+
 def _binary(a: np.ndarray) -> bool:
+    a = core(a)
     return a.dtype == bool or (a.size > 0 and bool(np.isin(a, (0, 1)).all()))
+
+
+def compact(mask: np.ndarray) -> np.ndarray:
+    """A checked 0/1 mask as uint8, in as little memory as its structure allows: a mask that is
+    constant along every axis but one (one flag per slice of that axis, as a channel pruner
+    writes it at full size) is a read-only broadcast view of those flags; any other is a copy
+    (never a view of the file it was read from, which is let go)."""
+    m = core(mask)
+    m = m if m.dtype == bool else m != 0
+    if m.ndim >= 2 and m.size:
+        for axis in range(m.ndim):
+            others = tuple(a for a in range(m.ndim) if a != axis)
+            some, every = m.any(axis=others), m.all(axis=others)
+            if np.array_equal(some, every):  # each slice all 0 or all 1
+                flags = some.astype(np.uint8).reshape([-1 if a == axis else 1 for a in range(m.ndim)])
+                return np.broadcast_to(flags, mask.shape)
+    if m.shape != mask.shape:
+        return np.broadcast_to(m.astype(np.uint8), mask.shape)
+    return m.astype(np.uint8)
+
+
+def read_mask(name: str, value: object, source: str) -> np.ndarray:
+    """One mask, read from its file, checked (0/1) and compacted; its pages let go."""
+    leaf = as_leaf(value)
+    if leaf is None:
+        raise ShrinkError(f"{source}: entry '{name}' is not a tensor or array.")
+    arr = leaf.read()
+    try:
+        check_binary(name, arr, source)
+        return compact(arr)
+    finally:
+        leaf.done(arr)
 
 
 def detect(raw: Mapping) -> str:
@@ -77,18 +193,25 @@ def detect(raw: Mapping) -> str:
     return "flat"
 
 
-def _weight_like(a: np.ndarray) -> bool:
-    """Weights, not a mask with a stray value: several distinct values besides 0 and 1."""
-    if not np.issubdtype(a.dtype, np.floating):
+def _weight_like(leaf: Leaf) -> bool:
+    """Weights, not a mask with a stray value: several distinct values besides 0 and 1 (only
+    floating tensors are read to tell, one at a time)."""
+    if not np.issubdtype(leaf.dtype, np.floating):
         return False
-    other = a[(a != 0) & (a != 1)]
-    return np.unique(other[:4096]).size >= 3
+    a = leaf.read()
+    try:
+        other = a[(a != 0) & (a != 1)]
+        return np.unique(other[:4096]).size >= 3
+    finally:
+        leaf.done(a)
 
 
-def load_maskset(masks: str | Path | Mapping, fmt: str = "auto") -> MaskSet:
-    """A masks file (read here) or an in-memory dict, in any format, normalized."""
+def load_maskset(
+    masks: str | Path | Mapping, fmt: str = "auto", say: Any = None
+) -> MaskSet:
+    """A masks file (read here, a mask at a time) or an in-memory dict, in any format, normalized."""
     if isinstance(masks, str | Path):
-        return normalize(load_masks_file(masks), fmt, str(masks))
+        return normalize(load_masks_file(masks, say=say), fmt, str(masks))
     return normalize(masks, fmt, "masks")
 
 
@@ -107,62 +230,72 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
         )
     fmt = detect(raw) if fmt == "auto" else fmt
     out = MaskSet(format=fmt)
+    values = Values()
+    out.values = values
     if fmt == "torch-ao" and "state" in raw:
         for fqn, st in raw["state"].items():
             if isinstance(st, Mapping) and "mask" in st:
-                out.masks[fqn] = _array(fqn, st["mask"], source)
+                out.masks[fqn] = read_mask(fqn, st["mask"], source)
     elif fmt == "ao-data":
         container = _leaves(raw.get("_container", {}))
         for name, st in raw["state"].items():
             if isinstance(st, Mapping) and "mask" in st:
-                out.masks[name] = _array(name, st["mask"], source)
+                out.masks[name] = read_mask(name, st["mask"], source)
                 orig = container.get(f"parametrizations.{name}.original")
                 if orig is not None:
-                    out.values[name] = orig
+                    values[name] = orig
     else:
-        flat = flatten(raw, source)  # every entry must be a tensor or an array
+        flat = leaves(raw, source)  # every entry must be a tensor or an array
         if fmt == "torch-prune":
             for k, v in flat.items():
                 if k.endswith("_mask"):
-                    out.masks[k[: -len("_mask")]] = v
+                    out.masks[k[: -len("_mask")]] = read_mask(k, v, source)
                 elif k.endswith("_orig"):
-                    out.values[k[: -len("_orig")]] = v
+                    values[k[: -len("_orig")]] = v
         elif fmt == "torch-ao":
             for k, v in flat.items():
                 found = _PARAM.match(k)
                 if found is None:
                     continue
                 name = f"{found['module']}.{found['param']}"
-                (out.masks if k.endswith(".mask") else out.values)[name] = v
+                if k.endswith(".mask"):
+                    out.masks[name] = read_mask(k, v, source)
+                else:
+                    values[name] = v
         elif fmt == "dpu":
             for k, v in flat.items():
                 module = k[: -len(".mask")] if k.endswith(".mask") else k
-                out.masks[f"{module}.weight"] = v.reshape(-1)
-                out.masks[f"{module}.bias"] = v.reshape(-1)
+                arr = v.read()
+                check_binary(k, arr, source)
+                flags = np.array(arr.reshape(-1))  # one flag per output channel: small
+                v.done(arr)
+                out.masks[f"{module}.weight"] = flags
+                out.masks[f"{module}.bias"] = flags
                 out.optional.add(f"{module}.bias")
         elif fmt == "state-dict":
             for k, v in flat.items():
                 if np.issubdtype(v.dtype, np.floating):
-                    out.masks[k] = (v != 0).astype(np.uint8)
-                    out.values[k] = v
+                    arr = v.read()
+                    out.masks[k] = compact(arr != 0)
+                    v.done(arr)
+                    values[k] = v
         else:  # flat, nni
-            out.masks = flat
+            out.masks = {k: read_mask(k, v, source) for k, v in flat.items()}
     if not out.masks:
         raise ShrinkError(
             f"{source}: no masks found in it as format '{fmt}'. Name the format with --masks-format."
         )
-    for name, mask in out.masks.items():
-        check_binary(name, mask, source)
     return out
 
 
-def weight_values(raw: Mapping, source: str = "weights") -> dict[str, np.ndarray]:
+def weight_values(raw: Mapping, source: str = "weights") -> Values:
     """The original weights of a `--weights` file by parameter name: a state dict as it is; the
     state dict of a model pruned with torch.nn.utils.prune (`w_orig` with `w_mask`) or prepared
     by a torch.ao sparsifier (`...parametrizations.w.original`) also gives each pruned
-    parameter's original values under its own name."""
-    flat = flatten(raw, source)
-    out = dict(flat)
+    parameter's original values under its own name. Nothing is read here: each value is read
+    when the binding looks it up (see `Values`)."""
+    flat = leaves(raw, source)
+    out = Values(flat)
     for k, v in flat.items():
         if k.endswith("_orig") and k[: -len("_orig")] + "_mask" in flat:
             out.setdefault(k[: -len("_orig")], v)
@@ -172,15 +305,9 @@ def weight_values(raw: Mapping, source: str = "weights") -> dict[str, np.ndarray
     return out
 
 
-def _array(name: str, value: object, source: str) -> np.ndarray:
-    arr = to_numpy(value)
-    if arr is None:
-        raise ShrinkError(f"{source}: entry '{name}' is not a tensor or array.")
-    return arr
-
-
 def check_binary(name: str, mask: np.ndarray, source: str) -> None:
     if mask.size and not _binary(mask):
+        mask = core(mask)
         bad = mask[~np.isin(mask, (0, 1))].reshape(-1)[0]
         raise ShrinkError(
             f"{source}: mask '{name}' holds {bad.item()!r}; masks must be 0/1 (or boolean). If "

@@ -16,6 +16,13 @@ child process, which prints:
     python tools/bench_llm.py --preset tinyllama                      # fp32, 4.4 GB, full proof
     python tools/bench_llm.py --preset llama7b --validate-layers 2    # fp16, first blocks proven
     python tools/bench_llm.py --preset tiny --layers 4 --compute fp16 # quick
+    python tools/bench_llm.py --preset tinyllama --element-masks --no-validate
+
+`--element-masks` also writes, tensor by tensor (never the model in memory), an element-wise
+masks file (a full-size bool mask for every masked weight, as torch.nn.utils.prune leaves them)
+and a state dict of every weight for --weights, each as .safetensors and .pt, and shrinks with
+each pair after the run above: peak RSS and time of each against it (the masks files and state
+dicts are deleted at the end; `--clean` deletes the model too).
 
 Models are built in --workdir (default: a directory under /tmp) and reused by later runs with
 the same configuration; `--clean` deletes the model and the shrunk copy at the end.
@@ -101,9 +108,13 @@ def child(src: str, out: str, options: str) -> None:
     from onnxshrink.report import to_jsonable
 
     opts = json.loads(options)
+    masks = opts.pop("masks", None)
+    floor = opts.pop("floor", True)
+    if masks is not None and masks.endswith(".pt"):
+        import torch  # noqa: F401 (imported before the peak is reset, as the shrink would)
     rss_imports = proc_status()["VmRSS"]
     src_path = Path(src)
-    read_bytes, read_s = _read_all(_files(src_path))
+    read_bytes, read_s = _read_all(_files(src_path)) if floor else (0, 0.0)
     from onnxshrink.analyze import nonzero
 
     scan = nonzero._scan
@@ -121,13 +132,13 @@ def child(src: str, out: str, options: str) -> None:
     reset_peak()
     sampler = _Sampler()
     t0 = time.perf_counter()
-    result = onnxshrink.shrink(src_path, output=out, log=sampler.log, **opts)
+    result = onnxshrink.shrink(src_path, masks, output=out, log=sampler.log, **opts)
     wall = time.perf_counter() - t0
     sampler.phase = "after"
     peak = proc_status()["VmHWM"]
     phase_peaks = sampler.stop()
     written = sum(Path(p).stat().st_size for p in result.written)
-    write_s = _write_bytes(Path(out).with_name(".bench-floor"), written)
+    write_s = _write_bytes(Path(out).with_name(".bench-floor"), written) if floor else 0.0
     v = result.validation
     record = {
         "wall": wall,
@@ -161,6 +172,139 @@ def run_child(src: Path, out: Path, options: dict) -> dict:
     return json.loads(lines[-1][len("BENCH-LLM ") :])
 
 
+def _masked_weights(cfg) -> dict[str, tuple[int, ...]]:
+    """{initializer: (axis, zeroed indices)} of every weight the half-masked model zeroes."""
+    hd = cfg.head_dim
+    q = [c for h in cfg.masked_heads for c in range(h * hd, (h + 1) * hd)]
+    kv = [c for j in cfg.masked_kv for c in range(j * hd, (j + 1) * hd)]
+    ffn = list(cfg.masked_ffn)
+    out: dict = {}
+    for i in range(cfg.layers):
+        p = f"model.layers.{i}"
+        out |= {
+            f"{p}.self_attn.q_proj.weight_t": (1, q),
+            f"{p}.self_attn.k_proj.weight_t": (1, kv),
+            f"{p}.self_attn.v_proj.weight_t": (1, kv),
+            f"{p}.self_attn.o_proj.weight_t": (0, q),
+            f"{p}.mlp.gate_proj.weight_t": (1, ffn),
+            f"{p}.mlp.up_proj.weight_t": (1, ffn),
+            f"{p}.mlp.down_proj.weight_t": (0, ffn),
+        }
+    return out
+
+
+_ST_NAMES = {"float32": "F32", "float16": "F16", "bool": "BOOL", "uint16": "BF16"}
+
+
+def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], str, object]]) -> None:
+    """A .safetensors file written a tensor at a time: (name, shape, numpy dtype name, blocks)
+    where blocks() yields the tensor's bytes in order (rows at a time)."""
+    import numpy as np
+
+    header, offset = {}, 0
+    for name, shape, dtype, _ in tensors:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype if dtype != "uint16" else np.uint16).itemsize
+        header[name] = {"dtype": _ST_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for _, _, _, blocks in tensors:
+            for block in blocks():  # type: ignore[operator]
+                f.write(block)
+
+
+def _safetensors_entries(src: Path) -> list[tuple[str, int, tuple[int, ...], str]]:
+    """(name, offset in the file, shape, numpy dtype name) of each tensor of a .safetensors file."""
+    with open(src, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    names = {v: k for k, v in _ST_NAMES.items()}
+    return [
+        (k, 8 + n + v["data_offsets"][0], tuple(v["shape"]), names[v["dtype"]])
+        for k, v in header.items()
+        if k != "__metadata__"
+    ]
+
+
+def _save_pt(src: Path, entries: list[tuple[str, int, tuple[int, ...], str]], dst: Path) -> None:
+    """torch.save of tensors that are memory maps of `src` (never all in memory at once):
+    (name, offset, shape, numpy dtype name; "uint16" for bf16)."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    tensors = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # read-only maps: torch warns they are not writable
+        for name, offset, shape, dtype in entries:
+            arr = np.memmap(src, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
+            t = torch.from_numpy(arr)
+            tensors[name] = t.view(torch.bfloat16) if dtype == "uint16" else t
+    torch.save(tensors, dst)
+
+
+def write_element_files(model: Path, cfg, workdir: Path, tag: str, fmt: str) -> tuple[Path, Path]:
+    """The element-wise masks file and the state dict, as `fmt` ("safetensors" first, then
+    "pt"), beside the model (see the docstring): one format at a time on disk."""
+    import numpy as np
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    data = model.with_name(model.name + ".data")
+    shapes = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    masked = _masked_weights(cfg)
+
+    def mask_blocks(name: str):
+        shape, (axis, zero) = shapes[name], masked[name]
+
+        def blocks():
+            rows = max(1, (1 << 24) // max(int(np.prod(shape[1:])), 1))
+            for r in range(0, shape[0], rows):
+                block = np.ones((min(rows, shape[0] - r), *shape[1:]), bool)
+                if axis == 1:
+                    block[:, zero] = False
+                else:
+                    z = np.asarray(zero)
+                    block[z[(z >= r) & (z < r + len(block))] - r] = False
+                yield block.tobytes()
+
+        return blocks
+
+    def weight_blocks(t: onnx.TensorProto):
+        info = {e.key: e.value for e in t.external_data}
+
+        def blocks():
+            with open(data, "rb") as f:
+                f.seek(int(info["offset"]))
+                left = int(info["length"])
+                while left > 0:
+                    chunk = f.read(min(left, 1 << 24))
+                    left -= len(chunk)
+                    yield chunk
+
+        return blocks
+
+    dtypes = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "uint16"}
+    external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    masks_st = workdir / f"{tag}.masks.safetensors"
+    if fmt == "safetensors":
+        state = workdir / f"{tag}.state.safetensors"
+        _write_safetensors(masks_st, [(n, shapes[n], "bool", mask_blocks(n)) for n in masked])
+        _write_safetensors(state, [(t.name, tuple(t.dims), dtypes[t.data_type], weight_blocks(t)) for t in external])
+        return masks_st, state
+    # .pt: the masks from the .safetensors file written before (then deleted), the state dict
+    # straight from the model's external data
+    masks_pt, state = workdir / f"{tag}.masks.pt", workdir / f"{tag}.state.pt"
+    _save_pt(masks_st, _safetensors_entries(masks_st), masks_pt)
+    masks_st.unlink()
+    offsets = {t.name: int({e.key: e.value for e in t.external_data}["offset"]) for t in external}
+    _save_pt(data, [(t.name, offsets[t.name], tuple(t.dims), dtypes[t.data_type]) for t in external], state)
+    return masks_pt, state
+
+
 def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
@@ -182,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/onnxshrink-bench-llm"))
     p.add_argument("--clean", action="store_true", help="delete the model and its shrunk copy")
     p.add_argument("--json", type=Path, help="write the figures here too")
+    p.add_argument(
+        "--element-masks",
+        action="store_true",
+        help="also shrink with a full-size masks file and a --weights state dict (.safetensors, .pt)",
+    )
     args = p.parse_args(argv)
 
     changes = {k: v for k, v in (("layers", args.layers), ("compute", args.compute), ("storage", args.storage)) if v}
@@ -232,6 +381,34 @@ def main(argv: list[str] | None = None) -> int:
         )
     lines.append(f"load average {rec['load_average']:.2f}")
     print("\n".join(lines), flush=True)
+    if args.element_masks:
+        rec["element_runs"] = {}
+        files: list[Path] = []
+        try:
+            for fmt in ("safetensors", "pt"):
+                t0 = time.perf_counter()
+                masks, state = write_element_files(model, cfg, args.workdir, tag, fmt)
+                files += [masks, state]
+                print(
+                    f"element-wise masks and state dict written in {time.perf_counter() - t0:.1f} s: "
+                    f"{masks.name} {gib(masks.stat().st_size)}, {state.name} {gib(state.stat().st_size)}",
+                    flush=True,
+                )
+                run = run_child(model, out, {**options, "masks": str(masks), "weights": str(state), "floor": False})
+                state.unlink()  # disk is shared: one state dict at a time
+                rec["element_runs"][fmt] = run
+                print(
+                    f"element-wise masks + --weights (.{fmt}): peak RSS {gib(run['rss_peak'])} "
+                    f"(the run above: {gib(rec['rss_peak'])}; after imports {gib(run['rss_after_imports'])}); "
+                    "by phase: " + ", ".join(f"{k} {gib(v)}" for k, v in run["rss_peak_by_phase"].items())
+                    + f"; call {run['wall']:.2f} s (above: {rec['wall']:.2f} s), load {run['timings'].get('load', 0):.2f} s, "
+                    f"bind {run['timings'].get('bind', 0):.2f} s; parameters after {run['params_after']:,} "
+                    f"({'at' if run['params_after'] == info['ideal'] else 'NOT at'} the ideal count)",
+                    flush=True,
+                )
+        finally:
+            for f in [*files, args.workdir / f"{tag}.masks.safetensors"]:
+                f.unlink(missing_ok=True)
     if args.json:
         args.json.write_text(json.dumps(rec, indent=2))
     if args.clean:

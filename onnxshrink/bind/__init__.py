@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import onnx
 
@@ -10,7 +12,7 @@ from onnxshrink.bind.binder import Binder
 from onnxshrink.bind.binding import Binding, BoundMasks
 from onnxshrink.bind.graph import ModelIndex, is_fused_batchnorm, module_of
 from onnxshrink.errors import ShrinkError
-from onnxshrink.masks import MaskSet
+from onnxshrink.masks import Chain, MaskSet
 
 __all__ = [
     "UNMASKED_FLAG",
@@ -29,7 +31,7 @@ def bind_masks(
     maskset: MaskSet | dict[str, np.ndarray],
     source: str = "masks",
     allow_unbound: bool = False,
-    values: dict[str, np.ndarray] | None = None,
+    values: Mapping[str, np.ndarray] | None = None,
     base_dir: str | None = None,
 ) -> BoundMasks:
     """Bind every mask; refuse (ShrinkError naming them) masks that bind nowhere or whose axes
@@ -37,7 +39,9 @@ def bind_masks(
     if not isinstance(maskset, MaskSet):
         maskset = MaskSet(masks=dict(maskset))
     index = ModelIndex(model, base_dir)
-    bound = Binder(index, {**maskset.values, **(values or {})}, source).bind(maskset)
+    # looked up, not merged: each value is read from its file only when a mask binds by it
+    both = Chain(values or {}, maskset.values)
+    bound = Binder(index, both, source).bind(maskset)
     if bound.unbound and not allow_unbound:
         names = ", ".join(f"'{n}'" for n in bound.unbound[:10])
         more = f" and {len(bound.unbound) - 10} more" if len(bound.unbound) > 10 else ""

@@ -22,6 +22,7 @@ from onnxshrink.bind.graph import ModelIndex, Site
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, tensor_proto
+from onnxshrink.masks import core
 
 SPILL_BYTES = 1024  # masked weights at least this large go to the spill file
 
@@ -58,11 +59,18 @@ def _effect(index: ModelIndex, b: Binding) -> Effect:
         e.informative = e.changed > 0
         return e
     arr = index.array(b.initializer)
-    zeroed = np.broadcast_to(b.values == 0, arr.shape)
-    hit = arr[zeroed]
-    e.masked = int(zeroed.sum())
+    axis = _one_axis(b.values)
+    if axis is not None and b.values.shape == arr.shape:  # one flag per slice: those slices
+        zero = np.flatnonzero(core(b.values).reshape(-1) == 0)
+        hit = np.take(arr, zero, axis=axis)
+        e.masked = hit.size
+    else:
+        zeroed = np.broadcast_to(b.values == 0, arr.shape)
+        hit = arr[zeroed]
+        e.masked = int(zeroed.sum())
     e.changed = int(np.count_nonzero(hit))
-    e.largest = float(np.abs(hit.astype(np.float64)).max(initial=0.0))
+    if e.changed:  # (a model exported masked holds none: nothing to widen)
+        e.largest = float(np.abs(hit[hit != 0].astype(np.float64)).max(initial=0.0))
     e.informative = bool(np.any(arr))
     if b.replace is not None:
         idx, rows = b.replace
@@ -75,6 +83,13 @@ def _effect(index: ModelIndex, b: Binding) -> Effect:
         if differs.any():
             e.largest = max(e.largest, float(np.abs(flat_new - flat_now)[differs].max()))
     return e
+
+
+def _one_axis(values: np.ndarray) -> int | None:
+    """The axis of a mask held as one flag per slice of it (a broadcast view, see
+    masks.compact), or None."""
+    held = [a for a, st in enumerate(values.strides) if st != 0 and values.shape[a] > 1]
+    return held[0] if len(held) == 1 and values.ndim > 1 else None
 
 
 def check_reference(

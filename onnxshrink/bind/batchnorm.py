@@ -10,10 +10,13 @@ replace those channels' fused values.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from onnxshrink.bind.binding import Binding
 from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm
+from onnxshrink.masks import value_shape
 
 PARAMS = ("weight", "bias", "running_mean", "running_var")
 DEFAULT_EPS = 1e-5  # torch's BatchNorm default; inferred from the fused values when they allow
@@ -26,7 +29,7 @@ NEEDS_VALUES = (
 )
 
 
-def fused_conv(index: ModelIndex, values: dict, module: str) -> tuple[int, str | None] | str | None:
+def fused_conv(index: ModelIndex, values: Mapping[str, np.ndarray], module: str) -> tuple[int, str | None] | str | None:
     """(node index, name of the conv's original weight in `values`) of the conv this
     BatchNorm was folded into: recorded by the dynamo exporter's optimizer on the node, or found
     by value (the fused weights are a conv's scaled per channel by s = gamma / sqrt(var + eps),
@@ -50,8 +53,11 @@ def fused_conv(index: ModelIndex, values: dict, module: str) -> tuple[int, str |
         fused = index.array(w)
         b = index.resolve(n.input[2]) if len(n.input) > 2 and n.input[2] else None
         fused_b = index.array(b).astype(np.float64) if b else np.zeros(scale.shape[0])
-        for name, orig in values.items():
-            if orig.shape != fused.shape or not np.allclose(
+        for name in values:
+            if value_shape(values, name) != fused.shape:
+                continue  # not read
+            orig = values[name]
+            if not np.allclose(
                 orig * scale.reshape((-1,) + (1,) * (orig.ndim - 1)), fused, rtol=1e-4, atol=1e-6
             ):
                 continue
@@ -102,7 +108,7 @@ def _conv_weight(index: ModelIndex, k: int) -> str | None:
 
 
 def bind_folded(
-    index: ModelIndex, values: dict, module: str, masks: dict[str, np.ndarray]
+    index: ModelIndex, values: Mapping[str, np.ndarray], module: str, masks: dict[str, np.ndarray]
 ) -> list[Binding] | str | None:
     """Bindings for the masks of a folded BatchNorm `module`; a hint when they need values the
     user did not give; None when the BatchNorm was not folded into a conv here."""

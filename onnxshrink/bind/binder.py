@@ -20,6 +20,8 @@ one initializer, only the readers in the mask's module.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from onnxshrink.bind import batchnorm
@@ -40,7 +42,7 @@ class Ambiguous(Exception):
 
 
 class Binder:
-    def __init__(self, index: ModelIndex, values: dict[str, np.ndarray], source: str):
+    def __init__(self, index: ModelIndex, values: Mapping[str, np.ndarray], source: str):
         self.index = index
         self.values = values
         self.source = source
@@ -55,8 +57,8 @@ class Binder:
         shape = self.index.shapes[init]
         if layout is not None and layout.transposed and mask.ndim == 2:
             mask = mask.T
-        if mask.shape == shape:
-            return np.ascontiguousarray(mask)
+        if mask.shape == shape:  # a compacted mask stays a broadcast view of its flags
+            return mask if 0 in mask.strides else np.ascontiguousarray(mask)
         if mask.ndim == 1 and shape:
             axis = 0 if len(shape) == 1 else (layout.out if layout is not None else None)
             if axis is None:

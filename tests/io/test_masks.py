@@ -72,8 +72,10 @@ def test_every_format_reads_the_same_masks_and_shrinks_the_same(tmp_path, model,
     masks = read_masks(path)
     assert sorted(masks) == ["B1", "W1"]
     for k, v in full_masks().items():
-        assert masks[k].dtype == np.float32
+        assert masks[k].dtype == np.uint8  # read as 0/1, reduced as read (see masks.compact)
         np.testing.assert_array_equal(masks[k], v)
+    # the full-size mask of W1 is one flag per output channel: held as those 6 flags
+    assert masks["W1"].strides[1:] == (0, 0, 0) and masks["W1"].base.size == 6
     result = shrink(model, path)
     assert result.masks_bound == 2
     assert result.model.SerializeToString() == expected
@@ -83,7 +85,7 @@ def test_every_format_reads_the_same_masks_and_shrinks_the_same(tmp_path, model,
 def test_bool_masks_are_accepted(tmp_path, model, expected, suffix):
     path = write(tmp_path / f"b{suffix}", full_masks(np.bool_))
     masks = read_masks(path)
-    assert masks["W1"].dtype == np.bool_
+    assert masks["W1"].dtype == np.uint8  # 0/1, as every mask is normalized
     assert int(masks["W1"].sum()) == 4 * 27
     assert shrink(model, path).model.SerializeToString() == expected
 
