@@ -370,20 +370,5 @@ def leaves(raw: Mapping, source: Path | str) -> dict[str, Leaf]:
 
 
 def flatten(raw: Mapping, source: Path | str) -> dict[str, np.ndarray]:
-    """Nested dicts become dotted names ({"conv1": {"weight": m}} -> "conv1.weight")."""
-    out: dict[str, np.ndarray] = {}
-
-    def walk(prefix: str, obj) -> None:
-        if isinstance(obj, Mapping):
-            for k, v in obj.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-            return
-        arr = to_numpy(obj)
-        if arr is None:
-            raise ShrinkError(
-                f"{source}: entry '{prefix}' is a {type(obj).__name__}, not a tensor or array."
-            )
-        out[prefix] = arr
-
-    walk("", raw)
-    return out
+    """Nested dicts become dotted names ({"conv1": {"weight": m}} -> "conv1.weight"), read now."""
+    return {name: leaf.read() for name, leaf in leaves(raw, source).items()}
