@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from onnxshrink.masks import MaskSet, load_maskset, weight_values
 from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
-from onnxshrink.progress import bar
+from onnxshrink.progress import PhaseClock, bar
 from onnxshrink.recover import Attempt, recover
 from onnxshrink.report import (
     KeptGroup,
@@ -156,7 +155,7 @@ def shrink(
         )
     if opts.validate_layers is not None and opts.validate_layers < 1:
         raise ShrinkError(f"validate_layers={opts.validate_layers}: give a number of blocks >= 1.")
-    clock = _Clock()
+    clock = PhaseClock()
     source = read_model(model)
     if output is not None:
         check_output(output, [source.path, *source.data] if source.path is not None else [])
@@ -481,14 +480,3 @@ def _log_binding(opts: ShrinkOptions, maskset: MaskSet | None, bound: BoundMasks
     )
     for init, params in bound.shared.items():
         opts.say(f"initializer '{init}' is shared by several parameters: untied for {', '.join(params)}")
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.timings[name] = now - self._t
-        self._t = now

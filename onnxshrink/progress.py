@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 
@@ -40,3 +41,16 @@ def bar(total: float, desc: str, unit: str = "it", show: bool = False) -> Any:
         file=sys.stderr,
         dynamic_ncols=True,
     )
+
+
+class PhaseClock:
+    """Seconds per phase of a run: `lap(name)` ends the phase begun at the last lap."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = now - self._t
+        self._t = now

@@ -17,10 +17,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, _Clock, read_model, shrink
+from onnxshrink.api import ShrinkResult, read_model, shrink
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io.model import load_external
 from onnxshrink.options import ShrinkOptions
+from onnxshrink.progress import PhaseClock
 from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
@@ -93,7 +94,7 @@ def prune(
     important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
     Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
     opts = (options or ShrinkOptions()).but(**option_values)
-    clock = _Clock()
+    clock = PhaseClock()
     source = read_model(model)
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
