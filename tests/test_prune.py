@@ -9,7 +9,17 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import ROOT, error_against, export_cached, params, run, tiny
+from conftest import (
+    ROOT,
+    WIDE,
+    WIDE_BEFORE,
+    WIDE_PER_CHANNEL,
+    error_against,
+    export_cached,
+    params,
+    run,
+    tiny,
+)
 
 from models.zoo import BENCH, ZOO, randomize
 from onnxshrink import shrink
@@ -257,3 +267,37 @@ def test_the_choice_on_a_small_model_is_pinned(options, layer1, layer2, after):
     assert result.shrink.after.params == after
     assert result.shrink.validation.passed
     assert error_against(result.shrink.reference, result.model, draws=1) <= 1e-5
+
+
+def test_an_input_with_external_data_gives_an_output_with_external_data_and_is_never_overwritten(
+    tmp_path, capsys
+):
+    """As a plain shrink does: the pruned model's weights go to `<output>.data` when the input's
+    were in external data, and `-o` naming the input or its data is refused before any work."""
+    model = tmp_path / "m.onnx"
+    onnx.save_model(
+        tiny(WIDE, seed=5), str(model), save_as_external_data=True, location="m.onnx.data"
+    )
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for target in ("m.onnx", "m.onnx.data"):
+        assert main([str(model), "--prune", "0.5", "-o", str(tmp_path / target), "-q"]) == 2
+        assert "refusing to overwrite the input model or its data" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+    out, masks = tmp_path / "small.onnx", tmp_path / "masks.npz"
+    assert main([str(model), "--prune", "0.5", "-o", str(out), "--masks-out", str(masks), "-q"]) == 0
+    assert (tmp_path / "small.onnx.data").stat().st_size > 0  # W1's kept rows: 18 KiB
+    assert onnx.load(str(out), load_external_data=False).graph.initializer[0].data_location == (
+        onnx.TensorProto.EXTERNAL
+    )
+    shrunk = onnx.load(str(out))
+    assert params(shrunk) == WIDE_BEFORE - 32 * WIDE_PER_CHANNEL  # half of W1's 64 channels
+    # independently: the input with the written masks applied computes what the output does
+    reference = onnx.load(str(model))
+    chosen = dict(np.load(masks))
+    for t in reference.graph.initializer:
+        if t.name in chosen:
+            w = onnx.numpy_helper.to_array(t)
+            t.CopyFrom(onnx.numpy_helper.from_array((w * chosen[t.name]).astype(w.dtype), t.name))
+    assert error_against(reference, shrunk, draws=2) <= 1e-5
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("m.")} == before

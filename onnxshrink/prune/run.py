@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from onnxshrink.api import ShrinkResult, read_model, shrink
 from onnxshrink.errors import ShrinkError
-from onnxshrink.io.model import load_external
+from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
 from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
@@ -96,6 +96,8 @@ def prune(
     opts = (options or ShrinkOptions()).but(**option_values)
     clock = PhaseClock()
     source = read_model(model)
+    if output is not None:  # the shrink below sees an in-memory model: guard the input here
+        check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
@@ -125,7 +127,12 @@ def prune(
     if masks_out is not None:
         save_masks(slices.masks(), masks_out)
     clock.lap("zero")
-    result = shrink(reference, None, output, options=opts.but(input_masked=None))
+    # The reference is in memory: say what the input was, so that the output is written as a
+    # plain shrink of it would be (external data when the input had it) and never over it.
+    external = opts.external_data if opts.external_data is not None else bool(source.data)
+    result = shrink(
+        reference, None, output, options=opts.but(input_masked=None, external_data=external)
+    )
     result.before.file_bytes = source.file_bytes
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
