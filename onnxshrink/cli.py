@@ -342,27 +342,45 @@ def _prune(args, options, inputs, say):
 
 
 def _report_path(args) -> Path | None:
-    """Where --report goes, checked before any work: never over an input or the output."""
-    if not args.report:
-        return None
-    report = Path(args.report).absolute()
-    if report.is_dir() or not report.parent.is_dir():
-        raise ShrinkError(f"--report {args.report}: give a file in an existing directory.")
-    taken = [args.model, args.masks, args.inputs, args.weights, args.output, args.groups, args.masks_out]
-    if args.output:
-        taken.append(args.output + ".data")
+    """Where --report goes, checked before any work (see _check_side_files)."""
+    _check_side_files(args)
+    return Path(args.report).absolute() if args.report else None
+
+
+# The files a run writes besides its model: (option, attribute, what to choose instead).
+_SIDE_FILES = (
+    ("--report", "report", "another report file"),
+    ("--groups", "groups", "another groups file"),
+    ("--masks-out", "masks_out", "another masks file"),
+)
+
+
+def _check_side_files(args) -> None:
+    """Each file written besides the model (--report, --groups, --masks-out) goes in an existing
+    directory and never over an input (the model, its data, the masks, weights or inputs) or
+    another output."""
+    others: list[tuple[str, object]] = [
+        ("model", args.model), ("masks", args.masks), ("--inputs", args.inputs),
+        ("--weights", args.weights), ("-o", args.output),
+        ("-o", args.output + ".data" if args.output else None),
+    ]  # fmt: skip
     try:
         from onnxshrink.io.model import data_files
 
-        taken += data_files(Path(args.model))
+        others += [("model", f) for f in data_files(Path(args.model))]
     except Exception:
         pass  # an unreadable model is reported by the shrink itself
-    for other in taken:
-        if other and Path(other).absolute().resolve() == report.resolve():
-            raise ShrinkError(
-                f"--report {args.report}: that is also {other}; choose another report file."
-            )
-    return report
+    others += [(option, getattr(args, attr)) for option, attr, _ in _SIDE_FILES]
+    for option, attr, instead in _SIDE_FILES:
+        value = getattr(args, attr)
+        if not value:
+            continue
+        path = Path(value).absolute()
+        if path.is_dir() or not path.parent.is_dir():
+            raise ShrinkError(f"{option} {value}: give a file in an existing directory.")
+        for label, other in others:
+            if other and label != option and Path(str(other)).absolute().resolve() == path.resolve():
+                raise ShrinkError(f"{option} {value}: that is also {other}; choose {instead}.")
 
 
 def _print_result(result, args, say) -> None:

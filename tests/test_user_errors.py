@@ -286,3 +286,25 @@ def test_duplicate_node_names_are_named_apart(tmp_path):
     for k, n in enumerate(named.graph.node):
         n.name = f"n{k}"  # the input as onnxruntime takes it, named here independently
     assert error_against(named, small) <= 1e-5
+
+
+# ------------------------------------------------------------------ side files over inputs
+@pytest.mark.parametrize(
+    "args, culprit",
+    [
+        (["--groups", "m.onnx"], "--groups m.onnx: that is also m.onnx"),
+        (["--groups", "m.onnx.data"], "--groups m.onnx.data: that is also"),
+        (["--groups", "g.json", "--report", "g.json"], "--report g.json: that is also g.json"),
+        (["--prune", "0.5", "-o", "out.onnx", "--masks-out", "m.onnx"], "--masks-out m.onnx"),
+        (["--prune", "0.5", "-o", "out.onnx", "--masks-out", "out.onnx"], "--masks-out out.onnx"),
+    ],
+)
+def test_a_side_file_over_an_input_or_another_output_is_refused(tmp_path, args, culprit):
+    """--groups, --report and --masks-out are checked before any work like -o: never over the
+    model, its data or another output (--groups m.onnx used to replace the model with JSON)."""
+    onnx.save_model(tiny(WIDE, seed=2), str(tmp_path / "m.onnx"), save_as_external_data=True,
+                    location="m.onnx.data")  # fmt: skip
+    before = snapshot(tmp_path)
+    p = cli("m.onnx", *args, "-q", cwd=tmp_path)
+    check_refused(p, culprit, "choose another")
+    assert snapshot(tmp_path) == before
