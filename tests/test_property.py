@@ -56,7 +56,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from onnx import helper, numpy_helper
 
-from models.randgraph import BATCHES, compare_outputs, float_params, ort_session
+from models.randgraph import BATCHES, compare_outputs, float_params, ort_session, rounding_only
 from onnxshrink import shrink
 
 RTOL = 1e-5
@@ -879,7 +879,8 @@ def masked_reference(model: onnx.ModelProto, masks) -> onnx.ModelProto:
 def check_in_onnxruntime(reference: onnx.ModelProto, shrunk: onnx.ModelProto) -> None:
     """Independently of onnxshrink.validate: the shrunk model loads, has the reference's
     outputs, matches it on 2 random inputs (a dynamic batch of 2, then 3) within RTOL of each
-    output's max magnitude, and has no more float parameters."""
+    output's max magnitude (or by rounding only: models.randgraph.rounding_only), and has no
+    more float parameters."""
     dims = reference.graph.input[0].type.tensor_type.shape.dim
     rng = np.random.default_rng(0)
     ref_sess, sess = ort_session(reference), ort_session(shrunk)
@@ -889,9 +890,15 @@ def check_in_onnxruntime(reference: onnx.ModelProto, shrunk: onnx.ModelProto) ->
         shape = [d.dim_value if d.HasField("dim_value") else n for d in dims]
         feed = {"input": rng.standard_normal(shape).astype(np.float32)}
         diffs = compare_outputs(names, ref_sess.run(None, feed), sess.run(None, feed))
+        off = {d.name for d in diffs if d.max_abs_err > RTOL * d.max_ref}
+        # an output that is a remainder of cancellation: judged against the two models' own
+        # rounding, in float32 and float64 (a wrong function differs in float64 too)
+        rounding = rounding_only(reference, shrunk, feed) if off else set()
+        for name in sorted(off & rounding):
+            event(f"output off by rounding only: {name}")
         for d in diffs:
             assert d.got_shape == d.ref_shape, f"{d.name} (batch {n}): shape {d.got_shape}, expected {d.ref_shape}"
-            assert d.max_abs_err <= RTOL * d.max_ref, (
+            assert d.name in rounding or d.max_abs_err <= RTOL * d.max_ref, (
                 f"shrunk model does not match on {d.name} (batch {n}): max |shrunk - ref| = "
                 f"{d.max_abs_err:.3g}, max |ref| = {d.max_ref:.3g}, relative error {d.rel_err:.3g}"
             )
@@ -1104,6 +1111,23 @@ _MAXPOOL = dict(kind="pool", op="MaxPool", k=2, stride=1, pad=False, include_pad
     p=0.15,
     as_masks=False,
 )  # Bug 5
+# An output that is a remainder of cancellation (its bias and half its weights zeroed): the
+# shrunk model, its BN-shifted constant channels folded into the MatMul's bias, differs from the
+# reference by 1e-8 on outputs of 2.3e-4, rounding the reference has too (rounding_only).
+@example(
+    spec=dict(
+        opset=11, batch=1, seed=869, c=4, h=4, w=5,
+        stages=[
+            dict(kind="conv", width=8, k=3, stride=1, pad=True, bias=True, bn=True, act="Clip"),
+            dict(kind="pool", op="AveragePool", k=3, stride=1, pad=False, include_pad=False),
+        ],
+        head=dict(kind="gap", pool="GlobalAveragePool", to2d="flatten", reduce="ReduceMean",
+                  matmul=True, trans_b=False, n_out=3),
+    ),
+    seed=66,
+    p=0.35,
+    as_masks=False,
+)  # fmt: skip
 def test_arbitrary_masks_never_break_exactness(spec, seed, p, as_masks):
     _check_arbitrary_property(spec, seed, p, as_masks)
 

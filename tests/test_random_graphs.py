@@ -5,7 +5,9 @@ are zeros in its weights, so it is its own reference), `shrink(model, validate=F
 onnxruntime sessions of our own (one thread, no graph optimizations; not onnxshrink.validate)
 check that the shrunk model loads and runs, has the same outputs (names, shapes, dtypes) and
 matches on 2 random inputs (dynamic dims 2, then 3): max |shrunk - ref| <= 1e-5 * max |ref| per
-float output, integer outputs equal; and that it has no more float parameters than the input.
+float output (or, on an output that is a remainder of cancellation, within 10x the two models'
+own float32 rounding, in float32 and in float64: randgraph.rounding_only), integer outputs
+equal; and that it has no more float parameters than the input.
 An exception in shrink is a failure (the generator makes no bad input). A failing seed's model
 is saved as $TMPDIR/onnxshrink_random/seed_N.onnx (and the shrunk one as seed_N.shrunk.onnx);
 `python tools/sweep.py --start N --seeds 1` re-runs it, `python -m models.randgraph N` prints it.
@@ -23,9 +25,12 @@ SEEDS = int(os.environ.get("ONNXSHRINK_RANDOM_GRAPHS", "300"))
 # Seeds past the default range on which the 3000-seed sweep found a bug after the others were
 # fixed (a folded constant uniform over rows stored as a map: parameters grew).
 SWEEP_FINDS = (314, 1592)
+# Seeds of the 10000-seed sweep whose outputs are remainders of cancellation: the shrunk model
+# differs by rounding only (errors 6.6e-9, 1.6e-9, 6.8e-8 of max |ref| in float64).
+ROUNDING = (6182, 10788, 11310)
 
 
-@pytest.mark.parametrize("seed", sorted(set(range(SEEDS)) | set(SWEEP_FINDS)))
+@pytest.mark.parametrize("seed", sorted(set(range(SEEDS)) | set(SWEEP_FINDS) | set(ROUNDING)))
 def test_random_graph(seed):
     out = check(seed)
     saved = f"model saved to {save_failure(out)}" if out.failure else ""
@@ -43,6 +48,8 @@ def test_random_graph(seed):
             shape, expected = d.got_shape, d.ref_shape
             assert shape == expected, f"{what}: shape {shape}, expected {expected}"
             err, scale = d.max_abs_err, d.max_ref
+            if (k, d.name) in out.rounding:  # same in float64; the error is float32 rounding of
+                continue  # a remainder of cancellation (randgraph.rounding_only)
             if d.exact:  # an integer output
                 assert err == 0, f"{what}: differs by up to {err:g}"
             else:
@@ -53,3 +60,24 @@ def test_random_graph(seed):
     before, after = out.params_before, out.params_after
     assert after <= before, f"{where}: float parameters grew from {before} to {after}"
     assert failure is None, f"{where}: {failure}: {detail}"
+
+
+def test_rounding_is_told_from_a_wrong_function():
+    """rounding_only accepts the sweep's rounding cases and nothing that differs in float64:
+    the same shrunk model with one weight off by 1e-4 of its value is a wrong model."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from models.randgraph import feeds, rounding_only
+
+    out = check(6182)
+    assert out.failure is None and out.rounding, out.detail
+    (k, name), *_ = out.rounding
+    feed = feeds(out.info, 6182)[k]
+    assert name in rounding_only(out.model, out.shrunk, feed)
+    wrong = out.shrunk
+    for t in wrong.graph.initializer:
+        arr = numpy_helper.to_array(t)
+        if arr.dtype == np.float32 and arr.size > 4:
+            t.CopyFrom(numpy_helper.from_array((arr * (1 + 1e-4)).astype(np.float32), t.name))
+    assert name not in rounding_only(out.model, wrong, feed)

@@ -2,7 +2,10 @@
 
 Each seed: build, `shrink(model, validate=False)`, then an independent onnxruntime check (as in
 tests/test_random_graphs.py): outputs within 1e-5 of max |ref| on 2 draws (dynamic dims 2 and
-3), the shrunk model loads and runs, float parameters do not grow. Prints the counts per failure
+3) — or, where not, within 10x the reference's own float32 rounding on that output (its distance
+from the graph computed in float64: an output that is a small remainder of cancellation cannot
+be judged closer; counted apart) —, the shrunk model loads and runs, float parameters do not
+grow. Prints the counts per failure
 class (wrong outputs; does not load/run in onnxruntime; exception in shrink, by type, first
 line and where in onnxshrink it was raised; parameters grew; input model modified; generator),
 the seeds of each, and the time per graph. A wrong output's seed shows its max relative error
@@ -50,12 +53,15 @@ def main(argv=None) -> int:
 
     groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     times, shrink_times, rel = [], [], {}
+    rounding: list[int] = []  # passed, some output off by the reference's own rounding only
     t0 = time.perf_counter()
     for seed in range(args.start, args.start + args.seeds):
         out = check(seed)
         times.append(out.seconds)
         shrink_times.append(out.shrink_seconds)
         if out.failure is None:
+            if out.rounding:
+                rounding.append(seed)
             continue
         groups[out.failure][subclass(out.failure, out.detail)].append(seed)
         if out.failure == "wrong outputs":
@@ -72,6 +78,9 @@ def main(argv=None) -> int:
 
     failed = sum(len(s) for g in groups.values() for s in g.values())
     print(f"{args.seeds} seeds ({args.start}..{args.start + args.seeds - 1}): {args.seeds - failed} passed, {failed} failed")
+    if rounding:
+        print(f"passed, some output off by rounding only (a remainder of cancellation; same in float64): "
+              f"{len(rounding)}, seeds {', '.join(map(str, rounding))}")
     order = ["wrong outputs", "does not load/run in onnxruntime", "exception in shrink",
              "parameters grew", "input model modified", "generator"]
     for cls in order:
