@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import json
+import math
 import mmap
 import pickle
 import sys
@@ -91,6 +92,8 @@ def load_masks_file(
         raise ShrinkError(f"{p}: no such {noun} file. {fix}")
     if p.is_dir():
         raise ShrinkError(f"{p}: is a directory, not a {noun} file. {fix}")
+    if not p.is_file():  # a FIFO or a device: reading it would wait, or never end
+        raise ShrinkError(f"{p}: is not a regular file (a pipe or a device). {fix}")
     suffix = p.suffix.lower()
     if suffix in PT_SUFFIXES:
         raw = _read_pt(p, say)
@@ -151,6 +154,8 @@ def _mapped_leaves(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {k: _mapped_leaves(v) for k, v in obj.items()}
     if hasattr(obj, "detach") and hasattr(obj, "numpy") and not obj.is_sparse:
+        if obj.is_meta:  # saved from a model built on the meta device: shapes, no values
+            raise ValueError("it holds a tensor on the meta device, which has no values")
         dtype = _np_dtype(obj)
         # a view of the mapped file, except bf16 (widened to a float32 copy)
         mapped = str(obj.dtype) != "torch.bfloat16"
@@ -274,9 +279,14 @@ class _Safetensors(Mapping):
             dtype_name, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
             if dtype_name not in _ST_DTYPES:
                 raise ValueError(f"tensor '{name}' has dtype {dtype_name}, which onnxshrink does not read")
+            if not all(_whole(d) for d in (*shape, begin, end)):
+                raise ValueError(
+                    f"tensor '{name}' has shape {list(shape)} at data offsets {[begin, end]}: "
+                    "each must be a whole number >= 0"
+                )
             dtype = np.dtype(_ST_DTYPES[dtype_name]).newbyteorder("<")
-            count = int(np.prod(shape, dtype=np.int64))
-            if end - begin != count * dtype.itemsize or begin < 0 or base + end > size:
+            count = math.prod(shape)  # Python ints: a hostile shape cannot wrap around to fit
+            if end - begin != count * dtype.itemsize or base + end > size:
                 raise ValueError(
                     f"tensor '{name}' ({list(shape)} {dtype_name}) lies at bytes {begin}..{end} of "
                     f"the data, which holds {size - base}: the file is truncated or corrupt"
@@ -306,6 +316,11 @@ class _Safetensors(Mapping):
 
     def __len__(self) -> int:
         return len(self.leaves)
+
+
+def _whole(v: object) -> bool:
+    """A shape entry or data offset of a .safetensors header: an int >= 0 (JSON true is not)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _read_safetensors(p: Path):
