@@ -28,23 +28,23 @@ def _w1(shape, offsets, dtype="F32") -> dict:
 # Headers whose shape or offsets are not whole numbers >= 0: negative dims whose product fits the
 # bytes, a shape whose int64 product wraps around to 0, float and boolean entries.
 HEADERS = {
-    "negative-dims": (_w1([-6, -1], [0, 24]), b"\0" * 24),
-    "wrapping-product": (_w1([2**32, 2**32], [0, 0]), b""),
-    "float-dim": (_w1([6.0], [0, 24]), b"\0" * 24),
-    "bool-dim": (_w1([True, 6], [0, 24]), b"\0" * 24),
-    "negative-offsets": (_w1([6], [-8, -2], "U8"), b"\0" * 6),
+    "negative-dims": (_w1([-6, -1], [0, 24]), b"\0" * 24, "whole number >= 0"),
+    "wrapping-product": (_w1([2**32, 2**32], [0, 0]), b"", "the file is truncated or corrupt"),
+    "float-dim": (_w1([6.0], [0, 24]), b"\0" * 24, "whole number >= 0"),
+    "bool-dim": (_w1([True, 6], [0, 24]), b"\0" * 24, "whole number >= 0"),
+    "negative-offsets": (_w1([6], [-8, -2], "U8"), b"\0" * 6, "whole number >= 0"),
 }
 
 
 @pytest.mark.parametrize("case", HEADERS)
 def test_safetensors_header_with_bad_shape_or_offsets(tmp_path, case):
     onnx.save(tiny(CONV2, seed=3), tmp_path / "m.onnx")
-    header, data = HEADERS[case]
+    header, data, why = HEADERS[case]
     _safetensors(tmp_path / "masks.safetensors", header, data)
     before = snapshot(tmp_path)
     p = cli("m.onnx", "masks.safetensors", "-o", "out.onnx", cwd=tmp_path)
     check_refused(p, "masks.safetensors", "cannot be read as a .safetensors file")
-    assert "'W1'" in p.stderr and "whole number >= 0" in p.stderr
+    assert "'W1'" in p.stderr and why in p.stderr
     assert snapshot(tmp_path) == before
 
 
