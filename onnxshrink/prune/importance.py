@@ -131,8 +131,9 @@ def _mean_abs_activations(
     model: onnx.ModelProto, gset: GroupSet, groups: list[Group], inputs: list[Mapping[str, np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """Mean |x| per index of the channel axis of every activation a group's weights read."""
-    from onnxshrink.validate import session
+    from onnxshrink.validate import check_inputs, session
 
+    check_inputs(model, inputs)  # names, dtypes and shapes, as for the proof (each named)
     wanted: dict[str, int] = {}
     for g in groups:
         for m in g.members:
@@ -149,9 +150,6 @@ def _mean_abs_activations(
     sess = session(probe, "cpu")
     feed_names = {i.name for i in sess.get_inputs()}
     for feed in inputs:
-        missing = feed_names - set(feed)
-        if missing:
-            raise ShrinkError(f"--inputs: no array for model input(s) {sorted(missing)}.")
         outs = dict(zip(names, sess.run(None, {k: v for k, v in feed.items() if k in feed_names}), strict=True))
         for name, axis in wanted.items():
             x = np.abs(np.asarray(outs[name], dtype=np.float64))
