@@ -211,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.masks}: --groups and --prune read the model alone (its groups, and the "
                 "masks --prune chooses); drop the masks file."
             )
+        if args.masks_out and args.prune is None:
+            raise ShrinkError(
+                f"--masks-out {args.masks_out}: it writes the masks --prune chooses; add --prune "
+                "RATIO, or drop --masks-out."
+            )
         if args.groups is not None:
             _write_groups(args, say)
             if args.prune is None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import WIDE, cli, snapshot, tiny
-from test_user_errors import check_refused
+from conftest import WIDE, WIDE_BEFORE, cli, error_against, params, snapshot, tiny
+from onnx import numpy_helper
+from test_user_errors import check_refused, custom_op_model
 
 
 @pytest.fixture
@@ -40,3 +41,34 @@ def test_activation_inputs_that_do_not_fit_the_model(wide, arrays, culprit):
     )  # fmt: skip
     check_refused(p, "in.npz", culprit)
     assert snapshot(wide) == before
+
+
+def test_masks_out_is_not_written_when_the_shrink_is_refused(tmp_path):
+    onnx.save(custom_op_model(), tmp_path / "m.onnx")  # onnxruntime cannot run its MyScale
+    before = snapshot(tmp_path)
+    p = cli("m.onnx", "--prune", "0.5", "-o", "out.onnx", "--masks-out", "masks.npz", cwd=tmp_path)
+    check_refused(p, "my.ops:MyScale")
+    assert snapshot(tmp_path) == before
+
+
+def test_masks_out_without_prune_is_refused(wide):
+    before = snapshot(wide)
+    p = cli("m.onnx", "-o", "out.onnx", "--masks-out", "masks.npz", cwd=wide)
+    check_refused(p, "--masks-out masks.npz", "--prune")
+    assert snapshot(wide) == before
+
+
+def test_masks_out_with_an_upper_case_suffix_is_written_where_named(wide):
+    """numpy appends .npz to a name not ending in it: 'masks.NPZ' became 'masks.NPZ.npz'."""
+    p = cli("m.onnx", "--prune", "0.5", "-o", "out.onnx", "--masks-out", "masks.NPZ", cwd=wide)
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in wide.iterdir()) == ["m.onnx", "masks.NPZ", "out.onnx"]
+    # the masks are those of the pruned model: the input with them applied computes its outputs
+    reference = onnx.load(wide / "m.onnx")
+    masks = np.load(wide / "masks.NPZ")
+    for t in reference.graph.initializer:
+        if t.name in masks.files:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * masks[t.name], t.name))
+    small = onnx.load(wide / "out.onnx")
+    assert params(small) == WIDE_BEFORE - 32 * (16 * 9 + 1 + 32)  # half of W1's 64 filters
+    assert error_against(reference, small) < 1e-5

@@ -38,8 +38,8 @@ class PruneResult:
     shrink: ShrinkResult
     original: ModelStats  # the unpruned input
     skipped_masks: list[str] = field(default_factory=list)  # shared initializers with no name
-    # seconds per phase: load, groups, importance, select, zero (the reference, and the masks
-    # when written), then the shrink's own phases (its validate is the proof)
+    # seconds per phase: load, groups, importance, select, zero (the reference), then the
+    # shrink's own phases (its validate is the proof), and masks when written
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -94,6 +94,8 @@ def prune(
     important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
     Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
     opts = (options or ShrinkOptions()).but(**option_values)
+    if masks_out is not None:
+        masks_kind(masks_out)  # a name it cannot write is refused before any work
     clock = PhaseClock()
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
@@ -124,8 +126,6 @@ def prune(
     members = [m for g in chosen for m in g.members]
     slices = mask_slices(proto, members)
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
-    if masks_out is not None:
-        save_masks(slices.masks(), masks_out)
     clock.lap("zero")
     # The reference is in memory: say what the input was, so that the output is written as a
     # plain shrink of it would be (external data when the input had it) and never over it.
@@ -134,6 +134,9 @@ def prune(
         reference, None, output, options=opts.but(input_masked=None, external_data=external)
     )
     result.before.file_bytes = source.file_bytes
+    if masks_out is not None:  # after the shrink: a failed proof or a refused model writes none
+        save_masks(slices.masks(), masks_out)
+        clock.lap("masks")
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
 
@@ -255,12 +258,21 @@ def framework_masks(
     return slices.masks(), slices.skipped
 
 
+def masks_kind(path: str | Path) -> str:
+    """The format `save_masks` writes to `path` (by its extension, any case), or a ShrinkError."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".npz", ".safetensors", ".pt", ".pth"):
+        raise ShrinkError(f"--masks-out {path}: give a .pt, .npz or .safetensors file name.")
+    return suffix
+
+
 def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:
     """Write masks as .pt (torch.save of tensors), .npz or .safetensors, by the extension."""
     p = Path(path)
-    suffix = p.suffix.lower()
+    suffix = masks_kind(p)
     if suffix == ".npz":
-        np.savez(str(p), **masks)  # type: ignore[arg-type]  # names are keywords
+        with open(p, "wb") as f:  # a file, not a name: numpy would append ".npz" to "m.NPZ"
+            np.savez(f, **masks)  # type: ignore[arg-type]  # names are keywords
     elif suffix == ".safetensors":
         from safetensors.numpy import save_file
 
@@ -269,5 +281,3 @@ def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:
         import torch
 
         torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in masks.items()}, p)
-    else:
-        raise ShrinkError(f"--masks-out {path}: give a .pt, .npz or .safetensors file name.")
