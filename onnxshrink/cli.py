@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import traceback
 from collections import Counter
@@ -197,6 +198,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ShrinkError(f"--draws {args.draws}: give a number of random draws >= 0.")
         if args.validate_layers is not None and args.validate_layers < 1:
             raise ShrinkError(f"--validate-layers {args.validate_layers}: give a number of blocks >= 1.")
+        if args.seed < 0:
+            raise ShrinkError(f"--seed {args.seed}: give a seed >= 0.")
+        for flag, tol in (("--rtol", args.rtol), ("--atol", args.atol)):
+            if tol is not None and not (math.isfinite(tol) and tol >= 0):
+                raise ShrinkError(
+                    f"{flag} {tol}: give a finite tolerance >= 0 (a negative or NaN one fails "
+                    "every proof; an infinite one proves nothing)."
+                )
         report = _report_path(args)
         shapes = parse_shapes(args.input_shapes)
         inputs = [load_inputs(args.inputs)] if args.inputs else None

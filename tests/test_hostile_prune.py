@@ -72,3 +72,44 @@ def test_masks_out_with_an_upper_case_suffix_is_written_where_named(wide):
     small = onnx.load(wide / "out.onnx")
     assert params(small) == WIDE_BEFORE - 32 * (16 * 9 + 1 + 32)  # half of W1's 64 filters
     assert error_against(reference, small) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "option, culprit",
+    [
+        (["--seed", "-5"], "--seed -5"),  # numpy's generator refused it: exit 3
+        (["--rtol", "-1"], "--rtol -1.0"),  # failed every proof: exit 1, "error (relative 0)"
+        (["--rtol", "nan"], "--rtol nan"),
+        (["--atol", "inf"], "--atol inf"),  # proved nothing: exit 0
+    ],
+)
+@pytest.mark.parametrize("prune", [True, False], ids=["prune", "shrink"])
+def test_seed_and_tolerances_that_cannot_mean_anything(wide, option, culprit, prune):
+    args = ["--prune", "0.5", "--criterion", "random"] if prune else []
+    before = snapshot(wide)
+    p = cli("m.onnx", *args, *option, "-o", "out.onnx", cwd=wide)
+    check_refused(p, culprit)
+    assert snapshot(wide) == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, culprit",
+    [
+        ({"seed": -1}, "seed=-1"),
+        ({"rtol": float("nan")}, "rtol=nan"),
+        ({"atol": -0.5}, "atol=-0.5"),
+    ],
+)
+def test_the_api_refuses_them_too_before_any_work(kwargs, culprit):
+    from onnxshrink import shrink
+    from onnxshrink.errors import ShrinkError
+    from onnxshrink.prune import prune
+
+    model = tiny(WIDE, seed=12)
+    for call in (
+        lambda: shrink(model, **kwargs),
+        lambda: prune(model, 0.5, criterion="random", **kwargs),
+    ):
+        with pytest.raises(ShrinkError, match=culprit):
+            call()
+

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, read_model, shrink
+from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
@@ -94,6 +94,7 @@ def prune(
     important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
     Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
     opts = (options or ShrinkOptions()).but(**option_values)
+    check_options(opts)  # before the groups and importance are computed, not at the shrink
     if masks_out is not None:
         masks_kind(masks_out)  # a name it cannot write is refused before any work
     clock = PhaseClock()
