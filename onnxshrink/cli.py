@@ -225,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"--masks-out {args.masks_out}: it writes the masks --prune chooses; add --prune "
                 "RATIO, or drop --masks-out."
             )
+        if args.groups is not None and args.prune is None and args.output:
+            raise ShrinkError(
+                f"-o {args.output}: --groups alone writes only the groups, no model; add --prune "
+                "RATIO to write a pruned model, or drop -o."
+            )
         if args.groups is not None:
             _write_groups(args, say)
             if args.prune is None:

@@ -113,3 +113,10 @@ def test_the_api_refuses_them_too_before_any_work(kwargs, culprit):
         with pytest.raises(ShrinkError, match=culprit):
             call()
 
+
+def test_groups_alone_with_an_output_is_refused(wide):
+    """--groups without --prune writes no model: -o was ignored in silence."""
+    before = snapshot(wide)
+    p = cli("m.onnx", "--groups", "groups.json", "-o", "out.onnx", cwd=wide)
+    check_refused(p, "-o out.onnx", "--prune")
+    assert snapshot(wide) == before
