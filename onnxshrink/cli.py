@@ -344,6 +344,16 @@ def _prune(args, options, inputs, say):
             say("[E] the pruned model does not match the model with the chosen groups zeroed")
         raise
     say(f"[I] pruned {len(result.removed())} group(s) ({args.criterion}); per layer:")
+    if not result.removed():
+        layers = [p for p in result.plans if p.total]
+        why = (
+            f"every layer matched --ignore {' '.join(args.ignore)}"
+            if layers and all(p.ignored for p in layers)
+            else "no layer has an exact group to remove"
+            if not layers
+            else f"--prune {args.prune} of each layer rounds to none"
+        )
+        say(f"[W] nothing was pruned ({why}): the output is the input, shrunk as it is")
     for plan in result.plans:
         if plan.total:
             note = " (ignored)" if plan.ignored else ""

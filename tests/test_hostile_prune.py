@@ -120,3 +120,17 @@ def test_groups_alone_with_an_output_is_refused(wide):
     p = cli("m.onnx", "--groups", "groups.json", "-o", "out.onnx", cwd=wide)
     check_refused(p, "-o out.onnx", "--prune")
     assert snapshot(wide) == before
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--prune", "0.5", "--ignore", "*"], "every layer matched --ignore *"),
+        (["--prune", "0"], "--prune 0.0 of each layer rounds to none"),
+    ],
+)
+def test_a_prune_that_removes_nothing_says_so(wide, args, why):
+    p = cli("m.onnx", *args, "-o", "out.onnx", cwd=wide)
+    assert p.returncode == 0, p.stderr
+    assert f"[W] nothing was pruned ({why})" in p.stdout
+    assert params(onnx.load(wide / "out.onnx")) == WIDE_BEFORE
