@@ -134,3 +134,46 @@ def test_a_prune_that_removes_nothing_says_so(wide, args, why):
     assert p.returncode == 0, p.stderr
     assert f"[W] nothing was pruned ({why})" in p.stdout
     assert params(onnx.load(wide / "out.onnx")) == WIDE_BEFORE
+
+
+EMBED = """
+g (int64[1,4] ids, float[16,8] E, float[8,12] W1, float[12,6] W2) => (float[1,4,6] y) {
+  e = Gather(E, ids)
+  h = MatMul(e, W1)
+  r = Relu(h)
+  y = MatMul(r, W2)
+}
+"""
+
+
+def test_activation_inputs_the_model_cannot_run_on(tmp_path):
+    """A token id past the vocabulary: onnxruntime's Gather refused it inside the activation
+    pass, an internal error (the proof already named --inputs for the same arrays)."""
+    onnx.save(tiny(EMBED, seed=13), tmp_path / "m.onnx")
+    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 99, 3]], np.int64))
+    before = snapshot(tmp_path)
+    p = cli(
+        "m.onnx", "--prune", "0.5", "--criterion", "activation", "--inputs", "ids.npz",
+        "-o", "out.onnx", "--masks-out", "masks.npz", cwd=tmp_path,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]  # onnxruntime logs its own line before it
+    assert last.startswith("[E] ids.npz: the model fails to run on these inputs"), last
+    assert "Traceback" not in p.stderr and "internal error" not in p.stderr
+    assert snapshot(tmp_path) == before
+    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 15, 3]], np.int64))  # in range: pruned
+    p = cli(
+        "m.onnx",
+        "--prune",
+        "0.5",
+        "--criterion",
+        "activation",
+        "--inputs",
+        "ids.npz",
+        "-o",
+        "out.onnx",
+        cwd=tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    # half of each layer: 4 of the 8 embedding channels, 6 of the 12 neurons
+    assert params(onnx.load(tmp_path / "out.onnx")) == 16 * 4 + 4 * 6 + 6 * 6
