@@ -4,9 +4,12 @@ nothing written, no input changed; never an internal error, never a hang."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
+import warnings
+import zipfile
 
 import numpy as np
 import onnx
@@ -118,4 +121,44 @@ def test_meta_tensor_in_weights_state_dict_is_named(tmp_path):
     before = snapshot(tmp_path)
     p = cli("m.onnx", "masks.npz", "--weights", "w.pt", "-o", "out.onnx", cwd=tmp_path)
     check_refused(p, "w.pt", "meta device")
+    assert snapshot(tmp_path) == before
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def _twice_npz(path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name it writes
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("W1.npy", _npy(_mask()))
+            z.writestr("W1.npy", _npy(np.ones((6, 3, 3, 3), np.float32)))
+
+
+def _twice_safetensors(path) -> None:
+    entry = '"W1": {{"dtype": "F32", "shape": [6], "data_offsets": [{}, {}]}}'
+    raw = ("{" + entry.format(0, 24) + ", " + entry.format(24, 48) + "}").encode()
+    flags = np.array([1, 0, 1, 0, 1, 1], np.float32).tobytes() + np.ones(6, np.float32).tobytes()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + flags)
+
+
+@pytest.mark.parametrize(
+    "write, name, why",
+    [
+        (_twice_npz, "masks.npz", "holds array 'W1' twice"),
+        (_twice_safetensors, "masks.safetensors", "names 'W1' twice"),
+    ],
+    ids=["npz", "safetensors"],
+)
+def test_a_mask_named_twice_is_refused(tmp_path, write, name, why):
+    """Each reader kept the last of two masks of one name (numpy, json): exit 0 with the mask
+    that another reader, taking the first, would not have applied."""
+    onnx.save(tiny(CONV2, seed=3), tmp_path / "m.onnx")
+    write(tmp_path / name)
+    before = snapshot(tmp_path)
+    p = cli("m.onnx", name, "-o", "out.onnx", cwd=tmp_path)
+    check_refused(p, name, why)
     assert snapshot(tmp_path) == before

@@ -202,6 +202,9 @@ class _Npz(Mapping):
         self.file = np.load(str(p), allow_pickle=False)
         if not hasattr(self.file, "files"):  # a .npy file named .npz
             raise ValueError("not a zip archive of arrays")
+        twice = sorted({k for k, n in collections.Counter(self.file.files).items() if n > 1})
+        if twice:  # a zip may hold a name twice: which one is the mask is anyone's guess
+            raise ValueError(f"it holds array '{twice[0]}' twice, with no telling which is meant")
         self.leaves = {k: self._leaf(k) for k in self.file.files}
 
     def _leaf(self, key: str) -> Leaf:
@@ -268,7 +271,7 @@ class _Safetensors(Mapping):
             n = int.from_bytes(head, "little")
             if n > size - 8:
                 raise ValueError(f"its header claims {n} bytes, the file has {size - 8} after the length")
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_no_repeats)
         if not isinstance(header, dict):
             raise ValueError("its header is not a JSON object")
         base = 8 + n
@@ -316,6 +319,16 @@ class _Safetensors(Mapping):
 
     def __len__(self) -> int:
         return len(self.leaves)
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of a .safetensors header, refused when it names a key twice (json keeps
+    the last, another reader may take the first)."""
+    seen = collections.Counter(k for k, _ in pairs)
+    twice = sorted(k for k, n in seen.items() if n > 1)
+    if twice:
+        raise ValueError(f"its header names '{twice[0]}' twice, with no telling which is meant")
+    return dict(pairs)
 
 
 def _whole(v: object) -> bool:
