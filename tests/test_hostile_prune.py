@@ -4,6 +4,8 @@ input changed; or exit 0 with a model that matches the input with the written ma
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -177,3 +179,28 @@ def test_activation_inputs_the_model_cannot_run_on(tmp_path):
     assert p.returncode == 0, p.stderr
     # half of each layer: 4 of the 8 embedding channels, 6 of the 12 neurons
     assert params(onnx.load(tmp_path / "out.onnx")) == 16 * 4 + 4 * 6 + 6 * 6
+
+
+def test_masks_out_that_cannot_be_written_leaves_no_model(wide):
+    """The masks were written after the model: a place they could not go (a read-only
+    directory) was exit 2 saying "Nothing was written" with the model written."""
+    from test_user_errors import _no_permission_override
+
+    (wide / "ro").mkdir()
+    (wide / "ro").chmod(0o555)
+    before = snapshot(wide)
+    try:
+        p = cli(
+            "m.onnx", "--prune", "0.5", "-o", "out.onnx", "--masks-out", "ro/masks.npz",
+            cwd=wide, preexec_fn=_no_permission_override,
+        )  # fmt: skip
+        check_refused(p, "cannot write ro/masks.npz (Permission denied)", "Nothing was written")
+        assert snapshot(wide) == before and not (wide / "out.onnx").exists()
+    finally:
+        (wide / "ro").chmod(0o755)
+    p = cli("m.onnx", "--prune", "0.5", "-o", "out.onnx", "--masks-out", "ro/masks.npz", cwd=wide)
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(wide / "ro")) == [
+        "masks.npz"
+    ]  # staged beside it, renamed: no leftovers
+    assert sorted(np.load(wide / "ro" / "masks.npz").files) == ["B1", "W1", "W2"]

@@ -8,6 +8,8 @@ parameter names the exporter recorded, so that they can be applied in the framew
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
-from onnxshrink.errors import ShrinkError
+from onnxshrink.errors import ShrinkError, file_access
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
@@ -128,16 +130,25 @@ def prune(
     slices = mask_slices(proto, members)
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     clock.lap("zero")
-    # The reference is in memory: say what the input was, so that the output is written as a
-    # plain shrink of it would be (external data when the input had it) and never over it.
-    external = opts.external_data if opts.external_data is not None else bool(source.data)
-    result = shrink(
-        reference, None, output, options=opts.but(input_masked=None, external_data=external)
-    )
+    # The masks are written before the shrink (a place they cannot be written fails the run
+    # before the model is), staged beside their name, and put there only once the shrink has
+    # passed: a refused or failed shrink leaves neither.
+    staged = _stage_masks(slices, masks_out) if masks_out is not None else None
+    clock.lap("masks")
+    try:
+        # The reference is in memory: say what the input was, so that the output is written as
+        # a plain shrink of it would be (external data when the input had it) and never over it.
+        external = opts.external_data if opts.external_data is not None else bool(source.data)
+        result = shrink(
+            reference, None, output, options=opts.but(input_masked=None, external_data=external)
+        )
+        if staged is not None and masks_out is not None:
+            with file_access(masks_out):
+                os.replace(staged, masks_out)
+    finally:
+        if staged is not None:
+            staged.unlink(missing_ok=True)
     result.before.file_bytes = source.file_bytes
-    if masks_out is not None:  # after the shrink: a failed proof or a refused model writes none
-        save_masks(slices.masks(), masks_out)
-        clock.lap("masks")
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
 
@@ -257,6 +268,22 @@ def framework_masks(
     """The masks of `mask_slices`, made, and the initializers skipped."""
     slices = mask_slices(model, members)
     return slices.masks(), slices.skipped
+
+
+def _stage_masks(slices: MaskSlices, path: str | Path) -> Path:
+    """The masks written to a hidden file beside `path` (same directory, same suffix), to be
+    renamed over it."""
+    p = Path(path)
+    with file_access(path):  # an unwritable place is named as the user gave it
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=p.parent.absolute())
+        os.close(fd)
+        staged = Path(tmp)
+        try:
+            save_masks(slices.masks(), staged)
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+    return staged
 
 
 def masks_kind(path: str | Path) -> str:
