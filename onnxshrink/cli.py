@@ -11,7 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 from onnxshrink import __version__
-from onnxshrink.errors import ShrinkError, ValidationFailed, file_access, os_error_message
+from onnxshrink.errors import (
+    ShrinkError,
+    ValidationFailed,
+    file_access,
+    first_line,
+    os_error_message,
+)
 from onnxshrink.options import MASKS_FORMATS
 
 EXIT_INTERNAL = 3
@@ -283,6 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except OSError as exc:  # the user's disk or files (full, read-only, no permission), not a bug
         print(f"[E] {os_error_message(exc, what='read or write')}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        return ShrinkError.exit_code
+    except MemoryError as exc:  # the machine's memory, as a full disk is the disk's: not a bug
+        print(
+            f"[E] out of memory ({first_line(exc)}): the model, or the validation inputs of "
+            f"{' '.join(args.input_shapes) if args.input_shapes else 'its shapes'}, need more than "
+            "this machine has; give smaller --input-shapes, or run where there is more memory. "
+            "Nothing was written.",
+            file=sys.stderr,
+        )
         if args.verbose:
             traceback.print_exc()
         return ShrinkError.exit_code

@@ -204,3 +204,18 @@ def test_masks_out_that_cannot_be_written_leaves_no_model(wide):
         "masks.npz"
     ]  # staged beside it, renamed: no leftovers
     assert sorted(np.load(wide / "ro" / "masks.npz").files) == ["B1", "W1", "W2"]
+
+
+@pytest.mark.parametrize("prune", [True, False], ids=["prune", "shrink"])
+def test_input_shapes_too_large_for_memory(tmp_path, prune):
+    """Validation inputs of 3.2 TB: numpy's MemoryError was an internal error (exit 3)."""
+    dynamic = "g (float[N,8] x, float[8,6] W1, float[6,4] W2) => (float[N,4] y) {\n"
+    onnx.save(
+        tiny(dynamic + "  h = MatMul(x, W1)\n  r = Relu(h)\n  y = MatMul(r, W2)\n}", seed=14),
+        tmp_path / "m.onnx",
+    )
+    before = snapshot(tmp_path)
+    args = ["--prune", "0.5"] if prune else []
+    p = cli("m.onnx", *args, "--input-shapes", "x:100000000000,8", "-o", "out.onnx", cwd=tmp_path)
+    check_refused(p, "out of memory", "x:100000000000,8", "give smaller --input-shapes")
+    assert snapshot(tmp_path) == before
