@@ -219,3 +219,33 @@ def test_input_shapes_too_large_for_memory(tmp_path, prune):
     p = cli("m.onnx", *args, "--input-shapes", "x:100000000000,8", "-o", "out.onnx", cwd=tmp_path)
     check_refused(p, "out of memory", "x:100000000000,8", "give smaller --input-shapes")
     assert snapshot(tmp_path) == before
+
+
+def test_masks_out_covers_weights_held_by_constant_nodes(tmp_path):
+    """Weights given as Constant nodes are pruned (the analysis sees them as initializers), but
+    their masks were left out of --masks-out as if they were shared initializers."""
+    rng = np.random.default_rng(15)
+    w1, w2 = rng.standard_normal((6, 4, 1, 1)), rng.standard_normal((2, 6, 1, 1))
+
+    def text(a, b):
+        def const(v):
+            return f"float[{','.join(map(str, v.shape))}] {{{','.join(f'{x:.6f}' for x in v.ravel())}}}"
+
+        return (
+            "g (float[1,4,8,8] x) => (float[1,2,8,8] y) {\n"
+            f"  W1 = Constant<value={const(a)}>()\n  h = Conv(x, W1)\n  r = Relu(h)\n"
+            f"  W2 = Constant<value={const(b)}>()\n  y = Conv(r, W2)\n}}"
+        )
+
+    onnx.save(tiny(text(w1, w2)), tmp_path / "m.onnx")
+    p = cli("m.onnx", "--prune", "0.5", "-o", "out.onnx", "--masks-out", "masks.npz", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "no mask written" not in p.stdout
+    masks = np.load(tmp_path / "masks.npz")
+    assert sorted(masks.files) == ["W1", "W2"]
+    assert masks["W1"].reshape(6, 4).all(axis=1).sum() == 3  # 3 of 6 filters kept
+    # the input with the masks applied to its constants is the pruned model
+    reference = tiny(text(w1 * masks["W1"], w2 * masks["W2"]))
+    small = onnx.load(tmp_path / "out.onnx")
+    assert params(small) == 3 * 4 + 2 * 3
+    assert error_against(reference, small) < 1e-5

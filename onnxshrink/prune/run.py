@@ -127,8 +127,10 @@ def prune(
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
     members = [m for g in chosen for m in g.members]
-    slices = mask_slices(proto, members)
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
+    # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
+    # masks were left out as if shared
+    slices = mask_slices(reference, members)
     clock.lap("zero")
     # The masks are written before the shrink (a place they cannot be written fails the run
     # before the model is), staged beside their name, and put there only once the shrink has
