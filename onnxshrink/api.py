@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,24 @@ class ShrinkResult:
         return save_model(self.model, path, external=external)
 
 
+def check_options(opts: ShrinkOptions) -> None:
+    """Refuse option values that cannot mean anything (each named), before any work."""
+    if opts.validate and opts.draws < 1 and not opts.inputs:
+        raise ShrinkError(
+            f"nothing to validate with: draws={opts.draws} and no inputs given. Use draws >= 1 or give inputs."
+        )
+    if opts.validate_layers is not None and opts.validate_layers < 1:
+        raise ShrinkError(f"validate_layers={opts.validate_layers}: give a number of blocks >= 1.")
+    if opts.seed < 0:
+        raise ShrinkError(f"seed={opts.seed}: give a seed >= 0.")
+    for name, tol in (("rtol", opts.rtol), ("atol", opts.atol)):
+        if tol is not None and not (math.isfinite(tol) and tol >= 0):
+            raise ShrinkError(
+                f"{name}={tol}: give a finite tolerance >= 0 (a negative or NaN one fails every "
+                "proof; an infinite one proves nothing)."
+            )
+
+
 def shrink(
     model: ModelLike,
     masks: MasksLike = None,
@@ -149,12 +168,7 @@ def shrink(
     does not match; nothing is written then unless `keep_failed`.
     """
     opts = (options or ShrinkOptions()).but(**option_values)
-    if opts.validate and opts.draws < 1 and not opts.inputs:
-        raise ShrinkError(
-            f"nothing to validate with: draws={opts.draws} and no inputs given. Use draws >= 1 or give inputs."
-        )
-    if opts.validate_layers is not None and opts.validate_layers < 1:
-        raise ShrinkError(f"validate_layers={opts.validate_layers}: give a number of blocks >= 1.")
+    check_options(opts)
     clock = PhaseClock()
     source = read_model(model)
     if output is not None:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import traceback
 from collections import Counter
 from pathlib import Path
 
 from onnxshrink import __version__
-from onnxshrink.errors import ShrinkError, ValidationFailed, file_access, os_error_message
+from onnxshrink.errors import (
+    ShrinkError,
+    ValidationFailed,
+    file_access,
+    first_line,
+    os_error_message,
+)
 from onnxshrink.options import MASKS_FORMATS
 
 EXIT_INTERNAL = 3
@@ -197,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ShrinkError(f"--draws {args.draws}: give a number of random draws >= 0.")
         if args.validate_layers is not None and args.validate_layers < 1:
             raise ShrinkError(f"--validate-layers {args.validate_layers}: give a number of blocks >= 1.")
+        if args.seed < 0:
+            raise ShrinkError(f"--seed {args.seed}: give a seed >= 0.")
+        for flag, tol in (("--rtol", args.rtol), ("--atol", args.atol)):
+            if tol is not None and not (math.isfinite(tol) and tol >= 0):
+                raise ShrinkError(
+                    f"{flag} {tol}: give a finite tolerance >= 0 (a negative or NaN one fails "
+                    "every proof; an infinite one proves nothing)."
+                )
         report = _report_path(args)
         shapes = parse_shapes(args.input_shapes)
         inputs = [load_inputs(args.inputs)] if args.inputs else None
@@ -210,6 +225,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ShrinkError(
                 f"{args.masks}: --groups and --prune read the model alone (its groups, and the "
                 "masks --prune chooses); drop the masks file."
+            )
+        if args.masks_out and args.prune is None:
+            raise ShrinkError(
+                f"--masks-out {args.masks_out}: it writes the masks --prune chooses; add --prune "
+                "RATIO, or drop --masks-out."
+            )
+        if args.groups is not None and args.prune is None and args.output:
+            raise ShrinkError(
+                f"-o {args.output}: --groups alone writes only the groups, no model; add --prune "
+                "RATIO to write a pruned model, or drop -o."
             )
         if args.groups is not None:
             _write_groups(args, say)
@@ -264,6 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except OSError as exc:  # the user's disk or files (full, read-only, no permission), not a bug
         print(f"[E] {os_error_message(exc, what='read or write')}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        return ShrinkError.exit_code
+    except MemoryError as exc:  # the machine's memory, as a full disk is the disk's: not a bug
+        print(
+            f"[E] out of memory ({first_line(exc)}): the model, or the validation inputs of "
+            f"{' '.join(args.input_shapes) if args.input_shapes else 'its shapes'}, need more than "
+            "this machine has; give smaller --input-shapes, or run where there is more memory. "
+            "Nothing was written.",
+            file=sys.stderr,
+        )
         if args.verbose:
             traceback.print_exc()
         return ShrinkError.exit_code
@@ -325,6 +361,16 @@ def _prune(args, options, inputs, say):
             say("[E] the pruned model does not match the model with the chosen groups zeroed")
         raise
     say(f"[I] pruned {len(result.removed())} group(s) ({args.criterion}); per layer:")
+    if not result.removed():
+        layers = [p for p in result.plans if p.total]
+        why = (
+            f"every layer matched --ignore {' '.join(args.ignore)}"
+            if layers and all(p.ignored for p in layers)
+            else "no layer has an exact group to remove"
+            if not layers
+            else f"--prune {args.prune} of each layer rounds to none"
+        )
+        say(f"[W] nothing was pruned ({why}): the output is the input, shrunk as it is")
     for plan in result.plans:
         if plan.total:
             note = " (ignored)" if plan.ignored else ""

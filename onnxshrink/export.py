@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxshrink.api import ShrinkResult, shrink
+from onnxshrink.api import ShrinkResult, check_options, shrink
 from onnxshrink.errors import ShrinkError, ValidationFailed, first_line
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.validate import ValidationReport
@@ -75,6 +75,12 @@ def masked_copy(module, masks: Mapping[str, np.ndarray]):
             m = torch.as_tensor(np.ascontiguousarray(mask), dtype=p.dtype)  # a compacted mask: a writable copy
             if m.dim() == 1 and p.dim() > 1 and m.shape[0] == p.shape[0]:
                 m = m.reshape((-1,) + (1,) * (p.dim() - 1))
+            elif m.shape != p.shape:  # as the ONNX binding: never a broadcast guessed from shapes
+                raise ShrinkError(
+                    f"masks: mask '{name}' has shape {list(m.shape)} but parameter '{name}' has "
+                    f"shape {list(p.shape)}. Give a mask of the parameter's shape, or one flag per "
+                    "output channel."
+                )
             p.mul_(m)
     return mod.eval()
 
@@ -221,6 +227,9 @@ def export_and_shrink(
     opts = (options or ShrinkOptions()).but(**option_values)
     import torch
 
+    check_options(opts)  # before the export, which takes the longest
+    if not isinstance(module, torch.nn.Module):
+        raise ShrinkError(f"module: expected a torch.nn.Module, got {type(module).__name__}.")
     from onnxshrink.masks import load_maskset
 
     if exporter not in ("dynamo", "legacy"):

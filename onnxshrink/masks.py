@@ -229,6 +229,12 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
             f"{source}: expected a non-empty dict of masks, found {type(raw).__name__}."
         )
     fmt = detect(raw) if fmt == "auto" else fmt
+    if fmt in ("torch-ao", "ao-data") and "state" in raw and not isinstance(raw["state"], Mapping):
+        raise ShrinkError(
+            f"{source}: its 'state' entry is a {type(raw['state']).__name__}, not the dict of "
+            f"{{parameter: {{'mask': tensor}}}} a torch.ao sparsifier saves (format '{fmt}'). Give "
+            "the sparsifier's state_dict(), or a flat dict of {name: mask}."
+        )
     out = MaskSet(format=fmt)
     values = Values()
     out.values = values
@@ -306,6 +312,11 @@ def weight_values(raw: Mapping, source: str = "weights") -> Values:
 
 
 def check_binary(name: str, mask: np.ndarray, source: str) -> None:
+    if mask.dtype.kind not in "biuf":  # structured, string, complex, datetime: not 0/1 numbers
+        raise ShrinkError(
+            f"{source}: mask '{name}' has dtype {mask.dtype}; masks must be 0/1 numbers (or "
+            "boolean)."
+        )
     if mask.size and not _binary(mask):
         mask = core(mask)
         bad = mask[~np.isin(mask, (0, 1))].reshape(-1)[0]

@@ -79,3 +79,26 @@ def test_unknown_mask_names_are_refused():
     model = randomize(ZOO["vgg"].build(), seed=3)
     with pytest.raises(ShrinkError, match="'conv9.weight'"):
         export_and_shrink(model, (X,), {"conv9.weight": np.ones(3)})
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 3), (1, 3, 3, 3)])
+def test_mask_of_another_shape_is_refused_not_broadcast(shape):
+    """A mask that does not fit its parameter raised torch's RuntimeError ((5,)) or was broadcast
+    over it ((3, 3), (1, 3, 3, 3)): a guess from shapes. Only the parameter's shape, or one flag
+    per output channel, is a mask."""
+    model = randomize(ZOO["vgg"].build(), seed=4)
+    name, weight = next((n, p) for n, p in model.named_parameters() if p.dim() == 4)
+    with pytest.raises(ShrinkError, match=rf"mask '{name}' has shape \[{', '.join(map(str, shape))}\]"):
+        export_and_shrink(model, (X,), {name: np.ones(shape, np.float32)}, exporter="legacy")
+    assert weight.shape[1:] == (3, 3, 3)  # the shapes above fit its trailing axes
+
+
+@pytest.mark.parametrize("module", ["model.pt", None])
+def test_something_other_than_a_module_is_refused(module):
+    with pytest.raises(ShrinkError, match="expected a torch.nn.Module"):
+        export_and_shrink(module, (X,), exporter="legacy")
+
+
+def test_bad_tolerance_is_refused_before_the_export():
+    with pytest.raises(ShrinkError, match="rtol=-1"):
+        export_and_shrink(object(), (X,), rtol=-1.0)  # checked before the module, too

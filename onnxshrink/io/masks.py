@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import json
+import math
 import mmap
 import pickle
 import sys
@@ -91,6 +92,8 @@ def load_masks_file(
         raise ShrinkError(f"{p}: no such {noun} file. {fix}")
     if p.is_dir():
         raise ShrinkError(f"{p}: is a directory, not a {noun} file. {fix}")
+    if not p.is_file():  # a FIFO or a device: reading it would wait, or never end
+        raise ShrinkError(f"{p}: is not a regular file (a pipe or a device). {fix}")
     suffix = p.suffix.lower()
     if suffix in PT_SUFFIXES:
         raw = _read_pt(p, say)
@@ -151,6 +154,8 @@ def _mapped_leaves(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {k: _mapped_leaves(v) for k, v in obj.items()}
     if hasattr(obj, "detach") and hasattr(obj, "numpy") and not obj.is_sparse:
+        if obj.is_meta:  # saved from a model built on the meta device: shapes, no values
+            raise ValueError("it holds a tensor on the meta device, which has no values")
         dtype = _np_dtype(obj)
         # a view of the mapped file, except bf16 (widened to a float32 copy)
         mapped = str(obj.dtype) != "torch.bfloat16"
@@ -197,6 +202,9 @@ class _Npz(Mapping):
         self.file = np.load(str(p), allow_pickle=False)
         if not hasattr(self.file, "files"):  # a .npy file named .npz
             raise ValueError("not a zip archive of arrays")
+        twice = sorted({k for k, n in collections.Counter(self.file.files).items() if n > 1})
+        if twice:  # a zip may hold a name twice: which one is the mask is anyone's guess
+            raise ValueError(f"it holds array '{twice[0]}' twice, with no telling which is meant")
         self.leaves = {k: self._leaf(k) for k in self.file.files}
 
     def _leaf(self, key: str) -> Leaf:
@@ -263,7 +271,7 @@ class _Safetensors(Mapping):
             n = int.from_bytes(head, "little")
             if n > size - 8:
                 raise ValueError(f"its header claims {n} bytes, the file has {size - 8} after the length")
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_no_repeats)
         if not isinstance(header, dict):
             raise ValueError("its header is not a JSON object")
         base = 8 + n
@@ -274,9 +282,14 @@ class _Safetensors(Mapping):
             dtype_name, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
             if dtype_name not in _ST_DTYPES:
                 raise ValueError(f"tensor '{name}' has dtype {dtype_name}, which onnxshrink does not read")
+            if not all(_whole(d) for d in (*shape, begin, end)):
+                raise ValueError(
+                    f"tensor '{name}' has shape {list(shape)} at data offsets {[begin, end]}: "
+                    "each must be a whole number >= 0"
+                )
             dtype = np.dtype(_ST_DTYPES[dtype_name]).newbyteorder("<")
-            count = int(np.prod(shape, dtype=np.int64))
-            if end - begin != count * dtype.itemsize or begin < 0 or base + end > size:
+            count = math.prod(shape)  # Python ints: a hostile shape cannot wrap around to fit
+            if end - begin != count * dtype.itemsize or base + end > size:
                 raise ValueError(
                     f"tensor '{name}' ({list(shape)} {dtype_name}) lies at bytes {begin}..{end} of "
                     f"the data, which holds {size - base}: the file is truncated or corrupt"
@@ -306,6 +319,21 @@ class _Safetensors(Mapping):
 
     def __len__(self) -> int:
         return len(self.leaves)
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of a .safetensors header, refused when it names a key twice (json keeps
+    the last, another reader may take the first)."""
+    seen = collections.Counter(k for k, _ in pairs)
+    twice = sorted(k for k, n in seen.items() if n > 1)
+    if twice:
+        raise ValueError(f"its header names '{twice[0]}' twice, with no telling which is meant")
+    return dict(pairs)
+
+
+def _whole(v: object) -> bool:
+    """A shape entry or data offset of a .safetensors header: an int >= 0 (JSON true is not)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _read_safetensors(p: Path):

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from onnxshrink.errors import ShrinkError
+from onnxshrink.errors import ShrinkError, first_line
 from onnxshrink.prune.groups import Group, GroupSet, Member
 
 CRITERIA = ("l1", "l2", "random", "activation")
@@ -131,8 +131,9 @@ def _mean_abs_activations(
     model: onnx.ModelProto, gset: GroupSet, groups: list[Group], inputs: list[Mapping[str, np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """Mean |x| per index of the channel axis of every activation a group's weights read."""
-    from onnxshrink.validate import session
+    from onnxshrink.validate import check_inputs, session
 
+    check_inputs(model, inputs)  # names, dtypes and shapes, as for the proof (each named)
     wanted: dict[str, int] = {}
     for g in groups:
         for m in g.members:
@@ -149,10 +150,15 @@ def _mean_abs_activations(
     sess = session(probe, "cpu")
     feed_names = {i.name for i in sess.get_inputs()}
     for feed in inputs:
-        missing = feed_names - set(feed)
-        if missing:
-            raise ShrinkError(f"--inputs: no array for model input(s) {sorted(missing)}.")
-        outs = dict(zip(names, sess.run(None, {k: v for k, v in feed.items() if k in feed_names}), strict=True))
+        try:
+            ran = sess.run(None, {k: v for k, v in feed.items() if k in feed_names})
+        except Exception as exc:  # onnxruntime on the user's values: a token id out of range, ...
+            raise ShrinkError(
+                f"{getattr(feed, 'source', '--inputs')}: the model fails to run on these inputs in "
+                f"onnxruntime ({first_line(exc)}). Check the arrays' values against the model's "
+                "inputs (e.g. token ids below the vocabulary size)."
+            ) from exc
+        outs = dict(zip(names, ran, strict=True))
         for name, axis in wanted.items():
             x = np.abs(np.asarray(outs[name], dtype=np.float64))
             m = np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1).mean(axis=1)

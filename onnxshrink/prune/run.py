@@ -8,6 +8,8 @@ parameter names the exporter recorded, so that they can be applied in the framew
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, read_model, shrink
-from onnxshrink.errors import ShrinkError
+from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
+from onnxshrink.errors import ShrinkError, file_access
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
@@ -38,8 +40,8 @@ class PruneResult:
     shrink: ShrinkResult
     original: ModelStats  # the unpruned input
     skipped_masks: list[str] = field(default_factory=list)  # shared initializers with no name
-    # seconds per phase: load, groups, importance, select, zero (the reference, and the masks
-    # when written), then the shrink's own phases (its validate is the proof)
+    # seconds per phase: load, groups, importance, select, zero (the reference), then the
+    # shrink's own phases (its validate is the proof), and masks when written
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -94,6 +96,9 @@ def prune(
     important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
     Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
     opts = (options or ShrinkOptions()).but(**option_values)
+    check_options(opts)  # before the groups and importance are computed, not at the shrink
+    if masks_out is not None:
+        masks_kind(masks_out)  # a name it cannot write is refused before any work
     clock = PhaseClock()
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
@@ -122,17 +127,29 @@ def prune(
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
     members = [m for g in chosen for m in g.members]
-    slices = mask_slices(proto, members)
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
-    if masks_out is not None:
-        save_masks(slices.masks(), masks_out)
+    # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
+    # masks were left out as if shared
+    slices = mask_slices(reference, members)
     clock.lap("zero")
-    # The reference is in memory: say what the input was, so that the output is written as a
-    # plain shrink of it would be (external data when the input had it) and never over it.
-    external = opts.external_data if opts.external_data is not None else bool(source.data)
-    result = shrink(
-        reference, None, output, options=opts.but(input_masked=None, external_data=external)
-    )
+    # The masks are written before the shrink (a place they cannot be written fails the run
+    # before the model is), staged beside their name, and put there only once the shrink has
+    # passed: a refused or failed shrink leaves neither.
+    staged = _stage_masks(slices, masks_out) if masks_out is not None else None
+    clock.lap("masks")
+    try:
+        # The reference is in memory: say what the input was, so that the output is written as
+        # a plain shrink of it would be (external data when the input had it) and never over it.
+        external = opts.external_data if opts.external_data is not None else bool(source.data)
+        result = shrink(
+            reference, None, output, options=opts.but(input_masked=None, external_data=external)
+        )
+        if staged is not None and masks_out is not None:
+            with file_access(masks_out):
+                os.replace(staged, masks_out)
+    finally:
+        if staged is not None:
+            staged.unlink(missing_ok=True)
     result.before.file_bytes = source.file_bytes
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
@@ -255,12 +272,37 @@ def framework_masks(
     return slices.masks(), slices.skipped
 
 
+def _stage_masks(slices: MaskSlices, path: str | Path) -> Path:
+    """The masks written to a hidden file beside `path` (same directory, same suffix), to be
+    renamed over it."""
+    p = Path(path)
+    with file_access(path):  # an unwritable place is named as the user gave it
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=p.parent.absolute())
+        os.close(fd)
+        staged = Path(tmp)
+        try:
+            save_masks(slices.masks(), staged)
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+    return staged
+
+
+def masks_kind(path: str | Path) -> str:
+    """The format `save_masks` writes to `path` (by its extension, any case), or a ShrinkError."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".npz", ".safetensors", ".pt", ".pth"):
+        raise ShrinkError(f"--masks-out {path}: give a .pt, .npz or .safetensors file name.")
+    return suffix
+
+
 def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:
     """Write masks as .pt (torch.save of tensors), .npz or .safetensors, by the extension."""
     p = Path(path)
-    suffix = p.suffix.lower()
+    suffix = masks_kind(p)
     if suffix == ".npz":
-        np.savez(str(p), **masks)  # type: ignore[arg-type]  # names are keywords
+        with open(p, "wb") as f:  # a file, not a name: numpy would append ".npz" to "m.NPZ"
+            np.savez(f, **masks)  # type: ignore[arg-type]  # names are keywords
     elif suffix == ".safetensors":
         from safetensors.numpy import save_file
 
@@ -269,5 +311,3 @@ def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:
         import torch
 
         torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in masks.items()}, p)
-    else:
-        raise ShrinkError(f"--masks-out {path}: give a .pt, .npz or .safetensors file name.")
