@@ -132,21 +132,29 @@ class ShrinkResult:
         return save_model(self.model, path, external=external)
 
 
-def check_options(opts: ShrinkOptions) -> None:
-    """Refuse option values that cannot mean anything (each named), before any work."""
+def check_options(opts: ShrinkOptions, flags: bool = False) -> None:
+    """Refuse option values that cannot mean anything (each named: as a keyword, or as the
+    command line's flag with `flags`), before any work."""
+
+    def named(key: str, value: object) -> str:
+        return f"--{key.replace('_', '-')} {value}" if flags else f"{key}={value}"
+
+    if opts.draws < 0:
+        raise ShrinkError(f"{named('draws', opts.draws)}: give a number of random draws >= 0.")
     if opts.validate and opts.draws < 1 and not opts.inputs:
         raise ShrinkError(
-            f"nothing to validate with: draws={opts.draws} and no inputs given. Use draws >= 1 or give inputs."
+            f"nothing to validate with: {named('draws', opts.draws)} and no inputs given. Use "
+            "draws >= 1 or give inputs."
         )
     if opts.validate_layers is not None and opts.validate_layers < 1:
-        raise ShrinkError(f"validate_layers={opts.validate_layers}: give a number of blocks >= 1.")
+        raise ShrinkError(f"{named('validate_layers', opts.validate_layers)}: give a number of blocks >= 1.")
     if opts.seed < 0:
-        raise ShrinkError(f"seed={opts.seed}: give a seed >= 0.")
-    for name, tol in (("rtol", opts.rtol), ("atol", opts.atol)):
+        raise ShrinkError(f"{named('seed', opts.seed)}: give a seed >= 0.")
+    for key, tol in (("rtol", opts.rtol), ("atol", opts.atol)):
         if tol is not None and not (math.isfinite(tol) and tol >= 0):
             raise ShrinkError(
-                f"{name}={tol}: give a finite tolerance >= 0 (a negative or NaN one fails every "
-                "proof; an infinite one proves nothing)."
+                f"{named(key, tol)}: give a finite tolerance >= 0 (a negative or NaN one fails "
+                "every proof; an infinite one proves nothing)."
             )
 
 

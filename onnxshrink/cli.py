@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import traceback
 from collections import Counter
@@ -196,22 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         from onnxshrink.logs import show_library_logs
 
         show_library_logs(args.verbose and not args.quiet)
-        from onnxshrink.api import shrink
+        from onnxshrink.api import check_options, shrink
         from onnxshrink.options import ShrinkOptions
         from onnxshrink.validate import load_inputs, parse_shapes
 
-        if args.draws < 0:
-            raise ShrinkError(f"--draws {args.draws}: give a number of random draws >= 0.")
-        if args.validate_layers is not None and args.validate_layers < 1:
-            raise ShrinkError(f"--validate-layers {args.validate_layers}: give a number of blocks >= 1.")
-        if args.seed < 0:
-            raise ShrinkError(f"--seed {args.seed}: give a seed >= 0.")
-        for flag, tol in (("--rtol", args.rtol), ("--atol", args.atol)):
-            if tol is not None and not (math.isfinite(tol) and tol >= 0):
-                raise ShrinkError(
-                    f"{flag} {tol}: give a finite tolerance >= 0 (a negative or NaN one fails "
-                    "every proof; an infinite one proves nothing)."
-                )
         report = _report_path(args)
         shapes = parse_shapes(args.input_shapes)
         inputs = [load_inputs(args.inputs)] if args.inputs else None
@@ -219,6 +206,29 @@ def main(argv: list[str] | None = None) -> int:
             f"[I] onnxshrink {__version__} | model {args.model}"
             + (f" | masks {args.masks}" if args.masks else "")
         )
+        options = ShrinkOptions(
+            validate=not args.no_validate,
+            input_shapes=shapes,
+            inputs=inputs,
+            draws=args.draws,
+            seed=args.seed,
+            rtol=args.rtol,
+            atol=args.atol,
+            provider=args.provider,
+            keep_failed=args.keep_failed,
+            recover=not args.no_recover,
+            analysis=args.analysis,
+            allow_unbound=args.allow_unbound,
+            masks_format=args.masks_format,
+            weights=args.weights,
+            input_masked=False if args.unmasked_input else None,
+            external_data=True if args.external_data else None,
+            validate_layers=args.validate_layers,
+            log=lambda m: say(f"[I] {m}"),
+            progress=not args.quiet,  # shown only when stderr is a terminal
+        )
+        groups_only = args.groups is not None and args.prune is None  # validates nothing
+        check_options(options.but(validate=False) if groups_only else options, flags=True)
         failure = None
         pruning = args.groups is not None or args.prune is not None
         if pruning and args.masks:
@@ -241,27 +251,6 @@ def main(argv: list[str] | None = None) -> int:
             if args.prune is None:
                 return 0
         try:
-            options = ShrinkOptions(
-                validate=not args.no_validate,
-                input_shapes=shapes,
-                inputs=inputs,
-                draws=args.draws,
-                seed=args.seed,
-                rtol=args.rtol,
-                atol=args.atol,
-                provider=args.provider,
-                keep_failed=args.keep_failed,
-                recover=not args.no_recover,
-                analysis=args.analysis,
-                allow_unbound=args.allow_unbound,
-                masks_format=args.masks_format,
-                weights=args.weights,
-                input_masked=False if args.unmasked_input else None,
-                external_data=True if args.external_data else None,
-                validate_layers=args.validate_layers,
-                log=lambda m: say(f"[I] {m}"),
-                progress=not args.quiet,  # shown only when stderr is a terminal
-            )
             pruned = None
             if args.prune is not None:
                 pruned = _prune(args, options, inputs, say)
