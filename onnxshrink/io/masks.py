@@ -193,7 +193,22 @@ def _drop_pages(arr: np.ndarray) -> None:
         ctypes.CDLL(None).madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
 
 
-class _Npz(Mapping):
+class _Leaves(Mapping):
+    """A file's tensors by name, each a `Leaf` (subclasses fill `self.leaves`)."""
+
+    leaves: dict[str, Leaf]
+
+    def __getitem__(self, key: str) -> Leaf:
+        return self.leaves[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.leaves)
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+
+class _Npz(_Leaves):
     """A .npz file's arrays as `Leaf`s: shapes from each member's header, values read (and
     decompressed) when asked for."""
 
@@ -229,15 +244,6 @@ class _Npz(Mapping):
                 f"{self.path}: cannot be read as a .npz file of arrays (array '{key}': {first_line(exc)})."
             ) from exc
 
-    def __getitem__(self, key: str) -> Leaf:
-        return self.leaves[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.leaves)
-
-    def __len__(self) -> int:
-        return len(self.leaves)
-
 
 def _read_npz(p: Path):
     try:
@@ -256,7 +262,7 @@ _ST_DTYPES = {
 }  # fmt: skip
 
 
-class _Safetensors(Mapping):
+class _Safetensors(_Leaves):
     """A .safetensors file (an 8-byte header length, a JSON header, then each tensor's raw
     little-endian bytes) as `Leaf`s: the header is read here, and each tensor memory-mapped when
     asked for (its pages go back when the array is dropped)."""
@@ -310,15 +316,6 @@ class _Safetensors(Mapping):
             return arr
 
         return read
-
-    def __getitem__(self, key: str) -> Leaf:
-        return self.leaves[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.leaves)
-
-    def __len__(self) -> int:
-        return len(self.leaves)
 
 
 def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
