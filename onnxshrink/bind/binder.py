@@ -149,15 +149,8 @@ class Binder:
             layout = self.index.layout(site)
             if layout is None and len(self.index.shapes[init]) > 1:
                 continue  # an op that gives a matrix's axes no roles: not bound by scope
-            sites, lay = found.setdefault(init, ([], layout))
-            if lay != layout:
-                raise Ambiguous(f"its module reads initializer '{init}' in two different layouts")
-            sites.append(site)
-        out = []
-        for init, (sites, layout) in found.items():
-            own = None if set(self.index.sites[init]) <= set(sites) else tuple(sites)
-            out.append(Binding(name, init, self.fit(name, mask, init, layout), own, "scope"))
-        return out or None
+            _add_site(found, init, site, layout)
+        return self._bindings(name, mask, found, "scope")
 
     def by_sibling(self, name: str, mask: np.ndarray) -> list[Binding] | None:
         """The op of a module no node scope records, found by another parameter of the module
@@ -181,16 +174,17 @@ class Binder:
                 init, site = self.index.resolve(inputs[slot]), Site(s.node, slot)
                 if init is None or not batchnorm.mask_commutes(self.index, site):
                     continue
-                layout = self.index.layout(site)
-                sites, lay = found.setdefault(init, ([], layout))
-                if lay != layout:
-                    raise Ambiguous(f"its module reads initializer '{init}' in two different layouts")
-                if site not in sites:
-                    sites.append(site)
+                _add_site(found, init, site, self.index.layout(site))
+        return self._bindings(name, mask, found, "its op, by a sibling parameter")
+
+    def _bindings(
+        self, name: str, mask: np.ndarray, found: dict[str, tuple[list[Site], Layout | None]], how: str
+    ) -> list[Binding] | None:
+        """One binding per initializer found, owning only its sites when other readers remain."""
         out = []
         for init, (sites, layout) in found.items():
             own = None if set(self.index.sites[init]) <= set(sites) else tuple(sites)
-            out.append(Binding(name, init, self.fit(name, mask, init, layout), own, "its op, by a sibling parameter"))
+            out.append(Binding(name, init, self.fit(name, mask, init, layout), own, how))
         return out or None
 
     def bias_absent(self, name: str) -> bool:
@@ -380,3 +374,14 @@ def _row_proportional(a: np.ndarray, b: np.ndarray) -> bool:
     lo, hi = np.nanmin(ratio, axis=1, initial=np.inf), np.nanmax(ratio, axis=1, initial=-np.inf)
     rows = np.isfinite(lo)
     return bool(rows.any()) and bool(np.allclose(lo[rows], hi[rows], rtol=1e-5, atol=0))
+
+
+def _add_site(
+    found: dict[str, tuple[list[Site], Layout | None]], init: str, site: Site, layout: Layout | None
+) -> None:
+    """Record that the mask's module reads `init` at `site` in `layout` (one layout per init)."""
+    sites, lay = found.setdefault(init, ([], layout))
+    if lay != layout:
+        raise Ambiguous(f"its module reads initializer '{init}' in two different layouts")
+    if site not in sites:
+        sites.append(site)

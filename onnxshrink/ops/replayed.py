@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.analyze.constants import ConstInfo, compress, static_batch1
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.analyze.replay import Replayed, ReplayError, commutes, replay
 from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader
@@ -31,22 +31,6 @@ def replayable(node: gs.Node) -> bool:
     """May this node be replayed at all (a runnable domain, no subgraph)?"""
     subgraph = any(isinstance(v, gs.Graph) for v in node.attrs.values())
     return (node.domain or "") in REPLAYABLE_DOMAINS and not subgraph
-
-
-def _shape(t: gs.Tensor) -> list[int] | None:
-    """Static dims, a dynamic batch (axis 0) taken as 1; None when another dim is unknown."""
-    dims = ir.dims(t)
-    if dims is None:
-        return None
-    out = []
-    for k, d in enumerate(dims):
-        if isinstance(d, int) and d >= 0:
-            out.append(d)
-        elif k == 0:
-            out.append(1)
-        else:
-            return None
-    return out
 
 
 def _inputs(node: gs.Node, reader: Reader) -> tuple[list[np.ndarray | None], list[bool]] | str:
@@ -64,7 +48,7 @@ def _inputs(node: gs.Node, reader: Reader) -> tuple[list[np.ndarray | None], lis
             arrays.append(np.asarray(value))
             live.append(False)
             continue
-        shape = _shape(t)
+        shape = static_batch1(t)
         if shape is None or t.dtype is None:
             return f"input {i} has no static shape"
         dtype = np.dtype(t.dtype)
