@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 Dim = int | str | None
@@ -95,3 +96,12 @@ def int_list(values: np.ndarray | Sequence[int] | None) -> list[int] | None:
     if values is None:
         return None
     return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every subgraph in it (If branches, Loop and Scan bodies), depth first."""
+    yield graph
+    for n in graph.node:
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                yield from all_graphs(g)

@@ -12,6 +12,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
+from onnxshrink import ir
 from onnxshrink.analyze.nonzero import pattern
 from onnxshrink.ir import is_float
 from onnxshrink.ops.contract import OpNode
@@ -54,7 +55,7 @@ def model_stats(
     # a Loop body reads may be stored there).
     opset = default_opset(model)
     params = 0
-    for g in _graphs(model.graph):
+    for g in ir.all_graphs(model.graph):
         params += sum(
             int(np.prod(t.dims, dtype=np.int64)) for t in g.initializer if t.data_type in PARAM_TYPES
         )
@@ -70,14 +71,6 @@ def model_stats(
         count_macs(model, input_shapes or {}),
         file_bytes,
     )
-
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for n in graph.node:
-        for a in n.attribute:
-            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                yield from _graphs(g)
 
 
 def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxshrink import ir
 from onnxshrink.errors import ShrinkError, first_line
 from onnxshrink.options import ShrinkOptions
 
@@ -330,7 +331,7 @@ def unrunnable_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
 
     known = runtime_schemas() | {(f.domain, f.name) for f in model.functions}
     out: dict[str, str] = {}
-    for n in _all_nodes(model.graph):
+    for n in (n for g in ir.all_graphs(model.graph) for n in g.node):
         if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known:
             out.setdefault(f"{n.domain}:{n.op_type}", node_label(n))
     return list(out.items())
@@ -341,14 +342,6 @@ def node_label(n: onnx.NodeProto) -> str:
     if n.name:
         return f"node '{n.name}'"
     return f"the node writing '{n.output[0]}'" if n.output else "an unnamed node"
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for n in graph.node:
-        yield n
-        for a in n.attribute:
-            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                yield from _all_nodes(g)
 
 
 def check_runnable(model: onnx.ModelProto, source: str) -> None:
@@ -487,13 +480,6 @@ def arithmetic(model: onnx.ModelProto) -> tuple[str, float]:
     worst = max(computed, key=lambda t: EPS[t], default=onnx.TensorProto.FLOAT)
     name = helper.tensor_dtype_to_np_dtype(worst).name if worst != onnx.TensorProto.BFLOAT16 else "bfloat16"
     return name, EPS[worst]
-
-
-def default_rtol(model: onnx.ModelProto) -> tuple[float, str]:
-    """The tolerance that follows the model's dtype, and the dtype's name: rounding in fp16 or
-    bf16 arithmetic differs with the order of a sum, which removing zero terms changes."""
-    name, eps = arithmetic(model)
-    return default_tolerance(eps), name
 
 
 class _RunFailed(Exception):

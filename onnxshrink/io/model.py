@@ -306,10 +306,6 @@ class Scratch:
             self.files.remove(path)
 
 
-def external_locations(model: onnx.ModelProto) -> set[str]:
-    return set(_external_locations(model))
-
-
 def save_streamed(
     model: onnx.ModelProto,
     data_file: Path,

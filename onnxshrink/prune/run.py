@@ -264,14 +264,6 @@ def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
     return MaskSlices(gather_slices(slices), sorted(skipped))
 
 
-def framework_masks(
-    model: onnx.ModelProto, members: list[Member]
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    """The masks of `mask_slices`, made, and the initializers skipped."""
-    slices = mask_slices(model, members)
-    return slices.masks(), slices.skipped
-
-
 def _stage_masks(slices: MaskSlices, path: str | Path) -> Path:
     """The masks written to a hidden file beside `path` (same directory, same suffix), to be
     renamed over it."""
