@@ -45,27 +45,30 @@ def fused_conv(index: ModelIndex, values: Mapping[str, np.ndarray], module: str)
     if g is None or v is None or beta is None or mean is None:
         return None
     scale = g.astype(np.float64).reshape(-1) / np.sqrt(v.astype(np.float64).reshape(-1) + DEFAULT_EPS)
-    found = []
+    candidates = []  # (node index, fused weight, fused bias) of the convs this BatchNorm may be in
     for k, n in enumerate(index.nodes):
         w = _conv_weight(index, k)
         if w is None or index.shapes[w][0] != scale.shape[0]:
             continue
-        fused = index.array(w)
         b = index.resolve(n.input[2]) if len(n.input) > 2 and n.input[2] else None
         fused_b = index.array(b).astype(np.float64) if b else np.zeros(scale.shape[0])
-        for name in values:
-            if value_shape(values, name) != fused.shape:
-                continue  # not read
-            orig = values[name]
-            if not np.allclose(
-                orig * scale.reshape((-1,) + (1,) * (orig.ndim - 1)), fused, rtol=1e-4, atol=1e-6
-            ):
+        candidates.append((k, index.array(w), fused_b))
+    hits: list[tuple[int, int, str]] = []
+    for order, name in enumerate(values):  # each original read once (a lazy file re-reads it)
+        shape = value_shape(values, name)
+        if not any(shape == fused.shape for _, fused, _ in candidates):
+            continue  # not read
+        orig = values[name]
+        conv_b = values.get(name[: -len("weight")] + "bias") if name.endswith("weight") else None
+        b0 = 0.0 if conv_b is None else conv_b.astype(np.float64).reshape(-1)
+        want = (b0 - mean.astype(np.float64).reshape(-1)) * scale + beta.reshape(-1)
+        scaled = orig * scale.reshape((-1,) + (1,) * (orig.ndim - 1))
+        for k, fused, fused_b in candidates:
+            if fused.shape != shape or not np.allclose(scaled, fused, rtol=1e-4, atol=1e-6):
                 continue
-            conv_b = values.get(name[: -len("weight")] + "bias") if name.endswith("weight") else None
-            b0 = 0.0 if conv_b is None else conv_b.astype(np.float64).reshape(-1)
-            want = (b0 - mean.astype(np.float64).reshape(-1)) * scale + beta.reshape(-1)
             if np.allclose(fused_b, want, rtol=1e-4, atol=1e-6):
-                found.append((k, name))
+                hits.append((k, order, name))
+    found = [(k, name) for k, _, name in sorted(hits)]  # by conv, then the file's order
     if len({k for k, _ in found}) > 1:
         convs = ", ".join(sorted({index.nodes[k].name or f"#{k}" for k, _ in found})[:4])
         return (
