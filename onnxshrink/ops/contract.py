@@ -230,6 +230,18 @@ class WeightAxes:
     family: str
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """How an op reads an integer input as real numbers: (q - zero point) * scale. The scale is
+    the product of the inputs at `scales` (none: the op applies no scale of its own: the graph
+    may, after it), the zero point the input at `zero_point` (None: 0); each a scalar, or a
+    vector along `axis` of the input."""
+
+    scales: tuple[int, ...]
+    zero_point: int | None
+    axis: int
+
+
 # ---------------------------------------------------------------------- the handler
 class Handler:
     """One op family. Subclasses override what differs from "a barrier that folds nothing"."""
@@ -282,6 +294,11 @@ class Handler:
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         """How input i (a constant of `rank`) is read, when it is a layer's weight or a
         per-channel vector (bias, norm scale)."""
+        return None
+
+    def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
+        """When input i (of `rank`) holds quantized integers: how the op dequantizes them (a
+        quantized weight "is zero" where it equals its zero point)."""
         return None
 
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:

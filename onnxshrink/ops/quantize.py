@@ -24,7 +24,7 @@ channel; per-tensor ones (scalars) stay.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -33,7 +33,15 @@ from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import along, const_or_live, couple_same
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, WeightAxes
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Quantized,
+    Reader,
+    WeightAxes,
+)
 from onnxshrink.ops.registry import register
 
 
@@ -77,7 +85,14 @@ class QuantizeDequantize(Handler):
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         return WeightAxes(0, None, "vector") if i in (1, 2) and rank == 1 else None
 
-    def blocked(self, node: gs.Node) -> bool:
+    def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
+        """DequantizeLinear's input: (x - zero point) * scale, per tensor or along `axis`."""
+        if node.op != "DequantizeLinear" or i != 0 or self.blocked(node):
+            return None
+        zp = 2 if node.has_input(2) else None
+        return Quantized((1,), zp, ir.norm_axis(int(node.attrs.get("axis", 1)), max(rank, 1)))
+
+    def blocked(self, node: gs.Node | OpNode) -> bool:
         return int(node.attrs.get("block_size", 0)) != 0
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
@@ -197,6 +212,9 @@ class _IntegerProduct(Handler):
     evaluate_with_ort = True
     x_slot, w_slot, x_zp, w_zp = 0, 1, 2, 3
     per_output: tuple[int, ...] = (3,)  # parameters along the weight's output channels
+    w_scales: tuple[int, ...] = ()  # the weight's scale (none: applied after the op)
+    bias_slot: int | None = None  # an int32 bias, scaled by `bias_scales`
+    bias_scales: tuple[int, ...] = ()
 
     def w_axes(self, rank: int) -> tuple[int, int]:
         """(output-channel axis, input-feature axis) of the weight."""
@@ -206,6 +224,23 @@ class _IntegerProduct(Handler):
         if i == self.w_slot and rank >= 2:
             out, inp = self.w_axes(rank)
             return WeightAxes(out, inp, "conv" if rank > 2 else "linear")
+        if i == self.bias_slot and rank == 1:
+            return WeightAxes(0, None, "vector")
+        return None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        slots = {"weight": self.w_slot}
+        return slots | ({"bias": self.bias_slot} if self.bias_slot is not None else {})
+
+    def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
+        """The weight, (w - w_zero_point) * w_scale per tensor or per output channel (the integer
+        ops with no scale input leave it to the graph after them); the int32 bias, scaled by
+        x_scale * w_scale with no zero point."""
+        if i == self.w_slot and rank >= 2:
+            zp = self.w_zp if node.has_input(self.w_zp) else None
+            return Quantized(self.w_scales, zp, self.w_axes(rank)[0])
+        if i == self.bias_slot and rank == 1:
+            return Quantized(self.bias_scales, None, 0)
         return None
 
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
@@ -317,13 +352,12 @@ class QLinearMatMul(MatMulInteger):
 
     x_slot, w_slot, x_zp, w_zp = 0, 3, 2, 5
     per_output = (4, 5)
+    w_scales = (4,)
 
 
 @register("ConvInteger", since=10)
 class ConvInteger(_IntegerProduct):
     """x [N, C, ...] with a constant weight [M, C, k...], x_zero_point, w_zero_point (per M)."""
-
-    bias_slot: int | None = None
 
     def w_axes(self, rank: int) -> tuple[int, int]:
         return 0, 1
@@ -380,3 +414,5 @@ class QLinearConv(ConvInteger):
 
     x_slot, w_slot, x_zp, w_zp = 0, 3, 2, 5
     per_output = (4, 5, 8)
+    w_scales = (4,)
+    bias_slot, bias_scales = 8, (1, 4)

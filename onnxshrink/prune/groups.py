@@ -13,6 +13,13 @@ it. It is not when the closure reads its axis whole for a stated reason (a Layer
 hidden size, a graph input or output, an unsupported op), and that is checked again the way
 the shrink will see it: every exact group is zeroed (half of each layer at a time) and the
 closure must remove all of its members.
+
+Quantized weights are weights: an integer constant an op dequantizes (`Handler.quantized_input`:
+a DequantizeLinear's input, a QLinearConv's weight or int32 bias, a MatMulInteger's weight) is a
+member like a float one, read in the role its dequantized value has (a Conv's weight through
+the DequantizeLinear that feeds it). Its "zero" is its zero point (per tensor or per channel),
+its magnitude that of its dequantized values; the scales and zero points that slice with it are
+not zeroed (its channel is zero whatever its scale).
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.coupling import CouplingLog, Partition
 from onnxshrink.analyze.keep import LIVE
 from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
-from onnxshrink.ops import OpNode, lookup
+from onnxshrink.ops import OpNode, WeightAxes, lookup
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 
 SCHEMA = "onnxshrink.groups/1"
@@ -140,6 +148,16 @@ class Layer:
 
 
 @dataclass
+class Dequant:
+    """How a quantized member's integers read as real numbers: (q - zero) * scale, each shaped to
+    broadcast against the tensor (a scalar, or a vector along one axis); scale None: unknown
+    (taken as 1)."""
+
+    zero: np.ndarray
+    scale: np.ndarray | None
+
+
+@dataclass
 class GroupSet:
     groups: list[Group]
     layers: list[Layer]
@@ -149,9 +167,31 @@ class GroupSet:
     arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     # sum of |w|^p per index of (tensor, axis, p), computed once (prune.importance)
     norms: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict, repr=False)
+    # quantized members (by analysis tensor): their zero points and scales
+    dequant: dict[str, Dequant] = field(default_factory=dict, repr=False)
+    # the scales and zero points of quantized members: sliced with their channels, never zeroed
+    quant_params: set[str] = field(default_factory=set, repr=False)
 
     def exact(self) -> list[Group]:
         return [g for g in self.groups if g.exact]
+
+    def zeroed_members(self, groups: Iterable[Group]) -> list[Member]:
+        """The members whose slices zeroing `groups` sets to zero (or to their zero point)."""
+        return [m for g in groups for m in g.members if m.tensor not in self.quant_params]
+
+    def zero_of(self, tensor: str) -> np.ndarray | None:
+        """What "zero" is for a member tensor: its zero point when it is quantized, else None (0)."""
+        d = self.dequant.get(tensor)
+        return d.zero if d is not None else None
+
+    def real(self, tensor: str) -> np.ndarray:
+        """A member's values as real numbers (dequantized when quantized)."""
+        values = self.arrays[tensor]
+        d = self.dequant.get(tensor)
+        if d is None:
+            return values
+        real = values.astype(np.float64) - d.zero
+        return real * d.scale if d.scale is not None else real
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +220,8 @@ def find_groups(
     tensors = graph.tensors()
     arrays = {m.tensor: np.asarray(tensors[m.tensor].values) for g in groups for m in g.members}
     result = GroupSet(groups, layers, name, untied, arrays)
+    result.dequant = {k: v for k, v in finder.dequant.items() if k in arrays}
+    result.quant_params = finder.quant_params & set(arrays)
     if verify:
         _verify(result, model, base_dir, opset)
     return result
@@ -194,20 +236,22 @@ class _Finder:
         self.opset = analysis.opset
         # the original model's node index of each analysis node (by its first output's name)
         self.node_of = {out: k for k, n in enumerate(index.nodes) for out in n.output[:1]}
+        self.dequant: dict[str, Dequant] = {}
+        self.quant_params: set[str] = set()
 
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
         declared: set[int] = set()
         for t in list(self.analysis.graph.tensors().values()):
-            if not isinstance(t, gs.Constant) or not _is_float(t):
+            if not isinstance(t, gs.Constant) or not (_is_float(t) or self._quantized(t)):
                 continue
             for axis in range(len(t.shape)):
                 key = (t.name, axis)
                 if key not in self.part.offsets:
                     continue
                 comps = self.part.of(key)
-                for member, node in self._members(t, axis):
-                    data = self._data_of(member, node)
+                for member, read in self._members(t, axis):
+                    data = self._data_of(member, read)
                     for comp, idx in _split(comps):
                         m = _with(member, idx)
                         if comp in data:
@@ -248,12 +292,13 @@ class _Finder:
             groups.append(g)
         return groups, layers
 
-    def _data_of(self, m: Member, node: gs.Node) -> dict[int, tuple[str, int, np.ndarray]]:
+    def _data_of(self, m: Member, read: tuple[gs.Node, int]) -> dict[int, tuple[str, int, np.ndarray]]:
         """For a weight matrix read along its input axis: the activation it multiplies (the
         op's other operand, a Conv's or Gemm's data), per component, as (tensor, axis, indices)."""
-        if m.side != "in" or not m.matrix or m.input_index not in (0, 1):
+        node, slot = read
+        if m.side != "in" or not m.matrix or slot not in (0, 1):
             return {}
-        x = node.inputs[1 - m.input_index] if len(node.inputs) > 1 else None
+        x = node.inputs[1 - slot] if len(node.inputs) > 1 else None
         if x is None or isinstance(x, gs.Constant):
             return {}
         out: dict[int, tuple[str, int, np.ndarray]] = {}
@@ -268,19 +313,101 @@ class _Finder:
         reasons = self.part.reasons.get(comp, [])
         return bool(reasons) and all(r == LIVE for r in reasons)
 
-    def _members(self, t: gs.Constant, axis: int) -> list[tuple[Member, gs.Node]]:
-        """One member template per node reading `t` (untied: usually one)."""
-        out = []
+    def _quantized(self, t: gs.Constant) -> bool:
+        """Is `t` an integer constant its readers dequantize (a quantized weight or bias)? Its zero
+        point and scale are recorded (`dequant`), and they are marked as its parameters."""
+        if t.name in self.dequant:
+            return True
+        found: list[Dequant] = []
+        params: set[str] = set()
+        rank = len(t.shape)
         for node in t.outputs:
             handler = self.analysis.handler_for(node)
-            i = next(k for k, x in enumerate(node.inputs) if x is t)
             op = OpNode.of(node)
+            i = next(k for k, x in enumerate(node.inputs) if x is t)
+            q = handler.quantized_input(op, i, rank) if handler is not None else None
+            if q is None:
+                return False
+            d = self._dequant(node, q, tuple(int(n) for n in t.shape), params)
+            if d is None:
+                return False
+            found.append(d)
+        if not found or any(
+            d.zero.shape != found[0].zero.shape or not np.array_equal(d.zero, found[0].zero) for d in found
+        ):
+            return False
+        self.dequant[t.name] = found[0]
+        self.quant_params |= params
+        return True
+
+    @staticmethod
+    def _dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
+        """The zero point and scale `q` names on `node`, shaped against a tensor of `shape`; None
+        when a zero point is not a constant or does not fit (then the tensor is no member)."""
+
+        def shaped(slot: int) -> np.ndarray | None:
+            p = ir.present(node, slot)
+            if not isinstance(p, gs.Constant):
+                return None
+            v = np.asarray(p.values)
+            if v.size == 1:
+                return v.reshape(())
+            if v.ndim != 1 or not 0 <= q.axis < len(shape) or v.shape[0] != shape[q.axis]:
+                return None
+            params.add(p.name)
+            return v.reshape([-1 if a == q.axis else 1 for a in range(len(shape))])
+
+        zero = np.zeros((), np.int64)
+        if q.zero_point is not None and ir.present(node, q.zero_point) is not None:
+            z = shaped(q.zero_point)
+            if z is None:
+                return None
+            zero = z.astype(np.int64)
+        scale: np.ndarray | None = None
+        for slot in q.scales:
+            v = shaped(slot)
+            if v is None:  # a scale computed at run time: the magnitude is taken in integer units
+                return Dequant(zero, None)
+            scale = v.astype(np.float64) if scale is None else scale * v
+        return Dequant(zero, scale)
+
+    def _read_as(
+        self, node: gs.Node, i: int, rank: int, depth: int = 0
+    ) -> tuple[gs.Node, int, WeightAxes | None]:
+        """The node whose reading gives input i of `node` its role: `node` itself, or, through
+        ops that pass the input's axes on (DequantizeLinear, Cast, Transpose), the op that reads
+        their output (a Conv reading a dequantized weight). With it: its input index, and how it
+        reads the weight, in the weight's own axes."""
+        handler = self.analysis.handler_for(node)
+        if handler is None:
+            return node, i, None
+        op = OpNode.of(node)
+        perm = handler.passes_axes(op, i, rank) if depth < 8 else None
+        readers = node.outputs[0].outputs if perm is not None and node.outputs else []
+        if perm is None or len(readers) != 1:
+            return node, i, handler.weight_axes(op, i, rank)
+        reader = readers[0]
+        slot = next(k for k, x in enumerate(reader.inputs) if x is node.outputs[0])
+        got, k, wa = self._read_as(reader, slot, rank, depth + 1)
+        if wa is not None:  # the reader's axes are this node's output axes: perm maps them back
+            wa = WeightAxes(perm[wa.out], perm[wa.inp] if wa.inp is not None else None, wa.family)
+        return got, k, wa
+
+    def _members(self, t: gs.Constant, axis: int) -> list[tuple[Member, tuple[gs.Node, int]]]:
+        """One member template per node reading `t` (untied: usually one), with the node (and
+        its input) that gives it its role."""
+        out = []
+        for node in t.outputs:
+            i = next(k for k, x in enumerate(node.inputs) if x is t)
             role, side, matrix, family = None, "", False, ""
             site = (node.outputs[0].name if node.outputs else "", i)
+            reader, slot, wa = self._read_as(node, i, len(t.shape))
+            handler = self.analysis.handler_for(reader)
             if handler is not None:
-                constant = [isinstance(x, gs.Constant) for x in node.inputs]
-                role = next((r for r, k in handler.param_inputs(op, constant).items() if k == i), None)
-                wa = handler.weight_axes(op, i, len(t.shape))
+                via = reader.inputs[slot]
+                constant = [isinstance(x, gs.Constant) or x is via for x in reader.inputs]
+                roles = handler.param_inputs(OpNode.of(reader), constant)
+                role = next((r for r, k in roles.items() if k == slot), None)
                 if wa is not None:
                     side = "out" if axis == wa.out else "in" if axis == wa.inp else ""
                     matrix, family = wa.inp is not None, wa.family
@@ -293,14 +420,14 @@ class _Finder:
                     node.op,
                     role,
                     side,
-                    self._params(node, i, axis, side, tuple(int(d) for d in t.shape)),
+                    self._params(reader, slot, axis, side, tuple(int(d) for d in t.shape)),
                     t.name,
                     i,
                     matrix,
                     family,
                     site,
                 ),
-                node,
+                (reader, slot),
             ))
         return out
 
@@ -361,11 +488,15 @@ class _Finder:
         return Unit("channel", 1)
 
 
-def zero_slice(values: np.ndarray, axis: int, indices: np.ndarray) -> None:
-    """values[..., indices, ...] = 0 along `axis`, in place."""
+def zero_slice(values: np.ndarray, axis: int, indices: np.ndarray, zero: np.ndarray | None = None) -> None:
+    """values[..., indices, ...] = 0 along `axis`, in place; `zero`: what zero is (a quantized
+    weight's zero point, broadcast against `values`)."""
     index: list[Any] = [slice(None)] * values.ndim
     index[axis] = indices
-    values[tuple(index)] = 0
+    if zero is None or not np.any(zero):
+        values[tuple(index)] = 0
+    else:
+        values[tuple(index)] = np.broadcast_to(zero, values.shape)[tuple(index)]
 
 
 def gather_slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, int], np.ndarray]:
@@ -438,11 +569,11 @@ def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int) -> N
         graph, untied = prepare(model, base_dir)
         tensors = graph.tensors()
         zeroed: dict[str, np.ndarray] = {}
-        slices = gather_slices((m.tensor, m.axis, m.indices) for g in chosen for m in g.members)
+        slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members(chosen))
         for (name, axis), idx in slices.items():
             if name not in zeroed:  # the values the analysis read (prepare's, untouched)
                 zeroed[name] = np.array(result.arrays[name])
-            zero_slice(zeroed[name], axis, idx)
+            zero_slice(zeroed[name], axis, idx, result.zero_of(name))
         for name, values in result.arrays.items():  # read already: not converted again
             if name in tensors:
                 tensors[name].values = zeroed.get(name, values)

@@ -5,7 +5,8 @@
   matrix along its output or input axis, a normalization's scale), the sum of |w|^p over the
   member's slice; then the mean over those members. With a BatchNorm the exporter folded into
   the conv, the conv's weights are the folded ones (W * gamma / sqrt(var + eps)): export with
-  optimize=False to rank by the same numbers as in the framework.
+  optimize=False to rank by the same numbers as in the framework. A quantized weight's
+  magnitude is that of its dequantized values, (q - zero point) * scale.
 - `random`: uniform, from the seed.
 - `activation`: data-driven, on the given inputs run with onnxruntime: per weight matrix that
   reads the group's channels (along its input axis), the mean |activation| of each channel
@@ -104,8 +105,9 @@ def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
     kept for every member that slices it (a layer's groups each hold one index or a few)."""
     key = (tensor, axis, p)
     if key not in gset.norms:
-        values = gset.arrays[tensor]
-        rows = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1).astype(np.float64)
+        values = gset.real(tensor)  # a quantized weight's dequantized values (a new array)
+        rows = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
+        rows = rows.astype(np.float64, copy=tensor not in gset.dequant)
         np.abs(rows, out=rows)
         if p != 1:
             np.power(rows, p, out=rows)

@@ -126,7 +126,7 @@ def prune(
     clock.lap("select")
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
-    members = [m for g in chosen for m in g.members]
+    members = gset.zeroed_members(chosen)
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
@@ -159,7 +159,8 @@ def prune(
 def zeroed(
     model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True
 ) -> onnx.ModelProto:
-    """`model` with every member's slice zeroed (`copy` False: `model` itself, changed). An
+    """`model` with every member's slice zeroed (a quantized one set to its zero point; `copy`
+    False: `model` itself, changed). An
     initializer several nodes read is first given one copy per reader (as the analysis saw
     it), so that only the readers in the chosen groups lose their slices; the shrink merges
     the copies that stay equal."""
@@ -183,7 +184,7 @@ def zeroed(
         if name not in values:
             source = inits[name] if name in inits else inits[initializer_of[name]]
             values[name] = numpy_helper.to_array(source).copy()
-        zero_slice(values[name], axis, idx)
+        zero_slice(values[name], axis, idx, gset.zero_of(name))
     for name, v in values.items():
         t = numpy_helper.from_array(v, name)
         if name in inits:
