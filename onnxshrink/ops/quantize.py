@@ -32,7 +32,14 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.common import along, const_or_live, couple_same
+from onnxshrink.ops.common import (
+    along,
+    channelwise_constants,
+    const_or_live,
+    couple_broadcast,
+    couple_same,
+    dtype_of,
+)
 from onnxshrink.ops.contract import (
     ConstView,
     Handler,
@@ -72,6 +79,9 @@ def tie_params(ks: KeepView, node: gs.Node, slots: tuple[int, ...], y: gs.Tensor
 
 
 # ------------------------------------------------------------------ Q and DQ
+_PLAIN_INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32))
+
+
 @register("QuantizeLinear", "DequantizeLinear", since=10)
 class QuantizeDequantize(Handler):
     """y = saturate(round(x / scale) + zp), or y = (x - zp) * scale: elementwise, the scale
@@ -114,9 +124,34 @@ class QuantizeDequantize(Handler):
             m, v = np.broadcast_to(m, shape), np.broadcast_to(v, shape)
         elif r > 0:
             params = [None if p is None else p.reshape(()) for p in params]
-        out = ctx.evaluate(node, [np.ascontiguousarray(v), *params])[0]
+        out = self.dequantized(node, v, params, axis, r)
+        if out is None:
+            out = ctx.evaluate(node, [np.ascontiguousarray(v), *params])[0]
         m, out = np.broadcast_arrays(m, out)
         return [compress(np.array(m), np.array(out))]
+
+    @staticmethod
+    def dequantized(
+        node: gs.Node, v: np.ndarray, params: list[np.ndarray | None], axis: int | None, r: int
+    ) -> np.ndarray | None:
+        """DequantizeLinear of plain integers with a float32 scale, in numpy: float32(x - zp) *
+        scale, one rounding, as onnxruntime's kernel computes it (and without a session per
+        weight); None for other ops and types (then onnxruntime evaluates it)."""
+        scale, zp = params
+        if (
+            node.op != "DequantizeLinear"
+            or v.dtype not in _PLAIN_INTEGERS
+            or scale is None
+            or scale.dtype != np.float32
+            or (zp is not None and zp.dtype != v.dtype)
+        ):
+            return None
+
+        def shaped(p: np.ndarray) -> np.ndarray:
+            return p.reshape([-1 if a == axis else 1 for a in range(r)]) if axis is not None else p
+
+        centered = v.astype(np.int64) - (shaped(zp).astype(np.int64) if zp is not None else 0)
+        return np.asarray(centered.astype(np.float32) * shaped(scale), dtype=np.float32)
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -216,13 +251,13 @@ class _IntegerProduct(Handler):
     bias_slot: int | None = None  # an int32 bias, scaled by `bias_scales`
     bias_scales: tuple[int, ...] = ()
 
-    def w_axes(self, rank: int) -> tuple[int, int]:
+    def w_axes(self, node: OpNode | gs.Node, rank: int) -> tuple[int, int]:
         """(output-channel axis, input-feature axis) of the weight."""
         raise NotImplementedError
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         if i == self.w_slot and rank >= 2:
-            out, inp = self.w_axes(rank)
+            out, inp = self.w_axes(node, rank)
             return WeightAxes(out, inp, "conv" if rank > 2 else "linear")
         if i == self.bias_slot and rank == 1:
             return WeightAxes(0, None, "vector")
@@ -238,7 +273,7 @@ class _IntegerProduct(Handler):
         x_scale * w_scale with no zero point."""
         if i == self.w_slot and rank >= 2:
             zp = self.w_zp if node.has_input(self.w_zp) else None
-            return Quantized(self.w_scales, zp, self.w_axes(rank)[0])
+            return Quantized(self.w_scales, zp, self.w_axes(node, rank)[0])
         if i == self.bias_slot and rank == 1:
             return Quantized(self.bias_scales, None, 0)
         return None
@@ -247,7 +282,7 @@ class _IntegerProduct(Handler):
         w = inputs[self.w_slot] if self.w_slot < len(inputs) else None
         if w is None or len(w) < 2:
             return 0
-        _, inp = self.w_axes(len(w))
+        _, inp = self.w_axes(node, len(w))
         per_output = int(np.prod(w[1:])) if len(w) > 2 else int(w[inp])  # conv: a filter
         return int(np.prod(output)) * per_output
 
@@ -258,7 +293,7 @@ class _IntegerProduct(Handler):
         zv = reader.value(zp) if zp is not None else None
         if w is None or (zp is not None and zv is None):
             return None
-        out, inp = self.w_axes(w.ndim)
+        out, inp = self.w_axes(node, w.ndim)
         moved = np.moveaxis(weight_live(w, zv, out), (out, inp), (0, 1))
         return np.asarray(moved.reshape(moved.shape[0], moved.shape[1], -1).any(axis=2))
 
@@ -306,7 +341,7 @@ class _IntegerProduct(Handler):
 class MatMulInteger(_IntegerProduct):
     """A [.., M, K] x B [K, N] (constant) with a_zero_point and b_zero_point (per column)."""
 
-    def w_axes(self, rank: int) -> tuple[int, int]:
+    def w_axes(self, node: OpNode | gs.Node, rank: int) -> tuple[int, int]:
         return rank - 1, rank - 2
 
     def out_axis(self, r: int) -> int:
@@ -320,10 +355,87 @@ class MatMulInteger(_IntegerProduct):
         dtype = a.dtype if a.dtype is not None else np.uint8
         return np.zeros((1,) * (ra - 1) + (w.shape[-2],), dtype=np.dtype(dtype))
 
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        if ctx.value(node.inputs[self.w_slot]) is not None:
+            return super().constants(node, ctx)
+        return self.activation_constants(node, ctx)
+
+    def activation_constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        """A product of two activations: an output element whose row of A or column of B sits at
+        its zero point is the product of zero (0, or requantized: the output zero point)."""
+        a, b, y = node.inputs[self.x_slot], node.inputs[self.w_slot], node.outputs[0]
+        ra, rb, ry = ir.rank(a), ir.rank(b), ir.rank(y)
+        if ra is None or rb is None or ry is None or min(ra, rb) < 2 or ry != max(ra, rb):
+            return None
+        rows = self.silent(ctx, node, self.x_slot, self.x_zp, ry, -1)
+        cols = self.silent(ctx, node, self.w_slot, self.w_zp, ry, -2)
+        if rows is None and cols is None:
+            return None
+        mask = np.logical_or(
+            rows if rows is not None else np.zeros((1,) * ry, bool),
+            cols if cols is not None else np.zeros((1,) * ry, bool),
+        )
+        zero = self.zero_product(node, ctx)
+        if zero is None or not mask.any():
+            return None
+        return [compress(mask, np.broadcast_to(zero, mask.shape).copy())]
+
+    def silent(self, ctx: ConstView, node: gs.Node, slot: int, zp_slot: int, r: int, axis: int) -> np.ndarray | None:
+        """Where input `slot` is constant at its (per-tensor) zero point along the whole `axis`
+        (kept as a size-1 axis), aligned to rank r; None when nowhere."""
+        c = ctx.const(node.inputs[slot])
+        zp = ir.present(node, zp_slot)
+        zv = np.zeros((), np.int64) if zp is None else ctx.value(zp)
+        if c is None or zv is None or zv.size != 1:
+            return None
+        m, v = const_or_live(ctx, node.inputs[slot], r)
+        at = np.all(m & (v == zv.reshape(())), axis=axis, keepdims=True)
+        return at if at.any() else None
+
+    def zero_product(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
+        """The output of a product of zeros (both operands at their zero points), evaluated."""
+        values = [ctx.value(t) if t is not None and t.name else None for t in node.inputs]
+        for slot, zp_slot in ((self.x_slot, self.x_zp), (self.w_slot, self.w_zp)):
+            dtype = dtype_of(node.inputs[slot])
+            values[slot] = np.zeros((1, 1), dtype)
+            if zp_slot < len(values) and ir.present(node, zp_slot) is not None:
+                values[zp_slot] = np.zeros((), dtype)
+        if any(v is None and ir.present(node, i) is not None for i, v in enumerate(values)):
+            return None
+        return np.asarray(ctx.evaluate(node, values)[0]).reshape(())
+
+    def keep_activations(self, node: gs.Node, ks: KeepView) -> None:
+        """A [.., M, K] x B [.., K, N], both computed: batch axes broadcast, M and N pass through,
+        K is read whole (both sides live)."""
+        a, b, y = node.inputs[self.x_slot], node.inputs[self.w_slot], node.outputs[0]
+        ra, rb, ry = ir.rank(a), ir.rank(b), ir.rank(y)
+        if ra is None or rb is None or ry is None or min(ra, rb) < 2 or ry != max(ra, rb):
+            ks.barrier(node, Reason("barrier", node.name, node.op, "shapes unknown"))
+            return
+        ks.demand(a, pin=False)
+        ks.demand(b, pin=False)
+        for t, r in ((a, ra), (b, rb)):
+            for j in range(r - 2):  # right-aligned batch axes
+                ya = ry - r + j
+                if ks.size(t, j) == 1 and ks.size(y, ya) != 1:
+                    ks.pin(t, j)
+                else:
+                    ks.couple(t, j, y, ya)
+        ks.couple(a, ra - 2, y, ry - 2)
+        ks.couple(b, rb - 1, y, ry - 1)
+        ks.couple(a, ra - 1, b, rb - 2)
+        ks.pin(a, ra - 1)
+        for i, t in enumerate(node.inputs):
+            if i not in (self.x_slot, self.w_slot):
+                ks.demand(t if t is not None and t.name else None)
+
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         a, b, y = node.inputs[self.x_slot], node.inputs[self.w_slot], node.outputs[0]
         ra, ry = ir.rank(a), ir.rank(y)
         w = ks.value(b)
+        if w is None and not isinstance(b, gs.Constant):
+            self.keep_activations(node, ks)
+            return
         if w is None or w.ndim != 2 or ra is None or ra < 2 or ry != ra:
             ks.barrier(node, Reason("barrier", node.name, node.op, "weights not a constant matrix"))
             return
@@ -359,7 +471,7 @@ class QLinearMatMul(MatMulInteger):
 class ConvInteger(_IntegerProduct):
     """x [N, C, ...] with a constant weight [M, C, k...], x_zero_point, w_zero_point (per M)."""
 
-    def w_axes(self, rank: int) -> tuple[int, int]:
+    def w_axes(self, node: OpNode | gs.Node, rank: int) -> tuple[int, int]:
         return 0, 1
 
     def out_axis(self, r: int) -> int:
@@ -416,3 +528,184 @@ class QLinearConv(ConvInteger):
     per_output = (4, 5, 8)
     w_scales = (4,)
     bias_slot, bias_scales = 8, (1, 4)
+
+
+# ------------------------------------------------------------------ onnxruntime's QOperator ops
+MS = "com.microsoft"
+
+
+@register("QGemm", domain=MS)
+class QGemm(_IntegerProduct):
+    """A, a_scale, a_zp, B, b_scale, b_zp, C (int32 bias), y_scale, y_zp (both absent: a float
+    output); alpha, transA, transB: Gemm on integers, requantized."""
+
+    x_slot, w_slot, x_zp, w_zp = 0, 3, 2, 5
+    per_output = (4, 5, 6)
+    w_scales = (4,)
+    bias_slot, bias_scales = 6, (1, 4)
+
+    def w_axes(self, node: OpNode | gs.Node, rank: int) -> tuple[int, int]:
+        return (0, 1) if int(node.attrs.get("transB", 0)) else (1, 0)
+
+    def a_axes(self, node: gs.Node) -> tuple[int, int]:
+        """(M axis, K axis) of A."""
+        return (1, 0) if int(node.attrs.get("transA", 0)) else (0, 1)
+
+    def out_axis(self, r: int) -> int:
+        return 1
+
+    def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
+        a = inputs[0]
+        if a is None or len(a) != 2:
+            return 0
+        return int(np.prod(output)) * int(a[0] if int(node.attrs.get("transA", 0)) else a[1])
+
+    def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
+        w = ctx.value(node.inputs[self.w_slot])
+        if w is None or w.ndim != 2:
+            return None
+        _, k = self.w_axes(node, 2)
+        shape = [w.shape[k], 1] if int(node.attrs.get("transA", 0)) else [1, w.shape[k]]
+        return np.zeros(shape, dtype_of(node.inputs[self.x_slot]))
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        a, b, y = node.inputs[self.x_slot], node.inputs[self.w_slot], node.outputs[0]
+        w = ks.value(b)
+        if w is None or w.ndim != 2 or ir.rank(a) != 2 or ir.rank(y) != 2:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "weights not a constant matrix"))
+            return
+        a_m, a_k = self.a_axes(node)
+        b_n, b_k = self.w_axes(node, 2)
+        ks.demand(a, pin=False)
+        ks.demand(b, pin=False)
+        ks.couple(a, a_m, y, 0)
+        ks.couple(b, b_n, y, 1)
+        ks.couple(a, a_k, b, b_k)
+        tie_params(ks, node, self.per_output, y, 1)
+        for i, t in enumerate(node.inputs):
+            if i not in (self.x_slot, self.w_slot, *self.per_output):
+                ks.demand(t if t is not None and t.name else None)
+        reads = self.reads(node, ks, ks.kept(y, 1))
+        assert reads is not None  # w is constant (checked above)
+        ks.need(a, a_k, reads & ~at_zero_point(ks, node, self.x_slot, self.x_zp, a_k, len(reads)))
+
+
+@register("QLinearAdd", "QLinearMul", domain=MS)
+class QLinearBinary(Handler):
+    """A, A_scale, A_zp, B, B_scale, B_zp, C_scale, C_zp: Add or Mul of the dequantized operands
+    (numpy broadcasting), requantized; per-tensor scales and zero points."""
+
+    evaluate_with_ort = True
+    operand_slots = (0, 3)
+
+    def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
+        """A constant operand (a bias, a scale): (x - its zero point) * its scale."""
+        if i not in self.operand_slots:
+            return None
+        return Quantized((i + 1,), i + 2 if node.has_input(i + 2) else None, max(rank - 1, 0))
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        return WeightAxes(0, None, "vector") if i in self.operand_slots and rank == 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
+        """A bias (QLinearAdd) or a scale (QLinearMul): the one constant operand."""
+        consts = [i for i in self.operand_slots if i < len(constant) and constant[i]]
+        name = "bias" if node.op == "QLinearAdd" else "weight"
+        return {name: consts[0]} if len(consts) == 1 else {}
+
+    def multiplies(self, node: OpNode) -> bool:
+        return node.op == "QLinearMul"
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        """Where both operands are constant (for QLinearMul also where one sits at its zero
+        point, a product with 0), evaluated with onnxruntime's kernel."""
+        y = node.outputs[0]
+        r = ir.rank(y)
+        operands = [node.inputs[i] for i in self.operand_slots]
+        if r is None or any(ir.rank(t) is None for t in operands) or all(ctx.const(t) is None for t in operands):
+            return None
+        params = [ctx.value(t) if t is not None and t.name else None for t in node.inputs]
+        if any(params[i] is None and ir.present(node, i) is not None for i in range(len(params)) if i not in self.operand_slots):
+            return None
+        pairs = [const_or_live(ctx, t, r) for t in operands]
+        mask = np.logical_and.reduce(np.broadcast_arrays(*[m for m, _ in pairs]))
+        if node.op == "QLinearMul":
+            for (m, v), slot in zip(pairs, self.operand_slots, strict=True):
+                zp = params[slot + 2] if slot + 2 < len(params) and params[slot + 2] is not None else np.zeros((), v.dtype)
+                mask = mask | (m & (v == zp.reshape(())))
+        if not mask.any():
+            return None
+        full = list(params)
+        for (_, v), slot in zip(pairs, self.operand_slots, strict=True):
+            full[slot] = v
+        out = ctx.evaluate(node, full)[0]
+        mask, out = np.broadcast_arrays(mask, out)
+        return [compress(np.array(mask), np.array(out))]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        y = node.outputs[0]
+        for i, t in enumerate(node.inputs):
+            if i in self.operand_slots:
+                ks.demand(t, pin=False)
+                couple_broadcast(ks, node, y, t, combine=True)
+            else:
+                ks.demand(t if t is not None and t.name else None)  # per-tensor parameters
+
+
+@register("QLinearSoftmax", domain=MS)
+class QLinearSoftmax(Handler):
+    """X, X_scale, X_zp, Y_scale, Y_zp; axis, opset: Softmax of the dequantized input,
+    requantized. It normalizes over `axis` (from `axis` on, flattened, for opset < 13)."""
+
+    evaluate_with_ort = True
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        if r is None or ir.rank(y) != r:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "shapes unknown"))
+            return
+        axis = ir.norm_axis(int(node.attrs.get("axis", -1)), r)
+        axes = [axis] if int(node.attrs.get("opset", 13)) >= 13 else list(range(axis, r))
+        ks.demand(x, pin=False)
+        why = Reason("normalization", node.name, node.op)
+        for a in axes:
+            ks.pin(x, a, why)
+            ks.pin(y, a, why)
+        couple_same(ks, node, x, y)
+        for t in node.inputs[1:]:
+            ks.demand(t if t is not None and t.name else None)
+
+
+@register("QLinearGlobalAveragePool", domain=MS)
+class QLinearGlobalAveragePool(Handler):
+    """X, x_scale, x_zp, y_scale, y_zp; channels_last: the mean over the spatial axes of each
+    channel, requantized."""
+
+    evaluate_with_ort = True
+
+    def channel_axis(self, node: gs.Node, r: int) -> int:
+        return r - 1 if int(node.attrs.get("channels_last", 0)) else 1
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        r = ir.rank(node.inputs[0])
+        if r is None:
+            return None
+        return channelwise_constants(ctx, node, invariant=False, channel_axis=self.channel_axis(node, r))
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        if r is None or ir.rank(y) != r or r < 3:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "shapes unknown"))
+            return
+        c = self.channel_axis(node, r)
+        ks.demand(x, pin=False)
+        for a in range(r):
+            if a in (0, c):
+                ks.couple(x, a, y, a)
+            else:
+                ks.pin(x, a)
+                ks.pin(y, a)
+        for t in node.inputs[1:]:
+            ks.demand(t if t is not None and t.name else None)

@@ -248,11 +248,11 @@ def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     if all(_onnx_knows(n) for n in model.graph.node):
         return model
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+        SymbolicShapeInference = _symbolic_shape_inference()  # noqa: N806  (a class)
         # Its `infer_shapes` raises when one node's shapes stay unknown (and saves the model to
         # the working directory first): run its steps and keep whatever it inferred.
         infer = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        infer.dispatcher_.update(_quantized_rules(infer))
         infer._preprocess(model)
         while infer.run_:
             infer._infer_impl()
@@ -260,6 +260,79 @@ def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return infer.out_mp_
     except Exception:  # it gave up (or its internals changed): the shapes onnx inferred
         return model
+
+
+@functools.cache
+def _symbolic_shape_inference() -> type:
+    """onnxruntime's SymbolicShapeInference, its module loaded from its file: importing it as
+    `onnxruntime.tools.symbolic_shape_infer` runs the `onnxruntime.tools` package, which imports
+    torch when it is installed (seconds, for every model with a contrib op)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import onnxruntime
+
+    name = "_onnxshrink_symbolic_shape_infer"
+    if name not in sys.modules:
+        path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].SymbolicShapeInference
+
+
+def _quantized_rules(infer) -> dict:
+    """Shape rules for onnxruntime's quantized contrib ops (the QOperator form
+    onnxruntime.quantization writes) that its symbolic shape inference lacks: each has the
+    shapes of its float op. `infer` is a SymbolicShapeInference."""
+    from onnx import helper
+
+    def attr(node: onnx.NodeProto, name: str, default: int) -> int:
+        return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+    def put(node: onnx.NodeProto, shape: list, dtype: int) -> None:
+        vi = helper.make_tensor_value_info(node.output[0], dtype, shape)
+        infer.known_vi_[node.output[0]].CopyFrom(vi)
+
+    def dtype(name: str) -> int:
+        return infer.known_vi_[name].type.tensor_type.elem_type
+
+    def same(node: onnx.NodeProto) -> None:  # QLinearSoftmax, QLinearSigmoid, QLinearLeakyRelu
+        put(node, infer._get_shape(node, 0), dtype(node.input[0]))
+
+    def global_pool(node: onnx.NodeProto) -> None:
+        x = infer._get_shape(node, 0)
+        c = len(x) - 1 if attr(node, "channels_last", 0) else 1
+        put(node, [d if a in (0, c) else 1 for a, d in enumerate(x)], dtype(node.input[0]))
+
+    def qgemm(node: onnx.NodeProto) -> None:
+        a, b = infer._get_shape(node, 0), infer._get_shape(node, 3)
+        m = a[1] if attr(node, "transA", 0) else a[0]
+        n = b[0] if attr(node, "transB", 0) else b[1]
+        y_zp = len(node.input) > 8 and node.input[8]
+        put(node, [m, n], dtype(node.input[8]) if y_zp else onnx.TensorProto.FLOAT)
+
+    def concat(node: onnx.NodeProto) -> None:  # Y_scale, Y_zp, then (X, X_scale, X_zp) per input
+        shapes = [infer._get_shape(node, i) for i in range(2, len(node.input), 3)]
+        axis = attr(node, "axis", 0)
+        axis = axis + len(shapes[0]) if axis < 0 else axis
+        sizes = [s[axis] for s in shapes]
+        out = list(shapes[0])
+        out[axis] = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
+        put(node, out, dtype(node.input[1]))
+
+    return {
+        "QLinearSoftmax": same,
+        "QLinearSigmoid": same,
+        "QLinearLeakyRelu": same,
+        "QLinearGlobalAveragePool": global_pool,
+        "QGemm": qgemm,
+        "QLinearConcat": concat,
+    }
 
 
 def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
