@@ -24,6 +24,13 @@ class ValidationFailed(ShrinkError):
         self.result = result
 
 
+class NotShrunk(ShrinkError):
+    """A prune whose chosen groups could not be removed: nothing was written (the model with them
+    zeroed would have the pruned model's quality at the input's size)."""
+
+    exit_code = 1
+
+
 class InternalError(RuntimeError):
     """The analysis promised something the rewrite cannot honour: a bug, never a user error."""
 

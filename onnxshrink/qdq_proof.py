@@ -130,8 +130,8 @@ def _exact_in_float32(centered: np.ndarray, x_dtype: np.dtype, x_zero: np.ndarra
     return bool(per_output.max(initial=0) * x_max < 2**24)
 
 
-def _scalar(g: _Graph, values: np.ndarray, dtype_of: str, hint: str) -> str:
-    return g.constant(np.asarray(values).reshape(()).astype(dtype_of), hint)
+def _scalar(g: _Graph, values: np.ndarray, dtype: np.dtype, hint: str) -> str:
+    return g.constant(np.asarray(values).reshape(()).astype(dtype), hint)
 
 
 def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
@@ -156,7 +156,9 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     a_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(g.type_of(a.q) or 0))
     b_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(g.type_of(b.q) or 0))
-    az = _scalar(g, a.zero, a_dtype, f"{y}__int_a_zero")
+    def az() -> str:
+        return _scalar(g, a.zero, a_dtype, f"{y}__int_a_zero")
+
     if node.op_type == "Conv":
         if w is None or rank_b is None or not _along(b, 0, rank_b, w.dims[0]):
             return None
@@ -172,7 +174,7 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
             acc = make("Conv", [x, w_centered], "acc", **conv_attrs)
         elif np.unique(b.zero).size == 1:
             bz = _scalar(g, b.zero.reshape(-1)[:1], b_dtype, f"{y}__int_w_zero")
-            acc = make("Cast", [make("ConvInteger", [a.q, b.q, az, bz], "acc32", **conv_attrs)], "acc", to=TensorProto.FLOAT)
+            acc = make("Cast", [make("ConvInteger", [a.q, b.q, az(), bz], "acc32", **conv_attrs)], "acc", to=TensorProto.FLOAT)
         else:
             return None  # onnxruntime's ConvInteger takes one weight zero point
         scale = g.constant((a.scale.reshape(()) * b.scale.reshape(-1)).reshape(per_channel if b.scale.size > 1 else ()), f"{y}__int_scale")
@@ -185,7 +187,7 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
         if not (per_column or (_per_tensor(b.scale) and _per_tensor(b.zero))):
             return None
         bz = g.constant(b.zero.astype(b_dtype), f"{y}__int_b_zero")
-        acc = make("MatMulInteger", [a.q, b.q, az, bz], "acc")
+        acc = make("MatMulInteger", [a.q, b.q, az(), bz], "acc")
         scale = g.constant((a.scale.reshape(()) * b.scale).astype(np.float32), f"{y}__int_scale")
         y0 = make("Mul", [make("Cast", [acc], "float", to=TensorProto.FLOAT), scale], "scaled")
     elif node.op_type == "Gemm":
@@ -197,7 +199,7 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
         aq = make("Transpose", [a.q], "a_t", perm=[1, 0]) if trans_a else a.q
         bq = make("Transpose", [b.q], "b_t", perm=[1, 0]) if trans_b else b.q
         bz = g.constant(b.zero.astype(b_dtype), f"{y}__int_b_zero")
-        acc = make("MatMulInteger", [aq, bq, az, bz], "acc")
+        acc = make("MatMulInteger", [aq, bq, az(), bz], "acc")
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
         scale = g.constant((a.scale.reshape(()) * b.scale * np.float32(alpha)).astype(np.float32), f"{y}__int_scale")
         y0 = make("Mul", [make("Cast", [acc], "float", to=TensorProto.FLOAT), scale], "scaled")

@@ -596,8 +596,8 @@ def compare(
     output. `*_dir`: where each model's external data are. With `opts.validate_layers`, only the
     first blocks are compared (see onnxshrink.segment.prefix)."""
     from onnxshrink.emulate import emulated, needs_emulation
-    from onnxshrink.qdq_proof import integer_products
     from onnxshrink.progress import bar
+    from onnxshrink.qdq_proof import integer_products
     from onnxshrink.segment import blocks, prefix, split
 
     opts = opts or ShrinkOptions()

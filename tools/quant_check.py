@@ -14,7 +14,8 @@ calibrated on random inputs. Each is run as a user runs it, in a fresh process:
 `onnxshrink M --prune RATIO -o out.onnx --report r.json -q`, and the table prints per model, form
 and ratio: the exit status, whether the first proof passed, the parameters before and after (and
 what the float model at the same ratio removed: the quantized prune should remove as many, within
-5%), and the wall time against the float model's.
+5%), and the wall time against the float model's (the median of `--repeat` runs, taken in turns
+with the float model's so that the machine's load hits both alike).
 
     python tools/quant_check.py                            # resnet50 and bert, ratios 0.3 and 0.5
     python tools/quant_check.py --models bert --forms qdq,qop --ratios 0.5
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -138,8 +140,8 @@ def run(path: Path, ratio: float, workdir: Path) -> dict:
 
 
 def render(records: list[dict]) -> list[str]:
-    header = ["model", "form", "ratio", "exit", "1st proof", "params", "after", "removed",
-              "vs float", "groups", "time s", "vs float"]  # fmt: skip
+    header = ["model", "form", "ratio", "exit", "1st proof", "params", "after", "/ float's",
+              "removed", "/ float's", "groups", "time s", "/ float's"]  # fmt: skip
     float_of = {(r["model"], r["ratio"]): r for r in records if r["form"] == "float"}
     rows = []
     for r in records:
@@ -147,11 +149,13 @@ def render(records: list[dict]) -> list[str]:
         removed = (r["before"] - r["after"]) if r.get("after") is not None else None
         f_removed = (f["before"] - f["after"]) if f and f.get("after") is not None else None
         vs = f"{removed / f_removed:.3f}" if removed is not None and f_removed else "-"
+        vs_after = f"{r['after'] / f['after']:.3f}" if f and r.get("after") and f.get("after") else "-"
         rows.append([
             r["model"], r["form"], f"{r['ratio']:g}", str(r["exit"]),
             "-" if "first_failure" not in r else ("passed" if not r["first_failure"] else "FAILED"),
             f"{r['before']:,}" if r.get("before") is not None else "-",
             f"{r['after']:,}" if r.get("after") is not None else "-",
+            vs_after,
             f"{removed:,}" if removed is not None else "-",
             vs,
             str(r.get("removed_groups", "-")),
@@ -174,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated: {', '.join(FORMS)}")
     ap.add_argument("--ratios", default="0.3,0.5")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each (median time), taken in turns")
     ap.add_argument("--workdir", type=Path, help="keep (and reuse) the models here")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -190,11 +195,19 @@ def main(argv: list[str] | None = None) -> int:
         records = []
         for name in args.models.split(","):
             src = export_float(name, workdir, args.seed)
-            for form in forms:
-                path = quantized(src, form, args.seed)
-                for ratio in ratios:
-                    rec = {"model": name, "form": form, "ratio": ratio, **run(path, ratio, workdir)}
-                    print(json.dumps(rec), file=sys.stderr, flush=True)
+            paths = {form: quantized(src, form, args.seed) for form in forms}
+            for ratio in ratios:
+                runs: dict[str, list[dict]] = {form: [] for form in forms}
+                for _ in range(args.repeat):  # in turns: a change in the machine's load hits all alike
+                    for form in forms:
+                        rec = {"model": name, "form": form, "ratio": ratio, **run(paths[form], ratio, workdir)}
+                        print(json.dumps(rec), file=sys.stderr, flush=True)
+                        runs[form].append(rec)
+                for form in forms:
+                    rec = dict(runs[form][0])
+                    rec["walls"] = [r["wall"] for r in runs[form]]
+                    rec["wall"] = statistics.median(rec["walls"])
+                    rec["exit"] = max(r["exit"] for r in runs[form])
                     records.append(rec)
         lines = render(records)
         print("\n".join(lines))

@@ -287,7 +287,14 @@ class _IntegerProduct(Handler):
         return int(np.prod(output)) * per_output
 
     def live_weights(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
-        """[output channel, input feature]: is any weight between them off its zero point?"""
+        """[output channel, input feature]: is any weight between them off its zero point? (Once
+        per analysis: the closure visits a node several times.)"""
+        memo = getattr(reader, "memo", None)
+        if memo is None:
+            return self._live_weights(node, reader)
+        return memo(("live_weights", node.name, node.outputs[0].name), lambda: self._live_weights(node, reader))
+
+    def _live_weights(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
         w = reader.value(node.inputs[self.w_slot])
         zp = ir.present(node, self.w_zp)
         zv = reader.value(zp) if zp is not None else None
@@ -631,7 +638,8 @@ class QLinearBinary(Handler):
         mask = np.logical_and.reduce(np.broadcast_arrays(*[m for m, _ in pairs]))
         if node.op == "QLinearMul":
             for (m, v), slot in zip(pairs, self.operand_slots, strict=True):
-                zp = params[slot + 2] if slot + 2 < len(params) and params[slot + 2] is not None else np.zeros((), v.dtype)
+                given = params[slot + 2] if slot + 2 < len(params) else None
+                zp = given if given is not None else np.zeros((), v.dtype)
                 mask = mask | (m & (v == zp.reshape(())))
         if not mask.any():
             return None

@@ -463,6 +463,16 @@ class _Finder:
             return [ParamRef(f"{module}.{role}", 1 - axis, shape[::-1])]
         return [ParamRef(f"{module}.{role}", axis, shape)]
 
+    def _carriers(self, comp: int, node: gs.Node) -> int:
+        """How many of `node`'s operands carry the component: two for a gate (silu(g) * u), one
+        for a product that scales it (a dynamically quantized layer's output times its scale)."""
+        count = 0
+        for t in node.inputs:
+            axes = range(len(t.shape)) if t is not None and t.shape is not None else range(0)
+            if any((t.name, a) in self.part.offsets and comp in self.part.of((t.name, a)) for a in axes):
+                count += 1
+        return count
+
     def _unit(self, comp: int, members: list[Member]) -> Unit:
         """What the group is, from its members: the layers producing it (weight matrices read
         along their output axis) own one channel each (a channel; a neuron when they are all
@@ -481,7 +491,7 @@ class _Finder:
         handlers = [self.analysis.handler_for(n) for n in self.part.meets.get(comp, [])]
         if producers and families == {"linear"}:
             gated = any(
-                h is not None and h.multiplies(OpNode.of(n))
+                h is not None and h.multiplies(OpNode.of(n)) and self._carriers(comp, n) >= 2
                 for h, n in zip(handlers, self.part.meets.get(comp, []), strict=True)
             )
             return Unit("gated_neuron" if gated else "neuron", 1)

@@ -8,8 +8,10 @@ parameter names the exporter recorded, so that they can be applied in the framew
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +21,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
-from onnxshrink.errors import ShrinkError, file_access
+from onnxshrink.api import ShrinkResult, Source, check_options, read_model, save, shrink
+from onnxshrink.errors import NotShrunk, ShrinkError, file_access
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
@@ -141,9 +143,22 @@ def prune(
         # The reference is in memory: say what the input was, so that the output is written as
         # a plain shrink of it would be (external data when the input had it) and never over it.
         external = opts.external_data if opts.external_data is not None else bool(source.data)
-        result = shrink(
-            reference, None, output, options=opts.but(input_masked=None, external_data=external)
-        )
+        shrink_opts = opts.but(input_masked=None, external_data=external)
+        # Written once the chosen groups are known to be gone (with --keep-failed, by the shrink
+        # as it writes any result).
+        result = shrink(reference, None, output if opts.keep_failed else None, options=shrink_opts)
+        if chosen and not removed_any(result.reference, result.model, members):
+            raise NotShrunk(
+                f"--prune {ratio:g}: none of the {len(chosen)} groups chosen could be removed ("
+                + _why_kept(result)
+                + "); the model with them zeroed would have the pruned model's quality at the "
+                "input's size. "
+                + ("It was written anyway (--keep-failed)." if result.written else "Nothing was written.")
+            )
+        if output is not None and not opts.keep_failed:
+            t0 = time.perf_counter()
+            save(result, Source(result.reference), output, shrink_opts)
+            result.timings["save"] = time.perf_counter() - t0
         if staged is not None and masks_out is not None:
             with file_access(masks_out):
                 os.replace(staged, masks_out)
@@ -153,6 +168,24 @@ def prune(
     result.before.file_bytes = source.file_bytes
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
+
+
+def removed_any(reference: onnx.ModelProto, shrunk: onnx.ModelProto, members: list[Member]) -> bool:
+    """Did the shrink take out any of the members' slices (their initializers, under the name
+    they have in the reference or the analysis's copy of a shared one, hold fewer elements)?"""
+    names = {n for m in members for n in (m.initializer, m.tensor)}
+
+    def held(model: onnx.ModelProto) -> int:
+        return sum(math.prod(t.dims) for t in model.graph.initializer if t.name in names)
+
+    return held(shrunk) < held(reference)
+
+
+def _why_kept(result: ShrinkResult) -> str:
+    if result.kept_after_failed_proof:
+        return f"the proof failed ({result.first_failure}) and they were kept back"
+    reasons = sorted({k.reason for k in result.kept_zeroed})
+    return "; ".join(reasons[:3]) if reasons else "the analysis kept them"
 
 
 # ---------------------------------------------------------------------- the reference

@@ -202,3 +202,30 @@ def test_quantized_zoo_models_reach_the_quantized_native_size(zoo_dir, name, how
     assert result.after.params == params(onnx.load(native))
     assert result.after.params < 0.7 * result.before.params
     assert not result.barriers
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32])
+@pytest.mark.parametrize("axis", [None, 1])
+def test_dequantize_of_constants_is_onnxruntimes_bit_for_bit(dtype, axis):
+    """DequantizeLinear of a constant is computed in numpy (no session per weight): the same
+    float32 bits as onnxruntime's kernel."""
+    import onnx_graphsurgeon as gs
+
+    from onnxshrink.analyze.evaluate import evaluate
+    from onnxshrink.ops.quantize import QuantizeDequantize
+
+    rng = np.random.default_rng(7)
+    info = np.iinfo(dtype)
+    v = rng.integers(info.min, info.max, (3, 5, 4), endpoint=True).astype(dtype)
+    shape = (5,) if axis is not None else ()
+    scale = rng.uniform(1e-4, 3, shape).astype(np.float32)
+    zp = rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
+    node = gs.Node(
+        "DequantizeLinear",
+        inputs=[gs.Variable("x", dtype=dtype), gs.Variable("s"), gs.Variable("z")],
+        outputs=[gs.Variable("y", dtype=np.float32)],
+        attrs={"axis": axis} if axis is not None else {},
+    )
+    ours = QuantizeDequantize.dequantized(node, v, [scale, zp], axis, 3)
+    theirs = evaluate(node, [v, scale, zp], 21, ort=True)[0]
+    assert ours is not None and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))

@@ -1,0 +1,339 @@
+"""--prune on quantized models (QDQ, the QOperator form, dynamic quantization): the integer weights
+are the groups' members, zeroed to their zero points; every result is checked with validation
+off, in onnxruntime, against the quantized model with the chosen groups zeroed by the test."""
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from conftest import export_cached, params, run
+from onnx import helper, numpy_helper
+
+from models.transformers import TRANSFORMERS
+from models.zoo import ZOO, randomize
+from onnxshrink.prune import find_groups, prune
+from onnxshrink.prune.importance import magnitude
+
+# Where an op reads a quantized input's zero point, and along which axis a vector one runs
+# (None: per tensor, or none at all): the test's own reading of the ops, not onnxshrink's.
+ZERO_POINT = {
+    ("DequantizeLinear", 0): 2,
+    ("QLinearConv", 3): 5,
+    ("QLinearConv", 8): None,
+    ("QLinearMatMul", 3): 5,
+    ("QGemm", 3): 5,
+    ("QGemm", 6): None,
+    ("MatMulInteger", 1): 3,
+    ("ConvInteger", 1): 3,
+    ("QLinearAdd", 0): 2,
+    ("QLinearAdd", 3): 5,
+    ("QLinearMul", 0): 2,
+    ("QLinearMul", 3): 5,
+}
+SCALES = {("DequantizeLinear", 1), ("QLinearConv", 4), ("QLinearMatMul", 4), ("QGemm", 4)}
+
+
+def zp_axis(node: onnx.NodeProto, slot: int, rank: int) -> int:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "DequantizeLinear":
+        return int(attrs.get("axis", 1)) % rank
+    if node.op_type == "QGemm":
+        return 0 if attrs.get("transB", 0) else 1
+    return rank - 1 if node.op_type in ("QLinearMatMul", "MatMulInteger") else 0
+
+
+def zeroed_by_hand(model: onnx.ModelProto, slices: list[tuple[str, int, np.ndarray]]) -> onnx.ModelProto:
+    """`model` with each slice set to zero: an integer weight to its zero point (per tensor or per
+    channel), a float one to 0; a scale is left as it is (its channel is zero whatever it is)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {t.name: t for t in out.graph.initializer}
+    values = {name: numpy_helper.to_array(t).copy() for name, t in inits.items()}
+    for name, axis, idx in slices:
+        v = values[name]
+        node, slot = next((n, list(n.input).index(name)) for n in out.graph.node if name in n.input)
+        if (node.op_type, slot) in SCALES:
+            continue
+        index = [slice(None)] * v.ndim
+        index[axis] = idx
+        if np.issubdtype(v.dtype, np.floating):
+            v[tuple(index)] = 0
+            continue
+        zp_slot = ZERO_POINT[(node.op_type, slot)]
+        zp = values[node.input[zp_slot]] if zp_slot is not None and len(node.input) > zp_slot else np.zeros(())
+        if zp.size > 1:
+            shape = [1] * v.ndim
+            shape[zp_axis(node, slot, v.ndim)] = -1
+            zp = zp.reshape(shape)
+        v[tuple(index)] = np.broadcast_to(zp, v.shape)[tuple(index)]
+    for name, t in inits.items():
+        t.CopyFrom(numpy_helper.from_array(values[name], name))
+    return out
+
+
+def chosen_slices(result) -> list[tuple[str, int, np.ndarray]]:
+    return [(m.initializer, m.axis, m.indices) for i in result.removed() for m in result.groups.groups[i].members]
+
+
+def same_outputs(reference: onnx.ModelProto, pruned: onnx.ModelProto, feeds: list[dict]) -> None:
+    """Integer outputs equal; float outputs within 1e-5 of their magnitude."""
+    for feed in feeds:
+        for a, b in zip(run(reference, feed), run(pruned, feed), strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            if np.issubdtype(a.dtype, np.floating):
+                assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+            else:
+                assert np.array_equal(a, b)
+
+
+# ------------------------------------------------------------------ hand-made models
+QDQ = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, 6, 6] x, uint8[8, 3, 3, 3] Wq, float Ws, uint8 Wz, int32[8] Bq, float[8] Bs,
+   uint8[4, 8, 1, 1] Vq, float[4] Vs, uint8[4] Vz, float S, uint8 Z) => (float[1, 4, 6, 6] y) {
+  w = DequantizeLinear (Wq, Ws, Wz)
+  b = DequantizeLinear <axis = 0> (Bq, Bs)
+  v = DequantizeLinear <axis = 0> (Vq, Vs, Vz)
+  xq = QuantizeLinear (x, S, Z)
+  xd = DequantizeLinear (xq, S, Z)
+  h = Conv <pads = [1, 1, 1, 1]> (xd, w, b)
+  r = Relu (h)
+  hq = QuantizeLinear (r, S, Z)
+  hd = DequantizeLinear (hq, S, Z)
+  y = Conv (hd, v)
+}"""
+
+
+def qdq_model():
+    rng = np.random.default_rng(0)
+    values = {
+        "Wq": rng.integers(60, 200, (8, 3, 3, 3)), "Ws": 0.01, "Wz": 131,
+        "Bq": rng.integers(-400, 400, 8), "Bs": rng.uniform(1e-4, 2e-4, 8),
+        "Vq": rng.integers(0, 255, (4, 8, 1, 1)), "Vs": rng.uniform(0.01, 0.02, 4),
+        "Vz": rng.integers(120, 136, 4), "S": 0.05, "Z": 128,
+    }  # fmt: skip
+    from onnxshrink.testing import model_from_text
+
+    return model_from_text(QDQ, values=values)
+
+
+def test_qdq_groups_hold_the_integer_weights_and_go_at_their_zero_points():
+    model = qdq_model()
+    gset = find_groups(model)
+    [layer] = [layer for layer in gset.layers if len(layer.groups) == 8]
+    group = gset.groups[layer.groups[3]]
+    assert group.exact
+    held = {(m.initializer, m.axis, m.role, m.side) for m in group.members}
+    # the uint8 weight and int32 bias in the Conv's roles (through their DequantizeLinear), the
+    # next weight's columns, the bias's scale; zero points are no members (integers read as such)
+    assert held == {
+        ("Wq", 0, "weight", "out"), ("Bq", 0, "bias", "out"), ("Vq", 1, "weight", "in"),
+        ("Bs", 0, None, "out"),
+    }  # fmt: skip
+    assert int(gset.zero_of("Wq")) == 131 and gset.zero_of("Vq").reshape(-1).tolist() == init_list(model, "Vz")
+    assert gset.quant_params == {"Bs", "Vs"}  # float members sliced with their channels, not zeroed
+
+    result = prune(model, 0.5, validate=False)
+    removed = sorted(int(gset.groups[i].members[0].indices[0]) for i in result.removed())
+    assert len(removed) == 4
+    reference = zeroed_by_hand(model, chosen_slices(result))
+    same_outputs(reference, result.model, feeds(model))
+    after = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
+    assert after["Wq"] == (4, 3, 3, 3) and after["Bq"] == after["Bs"] == (4,) and after["Vq"] == (4, 4, 1, 1)
+    assert params(result.model) == params(model) - 4 * (27 + 1 + 1 + 4)
+
+
+def init_list(model: onnx.ModelProto, name: str) -> list:
+    return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name)).reshape(-1).tolist()
+
+
+def feeds(model: onnx.ModelProto, draws: int = 3) -> list[dict]:
+    from onnxshrink.validate import make_inputs, resolve_shapes
+
+    return make_inputs(model, resolve_shapes(model, {}), draws, seed=11)
+
+
+def test_quantized_magnitude_is_that_of_the_dequantized_weights():
+    model = qdq_model()
+    gset = find_groups(model)
+    group = next(g for g in gset.groups if g.exact and any(m.initializer == "Wq" for m in g.members))
+    j = int(next(m.indices[0] for m in group.members if m.initializer == "Wq"))
+    wq, vq = (numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == n)) for n in ("Wq", "Vq"))
+    vz, vs = (np.array(init_list(model, n)) for n in ("Vz", "Vs"))
+    w_real = np.abs((wq[j].astype(np.int64) - 131) * np.float64(np.float32(0.01))).sum()
+    v_real = np.abs((vq[:, j, 0, 0].astype(np.int64) - vz) * vs.astype(np.float32).astype(np.float64)).sum()
+    assert magnitude(gset, group, 1) == pytest.approx((w_real + v_real) / 2, rel=1e-12)
+
+
+QOP = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (uint8[1, 4, 5, 5] x, int8[8, 4, 3, 3] Wq, float[8] Ws, int8[8] Wz, int32[8] Wb,
+   int8[8, 4, 1, 1] Dq, float[8] Ds, int8[8] Dz, int32[8] Db, int8[8, 8, 3, 3] Cq, float[8] Cs,
+   int8[8] Cz, int32[8] Cb, int8[6, 8] Fq, float Fs, int8 Fz, int32[6] Fb, float Xs, uint8 Xz,
+   float Hs, uint8 Hz, float Rs, uint8 Rz, float Ps, uint8 Pz, int64[2] Flat) => (float[1, 6] y) {
+  h = QLinearConv <pads = [1, 1, 1, 1]> (x, Xs, Xz, Wq, Ws, Wz, Hs, Hz, Wb)
+  d = QLinearConv (x, Xs, Xz, Dq, Ds, Dz, Hs, Hz, Db)
+  c = QLinearConv <pads = [1, 1, 1, 1]> (h, Hs, Hz, Cq, Cs, Cz, Hs, Hz, Cb)
+  s = com.microsoft.QLinearAdd (c, Hs, Hz, d, Hs, Hz, Rs, Rz)
+  p = com.microsoft.QLinearGlobalAveragePool (s, Rs, Rz, Ps, Pz)
+  f = Reshape (p, Flat)
+  y = com.microsoft.QGemm <transB = 1> (f, Ps, Pz, Fq, Fs, Fz, Fb)
+}"""
+
+
+def qop_model():
+    from onnxshrink.testing import model_from_text
+
+    rng = np.random.default_rng(1)
+
+    def conv(name: str, shape: tuple) -> dict:
+        n = shape[0]
+        return {
+            f"{name}q": rng.integers(-60, 60, shape), f"{name}s": rng.uniform(0.005, 0.01, n),
+            f"{name}z": rng.integers(-3, 3, n), f"{name}b": rng.integers(-300, 300, n),
+        }  # fmt: skip
+
+    values = {
+        **conv("W", (8, 4, 3, 3)), **conv("D", (8, 4, 1, 1)), **conv("C", (8, 8, 3, 3)),
+        "Fq": rng.integers(-60, 60, (6, 8)), "Fs": 0.01, "Fz": 2, "Fb": rng.integers(-300, 300, 6),
+        "Xs": 0.02, "Xz": 120, "Hs": 0.05, "Hz": 128, "Rs": 0.08, "Rz": 125, "Ps": 0.04, "Pz": 130,
+        "Flat": [1, 8],
+    }  # fmt: skip
+    return model_from_text(QOP, values=values)
+
+
+def test_qoperator_residual_channels_go_through_qlinearadd_global_pool_and_qgemm():
+    model = qop_model()
+    gset = find_groups(model)
+    exact = {layer.name: len(layer.groups) for layer in gset.layers if all(gset.groups[i].exact for i in layer.groups)}
+    assert exact == {"Wq": 8, "Cq (+1)": 8}  # h's channels; the residual stream's (C and D write it)
+    stream = next(gset.groups[i] for layer in gset.layers if layer.name == "Cq (+1)" for i in layer.groups[:1])
+    assert {(m.initializer, m.axis) for m in stream.members} >= {("Cq", 0), ("Dq", 0), ("Cb", 0), ("Db", 0), ("Fq", 1)}
+    result = prune(model, 0.5, validate=False)
+    reference = zeroed_by_hand(model, chosen_slices(result))
+    same_outputs(reference, result.model, feeds(model))
+    s = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
+    assert s["Wq"] == (4, 4, 3, 3) and s["Cq"] == (4, 4, 3, 3) and s["Dq"] == (4, 4, 1, 1) and s["Fq"] == (6, 4)
+    assert not result.shrink.barriers
+
+
+DYNAMIC = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 4, 8] x, int8[8, 16] Uq, int8 Uz, float Us, float[16] Ub, int8[16, 8] Dq, int8 Dz, float Ds) => (float[1, 4, 8] y) {
+  q, qs, qz = DynamicQuantizeLinear (x)
+  u = MatMulInteger (q, Uq, qz, Uz)
+  uf = Cast <to = 1> (u)
+  us = Mul (qs, Us)
+  h = Mul (uf, us)
+  hb = Add (h, Ub)
+  r = Relu (hb)
+  p, ps, pz = DynamicQuantizeLinear (r)
+  d = MatMulInteger (p, Dq, pz, Dz)
+  df = Cast <to = 1> (d)
+  ds = Mul (ps, Ds)
+  y = Mul (df, ds)
+}"""
+
+
+def test_dynamic_quantization_neurons_go_with_their_float_bias():
+    from onnxshrink.testing import model_from_text
+
+    rng = np.random.default_rng(2)
+    values = {
+        "Uq": rng.integers(-100, 100, (8, 16)), "Uz": 3, "Us": 0.02, "Ub": rng.uniform(-0.5, 0.5, 16),
+        "Dq": rng.integers(-100, 100, (16, 8)), "Dz": -2, "Ds": 0.01,
+    }  # fmt: skip
+    model = model_from_text(DYNAMIC, values=values)
+    gset = find_groups(model)
+    [layer] = [layer for layer in gset.layers if len(layer.groups) == 16]
+    assert all(gset.groups[i].exact for i in layer.groups) and layer.kind == "neuron"
+    result = prune(model, 0.5, validate=False)
+    assert len(result.removed()) == 8
+    reference = zeroed_by_hand(model, chosen_slices(result))
+    same_outputs(reference, result.model, feeds(model))
+    s = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
+    assert s["Uq"] == (8, 8) and s["Ub"] == (8,) and s["Dq"] == (8, 8)
+
+
+# ------------------------------------------------------------------ onnxruntime.quantization
+class _Calibration:
+    def __init__(self, path):
+        from onnxshrink.validate import make_inputs, resolve_shapes
+
+        model = onnx.load(path)
+        self.feeds = iter(make_inputs(model, resolve_shapes(model, {}), 4, seed=5))
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+
+def quantized(zoo_dir, name: str, form: str):
+    """A zoo model with random weights, exported, and quantized by onnxruntime.quantization."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    entry = ZOO[name] if name in ZOO else TRANSFORMERS[name]
+    path = export_cached(zoo_dir, ("pq", name), lambda: (randomize(entry.build(), seed=4), entry.inputs(), {}))
+    if form == "float":
+        return path
+    out = path.with_name(f"{path.stem}_{form}.onnx")
+    if not out.exists():
+        logging.disable(logging.WARNING)
+        try:
+            if form == "dynamic":
+                quantize_dynamic(path, out)
+            else:
+                reader = type("Reader", (_Calibration, CalibrationDataReader), {})(path)
+                fmt = QuantFormat.QDQ if form.startswith("qdq") else QuantFormat.QOperator
+                quantize_static(path, out, reader, quant_format=fmt, per_channel=form.endswith("_pc"))
+        finally:
+            logging.disable(logging.NOTSET)
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, form",
+    [("resnet_basic", "qdq"), ("resnet_basic", "qop_pc"), ("resnet_basic", "dynamic"),
+     ("bert", "qdq_pc"), ("bert", "qop"), ("bert", "dynamic")],
+)  # fmt: skip
+def test_onnxruntime_quantized_zoo_models_prune_as_their_float_model(zoo_dir, name, form):
+    path = quantized(zoo_dir, name, form)
+    model = onnx.load(path)
+    float_result = prune(quantized(zoo_dir, name, "float"), 0.5, validate=False)
+    result = prune(model, 0.5, validate=False)
+    reference = zeroed_by_hand(model, chosen_slices(result))
+    same_outputs(reference, result.model, feeds(model, 2))
+    removed = params(model) - params(result.model)
+    float_removed = float_result.shrink.before.params - float_result.shrink.after.params
+    if form.endswith("_pc"):  # per-channel scales and zero points go too
+        assert float_removed < removed < 1.1 * float_removed
+    else:
+        assert removed == float_removed
+    assert not [b for b in result.shrink.barriers if b["unsupported"]]
+
+
+# ------------------------------------------------------------------ a prune that cannot shrink
+def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monkeypatch, capsys):
+    """The issue's QDQ BERT: every removal failed its proof and was kept back, and the model was
+    written with the chosen groups zeroed, the size of the input. A proof that fails whenever a
+    channel is removed stands for it here."""
+    from onnxshrink import api, cli
+    from onnxshrink.validate import OutputCheck
+
+    def failing(reference, source, rewritten, opts):
+        report = original(reference, source, rewritten, opts)
+        if params(rewritten.model) < params(reference):
+            report.passed = False
+            report.outputs = [OutputCheck("y", [1, 4, 6, 6], 1.0, 1.0, False)]
+        return report
+
+    original = api.prove
+    monkeypatch.setattr(api, "prove", failing)
+    path, out = tmp_path / "qdq.onnx", tmp_path / "out.onnx"
+    onnx.save(qdq_model(), path)
+    code = cli.main([str(path), "--prune", "0.5", "-o", str(out), "--masks-out", str(tmp_path / "m.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and not out.exists() and not (tmp_path / "m.npz").exists()
+    assert "none of the 4 groups chosen could be removed" in err and "Nothing was written" in err
