@@ -245,6 +245,13 @@ def test_dynamic_quantization_neurons_go_with_their_float_bias():
     gset = find_groups(model)
     [layer] = [layer for layer in gset.layers if len(layer.groups) == 16]
     assert all(gset.groups[i].exact for i in layer.groups) and layer.kind == "neuron"
+    # Ranked by the dequantized weights: the scales are those the graph applies after each
+    # MatMulInteger (times the scale DynamicQuantizeLinear computed for its input).
+    group = gset.groups[layer.groups[5]]
+    j = int(group.members[0].indices[0])
+    up = np.abs((values["Uq"][:, j] - 3) * np.float64(np.float32(0.02))).sum()
+    down = np.abs((values["Dq"][j] + 2) * np.float64(np.float32(0.01))).sum()
+    assert magnitude(gset, group, 1) == pytest.approx((up + down) / 2, rel=1e-12)
     result = prune(model, 0.5, validate=False)
     assert len(result.removed()) == 8
     reference = zeroed_by_hand(model, chosen_slices(result))

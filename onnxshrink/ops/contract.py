@@ -301,6 +301,11 @@ class Handler:
         quantized weight "is zero" where it equals its zero point)."""
         return None
 
+    def applied_scale(self, node: gs.Node, i: int) -> np.ndarray | None:
+        """For a quantized input whose op applies no scale of its own (`Quantized.scales` empty):
+        the scale the graph applies after the op, when the graph shows it (None: unknown)."""
+        return None
+
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
         """Input index of each framework parameter this op reads ({"weight": 1, "bias": 2});
         `constant` says which inputs are initializers."""

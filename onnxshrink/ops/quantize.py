@@ -278,6 +278,29 @@ class _IntegerProduct(Handler):
             return Quantized(self.bias_scales, None, 0)
         return None
 
+    def applied_scale(self, node: gs.Node, i: int) -> np.ndarray | None:
+        """The weight's scale, as quantize_dynamic applies it after MatMulInteger/ConvInteger:
+        Cast(y) * (x_scale * w_scale), x_scale the scale DynamicQuantizeLinear computed for x
+        (so the other factor, a constant, is the weight's)."""
+        x, y = node.inputs[self.x_slot], node.outputs[0]
+        src = ir.producer(x)
+        if i != self.w_slot or self.w_scales or src is None or src.op != "DynamicQuantizeLinear":
+            return None
+        if src.outputs[0] is not x or len(src.outputs) < 2:
+            return None
+        x_scale = src.outputs[1]
+        cast = y.outputs[0] if len(y.outputs) == 1 else None
+        if cast is None or cast.op != "Cast" or len(cast.outputs[0].outputs) != 1:
+            return None
+        mul = cast.outputs[0].outputs[0]
+        scaled = [t for t in mul.inputs if t is not cast.outputs[0]]
+        product = ir.producer(scaled[0]) if mul.op == "Mul" and len(scaled) == 1 else None
+        if product is None or product.op != "Mul" or len(product.inputs) != 2:
+            return None
+        a, b = product.inputs
+        other = b if a is x_scale else a if b is x_scale else None
+        return np.asarray(other.values) if isinstance(other, gs.Constant) else None
+
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         w = inputs[self.w_slot] if self.w_slot < len(inputs) else None
         if w is None or len(w) < 2:

@@ -329,6 +329,8 @@ class _Finder:
             if q is None:
                 return False
             d = self._dequant(node, q, tuple(int(n) for n in t.shape), params)
+            if d is not None and not q.scales and handler is not None:
+                d.scale = _along_axis(handler.applied_scale(node, i), q.axis, tuple(int(n) for n in t.shape))
             if d is None:
                 return False
             found.append(d)
@@ -516,6 +518,19 @@ def gather_slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, i
     for key, axis, idx in items:
         gathered.setdefault((key, axis), []).append(idx)
     return {k: np.unique(np.concatenate(v)) for k, v in gathered.items()}
+
+
+def _along_axis(v: np.ndarray | None, axis: int, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A scale (a scalar, or a vector along `axis`), shaped against a tensor of `shape`; None
+    when it is neither."""
+    if v is None:
+        return None
+    v = np.asarray(v, dtype=np.float64)
+    if v.size == 1:
+        return v.reshape(())
+    if v.ndim != 1 or not 0 <= axis < len(shape) or v.shape[0] != shape[axis]:
+        return None
+    return v.reshape([-1 if a == axis else 1 for a in range(len(shape))])
 
 
 def _is_float(t: gs.Constant) -> bool:
