@@ -168,6 +168,11 @@ class _ConvBase(Handler):
         else:
             ks.couple(y, 1, wt, 0)
             ks.pin(wt, 1)
+        inner = co // g if self.transposed else ci // g
+        if g > 1 and inner > 1 and weight_holder(node, 1)[0] is None:
+            cannot = Reason("barrier", node.name, node.op, "its computed weight cannot be cut per group")
+            ks.pin(x, 1, cannot)
+            ks.pin(y, 1, cannot)
         if g > 1:  # for the coupled groups: a conv group's channels leave together, both sides
             cin, cout = ci // g, co // g
             ks.unit(x, 1, np.arange(ci), y, 1, np.arange(ci) // cin * cout)
@@ -215,39 +220,7 @@ class _ConvBase(Handler):
         cin: int,
         cout: int,
     ) -> None:
-        """Kept groups must all keep the same numbers of input and output channels. A group that
-        keeps nothing on one side is active because of the other: what it adds there is kept
-        for the other side's reason (a depthwise conv whose output channel stays keeps its input
-        channel: the output's reason is the root cause); otherwise for the structure."""
-        kx_all, ky_all = ks.kept(x, 1), ks.kept(y, 1)
-        assert kx_all is not None and ky_all is not None  # static (keep() checked)
-        kx, ky = kx_all.reshape(g, cin), ky_all.reshape(g, cout)
-        active = kx.any(axis=1) | ky.any(axis=1)
-        if not active.any():
-            return
-        n_in = max(1, int(kx[active].sum(axis=1).max()))
-        n_out = max(1, int(ky[active].sum(axis=1).max()))
-        rx, ry = ks.reason_ids(x, 1).reshape(g, cin), ks.reason_ids(y, 1).reshape(g, cout)
-        add_x, add_y = np.zeros(g * cin, bool), np.zeros(g * cout, bool)
-        why_x, why_y = np.full(g * cin, -1, np.int32), np.full(g * cout, -1, np.int32)
-        sides = ((kx, n_in, add_x, why_x, cin, ry), (ky, n_out, add_y, why_y, cout, rx))
-        for k in np.flatnonzero(active):
-            for kept, n, add, why, size, other in sides:
-                missing = n - int(kept[k].sum())
-                if missing > 0:
-                    free = k * size + np.flatnonzero(~kept[k])[:missing]
-                    add[free] = True
-                    reasons = other[k][other[k] >= 0]
-                    if not kept[k].any() and len(reasons):
-                        why[free] = reasons[0]
-        structure = Reason(
-            "structure", node.name, node.op, "every group of a grouped conv keeps as many channels"
-        )
-        for t, add, why in ((x, add_x, why_x), (y, add_y, why_y)):
-            if add.any():
-                ks.keep(t, 1, add & (why < 0), structure)
-                if (why >= 0).any():
-                    ks.keep(t, 1, add & (why >= 0), why=why)
+        keep_groups(node, ks, x, y, g, cin, cout)
 
     # -------------------------------------------------------------- rewrite
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
@@ -255,24 +228,10 @@ class _ConvBase(Handler):
         w0 = rw.original(wt)
         assert w0 is not None  # keep() made a node with a computed weight a barrier
         g, ci, co = self.layout(node, w0)
-        cin, cout = ci // g, co // g
         kx, ky = rw.kept_static(x, 1), rw.kept_static(y, 1)
         self.fold(node, rw, x, w0, kx, ky, ci)
-        if g == 1:
-            return
-        groups = ky.reshape(g, cout).any(axis=1)
-        node.attrs["group"] = int(groups.sum())
-        inner, outer = (cout, cin) if self.transposed else (cin, cout)
-        k_inner = (ky if self.transposed else kx).reshape(g, inner)
-        k_outer = (kx if self.transposed else ky).reshape(g, outer)
-        if inner > 1:
-            w = rw.current(wt)  # already sliced along the per-group (outer) axis
-            rows = [
-                np.flatnonzero(k_inner[k]) for k in range(g) for _ in range(int(k_outer[k].sum()))
-            ]
-            rw.replace_input(
-                node, 1, np.stack([w[n, r] for n, r in enumerate(rows)]) if rows else w[:, :0]
-            )
+        if g > 1:
+            regroup(node, rw, 1, g, kx, ky, self.transposed)
 
     def fold(self, node, rw: RewriteView, x, w0, kx, ky, ci) -> None:
         """Fold the contribution of removed constant input channels (see the module docstring)."""
@@ -386,3 +345,88 @@ class Conv(_ConvBase):
 @register("ConvTranspose")
 class ConvTranspose(_ConvBase):
     transposed = True
+
+
+def keep_groups(
+node: gs.Node,
+    ks: KeepView,
+    x: gs.Tensor,
+    y: gs.Tensor,
+    g: int,
+    cin: int,
+    cout: int,
+) -> None:
+    """Kept groups must all keep the same numbers of input and output channels. A group that
+    keeps nothing on one side is active because of the other: what it adds there is kept
+    for the other side's reason (a depthwise conv whose output channel stays keeps its input
+    channel: the output's reason is the root cause); otherwise for the structure."""
+    kx_all, ky_all = ks.kept(x, 1), ks.kept(y, 1)
+    assert kx_all is not None and ky_all is not None  # static (keep() checked)
+    kx, ky = kx_all.reshape(g, cin), ky_all.reshape(g, cout)
+    active = kx.any(axis=1) | ky.any(axis=1)
+    if not active.any():
+        return
+    n_in = max(1, int(kx[active].sum(axis=1).max()))
+    n_out = max(1, int(ky[active].sum(axis=1).max()))
+    rx, ry = ks.reason_ids(x, 1).reshape(g, cin), ks.reason_ids(y, 1).reshape(g, cout)
+    add_x, add_y = np.zeros(g * cin, bool), np.zeros(g * cout, bool)
+    why_x, why_y = np.full(g * cin, -1, np.int32), np.full(g * cout, -1, np.int32)
+    sides = ((kx, n_in, add_x, why_x, cin, ry), (ky, n_out, add_y, why_y, cout, rx))
+    for k in np.flatnonzero(active):
+        for kept, n, add, why, size, other in sides:
+            missing = n - int(kept[k].sum())
+            if missing > 0:
+                free = k * size + np.flatnonzero(~kept[k])[:missing]
+                add[free] = True
+                reasons = other[k][other[k] >= 0]
+                if not kept[k].any() and len(reasons):
+                    why[free] = reasons[0]
+    structure = Reason(
+        "structure", node.name, node.op, "every group of a grouped conv keeps as many channels"
+    )
+    for t, add, why in ((x, add_x, why_x), (y, add_y, why_y)):
+        if add.any():
+            ks.keep(t, 1, add & (why < 0), structure)
+            if (why >= 0).any():
+                ks.keep(t, 1, add & (why >= 0), why=why)
+
+
+def regroup(
+    node: gs.Node, rw: RewriteView, w_slot: int, g: int, kx: np.ndarray, ky: np.ndarray, transposed: bool
+) -> None:
+    """A grouped conv's `group` after whole groups left, and its weight's per-group input axis
+    (when a group reads more than one channel) cut to the channels each group keeps."""
+    cin, cout = len(kx) // g, len(ky) // g
+    groups = ky.reshape(g, cout).any(axis=1)
+    node.attrs["group"] = int(groups.sum())
+    inner, outer = (cout, cin) if transposed else (cin, cout)
+    k_inner = (ky if transposed else kx).reshape(g, inner)
+    k_outer = (kx if transposed else ky).reshape(g, outer)
+    if inner > 1:
+        holder, slot = weight_holder(node, w_slot)
+        assert holder is not None  # keep() pinned the channels of a weight it cannot cut
+        w = rw.current(holder.inputs[slot])  # already sliced along the per-group (outer) axis
+        rows = [np.flatnonzero(k_inner[k]) for k in range(g) for _ in range(int(k_outer[k].sum()))]
+        rw.replace_input(
+            holder, slot, np.stack([w[n, r] for n, r in enumerate(rows)]) if rows else w[:, :0]
+        )
+
+
+def weight_holder(node: gs.Node, w_slot: int) -> tuple[gs.Node | None, int]:
+    """The node and input holding a grouped conv's weight as an initializer, to be cut per group:
+    the conv itself, or the DequantizeLinear that dequantizes it for this conv alone with a scale
+    and zero point per tensor or per output channel (the QDQ form); (None, 0) otherwise."""
+    wt = node.inputs[w_slot]
+    if isinstance(wt, gs.Constant):
+        return node, w_slot
+    dq = ir.producer(wt)
+    if dq is None or dq.op != "DequantizeLinear" or len(wt.outputs) != 1:
+        return None, 0
+    q = dq.inputs[0]
+    params = [t for t in dq.inputs[1:] if t is not None and t.name]
+    per_output = int(dq.attrs.get("axis", 1)) in (0, -len(q.shape or [0]))
+    if not isinstance(q, gs.Constant) or not all(
+        isinstance(t, gs.Constant) and (t.values.size == 1 or per_output) for t in params
+    ):
+        return None, 0
+    return dq, 0

@@ -14,8 +14,8 @@ channel; per-tensor ones (scalars) stay.
 - DynamicQuantizeLinear computes its scale and zero point from every element of its input
   (min and max, with 0 always in the range): an index may go only where its whole slice is
   constant zero; everything else stays, as under a normalization.
-- The integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv) are a weight
-  product with zero points: output channels whose weights equal the zero point are constant
+- The integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, grouped and
+  depthwise too, and onnxruntime's QGemm) are a weight product with zero points: output channels whose weights equal the zero point are constant
   (0, or the requantized bias); no constant is folded into them, so an input feature goes only
   when unread or equal to its zero point. A ConvInteger/QLinearConv input channel equal to its
   zero point is removed under ONNX's definition of these ops (onnx's reference: the input is
@@ -47,8 +47,10 @@ from onnxshrink.ops.contract import (
     OpNode,
     Quantized,
     Reader,
+    RewriteView,
     WeightAxes,
 )
+from onnxshrink.ops.conv import keep_groups, regroup
 from onnxshrink.ops.registry import register
 
 
@@ -327,10 +329,22 @@ class _IntegerProduct(Handler):
         moved = np.moveaxis(weight_live(w, zv, out), (out, inp), (0, 1))
         return np.asarray(moved.reshape(moved.shape[0], moved.shape[1], -1).any(axis=2))
 
+    def depends(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """D[o, i]: output channel o reads input feature i with a weight off its zero point."""
+        return self.live_weights(node, reader)
+
+    def x_axis(self, node: gs.Node) -> int | None:
+        """The axis of x the weight's input features run along."""
+        raise NotImplementedError
+
     def dead_outputs(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
-        """Output channels whose weights all equal their zero point."""
-        live = self.live_weights(node, reader)
-        return None if live is None else np.asarray(~live.any(axis=1))
+        """Output channels that add nothing to their accumulation: every weight at its zero point,
+        or every input feature they read at its zero point (0 after the shift)."""
+        d, axis = self.depends(node, reader), self.x_axis(node)
+        if d is None or axis is None:
+            return None
+        silent = at_zero_point(reader, node, self.x_slot, self.x_zp, axis, d.shape[1])
+        return np.asarray(~(d & ~silent[None, :]).any(axis=1))
 
     def reads(self, node: gs.Node, reader: Reader, kept_out: np.ndarray | None) -> np.ndarray | None:
         """Input features some kept output channel reads with a weight off its zero point."""
@@ -376,6 +390,10 @@ class MatMulInteger(_IntegerProduct):
 
     def out_axis(self, r: int) -> int:
         return r - 1
+
+    def x_axis(self, node: gs.Node) -> int | None:
+        r = ir.rank(node.inputs[self.x_slot])
+        return None if r is None else r - 1
 
     def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
         w, a = ctx.value(node.inputs[self.w_slot]), node.inputs[self.x_slot]
@@ -507,6 +525,12 @@ class ConvInteger(_IntegerProduct):
     def out_axis(self, r: int) -> int:
         return 1
 
+    def group(self, node: gs.Node) -> int:
+        return int(node.attrs.get("group", 1))
+
+    def x_axis(self, node: gs.Node) -> int | None:
+        return 1
+
     def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
         """One sample, the kernel's extent in every spatial dim (so at least one output)."""
         w, x = ctx.value(node.inputs[self.w_slot]), node.inputs[self.x_slot]
@@ -515,20 +539,35 @@ class ConvInteger(_IntegerProduct):
         dil = node.attrs.get("dilations") or [1] * (w.ndim - 2)
         spatial = [(k - 1) * int(d) + 1 for k, d in zip(w.shape[2:], dil, strict=True)]
         dtype = x.dtype if x.dtype is not None else np.uint8
-        return np.zeros([1, w.shape[1], *spatial], dtype=np.dtype(dtype))
+        return np.zeros([1, w.shape[1] * self.group(node), *spatial], dtype=np.dtype(dtype))
+
+    def depends(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """D[o, i]: output channel o reads input channel i with a weight off its zero point (a
+        grouped conv's output channels read their group's inputs only)."""
+        live = self.live_weights(node, reader)
+        g = self.group(node)
+        if live is None or g == 1:
+            return live
+        co, cin = live.shape
+        cout = co // g
+        d = np.zeros((co, cin * g), dtype=bool)
+        for k in range(g):
+            d[k * cout : (k + 1) * cout, k * cin : (k + 1) * cin] = live[k * cout : (k + 1) * cout]
+        return d
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, wt, y = node.inputs[self.x_slot], node.inputs[self.w_slot], node.outputs[0]
-        w, r = ks.value(wt), ir.rank(x)
+        w, r, g = ks.value(wt), ir.rank(x), self.group(node)
         if (
             w is None
             or r is None
             or ir.rank(y) != r
-            or int(node.attrs.get("group", 1)) != 1
-            or ks.size(x, 1) != w.shape[1]
+            or ks.size(x, 1) != w.shape[1] * g
+            or ks.size(y, 1) != w.shape[0]
+            or w.shape[0] % g
         ):
             ks.barrier(
-                node, Reason("barrier", node.name, node.op, "weights unknown or a grouped conv")
+                node, Reason("barrier", node.name, node.op, "weights or channel counts unknown")
             )
             return
         ks.demand(x, pin=False)
@@ -538,15 +577,34 @@ class ConvInteger(_IntegerProduct):
             ks.pin(x, a)
             ks.pin(y, a)
             ks.pin(wt, a)
-        ks.couple(x, 1, wt, 1)
         ks.couple(y, 1, wt, 0)
+        if g == 1:
+            ks.couple(x, 1, wt, 1)
+        else:  # a group's channels leave together, on both sides (see ops/conv.py)
+            ks.pin(wt, 1)
+            ci, co = w.shape[1] * g, w.shape[0]
+            ks.unit(x, 1, np.arange(ci), y, 1, np.arange(ci) // w.shape[1] * (co // g))
+            ks.unit(y, 1, np.arange(co), y, 1, np.arange(co) // (co // g) * (co // g))
         tie_params(ks, node, self.per_output, y, 1)
         for i, t in enumerate(node.inputs):
             if i not in (self.x_slot, self.w_slot, *self.per_output):
                 ks.demand(t if t is not None and t.name else None)
-        reads = self.reads(node, ks, ks.kept(y, 1))
-        assert reads is not None  # w is constant (checked above)
+        d = self.depends(node, ks)
+        ky = ks.kept(y, 1)
+        assert d is not None and ky is not None  # w is constant, y's channels static (checked)
+        reads = d[ky].any(axis=0)
         ks.need(x, 1, reads & ~at_zero_point(ks, node, self.x_slot, self.x_zp, 1, len(reads)))
+
+    def settle(self, node: gs.Node, ks: KeepView) -> None:
+        w, g = ks.value(node.inputs[self.w_slot]), self.group(node)
+        if w is not None and g > 1:
+            keep_groups(node, ks, node.inputs[self.x_slot], node.outputs[0], g, w.shape[1], w.shape[0] // g)
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        g = self.group(node)
+        if g > 1:
+            x, y = node.inputs[self.x_slot], node.outputs[0]
+            regroup(node, rw, self.w_slot, g, rw.kept_static(x, 1), rw.kept_static(y, 1), False)
 
 
 @register("QLinearConv", since=10)
@@ -580,6 +638,9 @@ class QGemm(_IntegerProduct):
     def a_axes(self, node: gs.Node) -> tuple[int, int]:
         """(M axis, K axis) of A."""
         return (1, 0) if int(node.attrs.get("transA", 0)) else (0, 1)
+
+    def x_axis(self, node: gs.Node) -> int | None:
+        return self.a_axes(node)[1]
 
     def out_axis(self, r: int) -> int:
         return 1

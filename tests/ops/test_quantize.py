@@ -229,3 +229,56 @@ def test_dequantize_of_constants_is_onnxruntimes_bit_for_bit(dtype, axis):
     ours = QuantizeDequantize.dequantized(node, v, [scale, zp], axis, 3)
     theirs = evaluate(node, [v, scale, zp], 21, ort=True)[0]
     assert ours is not None and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+
+
+GROUPED_QDQ = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 4, 5, 5] x, int8[8, 4, 3, 3] Aq, float As, int8[4, 2, 3, 3] Gq, float[4] Gs, int8[4] Gz) => (float[1, 4, 5, 5] y) {
+  a = DequantizeLinear (Aq, As)
+  h = Conv <pads = [1, 1, 1, 1]> (x, a)
+  r = Relu (h)
+  w = DequantizeLinear <axis = 0> (Gq, Gs, Gz)
+  y = Conv <group = 4, pads = [1, 1, 1, 1]> (r, w)
+}"""
+
+
+def test_a_grouped_conv_of_a_dequantized_weight_is_cut_per_group_at_its_integers():
+    # One input channel of each group of two is masked: every group keeps one, and the weight
+    # (held by the DequantizeLinear, per output channel) is cut per group.
+    rng = np.random.default_rng(8)
+    values = {"Aq": rng.integers(-90, 90, (8, 4, 3, 3)), "As": 0.02, "Gq": rng.integers(-90, 90, (4, 2, 3, 3)),
+              "Gs": rng.uniform(0.01, 0.02, 4), "Gz": rng.integers(-3, 3, 4)}  # fmt: skip
+    model = tiny(GROUPED_QDQ, values=values, zero={"Aq": np.s_[[0, 2, 5, 7]]})
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["Aq"] == (4, 4, 3, 3) and s["Gq"] == (4, 1, 3, 3) and s["Gs"] == s["Gz"] == (4,)
+    gq = [n for n in onnx.load_from_string(result.model.SerializeToString()).graph.initializer if n.name == "Gq"][0]
+    kept = np.asarray([1, 1, 0, 0])  # the unmasked channel of each group (0 2 | 5 7 masked)
+    assert np.array_equal(onnx.numpy_helper.to_array(gq), values["Gq"][np.arange(4), kept][:, None])
+
+
+DEPTHWISE_QOP = """<ir_version: 8, opset_import: ["" : 17]>
+g (uint8[1, 3, 6, 6] x, int8[4, 3, 3, 3] Wq, float[4] Ws, int8[4] Wz, int32[4] Wb, int8[4, 1, 3, 3] Dq, float[4] Ds,
+   int8[4] Dz, int32[4] Db, int8[2, 4, 1, 1] Pq, float Ps, int8 Pz, float Xs, uint8 Xz, float Hs, uint8 Hz) => (uint8[1, 2, 6, 6] y) {
+  h = QLinearConv <pads = [1, 1, 1, 1]> (x, Xs, Xz, Wq, Ws, Wz, Hs, Hz, Wb)
+  d = QLinearConv <group = 4, pads = [1, 1, 1, 1]> (h, Hs, Hz, Dq, Ds, Dz, Hs, Hz, Db)
+  y = QLinearConv (d, Hs, Hz, Pq, Ps, Pz, Hs, Hz)
+}"""
+
+
+def test_a_depthwise_qlinearconv_loses_the_channels_at_their_zero_point():
+    rng = np.random.default_rng(9)
+    wz, dz = rng.integers(-3, 3, 4), rng.integers(-3, 3, 4)
+    wq, dq = rng.integers(-60, 60, (4, 3, 3, 3)), rng.integers(-60, 60, (4, 1, 3, 3))
+    wq[1], wb, db = wz[1], rng.integers(-200, 200, 4), rng.integers(-200, 200, 4)
+    wb[1] = db[1] = 0  # channel 1: its filter at the zero point, no bias: the output zero point
+    values = {"Wq": wq, "Ws": rng.uniform(0.005, 0.01, 4), "Wz": wz, "Wb": wb, "Dq": dq, "Ds": rng.uniform(0.01, 0.02, 4),
+              "Dz": dz, "Db": db, "Pq": rng.integers(-60, 60, (2, 4, 1, 1)), "Ps": 0.01, "Pz": 1, "Xs": 0.02,
+              "Xz": 120, "Hs": 0.05, "Hz": 128}  # fmt: skip
+    model = tiny(DEPTHWISE_QOP, values=values)
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["Wq"] == (3, 3, 3, 3) and s["Dq"] == (3, 1, 3, 3) and s["Db"] == (3,) and s["Pq"] == (2, 3, 1, 1)
+    [depthwise] = [n for n in result.model.graph.node if n.input[3:4] == ["Dq"]]
+    assert [a.i for a in depthwise.attribute if a.name == "group"] == [3]
+    feed = {"x": rng.integers(0, 255, (1, 3, 6, 6)).astype(np.uint8)}
+    assert np.array_equal(run(model, feed)[0], run(result.model, feed)[0])  # integer output: equal
