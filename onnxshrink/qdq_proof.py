@@ -22,6 +22,8 @@ onnxruntime's ConvInteger with a weight zero point per channel (it takes one), s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -34,9 +36,10 @@ EIGHT_BIT = (TensorProto.INT8, TensorProto.UINT8)
 class _Graph:
     """Names, producers, initializer values and element types of the main graph."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, base_dir: str | Path | None):
         g = model.graph
         self.model = model
+        self.base_dir = str(base_dir) if base_dir is not None else ""
         self.inits = {t.name: t for t in g.initializer}
         self.producer = {o: n for n in g.node for o in n.output}
         self.types = {t.name: t.data_type for t in g.initializer}
@@ -67,8 +70,9 @@ class _Graph:
         return self.types.get(name)
 
     def value(self, name: str) -> np.ndarray | None:
+        """An initializer's values (read from its external data file when it has one)."""
         t = self.inits.get(name)
-        return numpy_helper.to_array(t) if t is not None else None
+        return numpy_helper.to_array(t, self.base_dir) if t is not None else None
 
     def fresh(self, hint: str) -> str:
         name, k = hint, 0
@@ -165,7 +169,7 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
         conv_attrs = {k: v for k, v in attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}
         per_channel = [1, -1] + [1] * (rank_b - 2)
         zero = b.zero.astype(np.int64).reshape([-1] + [1] * (rank_b - 1) if b.zero.size > 1 else ())
-        centered = numpy_helper.to_array(w).astype(np.int64) - zero
+        centered = np.asarray(g.value(b.q), dtype=np.int64) - zero
         if _exact_in_float32(centered, a_dtype, a.zero):
             # float32 holds every partial sum exactly: the float kernel computes the integer sum
             x = make("Sub", [make("Cast", [a.q], "x", to=TensorProto.FLOAT), g.constant(a.zero.astype(np.float32).reshape(()), f"{y}__int_x_zero")], "x_centered")
@@ -212,10 +216,10 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
     return out
 
 
-def integer_products(model: onnx.ModelProto) -> onnx.ModelProto | None:
+def integer_products(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.ModelProto | None:
     """A copy of `model` with each product of two dequantized operands computed in integers (see
-    the module docstring), or None when it has none."""
-    g = _Graph(model)
+    the module docstring), or None when it has none. `base_dir`: where its external data are."""
+    g = _Graph(model, base_dir)
     nodes: list[onnx.NodeProto] = []
     changed = False
     for node in model.graph.node:

@@ -639,9 +639,9 @@ def compare(
             "bfloat16 arithmetic emulated in float32, each bfloat16 tensor rounded to bfloat16: "
             "onnxruntime has few bfloat16 kernels"
         )
-    integer = integer_products(ref_model)
+    integer = integer_products(ref_model, reference_dir)
     if integer is not None:  # both alike: the reference's products, and the shrunk model's
-        ref_model, new_model = integer, integer_products(new_model) or new_model
+        ref_model, new_model = integer, integer_products(new_model, shrunk_dir) or new_model
         detail.append(
             "products of dequantized operands accumulated in integers, as quantized kernels do: "
             "in float32 a QuantizeLinear after them can round differently when zero terms are removed"

@@ -192,11 +192,10 @@ def _why_kept(result: ShrinkResult) -> str:
 def zeroed(
     model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True
 ) -> onnx.ModelProto:
-    """`model` with every member's slice zeroed (a quantized one set to its zero point; `copy`
-    False: `model` itself, changed). An
-    initializer several nodes read is first given one copy per reader (as the analysis saw
-    it), so that only the readers in the chosen groups lose their slices; the shrink merges
-    the copies that stay equal."""
+    """`model` with every member's slice zeroed, a quantized one set to its zero point (`copy`
+    False: `model` itself, changed). An initializer several nodes read is first given one copy
+    per reader (as the analysis saw it), so that only the readers in the chosen groups lose
+    their slices; the shrink merges the copies that stay equal."""
     out = model
     if copy:
         out = onnx.ModelProto()
