@@ -375,25 +375,25 @@ class _Finder:
 
     def _read_as(
         self, node: gs.Node, i: int, rank: int, depth: int = 0
-    ) -> tuple[gs.Node, int, WeightAxes | None]:
+    ) -> tuple[gs.Node, int, WeightAxes | None, bool]:
         """The node whose reading gives input i of `node` its role: `node` itself, or, through
         ops that pass the input's axes on (DequantizeLinear, Cast, Transpose), the op that reads
-        their output (a Conv reading a dequantized weight). With it: its input index, and how it
-        reads the weight, in the weight's own axes."""
+        their output (a Conv reading a dequantized weight). With it: its input index, how it
+        reads the weight (in the weight's own axes), and whether the way there permuted axes."""
         handler = self.analysis.handler_for(node)
         if handler is None:
-            return node, i, None
+            return node, i, None, False
         op = OpNode.of(node)
         perm = handler.passes_axes(op, i, rank) if depth < 8 else None
         readers = node.outputs[0].outputs if perm is not None and node.outputs else []
         if perm is None or len(readers) != 1:
-            return node, i, handler.weight_axes(op, i, rank)
+            return node, i, handler.weight_axes(op, i, rank), False
         reader = readers[0]
         slot = next(k for k, x in enumerate(reader.inputs) if x is node.outputs[0])
-        got, k, wa = self._read_as(reader, slot, rank, depth + 1)
+        got, k, wa, permuted = self._read_as(reader, slot, rank, depth + 1)
         if wa is not None:  # the reader's axes are this node's output axes: perm maps them back
             wa = WeightAxes(perm[wa.out], perm[wa.inp] if wa.inp is not None else None, wa.family)
-        return got, k, wa
+        return got, k, wa, permuted or perm != list(range(rank))
 
     def _members(self, t: gs.Constant, axis: int) -> list[tuple[Member, tuple[gs.Node, int]]]:
         """One member template per node reading `t` (untied: usually one), with the node (and
@@ -403,7 +403,7 @@ class _Finder:
             i = next(k for k, x in enumerate(node.inputs) if x is t)
             role, side, matrix, family = None, "", False, ""
             site = (node.outputs[0].name if node.outputs else "", i)
-            reader, slot, wa = self._read_as(node, i, len(t.shape))
+            reader, slot, wa, permuted = self._read_as(node, i, len(t.shape))
             handler = self.analysis.handler_for(reader)
             if handler is not None:
                 via = reader.inputs[slot]
@@ -422,7 +422,8 @@ class _Finder:
                     node.op,
                     role,
                     side,
-                    self._params(reader, slot, axis, side, tuple(int(d) for d in t.shape)),
+                    # the framework's layout is known where the weight is read as it is stored
+                    [] if permuted else self._params(reader, slot, axis, side, tuple(int(d) for d in t.shape)),
                     t.name,
                     i,
                     matrix,
