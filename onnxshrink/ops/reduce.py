@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import reduce
 
 import numpy as np
@@ -30,7 +31,7 @@ REDUCE = (
 _UNIFORM_SAFE = ("ReduceMean", "ReduceMax", "ReduceMin")  # uniform in -> same value out
 # Reductions of a shape value to one size: tf2onnx computes the merged size of a reshape as
 # ReduceProd(Gather(Shape(x), axes)) (its Einsum and MatMul lowerings).
-_SHAPE_REDUCE = {
+_SHAPE_REDUCE: dict[str, Callable[[int, int], int]] = {
     "ReduceProd": lambda p, q: p * q,
     "ReduceSum": lambda p, q: p + q,
     "ReduceMax": max,
@@ -54,6 +55,22 @@ def reduced_axes(node: gs.Node, reader: Reader, r: int) -> list[int] | None:
     return ir.norm_axes(axes, r)
 
 
+def _vector_axes(node: gs.Node, view: ShapeView) -> list[int] | None:
+    """Axes a reduction of a 1-d shape vector reduces ([] or [0]); None when not known."""
+    if "axes" in node.attrs:
+        axes = [int(v) for v in node.attrs["axes"]]
+    elif ir.present(node, 1) is not None:
+        v = view.value(node.inputs[1])
+        if v is None:
+            return None
+        axes = [int(a) for a in np.asarray(v).reshape(-1)]
+    else:
+        axes = []
+    if not axes:
+        return [] if int(node.attrs.get("noop_with_empty_axes", 0)) else [0]
+    return ir.norm_axes(axes, 1)
+
+
 @register(*REDUCE)
 class Reduce(Handler):
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
@@ -63,7 +80,7 @@ class Reduce(Handler):
         if vals is None:
             return None
         a = vals[0]
-        axes = reduced_axes(node, view, 0 if a.scalar else 1)
+        axes = _vector_axes(node, view)
         if node.op not in _SHAPE_REDUCE or axes is None:
             return opaque_value(node, view)
         keepdims = bool(int(node.attrs.get("keepdims", 1)))
