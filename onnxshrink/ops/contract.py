@@ -170,6 +170,8 @@ class RewriteView(Protocol):
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None: ...
 
+    def absorb_into_reader(self, node: gs.Node, out_index: int, values: np.ndarray, channels: int) -> bool: ...
+
     def add_constant(
         self,
         node: gs.Node,
