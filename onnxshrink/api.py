@@ -16,6 +16,7 @@ from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
+from onnxshrink.io import dims
 from onnxshrink.io.masks import imports_torch, load_masks_file
 from onnxshrink.io.model import (
     Scratch,
@@ -279,6 +280,8 @@ def shrink(
     )
     if rewritten.data_file is not None:
         result.data_file, result._scratch = rewritten.data_file, scratch
+    for m in {id(result.model): result.model, id(reference): reference}.values():
+        dims.restore(m)  # the input's interface as it was declared (see io.dims)
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
         clock.lap("save")
@@ -335,10 +338,11 @@ def read_model(model: ModelLike) -> Source:
     if isinstance(model, onnx.ModelProto):
         check_tensor_data(model, "model")
         names = [n.name for n in model.graph.node if n.name]
-        if len(set(names)) == len(names):
+        if len(set(names)) == len(names) and not dims.needs_symbolic(model):
             return Source(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
+        dims.to_symbolic(copy)
         return Source(copy, renamed=unique_node_names(copy))
     raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
 

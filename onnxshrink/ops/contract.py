@@ -310,3 +310,8 @@ class Handler:
     def constant_value(self, node: OpNode) -> np.ndarray | None:
         """The value a node produces without inputs (a Constant node), else None."""
         return None
+
+    def constant_tensor(self, node: OpNode, name: str) -> onnx.TensorProto | None:
+        """That value as a tensor named `name` (Constant: the node's own tensor, not a copy)."""
+        value = self.constant_value(node)
+        return None if value is None else onnx.numpy_helper.from_array(np.asarray(value), name)

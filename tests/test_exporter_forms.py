@@ -1,0 +1,176 @@
+"""Models as exporters other than torch.onnx write them (issue 19): `-1` dims (paddle2onnx),
+weights held by Constant nodes (paddle2onnx, spox, OpenVINO's converters), contrib domains
+declared and value_info without a shape (onnxruntime.quantization), integer inputs the graph
+compares with constants (Silero's sample rate). Tiny ONNX-text models of each form; the shrunk
+models are checked here with onnxruntime against the input, masks applied by the test."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from conftest import run, tiny
+from onnx import helper, numpy_helper
+
+from onnxshrink import shrink
+from onnxshrink.prune import prune
+
+# Conv(3->6, 3x3, padded) -> Relu -> Conv(6->4, 1x1) -> GlobalAveragePool -> Flatten: a
+# classifier head as PP-OCR's cls model ends; batch, height and width dynamic.
+HEAD = """
+g (float[N,3,H,W] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4] B2, int64[2] S)
+  => (float[N,4] y) {
+  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  r = Relu(h)
+  c = Conv(r, W2, B2)
+  p = GlobalAveragePool(c)
+  y = Reshape(p, S)
+}
+"""
+HEAD_PARAMS = 6 * 27 + 6 + 4 * 6 + 4  # 196
+PER_FILTER = 27 + 1 + 4  # one W1 filter, its bias, one W2 column
+
+
+def paddle_form(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as paddle2onnx writes it: every initializer a Constant node in front of the
+    graph, and the batch dims of the graph's inputs and outputs stored as -1 (H and W share
+    paddle2onnx's dim name "?")."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    constants = [
+        helper.make_node("Constant", [], [t.name], value=t, name=f"const_{t.name}")
+        for t in g.initializer
+    ]
+    del g.initializer[:]
+    nodes = constants + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    for vi in [*g.input, *g.output]:
+        dims = vi.type.tensor_type.shape.dim
+        dims[0].Clear()
+        dims[0].dim_value = -1
+        for d in dims[2:]:
+            if d.HasField("dim_param"):
+                d.dim_param = "?"
+    onnx.checker.check_model(out)
+    return out
+
+
+def head(zero: dict | None = None, seed: int = 0) -> onnx.ModelProto:
+    return paddle_form(tiny(HEAD, zero=zero, seed=seed, values={"S": [-1, 4]}))
+
+
+def constant(model: onnx.ModelProto, name: str) -> np.ndarray:
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output[0] == name:
+            return numpy_helper.to_array(n.attribute[0].t)
+    raise KeyError(name)
+
+
+def with_constants(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """`model` with some Constant nodes' values replaced (masks applied by the test)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for n in out.graph.node:
+        if n.op_type == "Constant" and n.output[0] in values:
+            n.attribute[0].t.CopyFrom(numpy_helper.from_array(values[n.output[0]], n.attribute[0].t.name))
+    return out
+
+
+def interface(model: onnx.ModelProto) -> list[list]:
+    return [
+        [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
+        for vi in [*model.graph.input, *model.graph.output]
+    ]
+
+
+def feed(batch: int = 3, h: int = 7, w: int = 9, seed: int = 1) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((batch, 3, h, w)).astype(np.float32)}
+
+
+# ---------------------------------------------------------------------- -1 dims
+def test_minus_one_dims_are_dynamic_and_the_output_keeps_them():
+    model = head(zero={"W1": np.s_[[1, 4]], "B1": np.s_[[1, 4]]})
+    assert interface(model) == [[-1, 3, "?", "?"], [-1, 4]]
+    for kwargs in (
+        {},
+        {"input_shapes": {"x": [1, 3, 8, 10]}},
+        {"inputs": [feed(batch=2)]},
+    ):
+        result = shrink(model, **kwargs)
+        assert result.validation.passed
+        assert result.after.params == HEAD_PARAMS - 2 * PER_FILTER  # 132
+        assert interface(result.model) == [[-1, 3, "?", "?"], [-1, 4]]
+        # independently: any batch and size onnxruntime takes for -1 and "?"
+        for x in (feed(batch=3, h=7, w=9), feed(batch=1, h=12, w=5, seed=2)):
+            (want,), (got,) = run(model, x), run(result.model, x)
+            assert got.shape == want.shape
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    given = shrink(model, input_shapes={"x": [1, 3, 8, 10]})
+    assert given.validation.input_shapes == {"x": [1, 3, 8, 10]}
+
+
+def test_a_zero_dim_is_dynamic_where_onnxruntime_only_declares_it():
+    """onnxruntime enforces a graph input's 0 (an empty axis) but only warns about an output's
+    or a value_info's: those are dynamic, and kept as they were."""
+    model = head(zero={"W1": np.s_[[0]], "B1": np.s_[[0]]})
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 0
+    vi = model.graph.value_info.add()
+    vi.CopyFrom(helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [0, 6, -1, -1]))
+    result = shrink(model)
+    assert result.validation.passed
+    assert result.after.params == HEAD_PARAMS - PER_FILTER
+    assert interface(result.model) == [[-1, 3, "?", "?"], [0, 4]]
+    (want,), (got,) = run(model, feed()), run(result.model, feed())
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+# ---------------------------------------------------------------------- Constant-node weights
+def test_masks_bind_to_constant_node_weights_by_their_output_name():
+    model = head(seed=3)
+    w1, b1, w2 = constant(model, "W1"), constant(model, "B1"), constant(model, "W2")
+    masks = {"W1": np.ones(6, np.float32), "B1": np.ones(6, np.float32)}
+    masks["W1"][[2, 5]] = masks["B1"][[2, 5]] = 0
+    result = shrink(model, masks)
+    assert result.validation.passed
+    assert result.masks_bound == 2
+    assert result.after.params == HEAD_PARAMS - 2 * PER_FILTER
+    # masks applied here, to the Constant nodes' values
+    keep = masks["W1"][:, None, None, None]
+    masked = with_constants(model, {"W1": w1 * keep, "B1": b1 * masks["B1"]})
+    for x in (feed(), feed(batch=1, h=4, w=4, seed=5)):
+        (want,), (got,) = run(masked, x), run(result.model, x)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert constant(model, "W2").tobytes() == w2.tobytes()  # the caller's model is unchanged
+
+
+def test_a_mask_matching_no_weight_lists_the_constant_node_weights():
+    import pytest
+
+    from onnxshrink import ShrinkError
+
+    with pytest.raises(ShrinkError) as err:
+        shrink(head(), {"conv9.weight": np.zeros(6, np.float32)})
+    text = str(err.value)
+    assert "1 mask(s) match no initializer" in text
+    assert "the model has e.g. 'W1', 'B1', 'W2', 'B2', 'S'" in text  # float weights first
+
+
+def test_masks_out_of_constant_node_weights_apply_back_to_the_original(tmp_path):
+    model = head(seed=4)
+    pruned = prune(model, 0.5, masks_out=tmp_path / "m.npz")
+    assert pruned.shrink.validation.passed
+    with np.load(tmp_path / "m.npz") as f:
+        masks = {k: f[k] for k in f.files}
+    assert {"W1", "B1", "W2"} <= set(masks)
+    removed = int((masks["W1"].reshape(6, -1)[:, 0] == 0).sum())
+    assert removed == 3
+    assert pruned.shrink.after.params == HEAD_PARAMS - removed * PER_FILTER
+    again = shrink(model, tmp_path / "m.npz", input_masked=False)
+    assert again.after.params == pruned.shrink.after.params
+    # the masks applied to the original by hand give the pruned model's function
+    by_hand = with_constants(model, {k: constant(model, k) * v for k, v in masks.items()})
+    for x in (feed(), feed(batch=2, h=5, w=11, seed=6)):
+        (want,), (got,), (same,) = run(by_hand, x), run(pruned.model, x), run(again.model, x)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        assert np.abs(same - want).max() <= 1e-5 * np.abs(want).max()
