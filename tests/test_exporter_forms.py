@@ -174,3 +174,22 @@ def test_masks_out_of_constant_node_weights_apply_back_to_the_original(tmp_path)
         (want,), (got,), (same,) = run(by_hand, x), run(pruned.model, x), run(again.model, x)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
         assert np.abs(same - want).max() <= 1e-5 * np.abs(want).max()
+
+
+# ---------------------------------------------------------------------- onnxruntime.quantization's form
+def test_contrib_domains_declared_and_value_info_without_shapes():
+    """onnxruntime.quantization declares its contrib domains (com.microsoft.nchwc, ...) and
+    writes value_info entries with a type but no shape, the graph output's too: the output is
+    declared as the input declared it."""
+    model = tiny(HEAD, zero={"W1": np.s_[[0, 3]], "B1": np.s_[[0, 3]]}, values={"S": [-1, 4]})
+    for domain in ("com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental"):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+    for name in ("h", "r", "c", "y"):
+        model.graph.value_info.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    onnx.checker.check_model(model)
+    result = shrink(model)
+    assert result.validation.passed
+    assert result.after.params == HEAD_PARAMS - 2 * PER_FILTER
+    assert interface(result.model) == [["N", 3, "H", "W"], ["N", 4]]
+    (want,), (got,) = run(model, feed()), run(result.model, feed())
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
