@@ -14,6 +14,7 @@ from onnx import helper
 
 from onnxshrink import ir
 from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.logs import onnxruntime_severity
 from onnxshrink.options import ShrinkOptions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -398,7 +399,7 @@ def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None =
             f"--provider {provider}: onnxruntime here has no {ep} (available: {ort.get_available_providers()}). Install onnxruntime-gpu for CUDA."
         )
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = onnxruntime_severity()  # its errors: ours to report
     threads = session_threads()
     if threads:
         so.intra_op_num_threads = so.inter_op_num_threads = threads
