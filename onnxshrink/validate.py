@@ -282,13 +282,73 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
+def compared_values(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Integer graph inputs -> the constants the graph compares them with (Equal, Less, ...,
+    in any subgraph: the conditions of If branches), followed through the ops that move their
+    values unchanged (Reshape, Gather, Concat, ...; each handler says). A sample rate that
+    picks a branch is drawn among these, not at random (a random one takes a branch that
+    fails, or the wrong one)."""
+    from onnxshrink.ops import facts
+    from onnxshrink.prepare import default_opset
+
+    ints = [
+        i.name
+        for i in _graph_inputs(model)
+        if np.issubdtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type), np.integer)
+    ]
+    if not ints:
+        return {}
+    opset = default_opset(model)
+    graphs = list(ir.all_graphs(model.graph))
+    small = {t.name: t for g in graphs for t in g.initializer if int(np.prod(t.dims)) <= COMPARED_SIZE}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in (n for g in graphs for n in g.node):
+        for i, name in enumerate(n.input):
+            readers.setdefault(name, []).append((n, i))
+    constant_nodes = {
+        n.output[0]: n for g in graphs for n in g.node if not n.input and len(n.output) == 1
+    }
+
+    def value(name: str) -> np.ndarray | None:
+        if name in small:
+            return onnx.numpy_helper.to_array(small[name])
+        node = constant_nodes.get(name)
+        handler, op = facts(node, opset) if node is not None else (None, None)
+        v = handler.constant_value(op) if handler is not None and op is not None else None
+        return v if v is not None and v.size <= COMPARED_SIZE else None
+
+    out: dict[str, list[int]] = {}
+    for name in ints:
+        found: list[int] = []
+        held, todo = {name}, [name]
+        while todo:
+            for n, i in readers.get(todo.pop(), []):
+                handler, op = facts(n, opset)
+                if handler is None:
+                    continue
+                if i in handler.moves_values(op) and n.output and n.output[0] not in held:
+                    held.add(n.output[0])
+                    todo.append(n.output[0])
+                other = value(n.input[1 - i]) if handler.compares(op) and i in (0, 1) else None
+                if other is not None and np.issubdtype(other.dtype, np.number):
+                    found += [int(v) for v in other.reshape(-1) if float(v).is_integer()]
+        if found:
+            out[name] = list(dict.fromkeys(found))
+    return out
+
+
+# Constants at most this large are read for the values an input is compared with.
+COMPARED_SIZE = 64
+
+
 def make_inputs(
     model: onnx.ModelProto, shapes: dict[str, list[int]], draws: int, seed: int
 ) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     bounds = _index_bounds(model)
+    compared = compared_values(model)
     feeds = []
-    for _ in range(draws):
+    for draw in range(draws):
         feed: dict[str, np.ndarray] = {}
         for inp in _graph_inputs(model):
             dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
@@ -302,13 +362,31 @@ def make_inputs(
             elif dtype == np.bool_:
                 feed[inp.name] = rng.random(shape) < 0.5
             elif np.issubdtype(dtype, np.integer):
-                feed[inp.name] = rng.integers(0, bounds.get(inp.name, 2), size=shape).astype(dtype)
+                drawn = rng.integers(0, bounds.get(inp.name, 2), size=shape).astype(dtype)
+                values = _drawable(compared.get(inp.name, []), dtype, bounds.get(inp.name))
+                if values and drawn.size == 1:  # one value: each draw the next compared one
+                    drawn[...] = values[draw % len(values)]
+                elif values:  # half of the elements, compared values
+                    picked = rng.random(shape) < 0.5
+                    drawn = np.where(picked, rng.choice(np.asarray(values, dtype), size=shape), drawn)
+                feed[inp.name] = drawn
             else:
                 raise ShrinkError(
                     f"input '{inp.name}' has type {dtype}, which validation cannot generate; give inputs with --inputs."
                 )
         feeds.append(feed)
     return feeds
+
+
+def _drawable(values: list[int], dtype: np.dtype, bound: int | None) -> list[int]:
+    """The compared values an integer input of `dtype` can hold (and, read as an index into a
+    table of `bound` rows, that index it)."""
+    info = np.iinfo(dtype)
+    return [
+        v
+        for v in values
+        if info.min <= v <= info.max and (bound is None or -bound <= v < bound)
+    ]
 
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:
@@ -484,9 +562,10 @@ def arithmetic(model: onnx.ModelProto) -> tuple[str, float]:
 
 
 class _RunFailed(Exception):
-    def __init__(self, message: str, loading: bool):
+    def __init__(self, message: str, loading: bool, feed: int | None = None):
         super().__init__(message)
         self.loading = loading  # onnxruntime refused the model (else: it failed on the inputs)
+        self.feed = feed  # the index of the feed it failed on (given inputs come first)
 
 
 def _reference_failed(
@@ -499,8 +578,23 @@ def _reference_failed(
             f"{text}, so the proof cannot run. Check the model with onnxruntime, or pass "
             "--no-validate to shrink it without the proof."
         )
-    if opts.inputs:
-        return f"{text}. Check the arrays given with --inputs against the model's inputs."
+    given = len(opts.inputs or [])
+    if exc.feed is not None and exc.feed < given:
+        return f"{text} on the arrays given with --inputs. Check them against the model's inputs."
+    text += " on random inputs" + (
+        " (the arrays given with --inputs run: --draws 0 proves it on those alone)" if given else ""
+    )
+    guessed = [
+        i.name
+        for i in _graph_inputs(reference)
+        if np.issubdtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type), np.integer)
+        and i.name not in compared_values(reference)
+    ]
+    if guessed:
+        text += (
+            f" (integer input(s) {', '.join(repr(n) for n in guessed)} drawn at random: the graph "
+            "compares them with no constant to draw instead)"
+        )
     dynamic = {
         i.name: shapes[i.name]
         for i in _graph_inputs(reference)
@@ -510,10 +604,10 @@ def _reference_failed(
     if dynamic:
         chosen = ", ".join(f"{n}:{','.join(map(str, d))}" for n, d in dynamic.items())
         return (
-            f"{text} on random inputs of the shapes chosen for its dynamic dims ({chosen}). "
+            f"{text}, of the shapes chosen for its dynamic dims ({chosen}). "
             "Give the shapes it runs on with --input-shapes name:d0,d1,..., or real inputs with --inputs."
         )
-    return f"{text} on random inputs. Give real inputs it runs on with --inputs."
+    return f"{text}. Give real inputs it runs on with --inputs."
 
 
 def run_model(
@@ -543,11 +637,11 @@ def run_model(
             raise _RunFailed(f"cannot be loaded by onnxruntime ({first_line(exc)})", True) from exc
         names = [o.name for o in sess.get_outputs()]
         wanted = [i.name for i in sess.get_inputs()]
-        for v in values:
+        for f, v in enumerate(values):
             try:
                 v.update(zip(names, sess.run(names, {n: v[n] for n in wanted}), strict=True))
             except Exception as exc:
-                raise _RunFailed(f"fails to run in onnxruntime ({first_line(exc)})", False) from exc
+                raise _RunFailed(f"fails to run in onnxruntime ({first_line(exc)})", False, f) from exc
             if progress is not None:
                 progress.update(1)
         del sess

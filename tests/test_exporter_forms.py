@@ -193,3 +193,74 @@ def test_contrib_domains_declared_and_value_info_without_shapes():
     assert interface(result.model) == [["N", 3, "H", "W"], ["N", 4]]
     (want,), (got,) = run(model, feed()), run(result.model, feed())
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+# ---------------------------------------------------------------------- integer inputs compared
+# A sample rate picks the branch, as in Silero VAD: 16000 runs, any other value takes a branch
+# that fails (a Reshape of 4 values into rows of 3).
+RATE = """
+g (float[N,6] x, int64 sr, float[6,8] W1, float[8,4] W2, int64[] Rate, int64[2] Rows) => (float[N,4] y) {
+  h = MatMul(x, W1)
+  r = Relu(h)
+  z = MatMul(r, W2)
+  is16k = Equal(sr, Rate)
+  y = If(is16k) <
+    then_branch = g1 () => (float[N,4] o1) { o1 = Identity(z) },
+    else_branch = g2 () => (float[N,4] o2) { o2 = Reshape(z, Rows) }
+  >
+}
+"""
+
+
+def test_an_integer_input_is_drawn_among_the_values_the_graph_compares_it_with():
+    model = tiny(RATE, zero={"W1": np.s_[:, [2, 5, 6]]}, values={"Rate": 16000, "Rows": [3, -1]})
+    result = shrink(model)
+    assert result.validation.passed
+    assert result.after.params == 6 * 8 + 8 * 4 - 3 * (6 + 4)  # 50 (int64 constants are not parameters)
+    x = np.random.default_rng(2).standard_normal((2, 6)).astype(np.float32)
+    feeds = {"x": x, "sr": np.asarray(16000, np.int64)}
+    (want,), (got,) = run(model, feeds), run(result.model, feeds)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_the_compared_values_are_followed_through_ops_that_move_them():
+    """Silero's op18 export: Reshape(sr, [1]) -> Gather(.., 0) -> Equal(.., 16000)."""
+    from onnxshrink.validate import compared_values, make_inputs
+
+    text = RATE.replace("int64[2] Rows)", "int64[2] Rows, int64[1] One, int64 Zero)").replace(
+        "is16k = Equal(sr, Rate)",
+        "v = Reshape(sr, One)\n  s = Gather(v, Zero)\n  is16k = Equal(Rate2, s)",
+    ).replace("int64[] Rate,", "int64[] Rate2,")
+    model = tiny(text, values={"Rate2": 8000, "Rows": [3, -1], "One": [1], "Zero": 0})
+    assert compared_values(model) == {"sr": [8000]}
+    draws = make_inputs(model, {"x": [1, 6], "sr": []}, 3, seed=0)
+    assert [int(d["sr"]) for d in draws] == [8000, 8000, 8000]
+
+
+def test_given_inputs_that_run_are_not_blamed_when_the_random_draws_fail():
+    """The rate is computed (Add of two constants): nothing to draw; the draws of 0 and 1 take
+    the failing branch, the given 16000 does not."""
+    import pytest
+
+    from onnxshrink import ShrinkError
+
+    text = RATE.replace("int64[] Rate,", "int64[] Half, int64[] Other,").replace(
+        "is16k = Equal(sr, Rate)", "rate = Add(Half, Other)\n  is16k = Equal(sr, rate)"
+    )
+    model = tiny(text, zero={"W1": np.s_[:, [1]]}, values={"Half": 8000, "Other": 8000, "Rows": [3, -1]})
+    x = np.random.default_rng(3).standard_normal((2, 6)).astype(np.float32)
+    good = {"x": x, "sr": np.asarray(16000, np.int64)}
+    with pytest.raises(ShrinkError) as err:
+        shrink(model, inputs=[good])
+    text = str(err.value)
+    assert "on random inputs (the arrays given with --inputs run: --draws 0 proves it" in text
+    assert "integer input(s) 'sr' drawn at random" in text
+    assert "Check them" not in text
+    with pytest.raises(ShrinkError) as err:
+        shrink(model, inputs=[{"x": x, "sr": np.asarray(3, np.int64)}])
+    assert "on the arrays given with --inputs. Check them against the model's inputs." in str(err.value)
+    result = shrink(model, inputs=[good], draws=0)
+    assert result.validation.passed and result.validation.draws == 1
+    assert result.after.params == 6 * 8 + 8 * 4 - (6 + 4)
+    (want,), (got,) = run(model, good), run(result.model, good)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
