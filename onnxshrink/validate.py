@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -83,8 +83,10 @@ class ValidationReport:
 
     def lines(self) -> list[str]:
         """Polygraphy-style accuracy block."""
+        shapes = " ".join(f"{n}:{','.join(map(str, d)) or '[]'}" for n, d in self.input_shapes.items())
         out = [
-            f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on {self.provider}"
+            f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on "
+            f"{self.provider}" + (f" | inputs {shapes}" if shapes else "")
         ]
         if self.kind != "full" or self.detail:
             tag = "[I]" if self.kind == "full" else "[W]"  # a partial proof says so
@@ -223,8 +225,10 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 def resolve_shapes(
     model: onnx.ModelProto, given: Mapping[str, list[int]]
 ) -> dict[str, list[int]]:
-    """Concrete shapes for every graph input: given ones, static dims, and defaults for the
-    dynamic ones (2 for a leading batch axis, 16 otherwise; one value per dim name)."""
+    """Concrete shapes for every graph input: given ones, static dims, and sizes chosen for the
+    dynamic ones (one value per dim name): 2 for a leading batch axis; for the others, 16 when
+    the model's shapes infer at 16, else the smallest size its own downsampling survives (see
+    `survived_size`)."""
     inputs = _graph_inputs(model)
     names = {i.name for i in inputs}
     for n in given:
@@ -250,18 +254,111 @@ def resolve_shapes(
                 if d.HasField("dim_param"):
                     symbols.setdefault(d.dim_param, v)
             shapes[inp.name] = shape
-    for inp in inputs:
-        if inp.name in shapes:
+    free = [
+        inp
+        for inp in inputs
+        if inp.name not in shapes
+        and any(
+            not d.HasField("dim_value") and k > 0 and d.dim_param not in symbols
+            for k, d in enumerate(inp.type.tensor_type.shape.dim)
+        )
+    ]
+
+    def at(size: int) -> dict[str, list[int]]:
+        chosen, named = dict(shapes), dict(symbols)
+        for inp in inputs:
+            if inp.name in chosen:
+                continue
+            shape = []
+            for k, d in enumerate(inp.type.tensor_type.shape.dim):
+                if d.HasField("dim_value"):
+                    shape.append(d.dim_value)
+                else:
+                    default = 2 if k == 0 else size
+                    shape.append(named.setdefault(d.dim_param, default) if d.dim_param else default)
+            chosen[inp.name] = shape
+        return chosen
+
+    if not free:
+        return at(DEFAULT_SIZE)
+    size = survived_size(model, at)
+    return at(size if size is not None else DEFAULT_SIZE)
+
+
+# The size of a dynamic dim (other than a leading batch axis) when the model's shapes infer at it.
+DEFAULT_SIZE = 16
+# Sizes at which the downsampling of the dynamic dims is measured (see survived_size).
+PROBES = (1024, 2048)
+
+
+def survived_size(model: onnx.ModelProto, at: Callable[[int], dict[str, list[int]]]) -> int | None:
+    """The size to give the dynamic dims (`at(size)`: every input's shape with them at `size`):
+    DEFAULT_SIZE when the model's shapes infer there (onnx's shape inference in strict mode: a
+    Concat of maps of different sizes fails it); else the smallest multiple of the model's
+    downsampling (the largest factor by which a tensor's size falls as the dims grow, measured
+    between two large sizes) at which every tensor keeps at least one element and the shapes
+    infer (a YOLO neck's upsampled map meets the one it is concatenated with; a 7x7 pooling
+    without padding after a stride of 32 needs 224). None when no size infers (the proof then
+    runs at DEFAULT_SIZE, and asks for shapes if the model fails there)."""
+
+    def empties(dims: dict[str, list[int]], large: dict[str, list[int]] | None) -> bool:
+        """Does a tensor lose all its elements (an axis of 0 that is not 0 at a large size)?"""
+        return any(
+            d == 0 and (large is None or name not in large or large[name][k] != 0)
+            for name, ds in dims.items()
+            for k, d in enumerate(ds)
+        )
+
+    first = _infers(model, at(DEFAULT_SIZE))
+    if first is not None and not empties(first, None):
+        return DEFAULT_SIZE
+    probes = [_infers(model, at(p)) for p in PROBES]
+    if probes[0] is None or probes[1] is None:
+        return None
+    if first is not None and not empties(first, probes[0]):
+        return DEFAULT_SIZE  # its empty tensors are empty at any size
+    step, smallest = 1.0, DEFAULT_SIZE
+    span = PROBES[1] - PROBES[0]
+    for name, d1 in probes[0].items():
+        d2 = probes[1].get(name)
+        if d2 is None or len(d1) != len(d2):
             continue
-        shape = []
-        for k, d in enumerate(inp.type.tensor_type.shape.dim):
-            if d.HasField("dim_value"):
-                shape.append(d.dim_value)
-            else:
-                default = 2 if k == 0 else 16
-                shape.append(symbols.setdefault(d.dim_param, default) if d.dim_param else default)
-        shapes[inp.name] = shape
-    return shapes
+        for a, b in zip(d1, d2, strict=True):
+            if b > a and span / (b - a) >= 1:  # falls by span / (b - a) as the dims grow
+                slope = span / (b - a)
+                step = max(step, slope)
+                smallest = max(smallest, int(np.ceil(PROBES[0] - (a - 1) * slope)))
+    factor = int(np.ceil(step))
+    start = -(-smallest // factor) * factor
+    for size in range(start, start + 4 * factor, factor):
+        found = _infers(model, at(size))
+        if found is not None and not empties(found, probes[0]):
+            return size
+    return None
+
+
+def _infers(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, list[int]] | None:
+    """The dims of every tensor whose dims are all static, as onnx's shape inference finds them
+    in strict mode with the inputs at `shapes`; None when it finds them inconsistent (or a
+    size below 0)."""
+    from onnxshrink.prepare.shapes import fold_shape_arithmetic, skeleton
+
+    try:
+        light = fold_shape_arithmetic(skeleton(model, shapes))
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
+    except Exception:
+        return None
+    out: dict[str, list[int]] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
+        t = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if any(d is not None and d < 0 for d in dims):
+            return None
+        if all(d is not None for d in dims):
+            out[vi.name] = dims  # type: ignore[assignment]
+    return out
 
 
 def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:

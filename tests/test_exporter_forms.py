@@ -264,3 +264,58 @@ def test_given_inputs_that_run_are_not_blamed_when_the_random_draws_fail():
     assert result.after.params == 6 * 8 + 8 * 4 - (6 + 4)
     (want,), (got,) = run(model, good), run(result.model, good)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+# ---------------------------------------------------------------------- validation shapes
+# Five stride-2 convs (a stride of 32), the last map upsampled x2 and concatenated with the one
+# before it (a YOLO neck): at 16x16 the maps are 1x1 and 2x2 after the Resize, which the Concat
+# refuses; any multiple of 32 works.
+NECK = """
+g (float[N,3,H,W] x, float[4,3,3,3] W1, float[4,4,3,3] W2, float[4,4,3,3] W3, float[4,4,3,3] W4,
+   float[4,4,3,3] W5, float[6,8,1,1] W6, float[4] Scales) => (float[N,6,A,B] y) {
+  c1 = Conv<strides=[2,2], pads=[1,1,1,1]>(x, W1)
+  c2 = Conv<strides=[2,2], pads=[1,1,1,1]>(c1, W2)
+  c3 = Conv<strides=[2,2], pads=[1,1,1,1]>(c2, W3)
+  c4 = Conv<strides=[2,2], pads=[1,1,1,1]>(c3, W4)
+  c5 = Conv<strides=[2,2], pads=[1,1,1,1]>(c4, W5)
+  u = Resize<mode="nearest">(c5, , Scales)
+  k = Concat<axis=1>(u, c4)
+  y = Conv(k, W6)
+}
+"""
+NECK_PARAMS = 4 * 27 + 4 * 4 * 36 + 6 * 8 + 4  # 736
+
+
+def test_dynamic_sizes_are_chosen_so_the_models_downsampling_survives():
+    from onnxshrink.validate import resolve_shapes
+
+    model = tiny(NECK, values={"Scales": [1, 1, 2, 2]}, zero={"W2": np.s_[[1, 3]]})
+    assert resolve_shapes(model, {}) == {"x": [2, 3, 32, 32]}
+    assert resolve_shapes(model, {"x": [1, 3, 64, 96]}) == {"x": [1, 3, 64, 96]}
+    result = shrink(model)
+    assert result.validation.passed
+    assert result.validation.input_shapes == {"x": [2, 3, 32, 32]}
+    assert "| inputs x:2,3,32,32" in result.validation.lines()[0]
+    assert result.to_dict()["validation"]["input_shapes"] == {"x": [2, 3, 32, 32]}
+    # W2's filters 1 and 3 and W3's input channels 1 and 3
+    assert result.after.params == NECK_PARAMS - 2 * 4 * 9 - 2 * 4 * 9
+    x = np.random.default_rng(4).standard_normal((1, 3, 64, 96)).astype(np.float32)
+    (want,), (got,) = run(model, {"x": x}), run(result.model, {"x": x})
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_the_chosen_size_leaves_every_map_an_element():
+    """Three stride-2 convs, then a 3x3 pooling without padding: 16 leaves it a 2x2 map, which
+    the pooling cannot take; 24 (the first multiple of 8 where it has 3x3) can."""
+    from onnxshrink.validate import resolve_shapes
+
+    text = """
+    g (float[N,2,H,W] x, float[2,2,3,3] W1, float[2,2,3,3] W2, float[2,2,3,3] W3) => (float[N,2,A,B] y) {
+      c1 = Conv<strides=[2,2], pads=[1,1,1,1]>(x, W1)
+      c2 = Conv<strides=[2,2], pads=[1,1,1,1]>(c1, W2)
+      c3 = Conv<strides=[2,2], pads=[1,1,1,1]>(c2, W3)
+      y = AveragePool<kernel_shape=[3,3]>(c3)
+    }
+    """
+    assert resolve_shapes(tiny(text), {}) == {"x": [2, 2, 24, 24]}
+    assert resolve_shapes(tiny(text.replace("[3,3]>", "[2,2]>")), {}) == {"x": [2, 2, 16, 16]}
