@@ -255,7 +255,8 @@ def shrink(
     result = ShrinkResult(
         model=shrunk,
         reference=reference,
-        before=model_stats(reference, shapes, source.file_bytes),
+        # the input as its file holds it (the reference may hold untied copies of a weight)
+        before=model_stats(source.proto, shapes, source.file_bytes),
         after=model_stats(shrunk, shapes),
         validation=report,
         timings=clock.timings,

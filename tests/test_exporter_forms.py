@@ -319,3 +319,53 @@ def test_the_chosen_size_leaves_every_map_an_element():
     """
     assert resolve_shapes(tiny(text), {}) == {"x": [2, 2, 24, 24]}
     assert resolve_shapes(tiny(text.replace("[3,3]>", "[2,2]>")), {}) == {"x": [2, 2, 16, 16]}
+
+
+# ---------------------------------------------------------------------- reports
+def test_prune_reports_the_input_as_its_file_holds_it_at_the_proofs_shapes():
+    """Before/after on the same footing: the unpruned input's nodes and parameters as the file
+    holds them (Constant-node weights are nodes there; the reference makes some initializers),
+    and MACs of both at the shapes the proof drew."""
+    from onnxshrink.report import model_stats
+
+    model = head(seed=4)
+    pruned = prune(model, 0.5)
+    before, after = pruned.shrink.before, pruned.shrink.after
+    shapes = pruned.shrink.validation.input_shapes
+    assert shapes == {"x": [2, 3, 16, 16]}
+    assert before.input_shapes == after.input_shapes == shapes
+    assert before.nodes == len(model.graph.node) == 10  # 5 of them Constant nodes
+    assert before.params == HEAD_PARAMS
+    assert before.macs == model_stats(model, shapes).macs == 2 * 16 * 16 * (6 * 27 + 4 * 6)
+    assert after.macs == 2 * 16 * 16 * (3 * 27 + 4 * 3)
+    assert after.params == HEAD_PARAMS - 3 * PER_FILTER
+    assert pruned.original == before
+    assert pruned.to_dict()["shrink"]["before"]["input_shapes"] == shapes
+
+
+def test_a_weight_untied_for_a_mask_is_counted_once_before():
+    """Two convs read one initializer (an exporter merged their equal weights); a mask on one
+    of them unties it in the reference. The table's before is the file: the weight once."""
+    text = """
+    g (float[1,3,8,8] x, float[4,3,3,3] W, float[2,4,1,1] W3) => (float[1,2,8,8] y) {
+      a = Conv<pads=[1,1,1,1]>(x, W)
+      b = Conv<pads=[1,1,1,1]>(x, W)
+      s = Add(a, b)
+      y = Conv(s, W3)
+    }
+    """
+    model = tiny(text)
+    for n, name in zip(model.graph.node, ["/conv1/Conv", "/conv2/Conv", "/Add", "/conv3/Conv"], strict=True):
+        n.name = name
+    for t in model.graph.initializer:
+        t.name = {"W": "conv1.weight", "W3": "conv3.weight"}[t.name]
+    for n in model.graph.node:
+        n.input[:] = [{"W": "conv1.weight", "W3": "conv3.weight"}.get(i, i) for i in n.input]
+    mask = np.ones(4, np.float32)
+    mask[1] = 0
+    result = shrink(model, {"conv2.weight": mask})
+    assert result.shared_initializers == {"conv1.weight": ["conv2.weight"]}
+    assert result.validation.passed
+    assert result.before.params == 4 * 27 + 2 * 4 == 116  # the file's: W once
+    assert result.before.nodes == 4
+    assert result.after.params == 2 * 4 * 27 + 2 * 4  # the shrunk model holds both copies whole

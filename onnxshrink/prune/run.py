@@ -28,6 +28,7 @@ from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
 from onnxshrink.report import ModelStats, model_stats
+from onnxshrink.validate import resolve_shapes
 
 
 @dataclass
@@ -107,7 +108,9 @@ def prune(
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
         load_external(proto, Path(source.base_dir), str(source.path))
-    original = model_stats(proto, dict(opts.input_shapes or {}), source.file_bytes)
+    # the unpruned input as its file holds it (before the reference is made from it: Constant
+    # weights made initializers, a weight copied per reader), at the shapes the proof draws
+    original = model_stats(proto, resolve_shapes(proto, opts.input_shapes or {}), source.file_bytes)
     clock.lap("load")
     opts.say("finding the coupled groups ...")
     gset = find_groups(proto, name=str(source.path or ""))
@@ -150,7 +153,7 @@ def prune(
     finally:
         if staged is not None:
             staged.unlink(missing_ok=True)
-    result.before.file_bytes = source.file_bytes
+    result.before = original  # what the table and the summary compare with: the input
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
 
