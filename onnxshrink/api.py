@@ -102,30 +102,38 @@ class ShrinkResult:
     def passed(self) -> bool:
         return all(v is None or v.passed for v in (self.validation, self.torch_validation))
 
+    # what --report writes (with "passed"), in this order
+    REPORT_KEYS = (
+        "before",
+        "after",
+        "validation",
+        "timings",
+        "masks_bound",
+        "unbound_masks",
+        "input_masked",
+        "shared_initializers",
+        "folds",
+        "barriers",
+        "replayed",
+        "kept_zeroed",
+        "sparsity",
+        "removed_nodes",
+        "written",
+        "torch_validation",
+        "first_failure",
+        "first_failure_rounding",
+        "kept_after_failed_proof",
+        "renamed_nodes",
+    )
+
     def to_dict(self) -> dict[str, Any]:
-        keys = (
-            "before",
-            "after",
-            "validation",
-            "timings",
-            "masks_bound",
-            "unbound_masks",
-            "input_masked",
-            "shared_initializers",
-            "folds",
-            "barriers",
-            "replayed",
-            "kept_zeroed",
-            "sparsity",
-            "removed_nodes",
-            "written",
-            "torch_validation",
-            "first_failure",
-            "first_failure_rounding",
-            "kept_after_failed_proof",
-            "renamed_nodes",
-        )
-        return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
+        return {k: to_jsonable(getattr(self, k)) for k in self.REPORT_KEYS} | {"passed": self.passed}
+
+    @classmethod
+    def empty_report(cls) -> dict[str, Any]:
+        """The report of a shrink that made no result (its rewrite failed): every key of one
+        that did, empty."""
+        return dict.fromkeys(cls.REPORT_KEYS) | {"passed": False}
 
     def save(self, path: str | Path, external: bool = False) -> list[Path]:
         if self.data_file is not None:

@@ -369,3 +369,35 @@ def test_a_weight_untied_for_a_mask_is_counted_once_before():
     assert result.before.params == 4 * 27 + 2 * 4 == 116  # the file's: W once
     assert result.before.nodes == 4
     assert result.after.params == 2 * 4 * 27 + 2 * 4  # the shrunk model holds both copies whole
+
+
+def test_a_failed_run_writes_a_report_with_the_keys_of_a_passing_one(tmp_path, monkeypatch):
+    """--keep-failed: the model and the report are written; the report has every key a passing
+    run's has, a prune's as a prune's. The proof is made to fail by a negative tolerance."""
+    import json
+
+    import onnxshrink.api
+    from onnxshrink.api import ShrinkResult
+    from onnxshrink.cli import main
+
+    onnx.save(head(seed=4), tmp_path / "m.onnx")
+    base = [str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "--no-recover", "--keep-failed"]
+
+    def report(*extra: str) -> tuple[int, dict]:
+        code = main([*base, "--report", str(tmp_path / "r.json"), *extra])
+        return code, json.loads((tmp_path / "r.json").read_text())
+
+    passed_prune, passed_shrink = report("--prune", "0.5"), report()
+    assert passed_prune[0] == passed_shrink[0] == 0
+    real = onnxshrink.api.compare
+    monkeypatch.setattr(onnxshrink.api, "compare", lambda ref, new, opts, *a: real(ref, new, opts.but(rtol=-1.0), *a))
+    failed_prune, failed_shrink = report("--prune", "0.5"), report()
+    assert failed_prune[0] == failed_shrink[0] == 1
+    for ok, bad in ((passed_prune[1], failed_prune[1]), (passed_shrink[1], failed_shrink[1])):
+        assert ok["error"] is None and "does not match the reference" in bad["error"]
+        assert set(ok) == set(bad)
+    assert set(passed_prune[1]["shrink"]) == set(failed_prune[1]["shrink"]) == set(passed_shrink[1]) - {"error"}
+    assert failed_prune[1]["shrink"]["passed"] is False
+    assert failed_prune[1]["shrink"]["before"]["params"] == HEAD_PARAMS  # the input, as a passing one says
+    assert failed_prune[1]["layers"] == passed_prune[1]["layers"]
+    assert set(ShrinkResult.empty_report()) == set(passed_shrink[1]) - {"error"}

@@ -20,7 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
-from onnxshrink.errors import ShrinkError, file_access
+from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
@@ -59,23 +59,31 @@ class PruneResult:
         return [i for p in self.plans for i in p.removed]
 
     def to_dict(self) -> dict[str, Any]:
-        layers = [
-            {
-                "layer": p.layer.name,
-                "kind": p.layer.kind,
-                "groups": p.total,
-                "removed": len(p.removed),
-                "ignored": p.ignored,
-            }
-            for p in self.plans
-            if p.total
-        ]
-        return {
-            "layers": layers,
-            "original": {"params": self.original.params, "macs": self.original.macs},
-            "skipped_masks": self.skipped_masks,
-            "shrink": self.shrink.to_dict(),
+        return prune_report(self.plans, self.original, self.skipped_masks, self.shrink.to_dict())
+
+
+def prune_report(
+    plans: list[LayerPlan], original: ModelStats, skipped: list[str], shrink: dict[str, Any]
+) -> dict[str, Any]:
+    """What --report writes for a prune (`shrink`: the shrink's report, or an empty one of the
+    same keys when the shrink made no result)."""
+    layers = [
+        {
+            "layer": p.layer.name,
+            "kind": p.layer.kind,
+            "groups": p.total,
+            "removed": len(p.removed),
+            "ignored": p.ignored,
         }
+        for p in plans
+        if p.total
+    ]
+    return {
+        "layers": layers,
+        "original": {"params": original.params, "macs": original.macs},
+        "skipped_masks": skipped,
+        "shrink": shrink,
+    }
 
 
 def prune(
@@ -150,6 +158,12 @@ def prune(
         if staged is not None and masks_out is not None:
             with file_access(masks_out):
                 os.replace(staged, masks_out)
+    except ValidationFailed as exc:  # its report, as a prune's (the same keys as one that passed)
+        if exc.result is not None:
+            exc.result.before = original
+        shrunk = exc.result.to_dict() if exc.result is not None else ShrinkResult.empty_report()
+        exc.report = prune_report(plans, original, slices.skipped, shrunk)
+        raise
     finally:
         if staged is not None:
             staged.unlink(missing_ok=True)
