@@ -86,7 +86,7 @@ class ValidationReport:
         shapes = " ".join(f"{n}:{','.join(map(str, d)) or '[]'}" for n, d in self.input_shapes.items())
         out = [
             f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on "
-            f"{self.provider}" + (f" | inputs {shapes}" if shapes else "")
+            f"{self.provider}" + (f" | random inputs {shapes}" if shapes else "")
         ]
         if self.kind != "full" or self.detail:
             tag = "[I]" if self.kind == "full" else "[W]"  # a partial proof says so

@@ -295,7 +295,7 @@ def test_dynamic_sizes_are_chosen_so_the_models_downsampling_survives():
     result = shrink(model)
     assert result.validation.passed
     assert result.validation.input_shapes == {"x": [2, 3, 32, 32]}
-    assert "| inputs x:2,3,32,32" in result.validation.lines()[0]
+    assert "| random inputs x:2,3,32,32" in result.validation.lines()[0]
     assert result.to_dict()["validation"]["input_shapes"] == {"x": [2, 3, 32, 32]}
     # W2's filters 1 and 3 and W3's input channels 1 and 3
     assert result.after.params == NECK_PARAMS - 2 * 4 * 9 - 2 * 4 * 9
