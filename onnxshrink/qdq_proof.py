@@ -97,7 +97,12 @@ class _Operand:
 
 def _dequantized(g: _Graph, name: str) -> _Operand | None:
     dq = g.producer.get(name)
-    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") or len(dq.input) < 2:
+    if (
+        dq is None
+        or dq.op_type != "DequantizeLinear"
+        or dq.domain not in ("", "ai.onnx")
+        or len(dq.input) < 2
+    ):
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
     if int(attrs.get("block_size", 0)) != 0 or g.type_of(dq.input[0]) not in EIGHT_BIT:
@@ -120,7 +125,9 @@ def _along(op: _Operand, axis: int, rank: int, n: int | None) -> bool:
     if _per_tensor(op.scale) and _per_tensor(op.zero):
         return True
     a = op.axis + rank if op.axis < 0 else op.axis
-    return a == axis and all(p.ndim == 1 and (n is None or p.shape[0] == n) for p in (op.scale, op.zero) if p.size > 1)
+    return a == axis and all(
+        p.ndim == 1 and (n is None or p.shape[0] == n) for p in (op.scale, op.zero) if p.size > 1
+    )
 
 
 def _exact_in_float32(centered: np.ndarray, x_dtype: np.dtype, x_zero: np.ndarray) -> bool:
@@ -160,28 +167,52 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     a_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(g.type_of(a.q) or 0))
     b_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(g.type_of(b.q) or 0))
+
     def az() -> str:
         return _scalar(g, a.zero, a_dtype, f"{y}__int_a_zero")
 
     if node.op_type == "Conv":
         if w is None or rank_b is None or not _along(b, 0, rank_b, w.dims[0]):
             return None
-        conv_attrs = {k: v for k, v in attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}
+        conv_attrs = {
+            k: v
+            for k, v in attrs.items()
+            if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+        }
         per_channel = [1, -1] + [1] * (rank_b - 2)
         zero = b.zero.astype(np.int64).reshape([-1] + [1] * (rank_b - 1) if b.zero.size > 1 else ())
         centered = np.asarray(g.value(b.q), dtype=np.int64) - zero
         if _exact_in_float32(centered, a_dtype, a.zero):
             # float32 holds every partial sum exactly: the float kernel computes the integer sum
-            x = make("Sub", [make("Cast", [a.q], "x", to=TensorProto.FLOAT), g.constant(a.zero.astype(np.float32).reshape(()), f"{y}__int_x_zero")], "x_centered")
+            x = make(
+                "Sub",
+                [
+                    make("Cast", [a.q], "x", to=TensorProto.FLOAT),
+                    g.constant(a.zero.astype(np.float32).reshape(()), f"{y}__int_x_zero"),
+                ],
+                "x_centered",
+            )
             w_zero = g.constant(zero.astype(np.float32), f"{y}__int_w_zero")
-            w_centered = make("Sub", [make("Cast", [b.q], "w", to=TensorProto.FLOAT), w_zero], "w_centered")
+            w_centered = make(
+                "Sub", [make("Cast", [b.q], "w", to=TensorProto.FLOAT), w_zero], "w_centered"
+            )
             acc = make("Conv", [x, w_centered], "acc", **conv_attrs)
         elif np.unique(b.zero).size == 1:
             bz = _scalar(g, b.zero.reshape(-1)[:1], b_dtype, f"{y}__int_w_zero")
-            acc = make("Cast", [make("ConvInteger", [a.q, b.q, az(), bz], "acc32", **conv_attrs)], "acc", to=TensorProto.FLOAT)
+            acc = make(
+                "Cast",
+                [make("ConvInteger", [a.q, b.q, az(), bz], "acc32", **conv_attrs)],
+                "acc",
+                to=TensorProto.FLOAT,
+            )
         else:
             return None  # onnxruntime's ConvInteger takes one weight zero point
-        scale = g.constant((a.scale.reshape(()) * b.scale.reshape(-1)).reshape(per_channel if b.scale.size > 1 else ()), f"{y}__int_scale")
+        scale = g.constant(
+            (a.scale.reshape(()) * b.scale.reshape(-1)).reshape(
+                per_channel if b.scale.size > 1 else ()
+            ),
+            f"{y}__int_scale",
+        )
         y0 = make("Mul", [acc, scale], "scaled")
         if bias is not None:
             shape = g.constant(np.array(per_channel, np.int64), f"{y}__int_bias_shape")
@@ -205,10 +236,17 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
         bz = g.constant(b.zero.astype(b_dtype), f"{y}__int_b_zero")
         acc = make("MatMulInteger", [aq, bq, az(), bz], "acc")
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
-        scale = g.constant((a.scale.reshape(()) * b.scale * np.float32(alpha)).astype(np.float32), f"{y}__int_scale")
+        scale = g.constant(
+            (a.scale.reshape(()) * b.scale * np.float32(alpha)).astype(np.float32),
+            f"{y}__int_scale",
+        )
         y0 = make("Mul", [make("Cast", [acc], "float", to=TensorProto.FLOAT), scale], "scaled")
         if bias is not None and beta != 0.0:
-            c = bias if beta == 1.0 else make("Mul", [bias, g.constant(np.float32(beta), f"{y}__int_beta")], "beta")
+            c = (
+                bias
+                if beta == 1.0
+                else make("Mul", [bias, g.constant(np.float32(beta), f"{y}__int_beta")], "beta")
+            )
             y0 = make("Add", [y0, c], "biased")
     else:
         return None
@@ -216,7 +254,9 @@ def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | 
     return out
 
 
-def integer_products(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.ModelProto | None:
+def integer_products(
+    model: onnx.ModelProto, base_dir: str | Path | None = None
+) -> onnx.ModelProto | None:
     """A copy of `model` with each product of two dequantized operands computed in integers (see
     the module docstring), or None when it has none. `base_dir`: where its external data are."""
     g = _Graph(model, base_dir)

@@ -43,7 +43,9 @@ def zp_axis(node: onnx.NodeProto, slot: int, rank: int) -> int:
     return rank - 1 if node.op_type in ("QLinearMatMul", "MatMulInteger") else 0
 
 
-def zeroed_by_hand(model: onnx.ModelProto, slices: list[tuple[str, int, np.ndarray]]) -> onnx.ModelProto:
+def zeroed_by_hand(
+    model: onnx.ModelProto, slices: list[tuple[str, int, np.ndarray]]
+) -> onnx.ModelProto:
     """`model` with each slice set to zero: an integer weight to its zero point (per tensor or per
     channel), a float one to 0; a scale is left as it is (its channel is zero whatever it is)."""
     out = onnx.ModelProto()
@@ -61,7 +63,11 @@ def zeroed_by_hand(model: onnx.ModelProto, slices: list[tuple[str, int, np.ndarr
             v[tuple(index)] = 0
             continue
         zp_slot = ZERO_POINT[(node.op_type, slot)]
-        zp = values[node.input[zp_slot]] if zp_slot is not None and len(node.input) > zp_slot else np.zeros(())
+        zp = (
+            values[node.input[zp_slot]]
+            if zp_slot is not None and len(node.input) > zp_slot
+            else np.zeros(())
+        )
         if zp.size > 1:
             shape = [1] * v.ndim
             shape[zp_axis(node, slot, v.ndim)] = -1
@@ -73,7 +79,11 @@ def zeroed_by_hand(model: onnx.ModelProto, slices: list[tuple[str, int, np.ndarr
 
 
 def chosen_slices(result) -> list[tuple[str, int, np.ndarray]]:
-    return [(m.initializer, m.axis, m.indices) for i in result.removed() for m in result.groups.groups[i].members]
+    return [
+        (m.initializer, m.axis, m.indices)
+        for i in result.removed()
+        for m in result.groups.groups[i].members
+    ]
 
 
 def same_outputs(reference: onnx.ModelProto, pruned: onnx.ModelProto, feeds: list[dict]) -> None:
@@ -130,7 +140,9 @@ def test_qdq_groups_hold_the_integer_weights_and_go_at_their_zero_points():
         ("Wq", 0, "weight", "out"), ("Bq", 0, "bias", "out"), ("Vq", 1, "weight", "in"),
         ("Bs", 0, None, "out"),
     }  # fmt: skip
-    assert int(gset.zero_of("Wq")) == 131 and gset.zero_of("Vq").reshape(-1).tolist() == init_list(model, "Vz")
+    assert int(gset.zero_of("Wq")) == 131 and gset.zero_of("Vq").reshape(-1).tolist() == init_list(
+        model, "Vz"
+    )
     assert gset.quant_params == {"Bs", "Vs"}  # float members sliced with their channels, not zeroed
 
     result = prune(model, 0.5, validate=False)
@@ -139,12 +151,20 @@ def test_qdq_groups_hold_the_integer_weights_and_go_at_their_zero_points():
     reference = zeroed_by_hand(model, chosen_slices(result))
     same_outputs(reference, result.model, feeds(model))
     after = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
-    assert after["Wq"] == (4, 3, 3, 3) and after["Bq"] == after["Bs"] == (4,) and after["Vq"] == (4, 4, 1, 1)
+    assert (
+        after["Wq"] == (4, 3, 3, 3)
+        and after["Bq"] == after["Bs"] == (4,)
+        and after["Vq"] == (4, 4, 1, 1)
+    )
     assert params(result.model) == params(model) - 4 * (27 + 1 + 1 + 4)
 
 
 def init_list(model: onnx.ModelProto, name: str) -> list:
-    return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name)).reshape(-1).tolist()
+    return (
+        numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
+        .reshape(-1)
+        .tolist()
+    )
 
 
 def feeds(model: onnx.ModelProto, draws: int = 3) -> list[dict]:
@@ -156,12 +176,19 @@ def feeds(model: onnx.ModelProto, draws: int = 3) -> list[dict]:
 def test_quantized_magnitude_is_that_of_the_dequantized_weights():
     model = qdq_model()
     gset = find_groups(model)
-    group = next(g for g in gset.groups if g.exact and any(m.initializer == "Wq" for m in g.members))
+    group = next(
+        g for g in gset.groups if g.exact and any(m.initializer == "Wq" for m in g.members)
+    )
     j = int(next(m.indices[0] for m in group.members if m.initializer == "Wq"))
-    wq, vq = (numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == n)) for n in ("Wq", "Vq"))
+    wq, vq = (
+        numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == n))
+        for n in ("Wq", "Vq")
+    )
     vz, vs = (np.array(init_list(model, n)) for n in ("Vz", "Vs"))
     w_real = np.abs((wq[j].astype(np.int64) - 131) * np.float64(np.float32(0.01))).sum()
-    v_real = np.abs((vq[:, j, 0, 0].astype(np.int64) - vz) * vs.astype(np.float32).astype(np.float64)).sum()
+    v_real = np.abs(
+        (vq[:, j, 0, 0].astype(np.int64) - vz) * vs.astype(np.float32).astype(np.float64)
+    ).sum()
     assert magnitude(gset, group, 1) == pytest.approx((w_real + v_real) / 2, rel=1e-12)
 
 
@@ -204,15 +231,35 @@ def qop_model():
 def test_qoperator_residual_channels_go_through_qlinearadd_global_pool_and_qgemm():
     model = qop_model()
     gset = find_groups(model)
-    exact = {layer.name: len(layer.groups) for layer in gset.layers if all(gset.groups[i].exact for i in layer.groups)}
-    assert exact == {"Wq": 8, "Cq (+1)": 8}  # h's channels; the residual stream's (C and D write it)
-    stream = next(gset.groups[i] for layer in gset.layers if layer.name == "Cq (+1)" for i in layer.groups[:1])
-    assert {(m.initializer, m.axis) for m in stream.members} >= {("Cq", 0), ("Dq", 0), ("Cb", 0), ("Db", 0), ("Fq", 1)}
+    exact = {
+        layer.name: len(layer.groups)
+        for layer in gset.layers
+        if all(gset.groups[i].exact for i in layer.groups)
+    }
+    assert exact == {
+        "Wq": 8,
+        "Cq (+1)": 8,
+    }  # h's channels; the residual stream's (C and D write it)
+    stream = next(
+        gset.groups[i] for layer in gset.layers if layer.name == "Cq (+1)" for i in layer.groups[:1]
+    )
+    assert {(m.initializer, m.axis) for m in stream.members} >= {
+        ("Cq", 0),
+        ("Dq", 0),
+        ("Cb", 0),
+        ("Db", 0),
+        ("Fq", 1),
+    }
     result = prune(model, 0.5, validate=False)
     reference = zeroed_by_hand(model, chosen_slices(result))
     same_outputs(reference, result.model, feeds(model))
     s = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
-    assert s["Wq"] == (4, 4, 3, 3) and s["Cq"] == (4, 4, 3, 3) and s["Dq"] == (4, 4, 1, 1) and s["Fq"] == (6, 4)
+    assert (
+        s["Wq"] == (4, 4, 3, 3)
+        and s["Cq"] == (4, 4, 3, 3)
+        and s["Dq"] == (4, 4, 1, 1)
+        and s["Fq"] == (6, 4)
+    )
     assert not result.shrink.barriers
 
 
@@ -282,7 +329,9 @@ def quantized(zoo_dir, name: str, form: str):
     )
 
     entry = ZOO[name] if name in ZOO else TRANSFORMERS[name]
-    path = export_cached(zoo_dir, ("pq", name), lambda: (randomize(entry.build(), seed=4), entry.inputs(), {}))
+    path = export_cached(
+        zoo_dir, ("pq", name), lambda: (randomize(entry.build(), seed=4), entry.inputs(), {})
+    )
     if form == "float":
         return path
     out = path.with_name(f"{path.stem}_{form}.onnx")
@@ -294,7 +343,9 @@ def quantized(zoo_dir, name: str, form: str):
             else:
                 reader = type("Reader", (_Calibration, CalibrationDataReader), {})(path)
                 fmt = QuantFormat.QDQ if form.startswith("qdq") else QuantFormat.QOperator
-                quantize_static(path, out, reader, quant_format=fmt, per_channel=form.endswith("_pc"))
+                quantize_static(
+                    path, out, reader, quant_format=fmt, per_channel=form.endswith("_pc")
+                )
         finally:
             logging.disable(logging.NOTSET)
     return out
@@ -340,7 +391,9 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     monkeypatch.setattr(api, "prove", failing)
     path, out = tmp_path / "qdq.onnx", tmp_path / "out.onnx"
     onnx.save(qdq_model(), path)
-    code = cli.main([str(path), "--prune", "0.5", "-o", str(out), "--masks-out", str(tmp_path / "m.npz")])
+    code = cli.main(
+        [str(path), "--prune", "0.5", "-o", str(out), "--masks-out", str(tmp_path / "m.npz")]
+    )
     err = capsys.readouterr().err
     assert code == 1 and not out.exists() and not (tmp_path / "m.npz").exists()
     assert "none of the 4 groups chosen could be removed" in err and "Nothing was written" in err

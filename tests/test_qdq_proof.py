@@ -34,7 +34,9 @@ def run(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)
+    return ort.InferenceSession(
+        model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+    ).run(None, feed)
 
 
 def products(weight_scale: float) -> onnx.ModelProto:
@@ -54,24 +56,49 @@ def test_integer_products_compute_the_dequantized_products(weight_scale):
     model = products(weight_scale)
     integer = integer_products(model)
     assert integer is not None
-    ops = sorted(n.op_type for n in integer.graph.node if n.op_type in ("Conv", "ConvInteger", "MatMul", "MatMulInteger", "Gemm"))
+    ops = sorted(
+        n.op_type
+        for n in integer.graph.node
+        if n.op_type in ("Conv", "ConvInteger", "MatMul", "MatMulInteger", "Gemm")
+    )
     # The Conv's partial sums reach 128 * sum |w - zp| = 128 * ~18,000 < 2**24: a float Conv of
     # the integers, exact; MatMul and Gemm in MatMulInteger.
     assert ops == ["Conv", "MatMulInteger", "MatMulInteger"]
     rng = np.random.default_rng(4)
-    feed = {"x": rng.standard_normal((1, 16, 5, 5)).astype(np.float32), "v": rng.standard_normal((1, 16)).astype(np.float32)}
+    feed = {
+        "x": rng.standard_normal((1, 16, 5, 5)).astype(np.float32),
+        "v": rng.standard_normal((1, 16)).astype(np.float32),
+    }
     for a, b in zip(run(model, feed), run(integer, feed), strict=True):
         assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()  # the same products, rounded once
 
 
 def test_a_conv_whose_sums_may_pass_float32s_integers_accumulates_in_int32():
-    wide = PRODUCTS.replace("16, 5, 5] x", "512, 5, 5] x").replace("[32, 16, 3, 3] Wq", "[32, 512, 3, 3] Wq")
+    wide = PRODUCTS.replace("16, 5, 5] x", "512, 5, 5] x").replace(
+        "[32, 16, 3, 3] Wq", "[32, 512, 3, 3] Wq"
+    )
     rng = np.random.default_rng(5)
     wq = rng.integers(-128, 128, (32, 512, 3, 3))  # 128 * sum |w| ~ 128 * 300,000 > 2**24
-    model = tiny(wide, values={"Wq": wq, "Wz": np.zeros(32), "Ws": np.full(32, 1e-3), "S": 0.03, "Z": -5, "T": 0.02, "U": 128, "Gz": 0, "Mz": np.full(12, 128)})
+    model = tiny(
+        wide,
+        values={
+            "Wq": wq,
+            "Wz": np.zeros(32),
+            "Ws": np.full(32, 1e-3),
+            "S": 0.03,
+            "Z": -5,
+            "T": 0.02,
+            "U": 128,
+            "Gz": 0,
+            "Mz": np.full(12, 128),
+        },
+    )
     integer = integer_products(model)
     assert integer is not None and "ConvInteger" in {n.op_type for n in integer.graph.node}
-    feed = {"x": rng.standard_normal((1, 512, 5, 5)).astype(np.float32), "v": rng.standard_normal((1, 16)).astype(np.float32)}
+    feed = {
+        "x": rng.standard_normal((1, 512, 5, 5)).astype(np.float32),
+        "v": rng.standard_normal((1, 16)).astype(np.float32),
+    }
     a, b = run(model, feed)[0], run(integer, feed)[0]
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
 

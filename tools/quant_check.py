@@ -19,7 +19,18 @@ with the float model's so that the machine's load hits both alike).
 
     python tools/quant_check.py                            # resnet50 and bert, ratios 0.3 and 0.5
     python tools/quant_check.py --models bert --forms qdq,qop --ratios 0.5
-    python tools/quant_check.py --workdir /tmp/q --json quant.json
+    python tools/quant_check.py --workdir /tmp/q --json quant.json --repeat 3
+
+Measured (`--repeat 3`, onnxruntime 1.32, on a shared 2-core machine with a load average of
+10-11): every form of both models at 0.3 and 0.5 exits 0 with its first proof passed; the
+pruned models hold 1.000x the float model's pruned parameters per tensor and 1.003-1.008x per
+channel (the per-channel scales and zero points of the kept channels); they take 1.38-1.67x the
+float model's time for ResNet-50 (float: 17.4 s at 0.3, 13.5 s at 0.5) and 1.06-2.00x for the
+BERT (4 layers, hidden 256, 4 heads, FFN 1024; float 4.5 s and 4.8 s). The BERT's dynamic and
+QOperator forms remove 15 (24) groups fewer than the float model: the position-embedding rows
+past the sequence, which the float prune counts as groups and the plain shrink removes anyway
+(the quantized forms hold that table as integers a Gather reads, no group); the parameters
+removed are the same.
 """
 
 from __future__ import annotations
@@ -59,7 +70,9 @@ def export_float(name: str, workdir: Path, seed: int) -> Path:
         entry = BENCH["resnet50"]
         export(randomize(entry.build(), seed), path, entry.inputs())
     elif name == "bert":  # BERT-mini sized: 4 layers, 256 hidden, 4 heads, 1024 FFN
-        model = Transformer(kind="bert", layers=4, d_model=256, heads=4, ffn=1024, vocab=1000, max_len=64)
+        model = Transformer(
+            kind="bert", layers=4, d_model=256, heads=4, ffn=1024, vocab=1000, max_len=64
+        )
         ids = _ids(batch=1, seq=16, vocab=1000)
         example = (*ids, torch.tensor([[1.0] * 12 + [0.0] * 4]))
         export(randomize(model, seed), path, example)
@@ -149,7 +162,9 @@ def render(records: list[dict]) -> list[str]:
         removed = (r["before"] - r["after"]) if r.get("after") is not None else None
         f_removed = (f["before"] - f["after"]) if f and f.get("after") is not None else None
         vs = f"{removed / f_removed:.3f}" if removed is not None and f_removed else "-"
-        vs_after = f"{r['after'] / f['after']:.3f}" if f and r.get("after") and f.get("after") else "-"
+        vs_after = (
+            f"{r['after'] / f['after']:.3f}" if f and r.get("after") and f.get("after") else "-"
+        )
         rows.append([
             r["model"], r["form"], f"{r['ratio']:g}", str(r["exit"]),
             "-" if "first_failure" not in r else ("passed" if not r["first_failure"] else "FAILED"),
@@ -178,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated: {', '.join(FORMS)}")
     ap.add_argument("--ratios", default="0.3,0.5")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each (median time), taken in turns")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="runs of each (median time), taken in turns"
+    )
     ap.add_argument("--workdir", type=Path, help="keep (and reuse) the models here")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -198,9 +215,16 @@ def main(argv: list[str] | None = None) -> int:
             paths = {form: quantized(src, form, args.seed) for form in forms}
             for ratio in ratios:
                 runs: dict[str, list[dict]] = {form: [] for form in forms}
-                for _ in range(args.repeat):  # in turns: a change in the machine's load hits all alike
+                for _ in range(
+                    args.repeat
+                ):  # in turns: a change in the machine's load hits all alike
                     for form in forms:
-                        rec = {"model": name, "form": form, "ratio": ratio, **run(paths[form], ratio, workdir)}
+                        rec = {
+                            "model": name,
+                            "form": form,
+                            "ratio": ratio,
+                            **run(paths[form], ratio, workdir),
+                        }
                         print(json.dumps(rec), file=sys.stderr, flush=True)
                         runs[form].append(rec)
                 for form in forms:
@@ -213,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
         if args.json:
             args.json.write_text(json.dumps(records, indent=2))
-        ok = all(
-            r["exit"] == 0 and not r.get("first_failure")
-            for r in records
-        )
+        ok = all(r["exit"] == 0 and not r.get("first_failure") for r in records)
     return 0 if ok else 1
 
 

@@ -1,25 +1,33 @@
 """Quantized models: QDQ (`QuantizeLinear`/`DequantizeLinear` around float ops), dynamic
 quantization (`DynamicQuantizeLinear` feeding `MatMulInteger`/`ConvInteger`) and the operator
-form (`QLinearMatMul`, `QLinearConv`).
+form (`QLinearMatMul`, `QLinearConv`, and onnxruntime's `QGemm`, `QLinearAdd`, `QLinearMul`,
+`QLinearSoftmax`, `QLinearGlobalAveragePool`).
 
 The reference is the quantized model as given: a masked weight quantizes to its zero point, so
 an integer weight "is zero" where it equals its zero point, and DequantizeLinear of it is
 exactly 0. Integer products read `(a - a_zero_point) * (w - w_zero_point)`: an input feature
 whose weights all equal their zero point is unread, and one whose values all equal its zero
 point adds nothing. Per-channel scales and zero points (1-D, along `axis`) slice with their
-channel; per-tensor ones (scalars) stay.
+channel; per-tensor ones (scalars) stay. Each op says how it dequantizes its integer weights
+(`quantized_input`), for the coupled groups (prune/groups.py).
 
 - Q and DQ are elementwise (their scale and zero point broadcast along `axis`): they pass
-  channels through, and their constants are computed with onnxruntime's kernels.
+  channels through; DQ's constants are computed in numpy as onnxruntime's kernel computes them
+  (one float32 product), Q's with onnxruntime's kernel.
 - DynamicQuantizeLinear computes its scale and zero point from every element of its input
   (min and max, with 0 always in the range): an index may go only where its whole slice is
   constant zero; everything else stays, as under a normalization.
 - The integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, grouped and
-  depthwise too, and onnxruntime's QGemm) are a weight product with zero points: output channels whose weights equal the zero point are constant
-  (0, or the requantized bias); no constant is folded into them, so an input feature goes only
-  when unread or equal to its zero point. A ConvInteger/QLinearConv input channel equal to its
-  zero point is removed under ONNX's definition of these ops (onnx's reference: the input is
-  shifted by its zero point, then zero-padded), which onnxruntime follows (tested).
+  depthwise too, and QGemm) are a weight product with zero points: an output channel whose
+  weights, or whose inputs read, all sit at their zero points is a constant (0, or the
+  requantized bias); no constant is folded into them, so an input feature goes only when unread
+  or equal to its zero point. A ConvInteger/QLinearConv input channel equal to its zero point
+  is removed under ONNX's definition of these ops (onnx's reference: the input is shifted by its
+  zero point, then zero-padded), which onnxruntime follows (tested). A QLinearMatMul of two
+  activations (attention) is a batched product: its output is the output zero point where a row
+  or column of an operand sits at its zero point.
+- QLinearAdd/QLinearMul are elementwise with broadcasting (per-tensor parameters), QLinearSoftmax
+  normalizes over its axis, QLinearGlobalAveragePool pools each channel.
 """
 
 from __future__ import annotations
@@ -317,7 +325,8 @@ class _IntegerProduct(Handler):
         memo = getattr(reader, "memo", None)
         if memo is None:
             return self._live_weights(node, reader)
-        return memo(("live_weights", node.name, node.outputs[0].name), lambda: self._live_weights(node, reader))
+        key = ("live_weights", node.name, node.outputs[0].name)
+        return memo(key, lambda: self._live_weights(node, reader))
 
     def _live_weights(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
         w = reader.value(node.inputs[self.w_slot])
@@ -428,7 +437,9 @@ class MatMulInteger(_IntegerProduct):
             return None
         return [compress(mask, np.broadcast_to(zero, mask.shape).copy())]
 
-    def silent(self, ctx: ConstView, node: gs.Node, slot: int, zp_slot: int, r: int, axis: int) -> np.ndarray | None:
+    def silent(
+        self, ctx: ConstView, node: gs.Node, slot: int, zp_slot: int, r: int, axis: int
+    ) -> np.ndarray | None:
         """Where input `slot` is constant at its (per-tensor) zero point along the whole `axis`
         (kept as a size-1 axis), aligned to rank r; None when nowhere."""
         c = ctx.const(node.inputs[slot])
@@ -598,7 +609,8 @@ class ConvInteger(_IntegerProduct):
     def settle(self, node: gs.Node, ks: KeepView) -> None:
         w, g = ks.value(node.inputs[self.w_slot]), self.group(node)
         if w is not None and g > 1:
-            keep_groups(node, ks, node.inputs[self.x_slot], node.outputs[0], g, w.shape[1], w.shape[0] // g)
+            x, y = node.inputs[self.x_slot], node.outputs[0]
+            keep_groups(node, ks, x, y, g, w.shape[1], w.shape[0] // g)
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         g = self.group(node)
@@ -713,10 +725,13 @@ class QLinearBinary(Handler):
         y = node.outputs[0]
         r = ir.rank(y)
         operands = [node.inputs[i] for i in self.operand_slots]
-        if r is None or any(ir.rank(t) is None for t in operands) or all(ctx.const(t) is None for t in operands):
+        if r is None or any(ir.rank(t) is None for t in operands):
+            return None
+        if all(ctx.const(t) is None for t in operands):
             return None
         params = [ctx.value(t) if t is not None and t.name else None for t in node.inputs]
-        if any(params[i] is None and ir.present(node, i) is not None for i in range(len(params)) if i not in self.operand_slots):
+        missing = [i for i, v in enumerate(params) if v is None and ir.present(node, i) is not None]
+        if set(missing) - set(self.operand_slots):
             return None
         pairs = [const_or_live(ctx, t, r) for t in operands]
         mask = np.logical_and.reduce(np.broadcast_arrays(*[m for m, _ in pairs]))

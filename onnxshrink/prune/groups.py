@@ -330,7 +330,8 @@ class _Finder:
                 return False
             d = self._dequant(node, q, tuple(int(n) for n in t.shape), params)
             if d is not None and not q.scales and handler is not None:
-                d.scale = _along_axis(handler.applied_scale(node, i), q.axis, tuple(int(n) for n in t.shape))
+                shape = tuple(int(n) for n in t.shape)
+                d.scale = _along_axis(handler.applied_scale(node, i), q.axis, shape)
             if d is None:
                 return False
             found.append(d)
@@ -404,6 +405,7 @@ class _Finder:
             role, side, matrix, family = None, "", False, ""
             site = (node.outputs[0].name if node.outputs else "", i)
             reader, slot, wa, permuted = self._read_as(node, i, len(t.shape))
+            shape = tuple(int(d) for d in t.shape)
             handler = self.analysis.handler_for(reader)
             if handler is not None:
                 via = reader.inputs[slot]
@@ -423,7 +425,7 @@ class _Finder:
                     role,
                     side,
                     # the framework's layout is known where the weight is read as it is stored
-                    [] if permuted else self._params(reader, slot, axis, side, tuple(int(d) for d in t.shape)),
+                    [] if permuted else self._params(reader, slot, axis, side, shape),
                     t.name,
                     i,
                     matrix,
