@@ -33,6 +33,7 @@ from onnxshrink.masks import MaskSet, load_maskset, weight_values
 from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
+from onnxshrink.prepare.computed import fold_computed_weights, has_computed_weights
 from onnxshrink.progress import PhaseClock, bar
 from onnxshrink.recover import Attempt, recover
 from onnxshrink.report import (
@@ -316,6 +317,12 @@ class Source:
     file_bytes: int | None = None
     store: WeightStore = field(default_factory=WeightStore)  # maps the external data
     renamed: list[tuple[str, str]] = field(default_factory=list)  # nodes named apart (see io)
+    folded: list[str] = field(default_factory=list)  # weights computed from constants, now stored
+
+    @property
+    def as_given(self) -> bool:
+        """`proto` is the model as its file holds it (no node renamed, no weight folded)."""
+        return not self.renamed and not self.folded
 
     @property
     def streamed(self) -> bool:
@@ -324,23 +331,28 @@ class Source:
 
 
 def read_model(model: ModelLike) -> Source:
-    """The input model, checked; nodes that share a name are named apart (in a copy of a
-    ModelProto given: the caller's is never changed)."""
+    """The input model, checked; nodes that share a name are named apart, and the weights it
+    computes from constants only (pruning hooks and parametrizations exported as they are) are
+    stored as the weights they are (prepare.computed); in a copy of a ModelProto given: the
+    caller's is never changed."""
     if isinstance(model, str | Path):
         path = Path(model)
         proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
         data = data_files(path, proto)
         size = path.stat().st_size + sum(p.stat().st_size for p in data if p.exists())
-        return Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
-    if isinstance(model, onnx.ModelProto):
+        source = Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
+    elif isinstance(model, onnx.ModelProto):
         check_tensor_data(model, "model")
         names = [n.name for n in model.graph.node if n.name]
-        if len(set(names)) == len(names):
+        if len(set(names)) == len(names) and not has_computed_weights(model):
             return Source(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return Source(copy, renamed=unique_node_names(copy))
-    raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
+        source = Source(copy, renamed=unique_node_names(copy))
+    else:
+        raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
+    source.folded = fold_computed_weights(source.proto, source.base_dir, source.store)
+    return source
 
 
 def read_masks(
