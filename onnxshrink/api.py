@@ -21,6 +21,7 @@ from onnxshrink.io.model import (
     Scratch,
     check_output,
     check_tensor_data,
+    copy_model,
     data_files,
     load_external,
     load_model,
@@ -97,6 +98,8 @@ class ShrinkResult:
     data_file: Path | None = None  # where `model`'s external weights are, when not in memory
     renamed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (shared name, new name)
     _scratch: Any = field(default=None, repr=False)  # keeps an unsaved data file alive
+    # A shrink that removed nothing from the model file as given: saved as a copy of the file
+    _unchanged: Any = field(default=None, repr=False)
 
     @property
     def passed(self) -> bool:
@@ -128,6 +131,8 @@ class ShrinkResult:
         return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
 
     def save(self, path: str | Path, external: bool = False) -> list[Path]:
+        if self._unchanged is not None and external == bool(self._unchanged.data):
+            return copy_model(self._unchanged.path, self._unchanged.data, path)
         if self.data_file is not None:
             return save_streamed(self.model, self.data_file, path, move=False)
         return save_model(self.model, path, external=external)
@@ -233,12 +238,14 @@ def shrink(
     ):  # a small model's reference holds its weights, as its shrunk model does
         load_external(reference, Path(source.base_dir), str(source.path))
     rewritten, report, analysis = outcome.rewritten, outcome.report, outcome.analysis
-    if (
+    unchanged = (
         (report is None or report.passed)
         and (source.file_bytes or 0) < IN_MEMORY_BYTES
         and same_structure(reference, rewritten.model)
-    ):  # nothing was removed: the output is the reference itself, no larger than the input
-        # (the rewrite's export adds the inferred shapes)
+    )
+    if unchanged:  # nothing was removed: the output is the reference itself, no larger than the
+        # input (the rewrite's export adds the inferred shapes); the input's file itself when
+        # the reference is the model as the file holds it
         if source.base_dir is not None:
             load_external(reference, Path(source.base_dir), str(source.path))
         if rewritten.data_file is not None:
@@ -280,6 +287,8 @@ def shrink(
     )
     if rewritten.data_file is not None:
         result.data_file, result._scratch = rewritten.data_file, scratch
+    if unchanged and reference is source.proto and source.as_given and source.path is not None:
+        result._unchanged = source
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
         clock.lap("save")
@@ -487,7 +496,9 @@ def rewrite(
 def save(result: ShrinkResult, source: Source, output: str | Path, opts: ShrinkOptions) -> None:
     protect = [source.path, *source.data] if source.path is not None else []
     external = opts.external_data if opts.external_data is not None else bool(source.data)
-    if result.data_file is not None:  # streamed: the data file written is moved into place
+    if result._unchanged is not None and external == bool(source.data):
+        written = copy_model(result._unchanged.path, result._unchanged.data, output, protect=protect)
+    elif result.data_file is not None:  # streamed: the data file written is moved into place
         written = save_streamed(result.model, result.data_file, output, protect=protect)
         if result._scratch is not None:
             result._scratch.saved(result.data_file)
