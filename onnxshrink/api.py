@@ -49,9 +49,11 @@ from onnxshrink.rewrite import Fold, RewriteResult, apply, release
 from onnxshrink.validate import (
     ValidationReport,
     check_inputs,
+    check_provider,
     check_runnable,
     compare,
     resolve_shapes,
+    session_threads,
 )
 
 ModelLike = str | Path | onnx.ModelProto
@@ -164,6 +166,19 @@ def check_options(opts: ShrinkOptions, flags: bool = False) -> None:
             )
 
 
+def check_against_model(model: onnx.ModelProto, opts: ShrinkOptions, source: str = "model") -> None:
+    """Refuse, before any heavy step, options the model contradicts: shapes of inputs it does not
+    have or of another rank or static size, validation inputs that do not fit, a provider
+    onnxruntime lacks here, ops the proof cannot run."""
+    if opts.input_shapes:
+        resolve_shapes(model, opts.input_shapes)
+    if opts.validate:
+        check_provider(opts.provider)
+        session_threads()  # ONNXSHRINK_THREADS, read by every proof session
+        check_runnable(model, source)
+        check_inputs(model, opts.inputs)
+
+
 def shrink(
     model: ModelLike,
     masks: MasksLike = None,
@@ -187,9 +202,7 @@ def shrink(
     source = read_model(model)
     if output is not None:
         check_output(output, [source.path, *source.data] if source.path is not None else [])
-    if opts.validate:
-        check_runnable(source.proto, str(source.path or "model"))
-        check_inputs(source.proto, opts.inputs)
+    check_against_model(source.proto, opts, str(source.path or "model"))
     maskset, values = read_masks(masks, opts)
     clock.lap("load")
 

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
+from onnxshrink.api import ShrinkResult, check_against_model, check_options, read_model, shrink
 from onnxshrink.errors import ShrinkError, file_access
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
@@ -103,6 +103,7 @@ def prune(
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
         check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
+    check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
