@@ -405,8 +405,21 @@ def _prune(args, options, inputs, say):
         f"[I] parameters {human(result.original.params)} -> {human(after.params)}, "
         f"MACs {human(result.original.macs)} -> {human(after.macs)} (the unpruned input -> pruned)"
     )
-    if args.masks_out:
-        say(f"[I] masks written to {args.masks_out} ({len(result.masks)} parameter(s))")
+    if args.masks_out and not result.masks:
+        say(f"[W] no masks written to {args.masks_out}: nothing was pruned")
+    elif args.masks_out:
+        from onnxshrink.masks import ONNX_SECTION
+
+        onnx_only = sum(name.startswith(ONNX_SECTION) for name in result.masks)
+        say(
+            f"[I] masks written to {args.masks_out} ({len(result.masks) - onnx_only} parameter(s)"
+            + (
+                f"; {onnx_only} ONNX tensor(s) with no framework name, under '{ONNX_SECTION}'"
+                if onnx_only
+                else ""
+            )
+            + ")"
+        )
     for name in result.skipped_masks:
         say(f"[W] no mask written for shared initializer {name!r}: no parameter name recorded")
     return result

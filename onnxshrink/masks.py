@@ -37,6 +37,7 @@ from onnxshrink.io.masks import Leaf, as_leaf, leaves, load_masks_file
 from onnxshrink.options import MASKS_FORMATS
 
 FORMATS = MASKS_FORMATS
+ONNX_SECTION = "onnx/"  # --masks-out's section of ONNX tensors the framework has no name for
 _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:original|0\.mask)$")
 # NNI 3's ModuleWrapper keeps a wrapped module's parameter and its mask under `_nni_wrapper`.
 _NNI_WRAPPED = re.compile(r"^(?:(?P<module>.+)\.)?_nni_wrapper\.(?P<param>[^.]+?)(?P<mask>_mask)?$")
@@ -300,8 +301,8 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
                     out.masks[k] = compact(arr != 0)
                     v.done(arr)
                     values[k] = v
-        else:  # flat, nni
-            out.masks = {k: read_mask(k, v, source) for k, v in flat.items()}
+        else:  # flat, nni; `onnx/NAME`: an ONNX tensor with no framework name (--masks-out)
+            out.masks = {k.removeprefix(ONNX_SECTION): read_mask(k, v, source) for k, v in flat.items()}
     if not out.masks and fmt == "torch-ao" and len(values):
         raise ShrinkError(
             f"{source}: holds the original weights of a model a torch.ao sparsifier prepared "
