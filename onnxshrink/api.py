@@ -203,6 +203,12 @@ def shrink(
     if output is not None:
         check_output(output, [source.path, *source.data] if source.path is not None else [])
     check_against_model(source.proto, opts, str(source.path or "model"))
+    if source.folded:
+        names = ", ".join(f"'{n}'" for n in source.folded[:4]) + (" ..." if len(source.folded) > 4 else "")
+        opts.say(
+            f"{len(source.folded)} weight(s) the graph computes from constants (pruning still "
+            f"attached, e.g. weight_orig * weight_mask) stored as the weights they are: {names}"
+        )
     maskset, values = read_masks(masks, opts)
     clock.lap("load")
 
@@ -321,10 +327,19 @@ def shrink(
 
 
 def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
-    """The same ops and the same initializer shapes: a shrink that removed nothing."""
-    shapes = [sorted((t.name, tuple(t.dims)) for t in m.graph.initializer) for m in (a, b)]
-    ops = [sorted(n.op_type for n in m.graph.node) for m in (a, b)]
-    return shapes[0] == shapes[1] and ops[0] == ops[1]
+    """The same ops and the same constants' shapes: a shrink that removed nothing. A Constant
+    node is a constant as an initializer is (the rewrite writes the analysis's initializers)."""
+
+    def constants(m: onnx.ModelProto) -> list[tuple[str, tuple[int, ...]]]:
+        found = [(t.name, tuple(t.dims)) for t in m.graph.initializer]
+        for n in m.graph.node:
+            if n.op_type == "Constant" and not n.input:
+                value = next((x.t for x in n.attribute if x.name == "value"), None)
+                found.append((n.output[0], tuple(value.dims) if value is not None else ()))
+        return sorted(found)
+
+    ops = [sorted(n.op_type for n in m.graph.node if n.op_type != "Constant") for m in (a, b)]
+    return constants(a) == constants(b) and ops[0] == ops[1]
 
 
 # ---------------------------------------------------------------------- stages

@@ -169,6 +169,25 @@ def test_a_no_op_on_the_one_file_demo_writes_the_input_byte_for_byte(tmp_path, c
     assert out.read_bytes() == path.read_bytes() and not (tmp_path / "out.onnx.data").exists()
 
 
+def test_a_no_op_with_a_constant_node_is_still_the_input(tmp_path, capsys):
+    """The legacy exporter writes reshape targets as Constant nodes, which the analysis reads as
+    initializers: a Torch-Pruning result (already small) exported so has nothing to remove."""
+    model = tiny(
+        """g (float[1, 3, 4, 4] x, float[6, 3, 3, 3] W, float[2, 96] L) => (float[1, 2] y) {
+             h = Conv <pads = [1, 1, 1, 1]> (x, W)
+             s = Constant <value = int64[2] {1, -1}> ()
+             f = Reshape (h, s)
+             y = Gemm <transB = 1> (f, L)
+           }""",
+        seed=2,
+    )
+    path, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(model, path)
+    assert main([str(path), "-o", str(out)]) == 0
+    assert "[I] nothing smaller" in capsys.readouterr().out
+    assert out.read_bytes() == path.read_bytes()
+
+
 def test_a_no_op_on_the_external_data_demo_copies_its_weights_as_they_lie(tmp_path, capsys):
     """Before, the data was written again, each weight aligned to 4 KiB: 742 KiB grew to 760 KiB.
     Now the data file is the input's, byte for byte, and the model file differs only by the
