@@ -533,16 +533,19 @@ def default_init(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def distinct_params(model) -> int:
-    """Float parameters of an ONNX model with equal initializers counted once: unlike the stored
-    count, it does not depend on which equal tensors an exporter merged (default-initialized
-    models have many: every zero bias, every unit scale), so a shrunk model and a natively built
-    one compare."""
+    """Float parameters of an ONNX model (initializers and Constant nodes' tensors) with equal
+    ones counted once: unlike the stored count, it does not depend on which equal tensors an
+    exporter merged (default-initialized models have many: every zero bias, every unit scale),
+    so a shrunk model and a natively built one compare."""
     from onnx import numpy_helper
 
     from onnxshrink.prepare import FLOAT_TYPES
 
     seen = set()
-    for t in model.graph.initializer:
+    constants = [
+        a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"
+    ]  # a Constant node's tensor is a constant as an initializer is (whichever form a model has)
+    for t in [*model.graph.initializer, *constants]:
         if t.data_type in FLOAT_TYPES:
             a = numpy_helper.to_array(t)
             seen.add((a.dtype.str, a.shape, a.tobytes()))

@@ -561,9 +561,8 @@ def _serialized(model: onnx.ModelProto) -> bytes | None:
         return None
 
 
-def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
-    """An onnxruntime session of `model`; weights it keeps in external data are read (mapped) from
-    `data_dir`, never copied into this process."""
+def check_provider(provider: str) -> str:
+    """The onnxruntime execution provider named by `provider`, or a ShrinkError."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
@@ -573,6 +572,15 @@ def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None =
         raise ShrinkError(
             f"--provider {provider}: onnxruntime here has no {ep} (available: {ort.get_available_providers()}). Install onnxruntime-gpu for CUDA."
         )
+    return ep
+
+
+def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
+    """An onnxruntime session of `model`; weights it keeps in external data are read (mapped) from
+    `data_dir`, never copied into this process."""
+    import onnxruntime as ort
+
+    ep = check_provider(provider)
     so = ort.SessionOptions()
     so.log_severity_level = onnxruntime_severity()  # its errors: ours to report
     threads = session_threads()

@@ -343,6 +343,47 @@ def save_streamed(
     return [out, data]
 
 
+def copy_model(
+    source: Path, data: list[Path], path: str | Path, *, protect: Iterable[str | Path] = ()
+) -> list[Path]:
+    """Write the model file `source` (with its external `data` files) to `path` unchanged: a
+    one-file model byte for byte; with external data, its weights' bytes are copied as they lie
+    into `<path>.data` (one file: several are laid end to end) and only the locations in the
+    model change. Atomic as `save_model`."""
+    out = Path(path).absolute()
+    target = out.with_name(out.name + ".data")
+    _check_output(out, target, protect)
+    with file_access(out), tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
+        staged = Path(tmp) / out.name
+        if not data:
+            shutil.copyfile(source, staged)
+            os.replace(staged, out)
+            return [out]
+        model = onnx.load_model(str(source), load_external_data=False)
+        starts: dict[Path, int] = {}
+        with open(Path(tmp) / target.name, "wb") as f:
+            for d in data:
+                starts[d.resolve()] = f.tell()
+                with open(d, "rb") as src:
+                    shutil.copyfileobj(src, f)
+        for t in model.graph.initializer:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            entries = {e.key: e for e in t.external_data}
+            where = (source.parent / entries["location"].value).resolve()
+            entries["location"].value = target.name
+            if starts[where]:
+                if "offset" in entries:
+                    entries["offset"].value = str(int(entries["offset"].value) + starts[where])
+                else:
+                    e = t.external_data.add()
+                    e.key, e.value = "offset", str(starts[where])
+        onnx.save_model(model, str(staged))
+        os.replace(Path(tmp) / target.name, target)
+        os.replace(staged, out)
+    return [out, target]
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | Path,

@@ -19,9 +19,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
+from onnxshrink.api import ShrinkResult, check_against_model, check_options, read_model, shrink
 from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
+from onnxshrink.masks import ONNX_SECTION
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
 from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
@@ -112,6 +113,7 @@ def prune(
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
         check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
+    check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
@@ -141,12 +143,14 @@ def prune(
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
-    slices = mask_slices(reference, members)
+    framework = any(m.params for g in gset.groups for m in g.members)
+    slices = mask_slices(reference, members, framework)
     clock.lap("zero")
     # The masks are written before the shrink (a place they cannot be written fails the run
     # before the model is), staged beside their name, and put there only once the shrink has
     # passed: a refused or failed shrink leaves neither.
-    staged = _stage_masks(slices, masks_out) if masks_out is not None else None
+    # a prune that removed nothing has no masks: no file (an empty one is no masks file)
+    staged = _stage_masks(slices, masks_out) if masks_out is not None and slices.zeroed else None
     clock.lap("masks")
     try:
         # The reference is in memory: say what the input was, so that the output is written as
@@ -262,21 +266,28 @@ class MaskSlices:
         return self._made
 
 
-def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
-    """What the 0/1 masks of the zeroed slices are: under the framework parameter names the
-    exporter recorded (in the framework's layout), and under the initializer's own name. An
-    initializer several nodes share is named only by its parameters (its own name would mask
-    every reader); one with none is listed as skipped."""
+def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool = True) -> MaskSlices:
+    """What the 0/1 masks of the zeroed slices are, as a framework state dict: under the
+    framework parameter names the exporter recorded (in the framework's layout), and nothing
+    else. A slice of a tensor with no framework name (a graph-only constant: an LSTM's packed
+    weights, a product the exporter folded) goes under the tensor's ONNX name in a section of
+    its own, `onnx/NAME`, which a strict loader drops and onnxshrink reads back; in a model that
+    records no framework names at all (`framework` False: paddle2onnx, tf2onnx, spox exports)
+    the tensors' names are the only names, and stand alone. An initializer several nodes share
+    with no parameter name for its slice is listed as skipped (its name would mask every reader)."""
     shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
     skipped: set[str] = set()
     slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
+    section = ONNX_SECTION if framework else ""
     for m in members:
         for p in m.params:
             slices.append(((p.name, p.shape), p.axis, m.indices))
+        if m.params:
+            continue
         if m.initializer not in shared and m.initializer in shapes:
-            slices.append(((m.initializer, shapes[m.initializer]), m.axis, m.indices))
-        elif not m.params:
+            slices.append(((section + m.initializer, shapes[m.initializer]), m.axis, m.indices))
+        else:
             skipped.add(m.initializer)
     return MaskSlices(gather_slices(slices), sorted(skipped))
 
