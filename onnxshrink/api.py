@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
@@ -298,10 +299,23 @@ def shrink(
 
 
 def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
-    """The same ops and the same initializer shapes: a shrink that removed nothing."""
-    shapes = [sorted((t.name, tuple(t.dims)) for t in m.graph.initializer) for m in (a, b)]
-    ops = [sorted(n.op_type for n in m.graph.node) for m in (a, b)]
-    return shapes[0] == shapes[1] and ops[0] == ops[1]
+    """The same ops and the same weight shapes, in every subgraph too: a shrink that removed
+    nothing. A weight is an initializer or a Constant node (the shrink stores the latter as the
+    former)."""
+
+    def facts(m: onnx.ModelProto) -> tuple[list, list]:
+        graphs = list(ir.all_graphs(m.graph))
+        weights = [(t.name, tuple(t.dims)) for g in graphs for t in g.initializer]
+        ops = []
+        for n in (n for g in graphs for n in g.node):
+            value = next((x for x in n.attribute if x.name == "value" and x.type == onnx.AttributeProto.TENSOR), None)
+            if n.op_type == "Constant" and not n.domain and len(n.output) == 1 and value is not None:
+                weights.append((n.output[0], tuple(value.t.dims)))
+            else:
+                ops.append(n.op_type)
+        return sorted(weights), sorted(ops)
+
+    return facts(a) == facts(b)
 
 
 # ---------------------------------------------------------------------- stages
@@ -331,14 +345,16 @@ def read_model(model: ModelLike) -> Source:
         proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
         data = data_files(path, proto)
         size = path.stat().st_size + sum(p.stat().st_size for p in data if p.exists())
+        ir.unique_scope_names(proto.graph)  # bodies that reuse a sibling's names: named apart
         return Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
     if isinstance(model, onnx.ModelProto):
         check_tensor_data(model, "model")
         names = [n.name for n in model.graph.node if n.name]
-        if len(set(names)) == len(names):
+        if len(set(names)) == len(names) and not ir.unique_scope_names(model.graph, apply=False):
             return Source(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
+        ir.unique_scope_names(copy.graph)
         return Source(copy, renamed=unique_node_names(copy))
     raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
 
@@ -456,7 +472,7 @@ def rewrite(
 ) -> RewriteResult:
     total = sum(
         t.values.nbytes
-        for t in analysis.graph.tensors().values()
+        for t in analysis.keep.tensors.values()
         if isinstance(t, gs.Constant) and t.name in analysis.keep.demanded
     )
     with bar(total, "slicing and writing weights", "B", bool(opts and opts.progress)) as progress:
