@@ -440,7 +440,7 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             for t in model.graph.initializer
             if t.name not in listed
         )
-    _place_initializers(model.graph)
+    _place_initializers(model.graph, _declared_depths(original.graph))
     bodies = list(ir.all_graphs(model.graph))[1:]
     inner = {n for g in bodies for n in [*(o for x in g.node for o in x.output), *(v.name for v in [*g.input, *g.output])]}
     inferred = {vi.name: vi for vi in inferred_shapes(model, subgraphs=bool(bodies))}
@@ -454,10 +454,30 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _place_initializers(graph: onnx.GraphProto) -> None:
+def _declared_depths(graph: onnx.GraphProto) -> dict[str, int]:
+    """How deep in the model's subgraphs each weight (initializer or Constant node) is declared:
+    0 for the main graph, 1 for a body in it, ..."""
+    depths: dict[str, int] = {}
+
+    def walk(g: onnx.GraphProto, depth: int) -> None:
+        for t in g.initializer:
+            depths[t.name] = depth
+        for n in g.node:
+            if n.op_type == "Constant" and not n.input:
+                depths.update((o, depth) for o in n.output)
+            for a in n.attribute:
+                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    walk(sub, depth + 1)
+
+    walk(graph, 0)
+    return depths
+
+
+def _place_initializers(graph: onnx.GraphProto, declared: dict[str, int]) -> None:
     """onnx-graphsurgeon writes a weight into every subgraph that reads it from outside (one
-    copy per If branch, none in the graph around them). An initializer belongs, once, in the
-    innermost graph that holds every node reading it: moved there."""
+    copy per If branch, none in the graph around them). An initializer belongs, once, where
+    the input model declared it (`declared`: its depth), which holds every node reading it;
+    one the rewrite made, in the innermost graph that holds them all."""
     paths: list[tuple[onnx.GraphProto, tuple[int, ...]]] = []
 
     def walk(g: onnx.GraphProto, path: tuple[int, ...]) -> None:
@@ -482,7 +502,8 @@ def _place_initializers(graph: onnx.GraphProto) -> None:
         where = readers.get(name)
         if where:
             common = os.path.commonprefix(where)  # tuples compare element by element
-            owner[name] = common[-1]
+            innermost = len(common) - 1
+            owner[name] = common[min(declared.get(name, innermost), innermost)]
     plan: list[tuple[onnx.GraphProto, list[onnx.TensorProto]]] = []
     for g, path in paths:  # copies made before any list is changed
         here = path[-1]

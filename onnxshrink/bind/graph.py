@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.io.weights import WeightStore
+from onnxshrink.ir import all_graphs
 from onnxshrink.ops import WeightAxes, facts
 
 
@@ -97,11 +98,12 @@ class ModelIndex:
         from onnxshrink.prepare import default_opset
 
         self.model = model
-        self.nodes = list(model.graph.node)
+        graphs = list(all_graphs(model.graph))  # weights read or held in If/Loop/Scan bodies too
+        self.nodes = [n for g in graphs for n in g.node]
         self.opset = default_opset(model)
         self.facts = [facts(n, self.opset) for n in self.nodes]
         self.base_dir = base_dir or ""
-        self.inits = {t.name: t for t in model.graph.initializer}
+        self.inits = {t.name: t for g in graphs for t in g.initializer}
         self.shapes = {n: tuple(int(d) for d in t.dims) for n, t in self.inits.items()}
         # Identity outputs that stand for an initializer (older exporters read weights so).
         self.aliases: dict[str, str] = {}

@@ -14,10 +14,11 @@ these handlers add is how a body's inputs and outputs stand for the node's own:
   iteration needs (a fixpoint, as sets only grow). A scan output is the body output stacked
   along a new axis 0. Body inputs are live (what an iteration reads differs from step to step);
   a loop-carried value is constant only where its initial value and the body's output are the
-  same constant (the body's is then computed from outer constants alone).
+  same constant (the body's is then computed from outer constants alone). A scan output nothing
+  reads is dropped from the node and the body.
 - Scan (opset 9+): states as Loop's carried values; a scan input is its body input stacked
   along its scan axis (constant elements the same in every slice are constant in the body), a
-  scan output its body output stacked along its scan axis.
+  scan output its body output stacked along its scan axis (dropped when nothing reads it).
 
 Where the shapes do not tell how the axes correspond (an unknown rank, a body whose inputs and
 outputs do not match the node's), the axes are kept whole, and the reason says so.
@@ -70,17 +71,6 @@ def tie_stacked(ks: KeepView, node: gs.Node, inner: gs.Tensor, outer: gs.Tensor,
     ks.pin(outer, axis, _why(node, "its iterations"))
     for a in range(ri):
         ks.couple(inner, a, outer, a + (a >= axis))
-
-
-def keep_one(ks: KeepView, node: gs.Node, outputs: Sequence[gs.Tensor]) -> None:
-    """A body output the node needs exists: an axis that lost every index keeps one."""
-    for t in outputs:
-        if not ks.is_read(t):
-            continue
-        for a in range(len(ir.dims(t) or [])):
-            k = ks.kept(t, a)
-            if k is not None and len(k) and not k.any():
-                ks.keep(t, a, [0], _why(node, "a body output needs at least one channel"))
 
 
 def _same_static(a: gs.Tensor, b: gs.Tensor) -> bool:
@@ -258,13 +248,18 @@ class Loop(Handler):
             tie_same(ks, node, [v0, bi, bo, y])
         for j in range(k):
             bo, y = body.outputs[1 + n + j], node.outputs[n + j]
-            ks.demand(bo, pin=False)
-            tie_stacked(ks, node, bo, y, 0)
+            if ks.is_read(y):  # else dropped by the rewrite
+                ks.demand(bo, pin=False)
+                tie_stacked(ks, node, bo, y, 0)
 
-    def settle(self, node: gs.Node, ks: KeepView) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         got = self.layout(node)
-        if got is not None:
-            keep_one(ks, node, got[0].outputs)
+        assert got is not None  # keep() made it a barrier otherwise
+        body, n, k = got
+        for j in reversed(range(k)):
+            if not rw.is_read(node.outputs[n + j]):
+                del node.outputs[n + j]
+                del body.outputs[1 + n + j]
 
 
 @register("Scan", since=9)
@@ -339,14 +334,22 @@ class Scan(Handler):
             ks.demand(x, pin=False)
             tie_stacked(ks, node, body.inputs[n + j], x, s)
         for j, s in enumerate(outs):
-            bo = body.outputs[n + j]
-            ks.demand(bo, pin=False)
-            tie_stacked(ks, node, bo, node.outputs[n + j], s)
+            bo, y = body.outputs[n + j], node.outputs[n + j]
+            if ks.is_read(y):  # else dropped by the rewrite
+                ks.demand(bo, pin=False)
+                tie_stacked(ks, node, bo, y, s)
 
-    def settle(self, node: gs.Node, ks: KeepView) -> None:
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         got = self.layout(node)
-        if got is not None:
-            keep_one(ks, node, got[0].outputs)
+        assert got is not None  # keep() made it a barrier otherwise
+        body, n, _, outs = got
+        dropped = [j for j in range(len(outs)) if not rw.is_read(node.outputs[n + j])]
+        for j in reversed(dropped):
+            del node.outputs[n + j]
+            del body.outputs[n + j]
+        for attr in ("scan_output_axes", "scan_output_directions"):
+            if node.attrs.get(attr) is not None and dropped:
+                node.attrs[attr] = [v for j, v in enumerate(node.attrs[attr]) if j not in dropped]
 
 
 @register("Scan", until=8)
