@@ -48,8 +48,7 @@ def skeleton(
     g.output.extend(model.graph.output)
     listed = model.ir_version < 4  # IR 3: every initializer is also a graph input
     for t in model.graph.initializer:
-        external = t.data_location == onnx.TensorProto.EXTERNAL
-        if external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64):
+        if _heavy(t):
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
@@ -65,7 +64,21 @@ def skeleton(
             for d, v in zip(vi.type.tensor_type.shape.dim, input_shapes[i.name], strict=False):
                 d.Clear()
                 d.dim_value = int(v)
+    for body in list(all_graphs(g))[1:]:  # a body's weights: outer inputs of the skeleton
+        heavy = [t for t in body.initializer if _heavy(t)]
+        if heavy:
+            light_ones = [t for t in body.initializer if not _heavy(t)]
+            g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in heavy)
+            del body.initializer[:]
+            body.initializer.extend(light_ones)
     return light
+
+
+def _heavy(t: onnx.TensorProto) -> bool:
+    """A weight whose data shape inference does not need: stored externally, or a float tensor
+    of more than 64 elements."""
+    external = t.data_location == onnx.TensorProto.EXTERNAL
+    return external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64)
 
 
 def _onnx_knows(node: onnx.NodeProto) -> bool:

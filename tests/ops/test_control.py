@@ -479,3 +479,21 @@ def test_masks_bind_to_weights_a_branch_holds_and_the_masks_out_round_trip(tmp_p
         for t in g.initializer:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * pruned.masks[t.name].astype(np.float32), t.name))
     check(masked, again.model, SR_FEEDS)
+
+
+def test_weights_a_branch_holds_in_external_data_are_read_sliced_and_written_there(tmp_path):
+    rng = np.random.default_rng(11)
+    text = WRAPPED.replace("Conv (x, A)", "Conv <pads = [1, 1, 1, 1]> (x, A)").replace(
+        "Conv (x, C)", "Conv <pads = [1, 1, 1, 1]> (x, C)"
+    )
+    values = {k: rng.standard_normal(s) for k, s in dict(A=(64, 3, 3, 3), B=(2, 64, 1, 1), C=(48, 3, 3, 3), D=(2, 48, 1, 1)).items()}
+    values["A"][[0, 2]], values["C"][[1, 5, 6]] = 0, 0
+    model = body_weights(tiny(text), values, as_nodes=False)
+    stored = onnx.ModelProto()
+    stored.CopyFrom(model)
+    onnx.save(stored, tmp_path / "m.onnx", save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
+    result = shrink(tmp_path / "m.onnx", None, tmp_path / "out.onnx", draws=0, inputs=SR_FEEDS)
+    assert result.passed and (tmp_path / "out.onnx.data").exists()  # external in, external out
+    out = onnx.load(tmp_path / "out.onnx")
+    assert bodies_weights(out) == {"A": (62, 3, 3, 3), "B": (2, 62, 1, 1), "C": (45, 3, 3, 3), "D": (2, 45, 1, 1)}
+    check(model, out, SR_FEEDS)
