@@ -48,17 +48,18 @@ def prepare(
     bounds = {t.name for g in list(ir.scopes(graph))[1:] for t in [*g.inputs, *g.outputs]}
     for vi in inferred_shapes(model, subgraphs=True):
         t = tensors.get(vi.name)
-        if vi.name in bounds and t is not None and t.shape is not None:
-            continue  # a body's inputs and outputs keep the shapes they declare, if any
         if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):
             tt = vi.type.tensor_type
             if tt.elem_type:
                 t.dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
             if tt.HasField("shape"):
-                t.shape = [
+                dims = [
                     d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                     for d in tt.shape.dim
                 ]
+                if vi.name in bounds and t.shape is not None:  # a body's declared shape, with
+                    dims = _known(list(t.shape), dims)  # the sizes inference adds to it
+                t.shape = dims
     opset = default_opset(model)
     _constants_to_initializers(graph, opset)
     untied = untie(graph, opset)
@@ -88,3 +89,10 @@ def _constants_to_initializers(graph: gs.Graph, opset: int) -> None:
                         consumer.inputs[i] = const
             node.outputs.clear()
     graph.cleanup(remove_unused_graph_inputs=False)
+
+
+def _known(declared: list, inferred: list) -> list:
+    """The declared dims of a body's input or output, each unknown one inferred when it is."""
+    if len(declared) != len(inferred):
+        return declared
+    return [d if isinstance(d, int) or not isinstance(i, int) else i for d, i in zip(declared, inferred, strict=True)]

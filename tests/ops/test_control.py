@@ -497,3 +497,40 @@ def test_weights_a_branch_holds_in_external_data_are_read_sliced_and_written_the
     out = onnx.load(tmp_path / "out.onnx")
     assert bodies_weights(out) == {"A": (62, 3, 3, 3), "B": (2, 62, 1, 1), "C": (45, 3, 3, 3), "D": (2, 45, 1, 1)}
     check(model, out, SR_FEEDS)
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_an_embedding_bag_torch_exports_as_a_loop_loses_its_masked_features(init):
+    # torch.onnx's (legacy) export of nn.EmbeddingBag: a Loop over the bags whose body gathers
+    # rows of the outer table by computed offsets and averages them.
+    import io
+    import warnings
+
+    import torch
+
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bag = torch.nn.EmbeddingBag(30, 12, mode="mean")
+            self.head = torch.nn.Linear(12, 3)
+
+        def forward(self, ids, offsets):
+            return self.head(self.bag(ids, offsets))
+
+    torch.manual_seed(0)
+    module = Bag().eval()
+    with torch.no_grad():
+        if init == "default":
+            module.head.bias.zero_()
+        module.bag.weight[:, [1, 5, 9]] = 0  # features no token has
+    ids, offsets = torch.randint(0, 30, (10,)), torch.tensor([0, 3, 7])
+    f = io.BytesIO()
+    with warnings.catch_warnings():  # the legacy exporter's deprecation notices
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(module, (ids, offsets), f, dynamo=False, opset_version=17, input_names=["ids", "offsets"])
+    model = onnx.load_from_string(f.getvalue())
+    assert "Loop" in [n.op_type for n in model.graph.node]
+    result = shrink(model, validate=False)
+    feeds = [{"ids": torch.randint(0, 30, (10,)).numpy(), "offsets": np.array(o)} for o in ([0, 3, 7], [0, 0, 9])]
+    check(model, result.model, feeds)
+    assert weights(result.model)["bag.weight"] == (30, 9) and weights(result.model)["head.weight"] == (3, 9)
