@@ -63,6 +63,10 @@ class Rewriter:
         # The scope of every node: what a handler adds for a node goes beside it (in its body)
         self._home = ir.home_graphs(self.graph)
         self.here = self.graph  # the scope of the node being rewritten
+        self.untied = analysis.untied
+        # {new constant: the weight it was made from}: readers of one weight (both branches of
+        # an If) that each fold the same constant into it get equal copies, stored once
+        self.derived: dict[str, str] = {}
         self.inserted: set[str] = set()  # constants made here (folds, corrections): not the model's
         self._ones: dict[tuple, gs.Tensor] = {}
         for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
@@ -133,6 +137,8 @@ class Rewriter:
             return old
         hint = old.name if old is not None else f"{node.name}_in{i}"
         c = gs.Constant(self._name(hint), values=np.asarray(values))
+        if isinstance(old, gs.Constant):  # a copy of a shared weight: merged with its equals
+            self.derived[c.name] = self.untied.get(old.name, old.name)
         while len(node.inputs) <= i:
             node.inputs.append(gs.Variable.empty())
         node.inputs[i] = c
@@ -340,7 +346,7 @@ def apply(
                 t.shape = None
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     kept_zeroed = explain_kept(analysis)
-    retie(graph, analysis.untied)
+    retie(graph, {**analysis.untied, **rw.derived})
     arrays = _externalize(graph, writer) if writer is not None else {}
     result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
     result.inserted = rw.inserted

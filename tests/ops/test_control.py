@@ -96,6 +96,17 @@ def test_weights_both_branches_read_are_sliced_once_as_a_native_model(init):
     assert result.barriers == []
 
 
+def test_a_constant_channel_both_branches_absorb_is_folded_into_their_shared_bias_once():
+    # Stem filters 1 and 4 masked, their biases left: relu(bias) is a constant each branch's
+    # conv folds into B2, which both read: the folded bias is stored once, as B2 was.
+    model = tiny(IF_SHARED.format(c1=6, c2=5), zero={"W1": np.s_[[1, 4]]}, values={"B1": np.linspace(0.5, 1.0, 6)})
+    result = shrink(model, validate=False)
+    check(model, result.model, FEEDS_C)
+    assert weights(result.model) == {"W1": (4, 3, 1, 1), "B1": (4,), "W2": (5, 4, 1, 1), "B2": (5,), "W3": (2, 5, 1, 1)}
+    assert [f.channels for f in result.folds] == [2, 2]
+    assert params(result.model) == params(model) - 2 * 3 - 2 - 2 * 5
+
+
 def test_a_weight_read_outside_and_inside_a_branch_is_sliced_once_for_both():
     # W2 is read by a conv of the main graph and by both branches: one tensor, one slice, the
     # stem's masked channels gone from its columns and its own masked filters from its rows.
