@@ -587,3 +587,23 @@ def test_a_scan_of_opset_8_is_kept_whole_and_says_so():
     check(model, result.model, feeds)
     assert weights(result.model)["W"] == (3, 4)
     assert [(b["op"], b["reason"]) for b in result.barriers] == [("Scan", "an unnamed Scan node keeps all its channels: Scan of opset 8 is not analyzed")]
+
+
+def test_branches_that_name_their_tensors_alike_are_told_apart():
+    # Sibling bodies may reuse names (onnx allows it); the analysis reads tensors by name.
+    text = """
+    agraph (float[1, 3, 4, 4] x, bool c, float[6, 3, 1, 1] W1, float[2, 6, 1, 1] W2, float[2, 6, 1, 1] W3) => (float[1, 2, 4, 4] y) {
+      h = Conv (x, W1)
+      y = If (c) <then_branch = then_g () => (float[1, 2, 4, 4] o) {
+          a = Relu (h)
+          o = Conv (a, W2)
+      }, else_branch = else_g () => (float[1, 2, 4, 4] o) {
+          a = Tanh (h)
+          o = Conv (a, W3)
+      }>
+    }"""
+    model = tiny(text, zero={"W2": np.s_[:, [0, 3]], "W3": np.s_[:, [0, 3, 4]]})
+    onnx.checker.check_model(model, full_check=True)
+    result = shrink(model, validate=False)
+    check(model, result.model, FEEDS_C)
+    assert weights(result.model) == {"W1": (4, 3, 1, 1), "W2": (2, 4, 1, 1), "W3": (2, 4, 1, 1)}
