@@ -45,8 +45,11 @@ def prepare(
         elif isinstance(t, gs.Variable) and isinstance(t.dtype, int):
             # onnx-graphsurgeon keeps the ONNX type of what numpy lacks (bfloat16): ml_dtypes has it
             t.dtype = onnx.helper.tensor_dtype_to_np_dtype(t.dtype)
+    # The graph's inputs and outputs as the model declares them: onnx-graphsurgeon lets a
+    # value_info entry of the same name override them, and onnxruntime.quantization writes
+    # entries with no shape (an output without one fails onnx's checker at the export).
     bounds = {t.name for g in list(ir.scopes(graph))[1:] for t in [*g.inputs, *g.outputs]}
-    for vi in inferred_shapes(model, subgraphs=True):
+    for vi in [*inferred_shapes(model, subgraphs=True), *model.graph.input, *model.graph.output]:
         t = tensors.get(vi.name)
         if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):
             tt = vi.type.tensor_type
