@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
@@ -339,19 +340,23 @@ def shrink(
 
 
 def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
-    """The same ops and the same constants' shapes: a shrink that removed nothing. A Constant
-    node is a constant as an initializer is (the rewrite writes the analysis's initializers)."""
+    """The same ops and the same weight shapes, in every subgraph too: a shrink that removed
+    nothing. A weight is an initializer or a Constant node (the shrink stores the latter as the
+    former)."""
 
-    def constants(m: onnx.ModelProto) -> list[tuple[str, tuple[int, ...]]]:
-        found = [(t.name, tuple(t.dims)) for t in m.graph.initializer]
-        for n in m.graph.node:
-            if n.op_type == "Constant" and not n.input:
-                value = next((x.t for x in n.attribute if x.name == "value"), None)
-                found.append((n.output[0], tuple(value.dims) if value is not None else ()))
-        return sorted(found)
+    def facts(m: onnx.ModelProto) -> tuple[list, list]:
+        graphs = list(ir.all_graphs(m.graph))
+        weights = [(t.name, tuple(t.dims)) for g in graphs for t in g.initializer]
+        ops = []
+        for n in (n for g in graphs for n in g.node):
+            value = next((x for x in n.attribute if x.name == "value" and x.type == onnx.AttributeProto.TENSOR), None)
+            if n.op_type == "Constant" and not n.domain and len(n.output) == 1 and value is not None:
+                weights.append((n.output[0], tuple(value.t.dims)))
+            else:
+                ops.append(n.op_type)
+        return sorted(weights), sorted(ops)
 
-    ops = [sorted(n.op_type for n in m.graph.node if n.op_type != "Constant") for m in (a, b)]
-    return constants(a) == constants(b) and ops[0] == ops[1]
+    return facts(a) == facts(b)
 
 
 # ---------------------------------------------------------------------- stages
@@ -389,6 +394,7 @@ def read_model(model: ModelLike) -> Source:
         proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
         data = data_files(path, proto)
         size = path.stat().st_size + sum(p.stat().st_size for p in data if p.exists())
+        ir.unique_scope_names(proto.graph)  # bodies that reuse a sibling's names: named apart
         source = Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
     elif isinstance(model, onnx.ModelProto):
         check_tensor_data(model, "model")
@@ -397,11 +403,13 @@ def read_model(model: ModelLike) -> Source:
             len(set(names)) == len(names)
             and not dims.needs_symbolic(model)
             and not has_computed_weights(model)
+            and not ir.unique_scope_names(model.graph, apply=False)
         ):
             return Source(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         dims.to_symbolic(copy)
+        ir.unique_scope_names(copy.graph)
         source = Source(copy, renamed=unique_node_names(copy))
     else:
         raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
@@ -522,7 +530,7 @@ def rewrite(
 ) -> RewriteResult:
     total = sum(
         t.values.nbytes
-        for t in analysis.graph.tensors().values()
+        for t in analysis.keep.tensors.values()
         if isinstance(t, gs.Constant) and t.name in analysis.keep.demanded
     )
     with bar(total, "slicing and writing weights", "B", bool(opts and opts.progress)) as progress:

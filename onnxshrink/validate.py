@@ -763,7 +763,7 @@ def segment_bytes(model: onnx.ModelProto) -> int:
     proto, its serialization and the session at once)."""
     from onnxshrink.io.weights import absolute
 
-    spilled = any(absolute(t) is not None for t in model.graph.initializer)
+    spilled = any(absolute(t) is not None for g in ir.all_graphs(model.graph) for t in g.initializer)
     return SEGMENT_BYTES // 4 if spilled else SEGMENT_BYTES
 
 
@@ -772,15 +772,17 @@ def _inlined(model: onnx.ModelProto, own: bool) -> onnx.ModelProto:
     onnxruntime refuses to read) inline; a copy unless `own` (a segment made for this run)."""
     from onnxshrink.io.weights import absolute, inline
 
-    spilled = [i for i, t in enumerate(model.graph.initializer) if absolute(t) is not None]
-    if not spilled:
+    def spilled(m: onnx.ModelProto) -> list[onnx.TensorProto]:  # in bodies too
+        return [t for g in ir.all_graphs(m.graph) for t in g.initializer if absolute(t) is not None]
+
+    if not spilled(model):
         return model
     if not own:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         model = copy
-    for i in spilled:
-        inline(model.graph.initializer[i])
+    for t in spilled(model):
+        inline(t)
     return model
 
 

@@ -17,6 +17,7 @@ from onnx import helper
 from onnxshrink.errors import ShrinkError, file_access, first_line
 from onnxshrink.io import dims
 from onnxshrink.io.weights import DataWriter, WeightStore
+from onnxshrink.ir import all_graphs
 
 TWO_GB = 2**31
 
@@ -24,12 +25,17 @@ TWO_GB = 2**31
 def _external_entries(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(tensor, location) of the first tensor stored at each external data location."""
     seen: dict[str, str] = {}
-    for t in model.graph.initializer:
+    for t in _weights(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             for e in t.external_data:
                 if e.key == "location" and e.value not in seen:
                     seen[e.value] = t.name
     return [(name, loc) for loc, name in seen.items()]
+
+
+def _weights(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The initializers of every graph: the model's and its If/Loop/Scan bodies'."""
+    return [t for g in all_graphs(model.graph) for t in g.initializer]
 
 
 def _external_locations(model: onnx.ModelProto) -> list[str]:
@@ -165,7 +171,7 @@ def check_tensor_data(
     onnx's checker does not look at the data, and reading it would fail deep inside a stage.
     Data in external files (`files`: by location, see `data_files`) is checked against the
     files' sizes."""
-    for t in model.graph.initializer:
+    for t in _weights(model):
         count = int(np.prod(t.dims, dtype=np.int64))
         need = _data_bytes(t.data_type, count)
         shape = f"its shape {list(t.dims)} of {onnx.TensorProto.DataType.Name(t.data_type).lower()}"
@@ -331,7 +337,7 @@ def save_streamed(
             os.replace(data_file, staged)
         except OSError:
             shutil.copyfile(data_file, staged)
-        for t in model.graph.initializer:
+        for t in _weights(model):
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 for e in t.external_data:
                     if e.key == "location":
@@ -423,7 +429,7 @@ def _write_external(
     skeleton.CopyFrom(model)
     offset = 0
     with open(data_path, "wb") as f:
-        for t in skeleton.graph.initializer:
+        for t in _weights(skeleton):
             if not t.HasField("raw_data") or len(t.raw_data) < threshold:
                 continue
             pad = -offset % 4096  # aligned, as onnx writes it (lets readers map the file)

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.coupling import CouplingLog, Partition
 from onnxshrink.analyze.keep import LIVE
@@ -177,7 +178,7 @@ def find_groups(
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied)
     groups, layers = finder.build()
-    tensors = graph.tensors()
+    tensors = ir.all_tensors(graph)
     arrays = {m.tensor: np.asarray(tensors[m.tensor].values) for g in groups for m in g.members}
     result = GroupSet(groups, layers, name, untied, arrays)
     if verify:
@@ -198,7 +199,7 @@ class _Finder:
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
         declared: set[int] = set()
-        for t in list(self.analysis.graph.tensors().values()):
+        for t in list(self.analysis.keep.tensors.values()):
             if not isinstance(t, gs.Constant) or not _is_float(t):
                 continue
             for axis in range(len(t.shape)):
@@ -218,7 +219,7 @@ class _Finder:
         listed = [
             c for c in sorted(declared) if not self._read_whole(c)
         ]  # an axis an op reads whole (kernel taps) is no group
-        tensors = self.analysis.graph.tensors()
+        tensors = self.analysis.keep.tensors
         shapes = {
             name: tuple(int(d) for d in tensors[name].shape)
             for name in {m.tensor for ms in members.values() for m in ms}
@@ -457,7 +458,7 @@ def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int) -> N
         if not chosen:
             continue
         graph, untied = prepare(model, base_dir)
-        tensors = graph.tensors()
+        tensors = ir.all_tensors(graph)
         zeroed: dict[str, np.ndarray] = {}
         slices = gather_slices((m.tensor, m.axis, m.indices) for g in chosen for m in g.members)
         for (name, axis), idx in slices.items():

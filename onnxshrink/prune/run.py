@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink import ir
 from onnxshrink.api import ShrinkResult, check_against_model, check_options, read_model, shrink
 from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
@@ -188,17 +189,19 @@ def zeroed(
     if copy:
         out = onnx.ModelProto()
         out.CopyFrom(model)
-    g = out.graph
     _constants_to_initializers(out, {m.initializer for m in members})
-    inits = {t.name: t for t in g.initializer}
+    graphs = list(ir.all_graphs(out.graph))  # weights in If/Loop/Scan bodies too
+    inits = {t.name: t for g in graphs for t in g.initializer}
+    home = {t.name: g for g in graphs for t in g.initializer}
     shared = {m.initializer for m in members if m.tensor != m.initializer}
     chosen = {m.initializer for m in members}
     shared |= {original for original in gset.untied.values() if original in chosen}
     values: dict[str, np.ndarray] = {}
     if shared:
-        copies = _copy_per_reader(g, gset, shared)
-        for name, original in copies.items():
-            values[name] = numpy_helper.to_array(inits[original]).copy()
+        for g in graphs:  # a copy lives beside its reader (untied uses share one scope)
+            for name, original in _copy_per_reader(g, gset, shared).items():
+                values[name] = numpy_helper.to_array(inits[original]).copy()
+                home[name] = g
     initializer_of = {m.tensor: m.initializer for m in members}
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
         if name not in values:
@@ -210,7 +213,7 @@ def zeroed(
         if name in inits:
             inits[name].CopyFrom(t)
         else:
-            g.initializer.append(t)
+            home.get(name, out.graph).initializer.append(t)
     return out
 
 
@@ -235,15 +238,16 @@ def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
     from onnxshrink.ops import facts
     from onnxshrink.prepare import default_opset
 
-    g, opset = model.graph, default_opset(model)
-    for node in list(g.node):
-        if node.input or len(node.output) != 1 or node.output[0] not in names:
-            continue
-        handler, op = facts(node, opset)
-        value = handler.constant_value(op) if handler is not None else None
-        if value is not None:
-            g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
-            g.node.remove(node)
+    opset = default_opset(model)
+    for g in ir.all_graphs(model.graph):  # a Constant node in a body: an initializer of it
+        for node in list(g.node):
+            if node.input or len(node.output) != 1 or node.output[0] not in names:
+                continue
+            handler, op = facts(node, opset)
+            value = handler.constant_value(op) if handler is not None else None
+            if value is not None:
+                g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
+                g.node.remove(node)
 
 
 # ---------------------------------------------------------------------- masks out
@@ -275,7 +279,7 @@ def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool =
     records no framework names at all (`framework` False: paddle2onnx, tf2onnx, spox exports)
     the tensors' names are the only names, and stand alone. An initializer several nodes share
     with no parameter name for its slice is listed as skipped (its name would mask every reader)."""
-    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    shapes = {t.name: tuple(t.dims) for g in ir.all_graphs(model.graph) for t in g.initializer}
     skipped: set[str] = set()
     slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
