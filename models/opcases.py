@@ -60,6 +60,9 @@ EXCLUDED = {
     "QLinearMul": "integer data only; tests/test_prune_quantized.py (the QOperator BERT)",
     "QLinearSoftmax": "integer data only; tests/test_prune_quantized.py (the QOperator BERT)",
     "QLinearGlobalAveragePool": "integer data only; tests/test_prune_quantized.py",
+    "If": "its bodies' nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Loop": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Scan": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
 }  # fmt: skip
 MS_HEADER = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
 OPSET23 = '<ir_version: 10, opset_import: ["" : 23]>\n'

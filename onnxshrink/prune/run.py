@@ -21,9 +21,19 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, Source, check_options, read_model, save, shrink
+from onnxshrink import ir
+from onnxshrink.api import (
+    ShrinkResult,
+    Source,
+    check_against_model,
+    check_options,
+    read_model,
+    save,
+    shrink,
+)
 from onnxshrink.errors import NotShrunk, ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
+from onnxshrink.masks import ONNX_SECTION
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
 from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
@@ -114,6 +124,7 @@ def prune(
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
         check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
+    check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
@@ -143,12 +154,14 @@ def prune(
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
-    slices = mask_slices(reference, members)
+    framework = any(m.params for g in gset.groups for m in g.members)
+    slices = mask_slices(reference, members, framework)
     clock.lap("zero")
     # The masks are written before the shrink (a place they cannot be written fails the run
     # before the model is), staged beside their name, and put there only once the shrink has
     # passed: a refused or failed shrink leaves neither.
-    staged = _stage_masks(slices, masks_out) if masks_out is not None else None
+    # a prune that removed nothing has no masks: no file (an empty one is no masks file)
+    staged = _stage_masks(slices, masks_out) if masks_out is not None and slices.zeroed else None
     clock.lap("masks")
     try:
         # The reference is in memory: say what the input was, so that the output is written as
@@ -188,12 +201,18 @@ def prune(
 
 
 def removed_any(reference: onnx.ModelProto, shrunk: onnx.ModelProto, members: list[Member]) -> bool:
-    """Did the shrink take out any of the members' slices (their initializers, under the name
-    they have in the reference or the analysis's copy of a shared one, hold fewer elements)?"""
+    """Did the shrink take out any of the members' slices (their weights, under the name they
+    have in the reference or the analysis's copy of a shared one, hold fewer elements)?"""
     names = {n for m in members for n in (m.initializer, m.tensor)}
 
-    def held(model: onnx.ModelProto) -> int:
-        return sum(math.prod(t.dims) for t in model.graph.initializer if t.name in names)
+    def held(model: onnx.ModelProto) -> int:  # in every scope, as initializers or Constant nodes
+        total = 0
+        for g in ir.all_graphs(model.graph):
+            total += sum(math.prod(t.dims) for t in g.initializer if t.name in names)
+            for n in g.node:
+                if n.op_type == "Constant" and n.output and n.output[0] in names:
+                    total += sum(math.prod(a.t.dims) for a in n.attribute if a.name == "value")
+        return total
 
     return held(shrunk) < held(reference)
 
@@ -217,17 +236,19 @@ def zeroed(
     if copy:
         out = onnx.ModelProto()
         out.CopyFrom(model)
-    g = out.graph
     _constants_to_initializers(out, {m.initializer for m in members})
-    inits = {t.name: t for t in g.initializer}
+    graphs = list(ir.all_graphs(out.graph))  # weights in If/Loop/Scan bodies too
+    inits = {t.name: t for g in graphs for t in g.initializer}
+    home = {t.name: g for g in graphs for t in g.initializer}
     shared = {m.initializer for m in members if m.tensor != m.initializer}
     chosen = {m.initializer for m in members}
     shared |= {original for original in gset.untied.values() if original in chosen}
     values: dict[str, np.ndarray] = {}
     if shared:
-        copies = _copy_per_reader(g, gset, shared)
-        for name, original in copies.items():
-            values[name] = numpy_helper.to_array(inits[original]).copy()
+        for g in graphs:  # a copy lives beside its reader (untied uses share one scope)
+            for name, original in _copy_per_reader(g, gset, shared).items():
+                values[name] = numpy_helper.to_array(inits[original]).copy()
+                home[name] = g
     initializer_of = {m.tensor: m.initializer for m in members}
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
         if name not in values:
@@ -239,7 +260,7 @@ def zeroed(
         if name in inits:
             inits[name].CopyFrom(t)
         else:
-            g.initializer.append(t)
+            home.get(name, out.graph).initializer.append(t)
     return out
 
 
@@ -264,15 +285,16 @@ def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
     from onnxshrink.ops import facts
     from onnxshrink.prepare import default_opset
 
-    g, opset = model.graph, default_opset(model)
-    for node in list(g.node):
-        if node.input or len(node.output) != 1 or node.output[0] not in names:
-            continue
-        handler, op = facts(node, opset)
-        value = handler.constant_value(op) if handler is not None else None
-        if value is not None:
-            g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
-            g.node.remove(node)
+    opset = default_opset(model)
+    for g in ir.all_graphs(model.graph):  # a Constant node in a body: an initializer of it
+        for node in list(g.node):
+            if node.input or len(node.output) != 1 or node.output[0] not in names:
+                continue
+            handler, op = facts(node, opset)
+            value = handler.constant_value(op) if handler is not None else None
+            if value is not None:
+                g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
+                g.node.remove(node)
 
 
 # ---------------------------------------------------------------------- masks out
@@ -295,21 +317,28 @@ class MaskSlices:
         return self._made
 
 
-def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
-    """What the 0/1 masks of the zeroed slices are: under the framework parameter names the
-    exporter recorded (in the framework's layout), and under the initializer's own name. An
-    initializer several nodes share is named only by its parameters (its own name would mask
-    every reader); one with none is listed as skipped."""
-    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool = True) -> MaskSlices:
+    """What the 0/1 masks of the zeroed slices are, as a framework state dict: under the
+    framework parameter names the exporter recorded (in the framework's layout), and nothing
+    else. A slice of a tensor with no framework name (a graph-only constant: an LSTM's packed
+    weights, a product the exporter folded) goes under the tensor's ONNX name in a section of
+    its own, `onnx/NAME`, which a strict loader drops and onnxshrink reads back; in a model that
+    records no framework names at all (`framework` False: paddle2onnx, tf2onnx, spox exports)
+    the tensors' names are the only names, and stand alone. An initializer several nodes share
+    with no parameter name for its slice is listed as skipped (its name would mask every reader)."""
+    shapes = {t.name: tuple(t.dims) for g in ir.all_graphs(model.graph) for t in g.initializer}
     skipped: set[str] = set()
     slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
+    section = ONNX_SECTION if framework else ""
     for m in members:
         for p in m.params:
             slices.append(((p.name, p.shape), p.axis, m.indices))
+        if m.params:
+            continue
         if m.initializer not in shared and m.initializer in shapes:
-            slices.append(((m.initializer, shapes[m.initializer]), m.axis, m.indices))
-        elif not m.params:
+            slices.append(((section + m.initializer, shapes[m.initializer]), m.axis, m.indices))
+        else:
             skipped.add(m.initializer)
     return MaskSlices(gather_slices(slices), sorted(skipped))
 
