@@ -45,7 +45,8 @@ class Reason:
             "interface": "it is part of a graph input or output",
             "live": "a live output depends on it",
             "meets-live": f"it is combined elementwise with a live value by {where}",
-            "normalization": f"{where} normalizes over this axis (its statistics see every channel)",
+            "normalization": f"{where} normalizes over this axis"
+            + ("" if self.detail else " (its statistics see every channel)"),
             "unsupported": f"{where} is not supported for shrinking; its channels are kept",
             "barrier": f"{where} keeps all its channels",
             "not-absorbable": f"{where} cannot absorb this constant channel",

@@ -170,6 +170,19 @@ class RewriteView(Protocol):
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None: ...
 
+    def insert_after(
+        self,
+        node: gs.Node,
+        out_index: int,
+        op: str,
+        operands: list[gs.Tensor],
+        hint: str,
+        suffix: str = "raw",
+        attrs: dict[str, Any] | None = None,
+    ) -> gs.Variable: ...
+
+    def bypass(self, node: gs.Node, i: int) -> None: ...
+
     def absorb_into_reader(self, node: gs.Node, out_index: int, values: np.ndarray, channels: int) -> bool: ...
 
     def add_constant(

@@ -25,11 +25,17 @@ from onnxshrink.ops.contract import (
     Handler,
     KeepView,
     OpNode,
+    Reader,
     RewriteView,
     ShapeView,
     WeightAxes,
 )
 from onnxshrink.ops.registry import register
+
+
+def _unread(t: gs.Tensor, rw: RewriteView) -> bool:
+    """Has `t` lost every index of some axis (an operand only its value is read of)?"""
+    return any(rw.kept_count(t, a) == 0 for a in range(len(ir.dims(t) or [])))
 
 UNARY = (
     "Relu",
@@ -229,11 +235,67 @@ class Elementwise(Handler):
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         y = node.outputs[0]
-        for t in self.operands(node):
+        ops = self.operands(node)
+        drop = self.constant_operand(node, ks)
+        for t in ops:
             ks.demand(t, pin=False)
-            couple_broadcast(ks, node, y, t, combine=len(self.operands(node)) > 1)
+            if drop is None or t is not node.inputs[drop]:
+                couple_broadcast(ks, node, y, t, combine=len(ops) > 1)
         for extra in node.outputs[1:]:  # Dropout's mask
             couple_broadcast(ks, node, extra, y)
+
+    def constant_operand(self, node: gs.Node, reader: Reader) -> int | None:
+        """An operand of an Add (or the subtrahend of a Sub) that is computed, yet constant for
+        every input: a residual branch whose writes are zeroed (the output projections of a
+        transformer block). Only its value is read: it becomes a constant (the node goes when
+        it is zero) and what computes it is unread. Its index, when the other operand alone has
+        the output's shape (so that the value, stored at its smallest broadcast shape, gives
+        the same output)."""
+        if node.op not in ("Add", "Sub") or len(node.inputs) != 2:
+            return None
+        yd = ir.dims(node.outputs[0])
+        if yd is None or any(d is None for d in yd):
+            return None
+        for i in (0, 1) if node.op == "Add" else (1,):
+            t, other = node.inputs[i], node.inputs[1 - i]
+            c, co = reader.const(t), reader.const(other)
+            td = ir.dims(t)
+            if (
+                isinstance(t, gs.Constant)
+                or c is None
+                or not c.full
+                or (co is not None and co.full)
+                or ir.dims(other) != yd
+                or td is None
+                or not any(isinstance(v, int) and v > 0 for v in td)  # else it cannot go
+            ):
+                continue
+            return i
+        return None
+
+    def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
+        # Only a constant operand (`constant_operand`) is not tied to the output, so only it can
+        # be left with no index (the others share the live output's).
+        return {"Add": (0, 1), "Sub": (1,)}.get(node.op, ())
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        for i in self.may_drop_inputs(node):
+            t = node.inputs[i] if i < len(node.inputs) else None
+            if t is None or isinstance(t, gs.Constant) or not _unread(t, rw):
+                continue
+            c = rw.const(t)
+            assert c is not None and c.full, "constant_operand chose it"
+            if not c.value.any():  # adds nothing: the node is its other operand
+                rw.bypass(node, 1 - i)
+                return
+            value = c.value
+            y = node.outputs[0]
+            off = ir.known_rank(y) - value.ndim
+            for a in range(value.ndim):
+                k = rw.kept(y, a + off)
+                if value.shape[a] > 1 and k is not None and not k.all():
+                    value = np.take(value, np.flatnonzero(k), axis=a)
+            rw.replace_input(node, i, value)
 
 
 @register("Dropout")
