@@ -165,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave alone the layers whose weights, parameters, nodes or op types match (fnmatch)",
     )
     g.add_argument(
+        "--units",
+        nargs="+",
+        metavar="KIND",
+        help="the unit kinds --prune may remove: channel, neuron, gated_neuron, head, kv_group, "
+        "conv_group, width (a residual stream's channel), block (a repeated block's residual "
+        "branches; with --criterion activation ranked by their influence on --inputs); "
+        "default: all but block",
+    )
+    g.add_argument(
         "--round-to", type=int, metavar="N", help="keep channel counts multiples of N (e.g. 8)"
     )
     g.add_argument(
@@ -340,6 +349,7 @@ def _prune(args, options, inputs, say):
             ignore=args.ignore,
             round_to=args.round_to,
             max_layer_ratio=args.max_layer_ratio,
+            units=args.units,
             data=inputs,
             masks_out=args.masks_out,
             options=options,

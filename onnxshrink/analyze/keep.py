@@ -363,6 +363,12 @@ class KeepState:
         if self.log is not None and n1 is not None and n2 is not None:
             self.log.pairs(t1.name, a1, n1, np.asarray(idx1), t2.name, a2, n2, np.asarray(idx2))
 
+    def normalizes(self, t: gs.Tensor, axis: int) -> None:
+        """Records (for the coupled groups) that a LayerNorm or RMSNorm normalizes over `t`'s
+        axis (its channels are a residual stream's width). Keeps nothing."""
+        if self.log is not None:
+            self.log.normalizes(t.name, axis, self.size(t, axis))
+
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""
         self._claimed.add((id(node), i))

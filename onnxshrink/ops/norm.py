@@ -337,6 +337,7 @@ class StatNormalization(AxisNormalization):
         for t in st.summed:
             ks.keep(t, ir.known_rank(t) - 1, ~zero, stats)
             couple_broadcast(ks, node, y, t, combine=len(st.summed) > 1)
+        ks.normalizes(y, r - 1)
         for p in (st.scale, st.shift):
             if p is not None:
                 ks.demand(p, pin=False)
@@ -388,7 +389,8 @@ class StatNormalization(AxisNormalization):
             t = ir.present(node, i) if i is not None else None
             if t is None:
                 continue
-            rt = ir.known_rank(t) if rw.value(t) is None else np.ndim(rw.value(t))
+            value = rw.value(t)
+            rt = ir.known_rank(t) if value is None else value.ndim
             pads = np.zeros(2 * rt, np.int64)
             pads[2 * rt - 1] = k
             if rw.opset >= 11:
@@ -420,48 +422,70 @@ def _other(node: gs.Node, t: gs.Tensor) -> tuple[int, gs.Tensor] | None:
     return i, node.inputs[i]
 
 
-def rescale_rms(rw: RewriteView, mean: gs.Tensor, f: float) -> bool:
-    """The mean of squares `mean` must be multiplied by f (kept / original channels) to keep
-    the divisor of the original width. When it feeds a decomposed RMSNorm as exporters write it
-    (Add(mean, eps) -> Sqrt -> Reciprocal or Div(1, .) -> Mul(x, .), or Div(x, Sqrt); then Casts
-    and the Mul by the scale vector), rsqrt(f x mean + eps) is rsqrt(mean + eps / f) / sqrt(f):
-    epsilon and the scale are rescaled as for a fused RMSNorm, and no node is added. True if
-    done; else nothing is changed."""
+@dataclass(frozen=True)
+class RmsChain:
+    """A decomposed RMSNorm after its mean of squares: the Add of epsilon (its operand
+    `eps_at`) and the Mul by the scale vector (its operand `scale_at`)."""
+
+    add: gs.Node
+    eps_at: int
+    gain: gs.Node
+    scale_at: int
+
+
+def rms_chain(mean: gs.Tensor, reader: Reader) -> RmsChain | None:
+    """When the mean of squares `mean` feeds a decomposed RMSNorm as exporters write it:
+    Add(mean, eps) -> Sqrt -> Reciprocal or Div(1, .) -> Mul(x, .), or Div(x, Sqrt); then Casts
+    and the Mul by a constant scale vector, each the only reader of the one before."""
     add = _only_reader(mean, "Add")
     eps_at = _other(add, mean) if add is not None else None
-    if add is None or eps_at is None:
-        return False
-    eps = rw.value(eps_at[1]) if isinstance(eps_at[1], gs.Constant) else None
+    if add is None or eps_at is None or not isinstance(eps_at[1], gs.Constant):
+        return None
+    eps = reader.value(eps_at[1])
     sqrt = _only_reader(add.outputs[0], "Sqrt")
     if eps is None or np.size(eps) != 1 or sqrt is None:
-        return False
+        return None
     q = sqrt.outputs[0]
     step = _only_reader(q, ("Reciprocal", "Div"))
     if step is None:
-        return False
+        return None
     if step.op == "Div" and step.inputs[1] is q:  # x / sqrt(...)
         z = step.outputs[0]
     else:
         if step.op == "Div":  # 1 / sqrt(...)
-            one = rw.value(step.inputs[0]) if isinstance(step.inputs[0], gs.Constant) else None
+            one = reader.value(step.inputs[0]) if isinstance(step.inputs[0], gs.Constant) else None
             if one is None or np.size(one) != 1 or float(np.asarray(one).reshape(-1)[0]) != 1.0:
-                return False
+                return None
         mul = _only_reader(step.outputs[0], "Mul")
         if mul is None or _other(mul, step.outputs[0]) is None:
-            return False
+            return None
         z = mul.outputs[0]
     while (cast := _only_reader(z, "Cast")) is not None:
         z = cast.outputs[0]
     gain = _only_reader(z, "Mul")
     scale_at = _other(gain, z) if gain is not None else None
     if gain is None or scale_at is None or not isinstance(scale_at[1], gs.Constant):
+        return None
+    scale = reader.value(scale_at[1])
+    if scale is None or scale.ndim != 1:
+        return None
+    return RmsChain(add, eps_at[0], gain, scale_at[0])
+
+
+def rescale_rms(rw: RewriteView, mean: gs.Tensor, f: float) -> bool:
+    """The mean of squares `mean` must be multiplied by f (kept / original channels) to keep
+    the divisor of the original width. When it feeds a decomposed RMSNorm (`rms_chain`),
+    rsqrt(f x mean + eps) is rsqrt(mean + eps / f) / sqrt(f): epsilon and the scale are
+    rescaled as for a fused RMSNorm, and no node is added. True if done; else nothing changes."""
+    chain = rms_chain(mean, rw)
+    if chain is None:
         return False
-    scale = rw.current(scale_at[1])
-    if scale.ndim != 1:
-        return False
-    e = np.asarray(eps)
-    rw.replace_input(add, eps_at[0], (e.astype(np.float64) / f).astype(e.dtype))
-    rw.replace_input(gain, scale_at[0], (scale.astype(np.float64) / math.sqrt(f)).astype(scale.dtype))
+    e = np.asarray(rw.current(chain.add.inputs[chain.eps_at]))
+    scale = rw.current(chain.gain.inputs[chain.scale_at])
+    rw.replace_input(chain.add, chain.eps_at, (e.astype(np.float64) / f).astype(e.dtype))
+    rw.replace_input(
+        chain.gain, chain.scale_at, (scale.astype(np.float64) / math.sqrt(f)).astype(scale.dtype)
+    )
     return True
 
 

@@ -23,7 +23,7 @@ from onnxshrink.analyze.keep import Reason
 from onnxshrink.analyze.shapes import Item, SymValue, opaque, opaque_value, shape_operands
 from onnxshrink.ops.common import dtype_of, ints
 from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, RewriteView, ShapeView
-from onnxshrink.ops.norm import rescale_rms
+from onnxshrink.ops.norm import rescale_rms, rms_chain
 from onnxshrink.ops.registry import register
 
 
@@ -199,6 +199,10 @@ class Reduce(Handler):
                 n = ks.size(x, a)
                 if node.op in _SUMS and n is not None:
                     ks.keep(x, a, ~self.unneeded(node, ks, a, n), why)
+                    if node.op == "ReduceMean" and (
+                        centered_square(node, ks) is not None or rms_chain(y, ks) is not None
+                    ):
+                        ks.normalizes(x, a)  # the statistics of a decomposed LayerNorm/RMSNorm
                 else:
                     ks.pin(x, a, why)
                 if keepdims:
