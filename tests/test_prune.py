@@ -65,7 +65,7 @@ def tp_l1_choice(module, gset, ratio: float) -> list[set[tuple[str, int]]]:
     out = []
     for layer in gset.layers:
         groups = [gset.groups[i] for i in layer.groups if gset.groups[i].exact]
-        if not groups:
+        if not groups or layer.kind == "block":  # blocks go only when asked (--units)
             continue
 
         def l1(g):
@@ -98,7 +98,7 @@ def test_mobilenetv2_l1_removes_the_channels_torch_pruning_l1_removes(zoo_dir):
     removed = [
         {(m.params[0].name, int(i)) for i in p.removed for m in result.groups.groups[i].members if m.side == "out" and m.params for i in m.indices}
         for p in result.plans
-        if p.total
+        if p.total and p.layer.kind != "block"
     ]
     assert removed == tp_l1_choice(module, result.groups, 0.5)
 
@@ -115,8 +115,9 @@ def test_a_keras_model_exported_with_tf2onnx_is_pruned_and_proven(tmp_path):
     result = prune(KERAS, 0.5, validate=False)
     assert params(onnx.load(out)) == result.shrink.after.params
     kinds = {p.layer.name: (len(p.removed), p.total) for p in result.plans if p.total}
-    # conv1 (24), the residual stream with its depthwise conv (16), project (32), fc1 (20)
-    assert sorted(kinds.values()) == [(8, 16), (10, 20), (12, 24), (16, 32)]
+    # conv1 (24), the residual stream with its depthwise conv (16), project (32), fc1 (20); its
+    # one residual block (not pruned unless asked: --units)
+    assert sorted(kinds.values()) == [(0, 1), (8, 16), (10, 20), (12, 24), (16, 32)]
     assert error_against(result.shrink.reference, result.model) <= 1e-5
     assert result.shrink.after.params < 0.4 * result.original.params
 
@@ -161,16 +162,17 @@ def test_round_to_ignore_max_ratio_and_global(zoo_dir):
     gset = find_groups(onnx.load(path))
     imp = scores(gset, "l1")
     by = {p.layer.name: p for p in choose(gset, imp, 0.3, round_to=8)}
-    sizes = {name: p.total - len(p.removed) for name, p in by.items() if p.total}
+    sizes = {name: p.total - len(p.removed) for name, p in by.items() if p.total and p.layer.kind != "block"}
     # 32 channels at 0.3 keep int(22.4) = 22, rounded down to 16; 16 keep 11 -> 8; 8 keep 5 -> 1 (at least one)
     assert sorted(sizes.values()) == [1, 1, 1, 8, 8, 16, 16]
     plans = choose(gset, imp, 0.5, ignore=["blocks_.3.*"], max_layer_ratio=0.25)
     for p in plans:
         if p.total:
             assert len(p.removed) == (0 if p.ignored else int(p.total * 0.25))
-    assert sum(p.ignored for p in plans) == 2  # both layers blocks_.3's convs produce
+    # both layers blocks_.3's convs produce (and the blocks: not asked for)
+    assert sorted(p.layer.kind for p in plans if p.ignored) == ["block", "channel", "channel"]
     plans = choose(gset, imp, 0.5, global_ranking=True)
-    total = sum(p.total for p in plans)
+    total = sum(p.total for p in plans if not p.ignored)
     assert sum(len(p.removed) for p in plans) == total - int(total * 0.5)
 
 

@@ -541,7 +541,7 @@ class GroupNorm(AxisNormalization):
         if not zero.any():
             return None
         y = node.outputs[0]
-        r = ir.known_rank(y)
+        r = ir.known_rank(node.inputs[0])
         bias = np.asarray(ctx.value(node.inputs[2])).reshape(-1)
         return [ConstInfo(along(zero, 1, r), along(bias.astype(dtype_of(y)), 1, r))]
 

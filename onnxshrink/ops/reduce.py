@@ -200,7 +200,7 @@ class Reduce(Handler):
                 if node.op in _SUMS and n is not None:
                     ks.keep(x, a, ~self.unneeded(node, ks, a, n), why)
                     if node.op == "ReduceMean" and (
-                        centered_square(node, ks) is not None or rms_chain(y, ks) is not None
+                        self.variance(node, ks) is not None or rms_chain(y, ks) is not None
                     ):
                         ks.normalizes(x, a)  # the statistics of a decomposed LayerNorm/RMSNorm
                 else:
@@ -212,17 +212,23 @@ class Reduce(Handler):
                 ks.couple(x, a, y, j)
                 j += 1
 
-    def unneeded(self, node: gs.Node, reader: Reader, axis: int, n: int) -> np.ndarray:
+    def unneeded(self, node: gs.Node, reader: KeepView, axis: int, n: int) -> np.ndarray:
         """Indices of the reduced `axis` the result does not need: zero in the input, or, for
         the variance of a decomposed LayerNorm, zero in the centered tensor's source."""
         c = reader.const(node.inputs[0])
         zero = c.slice_zero(axis, n) if c is not None else np.zeros(n, bool)
-        var = centered_square(node, reader) if node.op == "ReduceMean" else None
+        var = self.variance(node, reader)
         if var is not None:
             cu = reader.const(var[0])
             if cu is not None:
                 zero = zero | cu.slice_zero(axis, n)
         return zero
+
+    def variance(self, node: gs.Node, reader: KeepView | RewriteView) -> tuple[gs.Tensor, gs.Tensor] | None:
+        """`centered_square`, as the graph was analysed (the rewrite inserts nodes after means)."""
+        if node.op != "ReduceMean":
+            return None
+        return reader.memo(("variance", id(node)), lambda: centered_square(node, reader))
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         """Zero indices removed: a mean keeps its divisor (times kept / original); the variance
@@ -237,14 +243,13 @@ class Reduce(Handler):
             k = rw.kept(x, a)
             if k is not None and not k.all():
                 kept_n, total = kept_n * int(k.sum()), total * len(k)
-                var = centered_square(node, rw) if node.op == "ReduceMean" else None
-                if var is None:
+                if self.variance(node, rw) is None:
                     rw.check_removed_constant(node, rw.const(x), a, ~k)
         if kept_n == total or node.op != "ReduceMean":
             return
         removed = sum(int((~k).sum()) for a in axes if (k := rw.kept(x, a)) is not None)
         dtype = dtype_of(node.outputs[0])
-        var = centered_square(node, rw)
+        var = self.variance(node, rw)
         if var is None:
             if rescale_rms(rw, node.outputs[0], kept_n / total):
                 rw.record_fold(node, removed, "normalization with epsilon and scale rescaled")
