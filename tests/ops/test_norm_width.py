@@ -144,7 +144,7 @@ def test_zero_channels_leave_the_normalized_stream_exactly(form, dtype, init):
     # every zeroed slice is gone (a scale or bias of 2 per norm, the weights' rows and columns)
     norms = 1 if init == "default" else 2
     removed = 2 * 4 + 2 + (8 * 8 - 6 * 6) + 2 + 2 * 3 + norms * 2 * (2 if centered else 1)
-    added = 0 if "decomposed LayerNorm" != form else 3 * 2  # its means' factors (scalars)
+    added = 3 * 2 if form == "decomposed LayerNorm" else 0  # its means' factors (scalars)
     assert result.before.params - result.after.params == removed - added
     assert not result.kept_zeroed
 
