@@ -245,12 +245,11 @@ class Elementwise(Handler):
             couple_broadcast(ks, node, extra, y)
 
     def constant_operand(self, node: gs.Node, reader: Reader) -> int | None:
-        """An operand of an Add (or the subtrahend of a Sub) that is computed, yet constant for
-        every input: a residual branch whose writes are zeroed (the output projections of a
-        transformer block). Only its value is read: it becomes a constant (the node goes when
-        it is zero) and what computes it is unread. Its index, when the other operand alone has
-        the output's shape (so that the value, stored at its smallest broadcast shape, gives
-        the same output)."""
+        """An operand of an Add (or the subtrahend of a Sub) that is computed, yet zero for every
+        input: a residual branch whose writes are zeroed (the output projections of a
+        transformer block). The node adds nothing: it goes, and what computes the operand is
+        unread. Its index, when the other operand alone has the output's shape. (A non-zero
+        constant stays computed: stored, it could hold more than what computes it.)"""
         if node.op not in ("Add", "Sub") or len(node.inputs) != 2:
             return None
         yd = ir.dims(node.outputs[0])
@@ -264,6 +263,7 @@ class Elementwise(Handler):
                 isinstance(t, gs.Constant)
                 or c is None
                 or not c.full
+                or c.value.any()
                 or (co is not None and co.full)
                 or ir.dims(other) != yd
                 or td is None
@@ -284,18 +284,9 @@ class Elementwise(Handler):
             if t is None or isinstance(t, gs.Constant) or not _unread(t, rw):
                 continue
             c = rw.const(t)
-            assert c is not None and c.full, "constant_operand chose it"
-            if not c.value.any():  # adds nothing: the node is its other operand
-                rw.bypass(node, 1 - i)
-                return
-            value = c.value
-            y = node.outputs[0]
-            off = ir.known_rank(y) - value.ndim
-            for a in range(value.ndim):
-                k = rw.kept(y, a + off)
-                if value.shape[a] > 1 and k is not None and not k.all():
-                    value = np.take(value, np.flatnonzero(k), axis=a)
-            rw.replace_input(node, i, value)
+            assert c is not None and c.full and not c.value.any(), "constant_operand chose it"
+            rw.bypass(node, 1 - i)  # adds nothing: the node is its other operand
+            return
 
 
 @register("Dropout")
