@@ -33,6 +33,29 @@ from onnxshrink.ops.contract import (
 from onnxshrink.ops.registry import register
 
 
+def _from_inputs(t: gs.Tensor, reader: Reader) -> bool:
+    """Is `t` computed from a graph input (through any chain of nodes)? A tensor computed from
+    initializers alone is a parameter (an alias, a cast), not a branch of the computation."""
+
+    def reach() -> bool:
+        stack, seen = [t], {t.name}
+        while stack:
+            x = stack.pop()
+            p = ir.producer(x)
+            if p is None:
+                if not isinstance(x, gs.Constant):
+                    return True  # a graph input
+                continue
+            for y in p.inputs:
+                if y is not None and y.name and y.name not in seen:
+                    seen.add(y.name)
+                    stack.append(y)
+        return False
+
+    memo = getattr(reader, "memo", None)
+    return bool(memo(("from inputs", t.name), reach)) if memo is not None else reach()
+
+
 def _unread(t: gs.Tensor, rw: RewriteView) -> bool:
     """Has `t` lost every index of some axis (an operand only its value is read of)?"""
     return any(rw.kept_count(t, a) == 0 for a in range(len(ir.dims(t) or [])))
@@ -245,11 +268,13 @@ class Elementwise(Handler):
             couple_broadcast(ks, node, extra, y)
 
     def constant_operand(self, node: gs.Node, reader: Reader) -> int | None:
-        """An operand of an Add (or the subtrahend of a Sub) that is computed, yet zero for every
-        input: a residual branch whose writes are zeroed (the output projections of a
+        """An operand of an Add (or the subtrahend of a Sub) computed from live values, yet zero
+        for every input: a residual branch whose writes are zeroed (the output projections of a
         transformer block). The node adds nothing: it goes, and what computes the operand is
         unread. Its index, when the other operand alone has the output's shape. (A non-zero
-        constant stays computed: stored, it could hold more than what computes it.)"""
+        constant stays computed: stored, it could hold more than what computes it; and a zero
+        computed from constants alone, a bias the exporter aliased, is a parameter: it stays,
+        as an initializer would.)"""
         if node.op not in ("Add", "Sub") or len(node.inputs) != 2:
             return None
         yd = ir.dims(node.outputs[0])
@@ -265,6 +290,7 @@ class Elementwise(Handler):
                 or not c.full
                 or c.value.any()
                 or (co is not None and co.full)
+                or not _from_inputs(t, reader)
                 or ir.dims(other) != yd
                 or td is None
                 or not any(isinstance(v, int) and v > 0 for v in td)  # else it cannot go
