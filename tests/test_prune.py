@@ -182,6 +182,7 @@ def test_round_to_ignore_max_ratio_and_global(zoo_dir):
         (["--prune", "1.5"], "give a ratio in [0, 1)"),
         (["--prune", "0.5", "--criterion", "activation"], "--inputs"),
         (["--prune", "0.5", "--round-to", "0"], "--round-to 0"),
+        (["--prune", "0.5", "--units", "head", "layer"], "--units layer: choose among"),
     ],
 )
 def test_bad_prune_options_are_exit_2_naming_them(zoo_dir, capsys, args, message):
@@ -303,3 +304,41 @@ def test_an_input_with_external_data_gives_an_output_with_external_data_and_is_n
             t.CopyFrom(onnx.numpy_helper.from_array((w * chosen[t.name]).astype(w.dtype), t.name))
     assert error_against(reference, shrunk, draws=2) <= 1e-5
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("m.")} == before
+
+
+RESIDUAL = """
+g (float[2, 4, 6] x, float[6, 6] W1, float[6, 6] W2, float[6, 3] Wo) => (float[2, 4, 3] y) {
+  f1 = MatMul (x, W1)
+  h1 = Add (x, f1)
+  f2 = MatMul (h1, W2)
+  h2 = Add (h1, f2)
+  y = MatMul (h2, Wo)
+}
+"""
+
+
+def test_blocks_are_ranked_by_their_influence_and_pruned_only_when_asked():
+    # ShortGPT's Block Influence: 1 - the mean cosine of the stream before and after a block.
+    model = tiny(RESIDUAL, values={"W2": 0.05 * np.random.default_rng(3).standard_normal((6, 6))})
+    x = np.random.default_rng(0).standard_normal((2, 4, 6)).astype(np.float32)
+    gset = find_groups(model)
+    blocks = [gset.groups[i] for i in next(la for la in gset.layers if la.kind == "block").groups]
+    assert [sorted(m.initializer for m in b.members) for b in blocks] == [["W1"], ["W2"]]
+    got = scores(gset, "activation", model=model, inputs=[{"x": x}])
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(onnx.helper.make_tensor_value_info("h1", onnx.TensorProto.FLOAT, None))
+    probe.graph.output.append(onnx.helper.make_tensor_value_info("h2", onnx.TensorProto.FLOAT, None))
+    _, h1, h2 = (a.astype(np.float64) for a in run(probe, {"x": x}))
+
+    def influence(a, b):
+        return 1 - np.mean(np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
+
+    want = [influence(x.astype(np.float64), h1), influence(h1, h2)]
+    np.testing.assert_allclose([got[b.id] for b in blocks], want, rtol=1e-6)
+    assert want[1] < want[0]  # W2 is small: the second block changes the stream least
+    assert all(not p.removed for p in prune(model, 0.5, validate=False).plans if p.layer.kind == "block")
+    result = prune(model, 0.5, units=["block"], criterion="activation", data=[{"x": x}])
+    assert result.shrink.passed
+    assert result.original.params - result.shrink.after.params == 36  # W2, and its MatMul and Add
+    assert [n.op_type for n in result.model.graph.node] == ["MatMul", "Add", "MatMul"]

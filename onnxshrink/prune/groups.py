@@ -491,8 +491,8 @@ class Branch:
 
 
 def residual_branches(graph: gs.Graph, handler_for: Any) -> list[Branch]:
-    """Every Add of two computed tensors of its output's shape where one operand is a branch
-    (the nodes only it reads hold a weight matrix) and the other is not: a residual branch."""
+    """Every Add of two tensors of its output's shape where one operand is a branch (the nodes
+    only it reads hold a weight matrix) and the other is not: a residual branch."""
     from onnxshrink import ir
 
     order = {id(n): k for k, n in enumerate(graph.nodes)}
@@ -503,9 +503,9 @@ def residual_branches(graph: gs.Graph, handler_for: Any) -> list[Branch]:
             continue
         yd = ir.dims(add.outputs[0])
         ops = add.inputs
-        if yd is None or any(isinstance(t, gs.Constant) or not t.inputs or ir.dims(t) != yd for t in ops):
+        if yd is None or any(isinstance(t, gs.Constant) or ir.dims(t) != yd for t in ops):
             continue
-        owned = [_owned(t, add, order, outputs) for t in ops]
+        owned = [_owned(t, add, order, outputs) if t.inputs else [] for t in ops]
         holds = [any(_reads_matrix(n, handler_for) for n in nodes) for nodes in owned]
         if holds[0] != holds[1]:
             i = 0 if holds[0] else 1
