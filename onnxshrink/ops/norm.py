@@ -385,20 +385,34 @@ class StatNormalization(AxisNormalization):
         n = int(kept.sum())
         k = st.d - n
         vectors = [self.scale_slot, self.shift_slot]
+        zeros: dict[str, gs.Tensor] = {}
         for i in [*self.summed_slots, *vectors]:
             t = ir.present(node, i) if i is not None else None
             if t is None:
                 continue
             value = rw.value(t)
-            rt = ir.known_rank(t) if value is None else value.ndim
+            if value is not None and value.ndim == 1:
+                # Scale, shift, bias: k zeros made by nodes, which onnxruntime folds when the
+                # session is made (it cannot fold a Pad of fp16), so that the model stores only
+                # the kept channels' parameters.
+                dtype = np.dtype(value.dtype)
+                if dtype.str not in zeros:
+                    width = rw.constant(np.asarray([k], np.int64), "norm_pad_width")
+                    zero = rw.constant(np.zeros(1, dtype), "zero")
+                    zeros[dtype.str] = rw.add_node(
+                        "ConstantOfShape", [width], f"{node.name}_pad", {"value": zero}, dtype=dtype
+                    )
+                node.inputs[i] = rw.add_node(
+                    "Concat", [t, zeros[dtype.str]], f"{t.name}_padded", {"axis": 0}, dtype=dtype
+                )
+                continue
+            rt = ir.known_rank(t)
             pads = np.zeros(2 * rt, np.int64)
             pads[2 * rt - 1] = k
             if rw.opset >= 11:
                 inputs, attrs = [t, rw.constant(pads, "norm_pads")], None
             else:
                 inputs, attrs = [t], {"pads": pads.tolist()}
-            # Scale, shift and bias too are padded by a node, which onnxruntime folds when the
-            # session is made: the model stores only the kept channels' parameters.
             node.inputs[i] = rw.add_node("Pad", inputs, f"{t.name}_padded", attrs, dtype=t.dtype)
         for j, out in enumerate(node.outputs):
             if (j == 0 or j == self.sum_output) and out.name:
