@@ -168,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave alone the layers whose weights, parameters, nodes or op types match (fnmatch)",
     )
     g.add_argument(
+        "--units",
+        nargs="+",
+        metavar="KIND",
+        help="the unit kinds --prune may remove: channel, neuron, gated_neuron, head, kv_group, "
+        "conv_group, width (a residual stream's channel), block (a repeated block's residual "
+        "branches; with --criterion activation ranked by their influence on --inputs); "
+        "default: all but block",
+    )
+    g.add_argument(
         "--round-to", type=int, metavar="N", help="keep channel counts multiples of N (e.g. 8)"
     )
     g.add_argument(
@@ -380,6 +389,7 @@ def _prune(args, options, inputs, say):
             ignore=args.ignore,
             round_to=args.round_to,
             max_layer_ratio=args.max_layer_ratio,
+            units=args.units,
             data=inputs,
             masks_out=args.masks_out,
             options=options,
@@ -472,7 +482,7 @@ def _check_side_files(args) -> None:
 
 
 def _print_result(result, args, say) -> None:
-    from onnxshrink.report import human, human_bytes, stats_table, summary
+    from onnxshrink.report import STATISTICS, human, human_bytes, stats_table, summary
 
     if result.renamed_nodes:
         (old, new), n = result.renamed_nodes[0], len(result.renamed_nodes)
@@ -507,13 +517,21 @@ def _print_result(result, args, say) -> None:
         say(
             f"[W] {len(result.unbound_masks)} mask(s) matched no initializer and were ignored (--allow-unbound): {names}"
         )
-    if result.folds:
-        n = sum(f.channels for f in result.folds)
-        kinds = Counter(f.into for f in result.folds if f.into != "bias")
+    folds = [f for f in result.folds if f.into not in STATISTICS]
+    if folds:
+        n = sum(f.channels for f in folds)
+        kinds = Counter(f.into for f in folds if f.into != "bias")
         how = ", ".join(f"{k} as {kind}s" for kind, k in sorted(kinds.items()))
         say(
-            f"[I] folded {n} constant channel(s) into {len(result.folds)} consumer(s)"
+            f"[I] folded {n} constant channel(s) into {len(folds)} consumer(s)"
             + (f" ({how}, for zero padding at the borders)" if how else "")
+        )
+    statistics = Counter(f.into for f in result.folds if f.into in STATISTICS)
+    if statistics:
+        how = ", ".join(f"{k} {kind}" for kind, k in sorted(statistics.items()))
+        say(
+            f"[I] {sum(statistics.values())} normalization(s) lost zero channels and keep the "
+            f"statistics of their original width: {how}"
         )
     if result.replayed:
         ops = sorted({r["op"] for r in result.replayed})

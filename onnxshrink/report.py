@@ -281,6 +281,16 @@ def stats_table(before: ModelStats, after: ModelStats, timings: dict[str, float]
     return lines
 
 
+# How a normalization (or a mean) whose zero channels left keeps the statistics of its original
+# width: the `into` of its Fold records (rewrite.Fold), which are not constants folded.
+STATISTICS = (
+    "normalization with epsilon and scale rescaled",
+    "normalization over a zero-padded input",
+    "mean with its original divisor",
+    "variance with its original divisor",
+)
+
+
 def summary(before: ModelStats, after: ModelStats, fold_kinds: Mapping[str, int]) -> str:
     """One line: what shrank and what grew (ops the rewrite added, and why: `fold_kinds` counts
     the folds by how they were made, e.g. {"border correction": 12})."""
@@ -300,10 +310,18 @@ def summary(before: ModelStats, after: ModelStats, fold_kinds: Mapping[str, int]
         text += "; larger: " + (", ".join(grew) if grew else "some ops")
         if added:
             text += f" ({', '.join(added)})"
-        made = {kind: n for kind, n in fold_kinds.items() if kind != "bias"}
-        if added and made:
-            text += ": added by " + ", ".join(f"{n} {kind}(s)" for kind, n in sorted(made.items()))
-            text += " folding constant channels through zero padding"
+        made = {kind: n for kind, n in fold_kinds.items() if kind != "bias" and kind not in STATISTICS}
+        kept = sum(n for kind, n in fold_kinds.items() if kind in STATISTICS)
+        why = []
+        if made:
+            why.append(
+                ", ".join(f"{n} {kind}(s)" for kind, n in sorted(made.items()))
+                + " folding constant channels through zero padding"
+            )
+        if kept:
+            why.append(f"{kept} normalization(s) or mean(s) keeping the statistics of their width")
+        if added and why:
+            text += ": added by " + "; ".join(why)
     return text
 
 

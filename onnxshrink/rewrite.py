@@ -69,6 +69,7 @@ class Rewriter:
         self.derived: dict[str, str] = {}
         self.inserted: set[str] = set()  # constants made here (folds, corrections): not the model's
         self._ones: dict[tuple, gs.Tensor] = {}
+        self.bypassed: list[tuple[gs.Node, int]] = []  # nodes to splice out (see `bypass`)
         for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
             self.ks.kept(t, 0)
 
@@ -227,13 +228,40 @@ class Rewriter:
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None:
         """Output `out_index` of `node` becomes itself + `addend` (for every reader)."""
-        self._check_available("Add")
+        self.insert_after(node, out_index, "Add", [addend], "fold", "unfolded")
+
+    def insert_after(
+        self,
+        node: gs.Node,
+        out_index: int,
+        op: str,
+        operands: list[gs.Tensor],
+        hint: str,
+        suffix: str = "raw",
+        attrs: dict | None = None,
+    ) -> gs.Variable:
+        """Output `out_index` of `node` goes through a new `op` node (as its first input, then
+        `operands`), whose output is the old tensor: every reader reads the new node. Returns
+        `node`'s own output, now a new tensor."""
+        self._check_available(op)
         y = node.outputs[out_index]
-        mid = gs.Variable(self._name(f"{y.name}_unfolded"), dtype=y.dtype)
+        mid = gs.Variable(self._name(f"{y.name}_{suffix}"), dtype=y.dtype)
         node.outputs[out_index] = mid
         self.scope(node).nodes.append(
-            gs.Node("Add", name=self._name(f"{node.name}_fold"), inputs=[mid, addend], outputs=[y])
+            gs.Node(
+                op,
+                name=self._name(f"{node.name}_{hint}"),
+                attrs=attrs or {},
+                inputs=[mid, *operands],
+                outputs=[y],
+            )
         )
+        return mid
+
+    def bypass(self, node: gs.Node, i: int) -> None:
+        """`node` computes its input i unchanged (an Add of zeros): once every handler has
+        rewritten its node, its readers read that input instead and the node goes."""
+        self.bypassed.append((node, i))
 
     def ones_map(self, x: gs.Tensor, dtype: Any) -> gs.Tensor:
         """A [1, 1, *spatial] map of ones the size of x's spatial dims: one shared map per static
@@ -337,6 +365,7 @@ def apply(
             rw.here = rw.scope(node)
             handler.rewrite(node, rw)
             weights.trim()
+    _splice(rw)
     rw.here = graph
     # The original weights are no longer needed: free them before the export copies the graph.
     analysis.consts.consts.clear()
@@ -361,6 +390,35 @@ def apply(
     result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
     result.inserted = rw.inserted
     return result
+
+
+def _splice(rw: Rewriter) -> None:
+    """Remove each node that passes its input i through unchanged (`Rewriter.bypass`): its
+    readers, in any scope, read that input. One whose output is its scope's output stays, as an
+    Identity (the output keeps its name)."""
+    if not rw.bypassed:
+        return
+    readers: dict[int, list[gs.Node]] = {}
+    for g in ir.scopes(rw.graph):
+        for n in g.nodes:
+            for t in n.inputs:
+                readers.setdefault(id(t), []).append(n)
+    for node, i in rw.bypassed:
+        x, y = node.inputs[i], node.outputs[0]
+        scope = rw.scope(node)
+        if any(t is y for t in scope.outputs):
+            node.op, node.domain = "Identity", None
+            node.attrs.clear()
+            node.inputs.clear()
+            node.inputs.append(x)
+            continue
+        for reader in readers.get(id(y), []):
+            for k, t in enumerate(reader.inputs):
+                if t is y:
+                    reader.inputs[k] = x
+            readers.setdefault(id(x), []).append(reader)
+        node.inputs.clear()
+        node.outputs.clear()
 
 
 def _shrunk_dims(t: gs.Tensor, ks) -> list:

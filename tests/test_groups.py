@@ -10,12 +10,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import export_cached, shrink_checked, tiny
+from conftest import export_cached, params, shrink_checked, tiny
 
 from models.transformers import TRANSFORMERS
 from models.zoo import ZOO, randomize
 from onnxshrink.cli import main
 from onnxshrink.prune import find_groups
+from onnxshrink.prune.run import zeroed
 
 
 def exported(zoo_dir, name: str, **export):
@@ -29,9 +30,12 @@ def exported(zoo_dir, name: str, **export):
 
 
 def slices(gset) -> dict[tuple[str, int, int], set[int]]:
-    """(parameter or initializer name, axis, index) -> the groups holding it."""
+    """(parameter or initializer name, axis, index) -> the channel groups holding it (blocks hold
+    whole weights: they are checked apart)."""
     where: dict[tuple[str, int, int], set[int]] = defaultdict(set)
     for g in gset.groups:
+        if g.unit.kind == "block":
+            continue
         for m in g.members:
             for i in m.indices:
                 where[(m.initializer, m.axis, int(i))].add(g.id)
@@ -82,25 +86,59 @@ def test_units_heads_kv_groups_and_neurons(zoo_dir):
             # its K and V heads (8 rows each), two query heads (16 rows), their 16 o columns
             d = 32
             assert kv.params == 2 * 8 * d + 16 * d + 16 * d
-    # 2 layers: 4 heads, 64 FFN neurons each; the hidden size (LayerNorm / RMSNorm's mean over
-    # it) and the graph output's classes or vocabulary are not exact; the embedding rows are
-    # looked up by run-time indices.
+    # 2 layers: 4 heads, 64 FFN neurons each; the hidden size (32, which LayerNorm / RMSNorm
+    # normalize) is a width unit; the 2 blocks (attention and MLP branches each); the graph
+    # output's classes or vocabulary are not exact; the embedding rows are looked up by run-time
+    # indices.
     assert kinds["bert"] == [
-        ("channel", 32, False), ("channel", 50, False), ("head", 4, True), ("head", 4, True),
-        ("neuron", 3, False), ("neuron", 64, True), ("neuron", 64, True),
+        ("block", 2, True), ("channel", 50, False), ("head", 4, True), ("head", 4, True),
+        ("neuron", 3, False), ("neuron", 64, True), ("neuron", 64, True), ("width", 32, True),
     ]  # fmt: skip
     assert kinds["llama"] == [
-        ("channel", 32, False), ("channel", 50, False), ("gated_neuron", 64, True),
+        ("block", 2, True), ("channel", 50, False), ("gated_neuron", 64, True),
         ("gated_neuron", 64, True), ("kv_group", 2, True), ("kv_group", 2, True), ("neuron", 50, False),
+        ("width", 32, True),
     ]  # fmt: skip
 
 
-def test_hidden_size_is_not_exact_because_layernorm_normalizes_it(zoo_dir):
-    _, path = exported(zoo_dir, "bert")
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_a_hidden_channel_zeroed_everywhere_it_lives_leaves_exactly(zoo_dir, tmp_path, name):
+    # The width group holds the channel in the embedding, every write into the stream, every
+    # norm's scale (and bias) and every read: zeroed, all of it goes, through the norms.
+    module, path = exported(zoo_dir, name)
     gset = find_groups(onnx.load(path))
-    hidden = next(layer for layer in gset.layers if len(layer.groups) == 32)
-    g = gset.groups[hidden.groups[0]]
-    assert not g.exact and "LayerNormalization" in g.reason and "normalizes over this axis" in g.reason
+    [layer] = [layer for layer in gset.layers if layer.kind == "width"]
+    g = gset.groups[layer.groups[3]]
+    ops = {m.op for m in g.members}
+    assert ("LayerNormalization" if name == "bert" else "Mul") in ops and "Gather" in ops
+    masked = zeroed(onnx.load(path), gset, g.members)
+    result = shrink_checked(masked)
+    assert result.before.params - result.after.params == g.params
+    blocks = [gset.groups[i] for i in next(la for la in gset.layers if la.kind == "block").groups]
+    assert all(b.unit.branches == 2 for b in blocks)
+
+
+def test_a_block_zeroed_whole_leaves_with_its_nodes(zoo_dir):
+    # The second of two blocks zeroed: the model is the one-block model built natively.
+    from models.transformers import Transformer
+
+    _, path = exported(zoo_dir, "llama")
+    gset = find_groups(onnx.load(path))
+    block = gset.groups[next(la for la in gset.layers if la.kind == "block").groups[1]]
+    result = shrink_checked(zeroed(onnx.load(path), gset, block.members))
+    assert result.before.params - result.after.params == block.params
+    one = export_cached(
+        zoo_dir,
+        ("llama", "one block"),
+        lambda: (
+            randomize(Transformer(None, kind="llama", heads=4, kv_heads=2, layers=1), seed=2),
+            TRANSFORMERS["llama"].inputs(),
+            {},
+        ),
+    )
+    native = onnx.load(one)
+    assert result.after.params == params(native)
+    assert result.after.nodes == len(native.graph.node)
 
 
 def l1_masks(module: torch.nn.Module, groups: dict, fraction: float = 0.5) -> tuple[dict, list]:
@@ -117,6 +155,8 @@ def l1_masks(module: torch.nn.Module, groups: dict, fraction: float = 0.5) -> tu
 
     masks = {n: torch.ones_like(v) for n, v in state.items() if v.is_floating_point()}
     chosen = []
+    # channel groups only: a block holds whole weights (its zero biases the exporter drops)
+    groups = {**groups, "layers": [la for la in groups["layers"] if la["kind"] != "block"]}
     by_id = {g["id"]: g for g in groups["groups"]}
     for layer in groups["layers"]:
         exact = [by_id[i] for i in layer["groups"] if by_id[i]["exact"]]

@@ -65,7 +65,7 @@ def tp_l1_choice(module, gset, ratio: float) -> list[set[tuple[str, int]]]:
     out = []
     for layer in gset.layers:
         groups = [gset.groups[i] for i in layer.groups if gset.groups[i].exact]
-        if not groups:
+        if not groups or layer.kind == "block":  # blocks go only when asked (--units)
             continue
 
         def l1(g):
@@ -98,7 +98,7 @@ def test_mobilenetv2_l1_removes_the_channels_torch_pruning_l1_removes(zoo_dir):
     removed = [
         {(m.params[0].name, int(i)) for i in p.removed for m in result.groups.groups[i].members if m.side == "out" and m.params for i in m.indices}
         for p in result.plans
-        if p.total
+        if p.total and p.layer.kind != "block"
     ]
     assert removed == tp_l1_choice(module, result.groups, 0.5)
 
@@ -115,8 +115,9 @@ def test_a_keras_model_exported_with_tf2onnx_is_pruned_and_proven(tmp_path):
     result = prune(KERAS, 0.5, validate=False)
     assert params(onnx.load(out)) == result.shrink.after.params
     kinds = {p.layer.name: (len(p.removed), p.total) for p in result.plans if p.total}
-    # conv1 (24), the residual stream with its depthwise conv (16), project (32), fc1 (20)
-    assert sorted(kinds.values()) == [(8, 16), (10, 20), (12, 24), (16, 32)]
+    # conv1 (24), the residual stream with its depthwise conv (16), project (32), fc1 (20); its
+    # one residual block (not pruned unless asked: --units)
+    assert sorted(kinds.values()) == [(0, 1), (8, 16), (10, 20), (12, 24), (16, 32)]
     assert error_against(result.shrink.reference, result.model) <= 1e-5
     assert result.shrink.after.params < 0.4 * result.original.params
 
@@ -161,16 +162,17 @@ def test_round_to_ignore_max_ratio_and_global(zoo_dir):
     gset = find_groups(onnx.load(path))
     imp = scores(gset, "l1")
     by = {p.layer.name: p for p in choose(gset, imp, 0.3, round_to=8)}
-    sizes = {name: p.total - len(p.removed) for name, p in by.items() if p.total}
+    sizes = {name: p.total - len(p.removed) for name, p in by.items() if p.total and p.layer.kind != "block"}
     # 32 channels at 0.3 keep int(22.4) = 22, rounded down to 16; 16 keep 11 -> 8; 8 keep 5 -> 1 (at least one)
     assert sorted(sizes.values()) == [1, 1, 1, 8, 8, 16, 16]
     plans = choose(gset, imp, 0.5, ignore=["blocks_.3.*"], max_layer_ratio=0.25)
     for p in plans:
         if p.total:
             assert len(p.removed) == (0 if p.ignored else int(p.total * 0.25))
-    assert sum(p.ignored for p in plans) == 2  # both layers blocks_.3's convs produce
+    # both layers blocks_.3's convs produce (and the blocks: not asked for)
+    assert sorted(p.layer.kind for p in plans if p.ignored) == ["block", "channel", "channel"]
     plans = choose(gset, imp, 0.5, global_ranking=True)
-    total = sum(p.total for p in plans)
+    total = sum(p.total for p in plans if not p.ignored)
     assert sum(len(p.removed) for p in plans) == total - int(total * 0.5)
 
 
@@ -180,6 +182,7 @@ def test_round_to_ignore_max_ratio_and_global(zoo_dir):
         (["--prune", "1.5"], "give a ratio in [0, 1)"),
         (["--prune", "0.5", "--criterion", "activation"], "--inputs"),
         (["--prune", "0.5", "--round-to", "0"], "--round-to 0"),
+        (["--prune", "0.5", "--units", "head", "layer"], "--units layer: choose among"),
     ],
 )
 def test_bad_prune_options_are_exit_2_naming_them(zoo_dir, capsys, args, message):
@@ -301,3 +304,41 @@ def test_an_input_with_external_data_gives_an_output_with_external_data_and_is_n
             t.CopyFrom(onnx.numpy_helper.from_array((w * chosen[t.name]).astype(w.dtype), t.name))
     assert error_against(reference, shrunk, draws=2) <= 1e-5
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("m.")} == before
+
+
+RESIDUAL = """
+g (float[2, 4, 6] x, float[6, 6] W1, float[6, 6] W2, float[6, 3] Wo) => (float[2, 4, 3] y) {
+  f1 = MatMul (x, W1)
+  h1 = Add (x, f1)
+  f2 = MatMul (h1, W2)
+  h2 = Add (h1, f2)
+  y = MatMul (h2, Wo)
+}
+"""
+
+
+def test_blocks_are_ranked_by_their_influence_and_pruned_only_when_asked():
+    # ShortGPT's Block Influence: 1 - the mean cosine of the stream before and after a block.
+    model = tiny(RESIDUAL, values={"W2": 0.05 * np.random.default_rng(3).standard_normal((6, 6))})
+    x = np.random.default_rng(0).standard_normal((2, 4, 6)).astype(np.float32)
+    gset = find_groups(model)
+    blocks = [gset.groups[i] for i in next(la for la in gset.layers if la.kind == "block").groups]
+    assert [sorted(m.initializer for m in b.members) for b in blocks] == [["W1"], ["W2"]]
+    got = scores(gset, "activation", model=model, inputs=[{"x": x}])
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(onnx.helper.make_tensor_value_info("h1", onnx.TensorProto.FLOAT, None))
+    probe.graph.output.append(onnx.helper.make_tensor_value_info("h2", onnx.TensorProto.FLOAT, None))
+    _, h1, h2 = (a.astype(np.float64) for a in run(probe, {"x": x}))
+
+    def influence(a, b):
+        return 1 - np.mean(np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
+
+    want = [influence(x.astype(np.float64), h1), influence(h1, h2)]
+    np.testing.assert_allclose([got[b.id] for b in blocks], want, rtol=1e-6)
+    assert want[1] < want[0]  # W2 is small: the second block changes the stream least
+    assert all(not p.removed for p in prune(model, 0.5, validate=False).plans if p.layer.kind == "block")
+    result = prune(model, 0.5, units=["block"], criterion="activation", data=[{"x": x}])
+    assert result.shrink.passed
+    assert result.original.params - result.shrink.after.params == 36  # W2, and its MatMul and Add
+    assert [n.op_type for n in result.model.graph.node] == ["MatMul", "Add", "MatMul"]

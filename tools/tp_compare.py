@@ -12,6 +12,13 @@ For each model (weights randomized): Torch-Pruning's parameter count at ratio 0.
 p=1, its default "mean" group reduction, the classifier ignored), onnxshrink's on the default
 export, and the share of Torch-Pruning's removed channels onnxshrink removed too on an export
 that keeps BatchNorm as a node (optimize=False: the same weights, so the same criterion).
+
+`--masked convnext_tiny` instead zeroes Torch-Pruning's own groups at 0.5 (every member: conv
+and linear slices, LayerNorm weights and biases, ConvNeXt's layer scales) in the model, exports
+the masked model and shrinks it: its parameters against Torch-Pruning's pruned model, and the
+shrunk model against the masked export in onnxruntime. Torch-Pruning's model is not the masked
+one (its LayerNorms average over fewer channels): the error of its export against the masked
+export is printed too.
 """
 
 from __future__ import annotations
@@ -111,10 +118,104 @@ def prune_as_torch_pruning(path: Path, model):
         importance.weighed = weighed
 
 
+def layer_scales(model) -> list:
+    """ConvNeXt's layer scales ([C, 1, 1] parameters of its blocks), pruned along dim 0."""
+    return [(m.layer_scale, 0) for m in model.modules() if hasattr(m, "layer_scale")]
+
+
+def torch_pruning_groups(model, ratio: float = 0.5):
+    """Torch-Pruning's MagnitudePruner (L1) at `ratio`: the model it prunes, and every member of
+    every group it removed as (parameter name, axis, indices)."""
+    import torch_pruning as tp
+
+    classifier = model.fc if hasattr(model, "fc") else model.classifier[-1]
+    pruner = tp.pruner.MagnitudePruner(
+        model,
+        torch.randn(1, 3, 224, 224),
+        importance=tp.importance.MagnitudeImportance(p=1),
+        pruning_ratio=ratio,
+        ignored_layers=[classifier],
+        unwrapped_parameters=layer_scales(model),
+    )
+    names = {m: n for n, m in model.named_modules()}
+    params = {id(p): n for n, p in model.named_parameters()}
+    members: list[tuple[str, int, list[int]]] = []
+    for group in pruner.step(interactive=True):
+        for dep, idxs in group:
+            target, idxs = dep.target.module, [int(i) for i in idxs]
+            out = pruner.DG.is_out_channel_pruning_fn(dep.handler)
+            if isinstance(target, torch.nn.Parameter):
+                members.append((params[id(target)], 0, idxs))
+            elif isinstance(target, torch.nn.LayerNorm):
+                members += [(f"{names[target]}.{k}", 0, idxs) for k in ("weight", "bias") if getattr(target, k) is not None]
+            elif isinstance(target, torch.nn.Conv2d | torch.nn.Linear):
+                axis = 0 if out or (isinstance(target, torch.nn.Conv2d) and target.groups > 1) else 1
+                members.append((f"{names[target]}.weight", axis, idxs))
+                if axis == 0 and target.bias is not None:
+                    members.append((f"{names[target]}.bias", 0, idxs))
+            elif any(True for _ in target.parameters(recurse=False)):
+                raise SystemExit(f"no zeroing rule for {type(target).__name__} {names.get(target)}")
+        group.prune()
+    return model, members
+
+
+def masked_check(name: str) -> None:
+    """Torch-Pruning's groups zeroed in the model (norm weights included), shrunk exactly."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from onnxshrink import shrink
+    from onnxshrink.report import model_stats
+
+    tp_model, members = torch_pruning_groups(randomized(name))
+    masked = randomized(name)
+    state = dict(masked.named_parameters())
+    with torch.no_grad():
+        for pname, axis, idxs in members:
+            state[pname].index_fill_(axis, torch.tensor(idxs), 0.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {k: Path(tmp) / f"{k}.onnx" for k in ("masked", "tp")}
+        export(masked, paths["masked"])
+        export(tp_model, paths["tp"])
+        t = time.perf_counter()
+        r = shrink(paths["masked"], validate=False)
+        took = time.perf_counter() - t
+        tp_params = model_stats(onnx.load(paths["tp"])).params
+        sessions = {}
+        for k, m in (("masked", str(paths["masked"])), ("shrunk", r.model.SerializeToString()), ("tp", str(paths["tp"]))):
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = 1
+            sessions[k] = ort.InferenceSession(m, so, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        err = {"shrunk": 0.0, "tp": 0.0}
+        for _ in range(3):
+            x = {"x": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+            feed = {sessions["masked"].get_inputs()[0].name: x["x"]}
+            ref = sessions["masked"].run(None, feed)[0]
+            for k in err:
+                out = sessions[k].run(None, {sessions[k].get_inputs()[0].name: x["x"]})[0]
+                err[k] = max(err[k], float(np.abs(out - ref).max() / np.abs(ref).max()))
+        forms = sorted({f.into for f in r.folds if "normalization" in f.into})
+        print(
+            f"{name}: Torch-Pruning's groups at 0.5 zeroed ({len(members)} member slices): "
+            f"parameters {r.before.params} -> onnxshrink {r.after.params} "
+            f"({took:.1f} s), Torch-Pruning {tp_params}: "
+            f"{100 * (r.after.params - tp_params) / tp_params:+.2f}%; max rel error against the "
+            f"masked model: onnxshrink {err['shrunk']:.1e}, Torch-Pruning's model {err['tp']:.2f}; "
+            f"kept zeroed slices {sum(g.count for g in r.kept_zeroed)}; norms: {'; '.join(forms)}"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v2"])
+    p.add_argument("--masked", nargs="+", default=[], help="zero Torch-Pruning's groups in these models and shrink (e.g. convnext_tiny)")
     args = p.parse_args()
+    for name in args.masked:
+        masked_check(name)
+    if args.masked:
+        return
     from onnxshrink.prune import prune
     from onnxshrink.report import model_stats
 

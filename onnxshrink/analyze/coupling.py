@@ -43,6 +43,7 @@ class CouplingLog:
         self.paired: dict[tuple[AxisKey, AxisKey], tuple[np.ndarray, np.ndarray]] = {}
         self.blocks: dict[tuple, _Block] = {}
         self.pins: dict[AxisKey, list[Reason]] = defaultdict(list)
+        self.normalized: set[AxisKey] = set()  # axes a LayerNorm/RMSNorm normalizes
 
     def _axis(self, name: str, axis: int, size: int | None) -> AxisKey | None:
         if size is None or size < 1:
@@ -57,6 +58,11 @@ class CouplingLog:
             key = self._axis(name, a, sizes[a] if a < len(sizes) else None)
             if key is not None and reason not in self.pins[key]:
                 self.pins[key].append(reason)
+
+    def normalizes(self, name: str, axis: int, size: int | None) -> None:
+        key = self._axis(name, axis, size)
+        if key is not None:
+            self.normalized.add(key)
 
     def same(self, n1: str, a1: int, n2: str, a2: int, size: int, meet: gs.Node | None) -> None:
         k1, k2 = self._axis(n1, a1, size), self._axis(n2, a2, size)
@@ -112,6 +118,8 @@ class Partition:
     reasons: dict[int, list[Reason]] = field(init=False)
     # component -> the elementwise nodes that combine its indices
     meets: dict[int, list[gs.Node]] = field(init=False)
+    # components a LayerNorm or RMSNorm normalizes over (a residual stream's width)
+    normalized: set[int] = field(init=False)
 
     def __post_init__(self) -> None:
         log = self.log
@@ -152,6 +160,7 @@ class Partition:
             for comp in np.unique(self.of(key)):
                 have = self.reasons[int(comp)]
                 have.extend(r for r in reasons if r not in have)
+        self.normalized = {int(c) for key in log.normalized for c in np.unique(self.of(key))}
         self.meets = defaultdict(list)
         for (k1, _), meet in log.equal.items():
             if meet is not None:

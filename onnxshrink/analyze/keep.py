@@ -45,7 +45,8 @@ class Reason:
             "interface": "it is part of a graph input or output",
             "live": "a live output depends on it",
             "meets-live": f"it is combined elementwise with a live value by {where}",
-            "normalization": f"{where} normalizes over this axis (its statistics see every channel)",
+            "normalization": f"{where} normalizes over this axis"
+            + ("" if self.detail else " (its statistics see every channel)"),
             "unsupported": f"{where} is not supported for shrinking; its channels are kept",
             "barrier": f"{where} keeps all its channels",
             "not-absorbable": f"{where} cannot absorb this constant channel",
@@ -365,6 +366,12 @@ class KeepState:
         n1, n2 = self.size(t1, a1), self.size(t2, a2)
         if self.log is not None and n1 is not None and n2 is not None:
             self.log.pairs(t1.name, a1, n1, np.asarray(idx1), t2.name, a2, n2, np.asarray(idx2))
+
+    def normalizes(self, t: gs.Tensor, axis: int) -> None:
+        """Records (for the coupled groups) that a LayerNorm or RMSNorm normalizes over `t`'s
+        axis (its channels are a residual stream's width). Keeps nothing."""
+        if self.log is not None:
+            self.log.normalizes(t.name, axis, self.size(t, axis))
 
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""

@@ -399,6 +399,17 @@ def _same_as_first(m: np.ndarray, v: np.ndarray, first: np.ndarray, axis: int) -
     return np.moveaxis(same, 0, axis)
 
 
+def _index_axis(idx: np.ndarray | None) -> int | None:
+    """The axis of a constant index array that holds its entries (0 for a scalar), when every
+    other axis has size 1; else None."""
+    if idx is None:
+        return None
+    if idx.ndim == 0:
+        return 0
+    wide = [k for k, n in enumerate(idx.shape) if n != 1]
+    return wide[0] if len(wide) == 1 else 0 if not wide else None
+
+
 @register("Gather")
 class Gather(Handler):
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
@@ -468,13 +479,17 @@ class Gather(Handler):
                 ks.couple(x, a, y, a - 1 + ri)
         idx = ks.value(i_t)
         n = ks.size(x, axis)
-        if idx is not None and n is not None and idx.ndim <= 1:
+        along = _index_axis(idx)
+        if idx is not None and n is not None and along is not None:
             ks.demand(i_t)
             idx = np.where(idx < 0, idx + n, idx)
             if idx.ndim == 0:
                 ks.need(x, axis, [int(idx)])
-            else:
-                ks.couple_map(y, axis, x, axis, idx)
+            else:  # the index's one axis of more than one entry (as_strided's [1, C, 1, 1])
+                for k in range(idx.ndim):
+                    if k != along:
+                        ks.pin(y, axis + k)
+                ks.couple_map(y, axis + along, x, axis, idx.reshape(-1))
         else:
             ks.demand(i_t, pin=False)
             ks.pin(
@@ -493,12 +508,13 @@ class Gather(Handler):
         r = ir.known_rank(x)
         axis = ir.norm_axis(int(node.attrs.get("axis", 0)), r)
         kx = rw.kept(x, axis)
-        if idx is None or kx is None or idx.ndim > 1 or kx.all():
+        along = _index_axis(idx)
+        if idx is None or kx is None or along is None or kx.all():
             return
         n = len(kx)
         idx = np.where(idx < 0, idx + n, idx)
         pos = np.cumsum(kx) - 1
-        if idx.ndim == 1:
-            ky = rw.kept(y, axis)
-            idx = idx[ky] if ky is not None else idx
+        if idx.ndim >= 1:
+            ky = rw.kept(y, axis + along)
+            idx = np.compress(ky, idx, axis=along) if ky is not None else idx
         rw.replace_input(node, 1, pos[idx].astype(idx.dtype))

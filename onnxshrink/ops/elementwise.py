@@ -25,11 +25,40 @@ from onnxshrink.ops.contract import (
     Handler,
     KeepView,
     OpNode,
+    Reader,
     RewriteView,
     ShapeView,
     WeightAxes,
 )
 from onnxshrink.ops.registry import register
+
+
+def _from_inputs(t: gs.Tensor, reader: Reader) -> bool:
+    """Is `t` computed from a graph input (through any chain of nodes)? A tensor computed from
+    initializers alone is a parameter (an alias, a cast), not a branch of the computation."""
+
+    def reach() -> bool:
+        stack, seen = [t], {t.name}
+        while stack:
+            x = stack.pop()
+            p = ir.producer(x)
+            if p is None:
+                if not isinstance(x, gs.Constant):
+                    return True  # a graph input
+                continue
+            for y in p.inputs:
+                if y is not None and y.name and y.name not in seen:
+                    seen.add(y.name)
+                    stack.append(y)
+        return False
+
+    memo = getattr(reader, "memo", None)
+    return bool(memo(("from inputs", t.name), reach)) if memo is not None else reach()
+
+
+def _unread(t: gs.Tensor, rw: RewriteView) -> bool:
+    """Has `t` lost every index of some axis (an operand only its value is read of)?"""
+    return any(rw.kept_count(t, a) == 0 for a in range(len(ir.dims(t) or [])))
 
 UNARY = (
     "Relu",
@@ -237,11 +266,61 @@ class Elementwise(Handler):
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         y = node.outputs[0]
-        for t in self.operands(node):
+        ops = self.operands(node)
+        drop = self.constant_operand(node, ks)
+        for t in ops:
             ks.demand(t, pin=False)
-            couple_broadcast(ks, node, y, t, combine=len(self.operands(node)) > 1)
+            if drop is None or t is not node.inputs[drop]:
+                couple_broadcast(ks, node, y, t, combine=len(ops) > 1)
         for extra in node.outputs[1:]:  # Dropout's mask
             couple_broadcast(ks, node, extra, y)
+
+    def constant_operand(self, node: gs.Node, reader: Reader) -> int | None:
+        """An operand of an Add (or the subtrahend of a Sub) computed from live values, yet zero
+        for every input: a residual branch whose writes are zeroed (the output projections of a
+        transformer block). The node adds nothing: it goes, and what computes the operand is
+        unread. Its index, when the other operand alone has the output's shape. (A non-zero
+        constant stays computed: stored, it could hold more than what computes it; and a zero
+        computed from constants alone, a bias the exporter aliased, is a parameter: it stays,
+        as an initializer would.)"""
+        if node.op not in ("Add", "Sub") or len(node.inputs) != 2:
+            return None
+        yd = ir.dims(node.outputs[0])
+        if yd is None or any(d is None for d in yd):
+            return None
+        for i in (0, 1) if node.op == "Add" else (1,):
+            t, other = node.inputs[i], node.inputs[1 - i]
+            c, co = reader.const(t), reader.const(other)
+            td = ir.dims(t)
+            if (
+                isinstance(t, gs.Constant)
+                or c is None
+                or not c.full
+                or c.value.any()
+                or (co is not None and co.full)
+                or not _from_inputs(t, reader)
+                or ir.dims(other) != yd
+                or td is None
+                or not any(isinstance(v, int) and v > 0 for v in td)  # else it cannot go
+            ):
+                continue
+            return i
+        return None
+
+    def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
+        # Only a constant operand (`constant_operand`) is not tied to the output, so only it can
+        # be left with no index (the others share the live output's).
+        return {"Add": (0, 1), "Sub": (1,)}.get(node.op, ())
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        for i in self.may_drop_inputs(node):
+            t = node.inputs[i] if i < len(node.inputs) else None
+            if t is None or isinstance(t, gs.Constant) or not _unread(t, rw):
+                continue
+            c = rw.const(t)
+            assert c is not None and c.full and not c.value.any(), "constant_operand chose it"
+            rw.bypass(node, 1 - i)  # adds nothing: the node is its other operand
+            return
 
 
 @register("Dropout")

@@ -2,10 +2,11 @@
 ONNX domain as onnxruntime registers it): what its transformer optimizer writes for a residual
 Add and the LayerNorm (or RMSNorm) after it, and for BERT's embeddings.
 
-They normalize over the last axis, so that axis keeps every index, as LayerNormalization's
-does; the other axes pass through (tied across input, skip and outputs). A constant added to
-the input or the skip (a removed neuron folded into the projection before them) goes into
-their bias, which they add before normalizing.
+They normalize over the last axis of input + skip + bias, as LayerNormalization and RMSNorm do
+(`ops.norm.StatNormalization`): a channel zero in all three leaves, the norm keeping the
+statistics of its original width; the other axes pass through (tied across input, skip and
+outputs). A constant added to the input or the skip (a removed neuron folded into the
+projection before them) goes into their bias, which they add before normalizing.
 """
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import couple_broadcast
 from onnxshrink.ops.contract import Handler, KeepView, OpNode, RewriteView, WeightAxes
 from onnxshrink.ops.fused_activation import MS, add_to_bias
-from onnxshrink.ops.norm import AxisNormalization
+from onnxshrink.ops.norm import StatNormalization
 from onnxshrink.ops.registry import register
 
 
-class _SkipNorm(Handler):
+class _SkipNorm(StatNormalization):
     """input, skip, gamma, [beta,] [bias] -> output, mean, inv_std_var, input + skip + bias."""
 
     evaluate_with_ort = True
     params: Mapping[str, int] = {"weight": 2, "bias": 3}
     bias_slot = 4
+    scale_slot = 2
+    sum_output = 3
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         return WeightAxes(0, None, "vector") if i >= 2 and rank == 1 else None
@@ -37,6 +40,9 @@ class _SkipNorm(Handler):
         return {k: v for k, v in self.params.items() if v < len(constant) and constant[v]}
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
+        if self.stats(node, ks) is not None:
+            super().keep(node, ks)
+            return
         x, skip, y = node.inputs[0], node.inputs[1], node.outputs[0]
         r = ir.rank(y)
         if r is None or ir.rank(x) != r:
@@ -70,18 +76,26 @@ class _SkipNorm(Handler):
 class SkipLayerNorm(_SkipNorm):
     params = {"weight": 2, "bias": 3}
     bias_slot = 4
+    summed_slots = (0, 1, 4)
+    shift_slot = 3
 
 
 @register("SkipSimplifiedLayerNormalization", domain=MS)
 class SkipSimplifiedLayerNorm(_SkipNorm):
     params = {"weight": 2}
     bias_slot = 3
+    summed_slots = (0, 1, 3)
+    shift_slot = None
+    centered = False
 
 
 @register("SimplifiedLayerNormalization")
 @register("SimplifiedLayerNormalization", domain=MS)
-class SimplifiedLayerNorm(AxisNormalization):
+class SimplifiedLayerNorm(StatNormalization):
     """RMSNorm: normalizes from `axis` (default -1) to the end, as LayerNormalization does."""
+
+    centered = False
+    shift_slot = None
 
 
 @register("EmbedLayerNormalization", domain=MS)

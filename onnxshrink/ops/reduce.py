@@ -1,4 +1,13 @@
-"""Reductions: the reduced axes combine every index and keep them all; the others pass through."""
+"""Reductions: the reduced axes combine every index; the others pass through.
+
+An index that is exactly zero in the input adds nothing to a sum: ReduceSum, ReduceSumSquare,
+ReduceL1, ReduceL2 and ReduceLogSum do not need it, and ReduceMean does not either when it is
+rewritten to keep its original divisor (its result times kept / original). The others (max,
+min, product, log-sum-exp) read every index. A ReduceMean of (u - mean(u))², the variance of a
+decomposed LayerNorm, does not need the indices where u is zero either: each adds mean², and the
+rewrite adds them back (`centered_square`). A mean of squares that feeds a decomposed RMSNorm
+has its factor moved into that norm's epsilon and scale instead (`ops.norm.rescale_rms`).
+"""
 
 from __future__ import annotations
 
@@ -12,9 +21,45 @@ from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.analyze.shapes import Item, SymValue, opaque, opaque_value, shape_operands
-from onnxshrink.ops.common import ints
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, ShapeView
+from onnxshrink.ops.common import dtype_of, ints
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, RewriteView, ShapeView
+from onnxshrink.ops.norm import rescale_rms, rms_chain
 from onnxshrink.ops.registry import register
+
+
+def centered_square(node: gs.Node, reader: Reader) -> tuple[gs.Tensor, gs.Tensor] | None:
+    """When `node` (a ReduceMean) reduces (u - m)², with m = ReduceMean(u) over the same axes
+    (keepdims): (u, m). The square is Pow(c, 2) or Mul(c, c), c = Sub(u, m)."""
+    sq = node.inputs[0]
+    p = ir.producer(sq)
+    if p is None or len(p.inputs) < 2:
+        return None
+    if p.op == "Pow":
+        e = reader.value(p.inputs[1])
+        if e is None or np.size(e) != 1 or float(np.asarray(e).reshape(-1)[0]) != 2.0:
+            return None
+    elif p.op != "Mul" or p.inputs[0] is not p.inputs[1]:
+        return None
+    c = p.inputs[0]
+    sub = ir.producer(c)
+    if sub is None or sub.op != "Sub" or len(sub.inputs) != 2:
+        return None
+    u, m = sub.inputs
+    mean = ir.producer(m)
+    r = ir.rank(u)
+    if (
+        mean is None
+        or mean.op != "ReduceMean"
+        or mean.inputs[0] is not u
+        or not int(mean.attrs.get("keepdims", 1))
+        or r is None
+        or ir.rank(sq) != r
+    ):
+        return None
+    axes, mean_axes = reduced_axes(node, reader, r), reduced_axes(mean, reader, r)
+    if axes is None or axes != mean_axes:
+        return None
+    return u, m
 
 REDUCE = (
     "ReduceMean",
@@ -29,6 +74,8 @@ REDUCE = (
     "ReduceSumSquare",
 )
 _UNIFORM_SAFE = ("ReduceMean", "ReduceMax", "ReduceMin")  # uniform in -> same value out
+# a zero index adds nothing to the sum they are made of
+_SUMS = ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum")
 # Reductions of a shape value to one size: tf2onnx computes the merged size of a reshape as
 # ReduceProd(Gather(Shape(x), axes)) (its Einsum and MatMul lowerings).
 _SHAPE_REDUCE: dict[str, Callable[[int, int], int]] = {
@@ -149,10 +196,75 @@ class Reduce(Handler):
         j = 0
         for a in range(r):
             if a in axes:
-                ks.pin(x, a, why)
+                n = ks.size(x, a)
+                if node.op in _SUMS and n is not None:
+                    ks.keep(x, a, ~self.unneeded(node, ks, a, n), why)
+                    if node.op == "ReduceMean" and (
+                        self.variance(node, ks) is not None or rms_chain(y, ks) is not None
+                    ):
+                        ks.normalizes(x, a)  # the statistics of a decomposed LayerNorm/RMSNorm
+                else:
+                    ks.pin(x, a, why)
                 if keepdims:
                     ks.pin(y, a)
                     j += 1
             else:
                 ks.couple(x, a, y, j)
                 j += 1
+
+    def unneeded(self, node: gs.Node, reader: KeepView, axis: int, n: int) -> np.ndarray:
+        """Indices of the reduced `axis` the result does not need: zero in the input, or, for
+        the variance of a decomposed LayerNorm, zero in the centered tensor's source."""
+        c = reader.const(node.inputs[0])
+        zero = c.slice_zero(axis, n) if c is not None else np.zeros(n, bool)
+        var = self.variance(node, reader)
+        if var is not None:
+            cu = reader.const(var[0])
+            if cu is not None:
+                zero = zero | cu.slice_zero(axis, n)
+        return zero
+
+    def variance(self, node: gs.Node, reader: KeepView | RewriteView) -> tuple[gs.Tensor, gs.Tensor] | None:
+        """`centered_square`, as the graph was analysed (the rewrite inserts nodes after means)."""
+        if node.op != "ReduceMean":
+            return None
+        return reader.memo(("variance", id(node)), lambda: centered_square(node, reader))
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        """Zero indices removed: a mean keeps its divisor (times kept / original); the variance
+        of a decomposed LayerNorm adds mean² for each removed index."""
+        x = node.inputs[0]
+        r = ir.rank(x)
+        axes = reduced_axes(node, rw, r) if r is not None else None
+        if node.op not in _SUMS or axes is None:
+            return
+        kept_n, total = 1, 1
+        for a in axes:
+            k = rw.kept(x, a)
+            if k is not None and not k.all():
+                kept_n, total = kept_n * int(k.sum()), total * len(k)
+                if self.variance(node, rw) is None:
+                    rw.check_removed_constant(node, rw.const(x), a, ~k)
+        if kept_n == total or node.op != "ReduceMean":
+            return
+        removed = sum(int((~k).sum()) for a in axes if (k := rw.kept(x, a)) is not None)
+        dtype = dtype_of(node.outputs[0])
+        var = self.variance(node, rw)
+        if var is None:
+            if rescale_rms(rw, node.outputs[0], kept_n / total):
+                rw.record_fold(node, removed, "normalization with epsilon and scale rescaled")
+                return
+            share = rw.constant(np.asarray(kept_n / total, dtype), "kept_share")
+            rw.insert_after(node, 0, "Mul", [share], "original_divisor")
+            rw.record_fold(node, removed, "mean with its original divisor")
+            return
+        kept_share = rw.constant(np.asarray(kept_n / total, dtype), "kept_share")
+        # (sum over kept of (u - mean)² + removed x mean²) / total
+        y = node.outputs[0]
+        rw.insert_after(node, 0, "Mul", [kept_share], "original_divisor")
+        mean = var[1]
+        square = rw.add_node("Mul", [mean, mean], "mean_squared", dtype=dtype)
+        removed_share = rw.constant(np.asarray(1 - kept_n / total, dtype), "removed_share")
+        removed_squares = rw.add_node("Mul", [square, removed_share], "removed_squares", dtype=dtype)
+        rw.add_to_output(y.inputs[0], 0, removed_squares)
+        rw.record_fold(node, removed, "variance with its original divisor")

@@ -92,14 +92,18 @@ class Member:
 
 @dataclass
 class Unit:
-    """What one group is: `kind` channel | neuron | gated_neuron | head | kv_group | conv_group;
-    `channels` its channels in the layer that produces it (head_dim for a head or a K/V head,
-    the channels of one group of a grouped conv)."""
+    """What one group is: `kind` channel | neuron | gated_neuron | head | kv_group | conv_group |
+    width | block; `channels` its channels in the layer that produces it (head_dim for a head or
+    a K/V head, the channels of one group of a grouped conv; 1 for a block). A `width` group is
+    a channel of a residual stream some LayerNorm or RMSNorm normalizes (the hidden size); a
+    `block` is a repeated block's residual branches whole (`branches` of them: a transformer
+    layer's attention and MLP), every parameter they hold, removed when zeroed."""
 
     kind: str
     channels: int
     head_dim: int | None = None
     query_heads: int | None = None
+    branches: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "channels": self.channels}
@@ -107,7 +111,14 @@ class Unit:
             out["head_dim"] = self.head_dim
         if self.query_heads is not None:
             out["query_heads"] = self.query_heads
+        if self.branches is not None:
+            out["branches"] = self.branches
         return out
+
+
+#: unit kinds `--prune` removes unless told otherwise (blocks only when asked: `units`)
+DEFAULT_UNITS = ("channel", "neuron", "gated_neuron", "head", "kv_group", "conv_group", "width")
+UNITS = (*DEFAULT_UNITS, "block")
 
 
 @dataclass
@@ -158,6 +169,17 @@ class Dequant:
 
 
 @dataclass
+class Block:
+    """Where a block group's residual stream is read (the stream operand of its first branch's
+    Add, `before`) and left (its last Add's output, `after`), and the stream's channel axis:
+    what its influence is measured on."""
+
+    before: str
+    after: str
+    axis: int
+
+
+@dataclass
 class GroupSet:
     groups: list[Group]
     layers: list[Layer]
@@ -171,6 +193,7 @@ class GroupSet:
     dequant: dict[str, Dequant] = field(default_factory=dict, repr=False)
     # the scales and zero points of quantized members: sliced with their channels, never zeroed
     quant_params: set[str] = field(default_factory=set, repr=False)
+    blocks: dict[int, Block] = field(default_factory=dict, repr=False)  # block group id -> its stream
 
     def exact(self) -> list[Group]:
         return [g for g in self.groups if g.exact]
@@ -217,9 +240,10 @@ def find_groups(
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied)
     groups, layers = finder.build()
+    blocks = finder.blocks(groups, layers)
     tensors = ir.all_tensors(graph)
     arrays = {m.tensor: np.asarray(tensors[m.tensor].values) for g in groups for m in g.members}
-    result = GroupSet(groups, layers, name, untied, arrays)
+    result = GroupSet(groups, layers, name, untied, arrays, blocks=blocks)
     result.dequant = {k: v for k, v in finder.dequant.items() if k in arrays}
     result.quant_params = finder.quant_params & set(arrays)
     if verify:
@@ -238,6 +262,7 @@ class _Finder:
         self.node_of = {out: k for k, n in enumerate(index.nodes) for out in n.output[:1]}
         self.dequant: dict[str, Dequant] = {}
         self.quant_params: set[str] = set()
+        self.listed: set[int] = set()  # the components that are groups (`build`)
 
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
@@ -262,6 +287,7 @@ class _Finder:
         listed = [
             c for c in sorted(declared) if not self._read_whole(c)
         ]  # an axis an op reads whole (kernel taps) is no group
+        self.listed = set(listed)
         tensors = self.analysis.keep.tensors
         shapes = {
             name: tuple(int(d) for d in tensors[name].shape)
@@ -514,6 +540,8 @@ class _Finder:
             if counts[-1] != d:
                 return Unit("kv_group", d, head_dim=d, query_heads=counts[-1] // d)
             return Unit("head", d, head_dim=d)
+        if comp in self.part.normalized:
+            return Unit("width", 1)
         handlers = [self.analysis.handler_for(n) for n in self.part.meets.get(comp, [])]
         if producers and families == {"linear"}:
             gated = any(
@@ -522,6 +550,146 @@ class _Finder:
             )
             return Unit("gated_neuron" if gated else "neuron", 1)
         return Unit("channel", 1)
+
+
+    # ------------------------------------------------------------------ blocks
+    def blocks(self, groups: list[Group], layers: list[Layer]) -> dict[int, Block]:
+        """Block groups (appended to `groups`, in one layer of kind `block`): the residual
+        branches of each repeated block of the model (`segment.blocks`: a transformer's
+        layers), each group every parameter its branches hold. A branch is the operand of an
+        Add that nodes only it reads compute, holding weight matrices, when the other operand
+        (the stream) holds none; zeroing all of it makes the operand a constant zero, and the
+        Add goes with everything only it read (`ops.elementwise.Elementwise.constant_operand`)."""
+        from onnxshrink.segment import blocks as repeated
+
+        branches = residual_branches(self.analysis.graph, self.analysis.handler_for)
+        if not branches:
+            return {}
+        found = repeated(self.index.model)
+        cuts = found.cuts if found is not None else []
+        by_block: dict[int, list[Branch]] = defaultdict(list)
+        for b in branches:
+            k = self.node_of.get(b.add.outputs[0].name)
+            if k is None:
+                continue
+            key = int(np.searchsorted(cuts, k, side="right")) if found is not None else k
+            by_block[key].append(b)
+        layer = Layer(len(layers), "blocks", [], "block")
+        out: dict[int, Block] = {}
+        for key in sorted(by_block):
+            members = [m for b in by_block[key] for m in self._branch_members(b)]
+            if not members:
+                continue
+            first, last = by_block[key][0], by_block[key][-1]
+            g = Group(
+                len(groups),
+                layer.id,
+                members,
+                Unit("block", 1, branches=len(by_block[key])),
+                sum(int(np.prod(self.analysis.keep.tensors[m.tensor].shape)) for m in members),
+                exact=True,
+            )
+            groups.append(g)
+            layer.groups.append(g.id)
+            stream = first.add.inputs[1 - first.index]
+            out[g.id] = Block(stream.name, last.add.outputs[0].name, self._stream_axis(last.add.outputs[0]))
+        if layer.groups:
+            layers.append(layer)
+        return out
+
+    def _branch_members(self, b: Branch) -> list[Member]:
+        """Every parameter the branch holds, whole: the inputs its nodes read as weights, biases
+        or scales (not the constants they compute with: an epsilon, a reshape's shape)."""
+        out = []
+        for node in b.nodes:
+            op = OpNode.of(node)
+            handler = self.analysis.handler_for(node)
+            for i, t in enumerate(node.inputs):
+                if not isinstance(t, gs.Constant) or not _is_float(t) or handler is None:
+                    continue
+                wa = handler.weight_axes(op, i, len(t.shape))
+                if wa is None:
+                    continue
+                for m, reader in self._members(t, wa.out):
+                    if reader is node:
+                        out.append(_with(m, np.arange(int(t.shape[wa.out]))))
+        return out
+
+    def _stream_axis(self, y: gs.Tensor) -> int:
+        """The stream's channel axis: the one whose indices are groups (else the last)."""
+        for axis in range(len(y.shape or [])):
+            key = (y.name, axis)
+            if key in self.part.offsets and self.listed & {int(c) for c in self.part.of(key)}:
+                return axis
+        return len(y.shape or [1]) - 1
+
+
+@dataclass
+class Branch:
+    add: gs.Node
+    index: int  # the branch's operand of the Add
+    nodes: list[gs.Node]
+
+
+def residual_branches(graph: gs.Graph, handler_for: Any) -> list[Branch]:
+    """Every Add of two tensors of its output's shape where one operand is a branch (the nodes
+    only it reads hold a weight matrix) and the other is not: a residual branch."""
+    from onnxshrink import ir
+
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    outputs = {id(t) for t in graph.outputs}
+    found = []
+    for add in graph.nodes:
+        if add.op != "Add" or len(add.inputs) != 2 or len(add.outputs) != 1:
+            continue
+        yd = ir.dims(add.outputs[0])
+        ops = add.inputs
+        if yd is None or any(isinstance(t, gs.Constant) or ir.dims(t) != yd for t in ops):
+            continue
+        owned = [_owned(t, add, order, outputs) if t.inputs else [] for t in ops]
+        holds = [any(_reads_matrix(n, handler_for) for n in nodes) for nodes in owned]
+        if holds[0] != holds[1]:
+            i = 0 if holds[0] else 1
+            found.append(Branch(add, i, sorted(owned[i], key=lambda n: order[id(n)])))
+    return found
+
+
+def _owned(t: gs.Tensor, add: gs.Node, order: dict[int, int], outputs: set[int]) -> list[gs.Node]:
+    """The nodes whose every output only `add` (through `t`) or other such nodes read."""
+    import heapq
+
+    owned: dict[int, gs.Node] = {}
+    heap = [(-order[id(t.inputs[0])], id(t.inputs[0]), t.inputs[0])]
+    seen = {id(t.inputs[0])}
+    while heap:
+        _, _, node = heapq.heappop(heap)
+        ok = all(
+            id(out) not in outputs
+            and all(id(r) in owned or (r is add and out is t) for r in out.outputs)
+            for out in node.outputs
+        )
+        if not ok or any(isinstance(v, gs.Graph) for v in node.attrs.values()):
+            continue
+        owned[id(node)] = node
+        for x in node.inputs:
+            p = x.inputs[0] if isinstance(x, gs.Variable) and x.inputs else None
+            if p is not None and id(p) not in seen and id(p) in order:
+                seen.add(id(p))
+                heapq.heappush(heap, (-order[id(p)], id(p), p))
+    return list(owned.values())
+
+
+def _reads_matrix(node: gs.Node, handler_for: Any) -> bool:
+    handler = handler_for(node)
+    if handler is None:
+        return False
+    op = OpNode.of(node)
+    for i, t in enumerate(node.inputs):
+        if isinstance(t, gs.Constant) and len(t.shape) >= 2:
+            wa = handler.weight_axes(op, i, len(t.shape))
+            if wa is not None and wa.inp is not None and wa.family in ("linear", "conv"):
+                return True
+    return False
 
 
 def zero_slice(values: np.ndarray, axis: int, indices: np.ndarray, zero: np.ndarray | None = None) -> None:

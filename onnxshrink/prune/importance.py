@@ -10,7 +10,9 @@
 - `random`: uniform, from the seed.
 - `activation`: data-driven, on the given inputs run with onnxruntime: per weight matrix that
   reads the group's channels (along its input axis), the mean |activation| of each channel
-  times the sum of |w| over the weights that read it (as Wanda scores a weight), summed.
+  times the sum of |w| over the weights that read it (as Wanda scores a weight), summed. A
+  block's is its influence (ShortGPT's Block Influence): 1 - the cosine of the residual stream
+  before and after it, along the channel axis, averaged over every other position.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ def scores(
                 "them with --inputs data.npz (one array per model input)."
             )
         means = _mean_abs_activations(model, gset, exact, inputs)
+        influence = block_influence(model, gset, [g.id for g in exact if g.id in gset.blocks], inputs)
         for g in exact:
-            out[g.id] = _activation_score(gset, g, means)
+            out[g.id] = influence[g.id] if g.id in influence else _activation_score(gset, g, means)
         return out
     p = 1 if criterion == "l1" else 2
     out[[g.id for g in exact]] = magnitudes(gset, exact, p)
@@ -129,20 +132,32 @@ def _activation_score(gset: GroupSet, g: Group, means: dict[str, np.ndarray]) ->
     return total if used else magnitude(gset, g, 1)  # nothing reads it through a weight
 
 
-def _mean_abs_activations(
-    model: onnx.ModelProto, gset: GroupSet, groups: list[Group], inputs: list[Mapping[str, np.ndarray]]
-) -> dict[str, np.ndarray]:
-    """Mean |x| per index of the channel axis of every activation a group's weights read."""
+def block_influence(
+    model: onnx.ModelProto, gset: GroupSet, ids: list[int], inputs: list[Mapping[str, np.ndarray]]
+) -> dict[int, float]:
+    """1 - mean cosine of each block's stream before and after it, on `inputs`."""
+    if not ids:
+        return {}
+    wanted = {gset.blocks[i].before for i in ids} | {gset.blocks[i].after for i in ids}
+    cos: dict[int, float] = dict.fromkeys(ids, 0.0)
+    for outs in _runs(model, wanted, inputs):
+        for i in ids:
+            b = gset.blocks[i]
+            x = np.moveaxis(np.asarray(outs[b.before], np.float64), b.axis, -1)
+            y = np.moveaxis(np.asarray(outs[b.after], np.float64), b.axis, -1)
+            dot = np.sum(x * y, axis=-1)
+            norms = np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1)
+            c = np.where(norms > 0, dot / np.where(norms > 0, norms, 1), 1.0)
+            cos[i] += float(np.mean(c)) / len(inputs)
+    return {i: 1.0 - c for i, c in cos.items()}
+
+
+def _runs(model: onnx.ModelProto, wanted: set[str] | dict[str, int], inputs: list[Mapping[str, np.ndarray]]):
+    """The model run on each of `inputs` with onnxruntime, the `wanted` tensors among its
+    outputs: {name: array} per run."""
     from onnxshrink.validate import check_inputs, session
 
     check_inputs(model, inputs)  # names, dtypes and shapes, as for the proof (each named)
-    wanted: dict[str, int] = {}
-    # only the main graph's tensors can be outputs; inside an If/Loop/Scan body, the magnitude
-    visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
-    for g in groups:
-        for m in g.members:
-            if m.data is not None and m.data[0] in visible:
-                wanted[m.data[0]] = m.data[1]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     present = {o.name for o in probe.graph.output}
@@ -150,7 +165,6 @@ def _mean_abs_activations(
         if name not in present:
             probe.graph.output.append(onnx.ValueInfoProto(name=name))
     names = [o.name for o in probe.graph.output]
-    sums: dict[str, np.ndarray] = {}
     sess = session(probe, "cpu")
     feed_names = {i.name for i in sess.get_inputs()}
     for feed in inputs:
@@ -162,7 +176,22 @@ def _mean_abs_activations(
                 f"onnxruntime ({first_line(exc)}). Check the arrays' values against the model's "
                 "inputs (e.g. token ids below the vocabulary size)."
             ) from exc
-        outs = dict(zip(names, ran, strict=True))
+        yield dict(zip(names, ran, strict=True))
+
+
+def _mean_abs_activations(
+    model: onnx.ModelProto, gset: GroupSet, groups: list[Group], inputs: list[Mapping[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """Mean |x| per index of the channel axis of every activation a group's weights read."""
+    wanted: dict[str, int] = {}
+    # only the main graph's tensors can be outputs; inside an If/Loop/Scan body, the magnitude
+    visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    for g in groups:
+        for m in g.members:
+            if m.data is not None and m.data[0] in visible:
+                wanted[m.data[0]] = m.data[1]
+    sums: dict[str, np.ndarray] = {}
+    for outs in _runs(model, wanted, inputs):
         for name, axis in wanted.items():
             x = np.abs(np.asarray(outs[name], dtype=np.float64))
             m = np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1).mean(axis=1)

@@ -36,7 +36,15 @@ from onnxshrink.io.model import check_output, load_external
 from onnxshrink.masks import ONNX_SECTION
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
-from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
+from onnxshrink.prune.groups import (
+    DEFAULT_UNITS,
+    UNITS,
+    GroupSet,
+    Member,
+    find_groups,
+    gather_slices,
+    zero_slice,
+)
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
 from onnxshrink.report import ModelStats, model_stats
@@ -108,6 +116,7 @@ def prune(
     ignore: Sequence[str] = (),
     round_to: int | None = None,
     max_layer_ratio: float = 1.0,
+    units: Sequence[str] | None = None,
     data: list[Mapping[str, np.ndarray]] | None = None,
     masks_out: str | Path | None = None,
     options: ShrinkOptions | None = None,
@@ -115,7 +124,12 @@ def prune(
 ) -> PruneResult:
     """Remove `ratio` of every layer's groups (or of all groups, `global_ranking`), the least
     important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
+    `units`: the unit kinds that may go (default: every kind but `block`; see groups.UNITS).
     Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
+    units = tuple(DEFAULT_UNITS if units is None else units)
+    unknown = sorted(set(units) - set(UNITS))
+    if unknown:
+        raise ShrinkError(f"--units {' '.join(unknown)}: choose among {', '.join(UNITS)}.")
     opts = (options or ShrinkOptions()).but(**option_values)
     check_options(opts)  # before the groups and importance are computed, not at the shrink
     if masks_out is not None:
@@ -146,6 +160,7 @@ def prune(
         ignore=ignore,
         round_to=round_to,
         max_layer_ratio=max_layer_ratio,
+        units=units,
     )
     clock.lap("select")
     chosen = [gset.groups[i] for p in plans for i in p.removed]

@@ -6,7 +6,8 @@ is divided by its layer's mean (Torch-Pruning's "mean" normalizer) and the least
 int(ratio * total) ... of all layers go, up to each layer's maximum. Either way a layer keeps at
 least one group and loses at most `max_layer_ratio` of its groups; `round_to` keeps channel
 counts multiples of it (rounded down, as Torch-Pruning does); `ignore` leaves alone the
-layers whose producing weights, framework parameters, nodes or op types match a pattern.
+layers whose producing weights, framework parameters, nodes or op types match a pattern, and
+`units` the layers of other unit kinds (blocks only when asked for).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxshrink.errors import ShrinkError
-from onnxshrink.prune.groups import GroupSet, Layer
+from onnxshrink.prune.groups import DEFAULT_UNITS, GroupSet, Layer
 
 
 @dataclass
@@ -38,6 +39,7 @@ def choose(
     ignore: Sequence[str] = (),
     round_to: int | None = None,
     max_layer_ratio: float = 1.0,
+    units: Sequence[str] = DEFAULT_UNITS,
 ) -> list[LayerPlan]:
     if not 0.0 <= ratio < 1.0:
         raise ShrinkError(f"--prune {ratio}: give a ratio in [0, 1), e.g. 0.5 for half the channels.")
@@ -48,7 +50,8 @@ def choose(
     plans = []
     for layer in gset.layers:
         ids = [i for i in layer.groups if gset.groups[i].exact]
-        plans.append(LayerPlan(layer, len(ids), ignored=_ignored(gset, layer, ignore)))
+        ignored = layer.kind not in units or _ignored(gset, layer, ignore)
+        plans.append(LayerPlan(layer, len(ids), ignored=ignored))
     ranked = [
         (p, sorted((i for i in p.layer.groups if gset.groups[i].exact), key=lambda i: (importance[i], i)))
         for p in plans

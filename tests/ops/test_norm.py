@@ -1,4 +1,5 @@
-"""Normalizations: BatchNorm/InstanceNorm per channel; LayerNorm, Softmax, GroupNorm mix channels."""
+"""Normalizations: BatchNorm/InstanceNorm per channel; Softmax mixes channels; LayerNorm and GroupNorm
+mix them but let zero ones go (tests/ops/test_norm_width.py)."""
 
 import numpy as np
 from conftest import shapes, shrink_checked, tiny
@@ -98,6 +99,7 @@ def test_instance_norm_is_per_channel():
 
 GROUPNORM = """
 agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1, float[4] S, float[4] T, float[2, 4, 1, 1] W2) => (float[1, 2, 5, 5] y)
+  <float[1, 4, 5, 5] n>
 {
   c = Conv (x, W1, B1)
   n = GroupNormalization <num_groups = 2> (c, S, T)
@@ -106,9 +108,12 @@ agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1, float[4] S, floa
 """
 
 
-def test_group_norm_keeps_its_channels():
+def test_group_norm_keeps_a_group_that_is_not_wholly_zero():
+    # Channel 0 is zero, channel 1 of its group is not: the group's statistics need both.
     result = shrink_checked(tiny(GROUPNORM, zero={"W1": np.s_[[0]], "B1": np.s_[[0]]}, opset=21))
     assert shapes(result.model)["W1"] == (4, 3, 1, 1)
+    assert {g.kind for g in result.kept_zeroed if g.tensor == "W1"} == {"normalization"}
+    assert not result.barriers
 
 
 ZERO_SCALE_GATHER = """

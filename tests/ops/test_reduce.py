@@ -1,4 +1,5 @@
-"""Reductions: reduced axes keep every index, the others pass through; opset 13/18 axes inputs."""
+"""Reductions: zero indices leave sums and means, reduced axes keep the rest; the others pass
+through; opset 13/18 axes inputs."""
 
 import numpy as np
 import pytest
@@ -25,19 +26,41 @@ agraph (float[1, 3, 5, 5] x, {head}) => (float[1, 2] y)
     assert [f.into for f in result.folds] == ["bias"]
 
 
-def test_reduce_sum_over_channels_keeps_them():
-    text = """
-agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1) => (float[1, 1, 5, 5] y)
+REDUCE_CHANNELS = """
+agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1, int64[1] Axes) => (float[1, 1, 5, 5] y)
 {
   c = Conv (x, W1, B1)
-  y = ReduceSum <keepdims = 1> (c, Axes)
+  y = OP <keepdims = 1> (c, Axes)
 }
 """
-    model = tiny(text.replace("float[4] B1)", "float[4] B1, int64[1] Axes)"), zero={"W1": np.s_[[1]], "B1": np.s_[[1]]},
-                 values={"Axes": [1]}, opset=13)
-    result = shrink_checked(model)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2"])
+def test_a_zero_channel_adds_nothing_to_a_sum_and_leaves(op):
+    # ReduceMean keeps its divisor: its result is multiplied by kept / original.
+    text = REDUCE_CHANNELS.replace("OP", op)
+    zero = {"W1": np.s_[[1]], "B1": np.s_[[1]]}
+    result = shrink_checked(tiny(text, zero=zero, values={"Axes": [1]}, opset=18))
+    assert shapes(result.model)["W1"] == (3, 3, 1, 1)
+    muls = [n for n in result.model.graph.node if n.op_type == "Mul"]
+    assert len(muls) == (op == "ReduceMean")
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceProd", "ReduceLogSumExp"])
+def test_a_zero_channel_counts_in_a_max_or_product_and_stays(op):
+    text = REDUCE_CHANNELS.replace("OP", op)
+    zero = {"W1": np.s_[[1]], "B1": np.s_[[1]]}
+    result = shrink_checked(tiny(text, zero=zero, values={"Axes": [1]}, opset=18))
     assert shapes(result.model)["W1"] == (4, 3, 1, 1)
     assert {g.kind for g in result.kept_zeroed if g.tensor == "W1"} == {"structure"}
+
+
+def test_a_constant_channel_that_is_not_zero_stays_in_a_sum():
+    text = REDUCE_CHANNELS.replace("OP", "ReduceSum")
+    zero = {"W1": np.s_[[1]]}  # the bias is left: the channel is the constant B1[1]
+    model = tiny(text, zero=zero, values={"Axes": [1], "B1": [0.1, 0.5, 0.2, 0.3]}, opset=13)
+    result = shrink_checked(model)
+    assert shapes(result.model)["W1"] == (4, 3, 1, 1)
 
 
 def test_reduce_prod_of_gathered_sizes_is_a_reshape_target():
