@@ -9,7 +9,15 @@
 - `random`: uniform, from the seed.
 - `activation`: data-driven, on the given inputs run with onnxruntime: per weight matrix that
   reads the group's channels (along its input axis), the mean |activation| of each channel
-  times the sum of |w| over the weights that read it (as Wanda scores a weight), summed.
+  times the sum of |w| over the weights that read it, summed.
+- `wanda`: the same with the activation's root mean square (Wanda's |W| * ||X||_2, per weight,
+  summed over the group).
+- `fluctuation`: FLAP's: each channel's variance over the inputs times the sum of w^2 over the
+  weights that read it: the squared output error of replacing the channel by its mean, which is
+  what bias compensation (`compensate`) then leaves.
+
+A group no weight matrix reads through an activation (its channels reach only the output) is
+ranked by its L1 magnitude by the data-driven criteria.
 """
 
 from __future__ import annotations
@@ -19,10 +27,21 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.errors import ShrinkError
+from onnxshrink.prune.calibrate import Calibration, collect
 from onnxshrink.prune.groups import Group, GroupSet, Member
 
-CRITERIA = ("l1", "l2", "random", "activation")
+CRITERIA = ("l1", "l2", "random", "activation", "wanda", "fluctuation")
+# What each criterion needs, for --help and the messages.
+NEEDS = {
+    "l1": "the weights alone",
+    "l2": "the weights alone",
+    "random": "--seed alone",
+    "activation": "--inputs (mean |x| of each channel x sum |w|)",
+    "wanda": "--inputs (Wanda: RMS of each channel x sum |w|)",
+    "fluctuation": "--inputs (FLAP: variance of each channel x sum w^2; pairs with --compensate)",
+}
+DATA_CRITERIA = ("activation", "wanda", "fluctuation")
 
 
 def scores(
@@ -32,8 +51,10 @@ def scores(
     seed: int = 0,
     model: onnx.ModelProto | None = None,
     inputs: list[Mapping[str, np.ndarray]] | None = None,
+    calibration: Calibration | None = None,
 ) -> np.ndarray:
-    """One importance per group (NaN for groups that are not exact: they are never chosen)."""
+    """One importance per group (NaN for groups that are not exact: they are never chosen). The
+    data-driven criteria read `calibration`, or collect it from `model` run on `inputs`."""
     if criterion not in CRITERIA:
         raise ShrinkError(f"--criterion {criterion}: choose one of {', '.join(CRITERIA)}.")
     out = np.full(len(gset.groups), np.nan)
@@ -42,15 +63,23 @@ def scores(
         rng = np.random.default_rng(seed)
         out[[g.id for g in exact]] = rng.random(len(exact))
         return out
-    if criterion == "activation":
-        if model is None or not inputs:
-            raise ShrinkError(
-                "--criterion activation ranks groups by their activations on your inputs: give "
-                "them with --inputs data.npz (one array per model input)."
-            )
-        means = _mean_abs_activations(model, gset, exact, inputs)
+    if criterion in DATA_CRITERIA:
+        if calibration is None:
+            if model is None or not inputs:
+                raise ShrinkError(
+                    f"--criterion {criterion} ranks groups by their activations on your inputs: "
+                    "give them with --inputs data.npz (one array per model input)."
+                )
+            calibration = collect(model, activations(exact), inputs)
+        per_channel = {
+            "activation": lambda s: s.mean_abs,
+            "wanda": lambda s: s.rms,
+            "fluctuation": lambda s: s.variance,
+        }[criterion]
+        stats = {name: per_channel(s) for name, s in calibration.stats.items()}
+        p = 2 if criterion == "fluctuation" else 1
         for g in exact:
-            out[g.id] = _activation_score(gset, g, means)
+            out[g.id] = _activation_score(gset, g, stats, p)
         return out
     p = 1 if criterion == "l1" else 2
     out[[g.id for g in exact]] = magnitudes(gset, exact, p)
@@ -113,54 +142,26 @@ def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
     return gset.norms[key]
 
 
-def _activation_score(gset: GroupSet, g: Group, means: dict[str, np.ndarray]) -> float:
+def _activation_score(gset: GroupSet, g: Group, stats: dict[str, np.ndarray], p: int = 1) -> float:
+    """Sum over the group's input-side weights of each channel's statistic x sum |w|^p."""
     total, used = 0.0, False
     for m in g.members:
-        if m.data is None or m.data[0] not in means:
+        if m.data is None or m.data[0] not in stats:
             continue
         name, _, idx = m.data
         if len(idx) != len(m.indices):
             continue
-        per_channel = channel_norms(gset, m.tensor, m.axis, 1)[m.indices]
-        total += float(np.sum(means[name][idx] * per_channel))
+        per_channel = channel_norms(gset, m.tensor, m.axis, p)[m.indices]
+        total += float(np.sum(stats[name][idx] * per_channel))
         used = True
     return total if used else magnitude(gset, g, 1)  # nothing reads it through a weight
 
 
-def _mean_abs_activations(
-    model: onnx.ModelProto, gset: GroupSet, groups: list[Group], inputs: list[Mapping[str, np.ndarray]]
-) -> dict[str, np.ndarray]:
-    """Mean |x| per index of the channel axis of every activation a group's weights read."""
-    from onnxshrink.validate import check_inputs, session
-
-    check_inputs(model, inputs)  # names, dtypes and shapes, as for the proof (each named)
-    wanted: dict[str, int] = {}
+def activations(groups: list[Group]) -> dict[str, int]:
+    """Every activation the groups' input-side weights read: {tensor: channel axis}."""
+    out: dict[str, int] = {}
     for g in groups:
         for m in g.members:
             if m.data is not None:
-                wanted[m.data[0]] = m.data[1]
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    present = {o.name for o in probe.graph.output}
-    for name in wanted:
-        if name not in present:
-            probe.graph.output.append(onnx.ValueInfoProto(name=name))
-    names = [o.name for o in probe.graph.output]
-    sums: dict[str, np.ndarray] = {}
-    sess = session(probe, "cpu")
-    feed_names = {i.name for i in sess.get_inputs()}
-    for feed in inputs:
-        try:
-            ran = sess.run(None, {k: v for k, v in feed.items() if k in feed_names})
-        except Exception as exc:  # onnxruntime on the user's values: a token id out of range, ...
-            raise ShrinkError(
-                f"{getattr(feed, 'source', '--inputs')}: the model fails to run on these inputs in "
-                f"onnxruntime ({first_line(exc)}). Check the arrays' values against the model's "
-                "inputs (e.g. token ids below the vocabulary size)."
-            ) from exc
-        outs = dict(zip(names, ran, strict=True))
-        for name, axis in wanted.items():
-            x = np.abs(np.asarray(outs[name], dtype=np.float64))
-            m = np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1).mean(axis=1)
-            sums[name] = sums.get(name, 0) + m
-    return {k: v / len(inputs) for k, v in sums.items()}
+                out[m.data[0]] = m.data[1]
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,14 +20,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
+from onnxshrink.api import ShrinkResult, Source, check_options, read_model, save, shrink
 from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
 from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
 from onnxshrink.prune.importance import scores
-from onnxshrink.prune.select import LayerPlan, choose
+from onnxshrink.prune.select import LayerPlan
 from onnxshrink.report import ModelStats, model_stats
 from onnxshrink.validate import resolve_shapes
 
@@ -44,6 +45,17 @@ class PruneResult:
     # seconds per phase: load, groups, importance, select, zero (the reference), then the
     # shrink's own phases (its validate is the proof), and masks when written
     timings: dict[str, float] = field(default_factory=dict)
+    target: Any = None  # the Target met (targets.Target)
+    reached: float | None = None  # its measure of the result (a fraction of the input's)
+    allocation: str = "uniform"
+    compensate: str = "none"
+    price: Any = None  # what the prune cost (price.Price), measured before it was written
+    families: list | None = None  # the measured sensitivity (sensitivity.Family)
+    predicted: float | None = None  # the relative error the sensitivity predicts for the plan
+    # the values changed other than by zeroing, by framework name (`--weights-out`); those
+    # with no framework parameter of that value under onnx/NAME, named in `unnamed_weights`
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    unnamed_weights: list[str] = field(default_factory=list)
 
     @property
     def masks(self) -> dict[str, np.ndarray]:
@@ -59,14 +71,32 @@ class PruneResult:
         return [i for p in self.plans for i in p.removed]
 
     def to_dict(self) -> dict[str, Any]:
-        return prune_report(self.plans, self.original, self.skipped_masks, self.shrink.to_dict())
+        quality = {
+            "target": {"kind": self.target.kind, "value": self.target.value} if self.target else None,
+            "reached": self.reached,
+            "allocation": self.allocation,
+            "compensate": self.compensate,
+            "price": self.price.to_dict() if self.price is not None else None,
+            "sensitivity": [f.to_dict() for f in self.families] if self.families else None,
+            "predicted_error": self.predicted,
+            "weights_out": sorted(self.weights),
+        }
+        return prune_report(self.plans, self.original, self.skipped_masks, self.shrink.to_dict(), quality)
+
+
+QUALITY_KEYS = ("target", "reached", "allocation", "compensate", "price", "sensitivity", "predicted_error", "weights_out")
 
 
 def prune_report(
-    plans: list[LayerPlan], original: ModelStats, skipped: list[str], shrink: dict[str, Any]
+    plans: list[LayerPlan],
+    original: ModelStats,
+    skipped: list[str],
+    shrink: dict[str, Any],
+    quality: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What --report writes for a prune (`shrink`: the shrink's report, or an empty one of the
-    same keys when the shrink made no result)."""
+    same keys when the shrink made no result; `quality`: the target, the price, the sensitivity,
+    each None when not made)."""
     layers = [
         {
             "layer": p.layer.name,
@@ -83,31 +113,84 @@ def prune_report(
         "original": {"params": original.params, "macs": original.macs},
         "skipped_masks": skipped,
         "shrink": shrink,
+        **dict.fromkeys(QUALITY_KEYS),
+        **(quality or {}),
     }
 
 
 def prune(
     model: str | Path | onnx.ModelProto,
-    ratio: float,
+    ratio: float | None = None,
     output: str | Path | None = None,
     *,
     criterion: str = "l1",
     global_ranking: bool = False,
+    allocation: str | None = None,
+    compensate: str = "none",
+    ridge: float = 1.0,
+    macs: float | None = None,
+    params: float | None = None,
+    latency: float | None = None,
     ignore: Sequence[str] = (),
     round_to: int | None = None,
     max_layer_ratio: float = 1.0,
     data: list[Mapping[str, np.ndarray]] | None = None,
+    held_out: list[Mapping[str, np.ndarray]] | None = None,
+    sensitivity: str | Path | None = None,
     masks_out: str | Path | None = None,
+    weights_out: str | Path | None = None,
+    price: bool = True,
     options: ShrinkOptions | None = None,
     **option_values: Any,
 ) -> PruneResult:
-    """Remove `ratio` of every layer's groups (or of all groups, `global_ranking`), the least
-    important by `criterion` ("l1", "l2", "random", "activation" on `data`), and shrink exactly.
-    Shrink options as for `shrink` (validation is against the model with the groups zeroed)."""
+    """Remove the least important groups by `criterion` ("l1", "l2", "random", or on the
+    calibration inputs `data`: "activation", "wanda", "fluctuation") and shrink exactly.
+
+    What to remove: `ratio` of every layer's groups (`allocation` "uniform", the default), of all
+    groups ranked together ("global", or `global_ranking`), or where the measured sensitivity
+    says it costs least ("sensitivity", on `data`); or as much as keeps the fraction `params`,
+    `macs` or `latency` (measured with onnxruntime) of the input's: give exactly one of `ratio`,
+    `params`, `macs`, `latency`. `compensate` "bias" folds each removed channel's mean on `data`
+    into its consumers' biases, "refit" also refits their weights on the kept channels (ridge
+    least squares, `ridge` x the channels' mean variance). `sensitivity`: write the measured
+    curves there (a self-contained HTML page). `price`: measure what the prune cost on
+    `held_out` (else `data`, else the proof's random inputs). Shrink options as for `shrink`
+    (validation is against the model with the groups zeroed and the biases compensated)."""
+    from onnxshrink.prune import allocate as alloc
+    from onnxshrink.prune import compensate as comp_mod
+    from onnxshrink.prune.calibrate import collect
+    from onnxshrink.prune.importance import DATA_CRITERIA, activations
+    from onnxshrink.prune.targets import Costs, LatencyMeter
+
     opts = (options or ShrinkOptions()).but(**option_values)
     check_options(opts)  # before the groups and importance are computed, not at the shrink
-    if masks_out is not None:
-        masks_kind(masks_out)  # a name it cannot write is refused before any work
+    target = _target(ratio, params, macs, latency)
+    allocation = allocation or ("global" if global_ranking else "uniform")
+    if allocation not in alloc.ALLOCATIONS:
+        raise ShrinkError(f"--allocation {allocation}: choose one of {', '.join(alloc.ALLOCATIONS)}.")
+    if compensate not in comp_mod.MODES:
+        raise ShrinkError(f"--compensate {compensate}: choose one of {', '.join(comp_mod.MODES)}.")
+    if not (np.isfinite(ridge) and ridge >= 0):
+        raise ShrinkError(f"--ridge {ridge}: give a regularization >= 0 (1 by default).")
+    needs = [
+        *([f"--criterion {criterion}"] if criterion in DATA_CRITERIA else []),
+        *([f"--compensate {compensate}"] if compensate != "none" else []),
+        *(["--allocation sensitivity"] if allocation == "sensitivity" else []),
+        *(["--sensitivity"] if sensitivity is not None else []),
+    ]
+    if needs and not data:
+        raise ShrinkError(
+            f"{', '.join(needs)} read(s) the model's activations on your inputs: give them with "
+            "--inputs data.npz (one array per model input; a batch of samples along the batch axis)."
+        )
+    if weights_out is not None and compensate == "none":
+        raise ShrinkError(
+            f"--weights-out {weights_out}: it writes the values --compensate changes; add "
+            "--compensate bias (or refit), or drop --weights-out."
+        )
+    for path in (masks_out, weights_out):
+        if path is not None:
+            masks_kind(path)  # a name it cannot write is refused before any work
     clock = PhaseClock()
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
@@ -118,58 +201,205 @@ def prune(
         load_external(proto, Path(source.base_dir), str(source.path))
     # the unpruned input as its file holds it (before the reference is made from it: Constant
     # weights made initializers, a weight copied per reader), at the shapes the proof draws
-    original = model_stats(proto, resolve_shapes(proto, opts.input_shapes or {}), source.file_bytes)
+    shapes = resolve_shapes(proto, opts.input_shapes or {})
+    original = model_stats(proto, shapes, source.file_bytes)
     clock.lap("load")
     opts.say("finding the coupled groups ...")
     gset = find_groups(proto, name=str(source.path or ""))
     clock.lap("groups")
-    importance = scores(gset, criterion, seed=opts.seed, model=proto, inputs=data)
+    calibration = None
+    if needs:
+        opts.say(f"running the model on the calibration inputs ({len(data or [])} feed(s)) ...")
+        calibration = collect(
+            proto, activations(gset.exact()), data or [], samples=compensate == "refit", seed=opts.seed, provider=opts.provider
+        )
+        clock.lap("calibrate")
+    importance = scores(gset, criterion, seed=opts.seed, model=proto, inputs=data, calibration=calibration)
     clock.lap("importance")
-    plans = choose(
+    comp = None
+    if compensate != "none" or allocation == "sensitivity" or sensitivity is not None:
+        comp = comp_mod.prepare(proto, gset)
+        clock.lap("compensation")
+    builder = alloc.Builder(proto, gset, comp, calibration, compensate, ridge)
+    families = None
+    if allocation == "sensitivity" or sensitivity is not None:
+        assert calibration is not None
+        opts.say("measuring each family's sensitivity on the calibration inputs ...")
+        families = alloc.measure_families(
+            alloc.families_of(gset, importance, ignore),
+            builder,
+            calibration,
+            round_to=round_to,
+            max_layer_ratio=max_layer_ratio,
+            say=opts.say,
+        )
+        if sensitivity is not None:
+            how = (
+                f"Each family pruned alone ({criterion} order, compensation {compensate}) at each "
+                f"ratio; relative output error on the calibration inputs ({calibration.source})."
+            )
+            with file_access(sensitivity):
+                write_sensitivity(families, sensitivity, f"Sensitivity of {source.path or 'the model'}", how)
+        clock.lap("sensitivity")
+    quiet = opts.but(validate=False, log=None, progress=False)
+
+    def shrunk(reference: onnx.ModelProto) -> onnx.ModelProto:
+        return shrink(reference, None, None, options=quiet.but(input_masked=None)).model
+
+    def count(reference: onnx.ModelProto) -> tuple[int, int]:
+        after = shrink(reference, None, None, options=quiet.but(input_masked=None)).after
+        return after.params, after.macs
+
+    meters: list[LatencyMeter] = []
+
+    def meter() -> LatencyMeter:
+        if not meters:
+            meters.append(LatencyMeter(proto, _price_feeds(proto, held_out, data, shapes, opts)[0][0]))
+        return meters[0]
+
+    choice = alloc.plan(
         gset,
         importance,
-        ratio,
-        global_ranking=global_ranking,
+        target,
+        allocation=allocation,
         ignore=ignore,
         round_to=round_to,
         max_layer_ratio=max_layer_ratio,
+        builder=builder,
+        costs=lambda: Costs(gset, proto, shapes),
+        count=count,
+        shrunk=shrunk,
+        meter=meter,
+        families=families,
+        say=opts.say,
     )
+    plans = choice.plans
     clock.lap("select")
     chosen = [gset.groups[i] for p in plans for i in p.removed]
-    opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion})")
+    opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion}, {allocation})")
     members = [m for g in chosen for m in g.members]
-    reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
+    # proto is this call's own copy: the last reference may be made in it
+    reference = builder.reference(plans, copy=comp is not None or target.kind != "ratio")
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
     slices = mask_slices(reference, members)
+    weights, unnamed = comp_mod.framework_values(gset, builder.values, comp) if comp is not None else ({}, [])
     clock.lap("zero")
-    # The masks are written before the shrink (a place they cannot be written fails the run
-    # before the model is), staged beside their name, and put there only once the shrink has
-    # passed: a refused or failed shrink leaves neither.
-    staged = _stage_masks(slices, masks_out) if masks_out is not None else None
-    clock.lap("masks")
+    # The masks (and weights) are written before the shrink (a place they cannot be written
+    # fails the run before the model is), staged beside their name, and put there only once the
+    # shrink has passed: a refused or failed shrink leaves neither.
+    staged = {}
     try:
+        if masks_out is not None:
+            staged[Path(masks_out)] = _stage_masks(slices.masks(), masks_out)
+        if weights_out is not None:
+            staged[Path(weights_out)] = _stage_masks(weights, weights_out)
+        clock.lap("masks")
         # The reference is in memory: say what the input was, so that the output is written as
         # a plain shrink of it would be (external data when the input had it) and never over it.
         external = opts.external_data if opts.external_data is not None else bool(source.data)
-        result = shrink(
-            reference, None, output, options=opts.but(input_masked=None, external_data=external)
-        )
-        if staged is not None and masks_out is not None:
-            with file_access(masks_out):
-                os.replace(staged, masks_out)
+        shrink_opts = opts.but(input_masked=None, external_data=external)
+        result = shrink(reference, None, None, options=shrink_opts)
+        cost = None
+        if price:
+            opts.say("measuring the price ...")
+            cost = _price(proto, result.model, calibration, held_out, data, shapes, opts, meters)
+            clock.lap("price")
+            for line in cost.lines():
+                opts.say(line)
+        if output is not None:
+            t0 = time.perf_counter()
+            save(result, Source(result.reference), output, shrink_opts)
+            result.timings["save"] = time.perf_counter() - t0
+        for path, tmp in staged.items():
+            with file_access(path):
+                os.replace(tmp, path)
     except ValidationFailed as exc:  # its report, as a prune's (the same keys as one that passed)
         if exc.result is not None:
             exc.result.before = original
-        shrunk = exc.result.to_dict() if exc.result is not None else ShrinkResult.empty_report()
-        exc.report = prune_report(plans, original, slices.skipped, shrunk)
+            if output is not None and opts.keep_failed:
+                save(exc.result, Source(exc.result.reference), output, shrink_opts)
+        shrunk_report = exc.result.to_dict() if exc.result is not None else ShrinkResult.empty_report()
+        exc.report = prune_report(plans, original, slices.skipped, shrunk_report)
         raise
     finally:
-        if staged is not None:
-            staged.unlink(missing_ok=True)
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
     result.before = original  # what the table and the summary compare with: the input
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
-    return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
+    out = PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
+    out.target, out.reached, out.allocation, out.compensate = target, choice.reached, allocation, compensate
+    out.price, out.families, out.weights, out.unnamed_weights = cost, families, weights, unnamed
+    if families is not None:
+        out.predicted = predicted_error(families, {p.layer.id: len(p.removed) for p in plans})
+    return out
+
+
+def _target(ratio, params, macs, latency):
+    from onnxshrink.prune.targets import Target
+
+    given = [
+        Target(kind, float(v))
+        for kind, v in (("ratio", ratio), ("params", params), ("macs", macs), ("latency", latency))
+        if v is not None
+    ]
+    if len(given) != 1:
+        raise ShrinkError(
+            "give one of --prune RATIO, --prune-to-params, --prune-to-macs, --prune-to-latency"
+            + (f" (not {' and '.join(t.flag() for t in given)})" if given else "")
+            + "."
+        )
+    given[0].check()
+    return given[0]
+
+
+def write_sensitivity(families, path: str | Path, title: str, how: str) -> None:
+    from onnxshrink.prune.sensitivity import write_html
+
+    write_html(families, path, title, how)
+
+
+def predicted_error(families, chosen) -> float:
+    from onnxshrink.prune.sensitivity import predicted
+
+    return predicted(families, chosen)
+
+
+def _price_feeds(proto, held_out, data, shapes, opts) -> tuple[list[Mapping[str, np.ndarray]], str]:
+    """The inputs the price is measured on, and how to call them."""
+    from onnxshrink.prune.calibrate import feed_label
+    from onnxshrink.validate import make_inputs
+
+    if held_out:
+        return list(held_out), f"held-out inputs ({feed_label(held_out)})"
+    if data:
+        return list(data), f"calibration inputs ({feed_label(data)}; no held-out set given: optimistic)"
+    drawn: list[Mapping[str, np.ndarray]] = list(make_inputs(proto, shapes, max(opts.draws, 1), opts.seed))
+    return drawn, "random inputs (no --inputs given: a poor stand-in for your data)"
+
+
+def _price(proto, pruned, calibration, held_out, data, shapes, opts, meters):
+    from onnxshrink.prune.calibrate import run_feeds
+    from onnxshrink.prune.price import Price, compare_outputs
+    from onnxshrink.prune.targets import LatencyMeter
+    from onnxshrink.validate import check_inputs, session
+
+    feeds, label = _price_feeds(proto, held_out, data, shapes, opts)
+    if held_out:
+        check_inputs(proto, held_out)
+    names = [o.name for o in proto.graph.output]
+    if calibration is not None and not held_out:
+        before = calibration.outputs
+    else:
+        before = list(run_feeds(session(proto, opts.provider), feeds, names, "inputs"))
+    after = list(run_feeds(session(pruned, opts.provider), feeds, names, "inputs"))
+    result = Price(label, compare_outputs(before, after))
+    if opts.provider != "cpu":
+        result.note = "latency measured with the CPU provider only"
+    meter = meters[0] if meters else LatencyMeter(proto, feeds[0])
+    result.latency_before_ms, result.latency_after_ms = meter.compare(pruned)
+    result.threads = meter.threads
+    return result
 
 
 # ---------------------------------------------------------------------- the reference
@@ -281,16 +511,16 @@ def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
     return MaskSlices(gather_slices(slices), sorted(skipped))
 
 
-def _stage_masks(slices: MaskSlices, path: str | Path) -> Path:
-    """The masks written to a hidden file beside `path` (same directory, same suffix), to be
-    renamed over it."""
+def _stage_masks(masks: Mapping[str, np.ndarray], path: str | Path) -> Path:
+    """The masks (or weights) written to a hidden file beside `path` (same directory, same
+    suffix), to be renamed over it."""
     p = Path(path)
     with file_access(path):  # an unwritable place is named as the user gave it
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=p.parent.absolute())
         os.close(fd)
         staged = Path(tmp)
         try:
-            save_masks(slices.masks(), staged)
+            save_masks(dict(masks), staged)
         except BaseException:
             staged.unlink(missing_ok=True)
             raise
