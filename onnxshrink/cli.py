@@ -458,13 +458,14 @@ def _prune(args, options, inputs, say):
         f"allocation, compensation {result.compensate}); per layer:"
     )
     if not result.removed():
+        flag = _prune_target(args) or "--prune"
         layers = [p for p in result.plans if p.total]
         why = (
             f"every layer matched --ignore {' '.join(args.ignore)}"
             if layers and all(p.ignored for p in layers)
             else "no layer has an exact group to remove"
             if not layers
-            else f"{_prune_target(args)} rounds to none"
+            else f"{flag} {getattr(args, flag[2:].replace('-', '_'))} of each layer rounds to none"
         )
         say(f"[W] nothing was pruned ({why}): the output is the input, shrunk as it is")
     for plan in result.plans:

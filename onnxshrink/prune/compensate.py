@@ -53,6 +53,7 @@ class Consumer:
     bias: str
     bias_site: tuple[str, int] | None = None  # (reader's first output, input index): its name
     create: str | None = None
+    shape: tuple[int, ...] = ()  # of the bias it creates
     scale: np.ndarray | None = None
     gain: float = 1.0
 
@@ -113,7 +114,7 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
         if c.create is None:
             base[c.bias] = numpy_helper.to_array(inits[c.bias])
         else:
-            base[c.bias] = np.zeros(c.channels, numpy_helper.to_array(inits[c.weight]).dtype)
+            base[c.bias] = np.zeros(c.shape, numpy_helper.to_array(inits[c.weight]).dtype)
     return Compensation(out, consumers, base, why)
 
 
@@ -146,13 +147,12 @@ def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
     channels = w.shape[wa.out]
     name = node.name or node.output[0]
     common = dict(site=m.site, node=name, weight=node.input[i], inp=wa.inp, out=wa.out, channels=channels, gain=gain)
-    if bias_input is not None and len(node.input) > bias_input and node.input[bias_input]:
-        b = node.input[bias_input]
+    own = node.input[bias_input] if bias_input is not None and len(node.input) > bias_input else ""
+    if own in inits and bias_input is not None:
         # a Conv's bias is [C]; Gemm's C broadcasts to [M, N]: [N] or [1, N]
-        own = (0, 1) if node.op_type == "Conv" else (1, 2)
-        if b in inits and _per_channel(list(inits[b].dims), *own, channels):
-            return Consumer(bias=b, bias_site=(node.output[0], bias_input), **common)
-        return f"{node.op_type}'s bias {b!r} is not a constant of one value per output channel"
+        if _per_channel(list(inits[own].dims), *((0, 1) if node.op_type == "Conv" else (1, 2)), channels):
+            return Consumer(bias=own, bias_site=(node.output[0], bias_input), **common)
+        return f"{node.op_type}'s bias {own!r} is not a constant of one value per output channel"
     after = readers.get(node.output[0], [])
     graph_outputs = {o.name for o in model.graph.output}
     if len(after) == 1 and node.output[0] not in graph_outputs:
@@ -168,8 +168,11 @@ def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
             if scale is not None and scale.shape == (channels,):
                 site = (nxt.output[0], 2)
                 return Consumer(bias=nxt.input[2], bias_site=site, scale=scale, **common)
-    create = "input" if bias_input is not None else "add"
-    return Consumer(bias=f"{name}.compensation", create=create, **common)
+    # none: a bias input where the op has a free one, else an Add after it (a computed bias, as
+    # torch's exporter writes a Conv's bias=False without its optimizer, stays as it is)
+    create = "input" if bias_input is not None and not own else "add"
+    shape = (channels,) + (1,) * (len(w.shape) - 2 if node.op_type == "Conv" and create == "add" else 0)
+    return Consumer(bias=f"{name}.compensation", create=create, shape=shape, **common)
 
 
 def _per_channel(dims: list[int], axis: int, rank: int | None, channels: int) -> bool:
@@ -372,7 +375,8 @@ def framework_values(
     under the framework's parameter names, in the framework's layout, as the exporter recorded
     them for the node reading each; those with no parameter of that value (a BatchNorm the
     exporter folded into its conv, a bias the compensation added) under `onnx/NAME`, and listed
-    second."""
+    second. In a model that records no framework names at all (ONNX-first exporters), the ONNX
+    names are the only ones, and stand alone."""
     refs: dict[tuple[str, int], tuple[list, int]] = {}
     for g in gset.groups:
         for m in g.members:
@@ -382,6 +386,7 @@ def framework_values(
     for c in comp.consumers.values():
         site_of[c.weight] = c.site
         site_of[c.bias] = c.bias_site
+    section = ONNX_SECTION if refs else ""
     out: dict[str, np.ndarray] = {}
     unnamed: list[str] = []
     for name, v in values.items():
@@ -396,7 +401,7 @@ def framework_values(
         elif len(ps) == 1 and v.ndim == 2 and tuple(ps[0].shape) == v.shape[::-1] and ps[0].axis != axis:
             out[ps[0].name] = np.ascontiguousarray(v.T)  # a Linear weight a MatMul reads transposed
         else:
-            out[ONNX_SECTION + name] = v
+            out[section + name] = v
             unnamed.append(name)
     return out, unnamed
 
