@@ -561,9 +561,8 @@ def _serialized(model: onnx.ModelProto) -> bytes | None:
         return None
 
 
-def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
-    """An onnxruntime session of `model`; weights it keeps in external data are read (mapped) from
-    `data_dir`, never copied into this process."""
+def check_provider(provider: str) -> str:
+    """The onnxruntime execution provider named by `provider`, or a ShrinkError."""
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
@@ -573,6 +572,15 @@ def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None =
         raise ShrinkError(
             f"--provider {provider}: onnxruntime here has no {ep} (available: {ort.get_available_providers()}). Install onnxruntime-gpu for CUDA."
         )
+    return ep
+
+
+def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None = None):
+    """An onnxruntime session of `model`; weights it keeps in external data are read (mapped) from
+    `data_dir`, never copied into this process."""
+    import onnxruntime as ort
+
+    ep = check_provider(provider)
     so = ort.SessionOptions()
     so.log_severity_level = onnxruntime_severity()  # its errors: ours to report
     threads = session_threads()
@@ -755,7 +763,7 @@ def segment_bytes(model: onnx.ModelProto) -> int:
     proto, its serialization and the session at once)."""
     from onnxshrink.io.weights import absolute
 
-    spilled = any(absolute(t) is not None for t in model.graph.initializer)
+    spilled = any(absolute(t) is not None for g in ir.all_graphs(model.graph) for t in g.initializer)
     return SEGMENT_BYTES // 4 if spilled else SEGMENT_BYTES
 
 
@@ -764,15 +772,17 @@ def _inlined(model: onnx.ModelProto, own: bool) -> onnx.ModelProto:
     onnxruntime refuses to read) inline; a copy unless `own` (a segment made for this run)."""
     from onnxshrink.io.weights import absolute, inline
 
-    spilled = [i for i, t in enumerate(model.graph.initializer) if absolute(t) is not None]
-    if not spilled:
+    def spilled(m: onnx.ModelProto) -> list[onnx.TensorProto]:  # in bodies too
+        return [t for g in ir.all_graphs(m.graph) for t in g.initializer if absolute(t) is not None]
+
+    if not spilled(model):
         return model
     if not own:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         model = copy
-    for i in spilled:
-        inline(model.graph.initializer[i])
+    for t in spilled(model):
+        inline(t)
     return model
 
 

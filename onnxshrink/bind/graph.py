@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.io.weights import WeightStore
+from onnxshrink.ir import all_graphs
 from onnxshrink.ops import WeightAxes, facts
 
 
@@ -97,15 +98,16 @@ class ModelIndex:
         from onnxshrink.prepare import default_opset
 
         self.model = model
-        self.nodes = list(model.graph.node)
+        graphs = list(all_graphs(model.graph))  # weights read or held in If/Loop/Scan bodies too
+        self.nodes = [n for g in graphs for n in g.node]
         self.opset = default_opset(model)
         self.facts = [facts(n, self.opset) for n in self.nodes]
         self.base_dir = base_dir or ""
-        self.inits = {t.name: t for t in model.graph.initializer}
+        self.inits = {t.name: t for g in graphs for t in g.initializer}
         # Weights held by Constant nodes (paddle2onnx, spox and converters write them so) are
         # weights too, named by their output: graph node index of each
         self.constant_nodes: dict[str, int] = {}
-        outputs = {o.name for o in model.graph.output}  # a constant output stays as it is
+        outputs = {o.name for g in graphs for o in g.output}  # a constant output stays as it is
         for k, (n, (h, op)) in enumerate(zip(self.nodes, self.facts, strict=True)):
             alone = h is not None and not n.input and len(n.output) == 1 and n.output[0] not in outputs
             held = h.constant_tensor(op, n.output[0]) if alone else None  # type: ignore[union-attr]

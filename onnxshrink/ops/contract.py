@@ -106,6 +106,9 @@ class KeepView(Protocol):
 
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = ...) -> None: ...
 
+    def pin_refs(self, sym: SymValue, reason: Reason) -> None:
+        """Keep whole the tensor axes a shape value refers to (it is used as data)."""
+
     def couple(
         self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, meet: gs.Node | None = None
     ) -> None: ...
@@ -138,6 +141,8 @@ class RewriteView(Protocol):
     def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None: ...
 
     def kept_count(self, t: gs.Tensor, axis: int) -> int | None: ...
+
+    def is_read(self, t: gs.Tensor) -> bool: ...
 
     def kept_static(self, t: gs.Tensor, axis: int) -> np.ndarray: ...
 
@@ -250,6 +255,11 @@ class Handler:
         """Forward: per output, its input-independent elements and their values (None: none)."""
         return None
 
+    def body_constants(self, node: gs.Node, ctx: ConstView) -> Mapping[str, ConstInfo] | None:
+        """For an op with subgraphs, before its bodies are walked: the constant elements of the
+        bodies' inputs, by name (None: none, every body input is live)."""
+        return None
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         """The symbolic value of output 0 when this node computes a shape value (an integer
         vector of sizes) from shape-valued inputs; None when it computes data."""
@@ -258,6 +268,11 @@ class Handler:
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         """Output 0's dims where shape inference left them unknown but the inputs tell."""
         return None
+
+    def refine_output_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list[Dims | None]:
+        """Every output's dims where shape inference left them unknown (ops with several
+        outputs override this; by default output 0's, `refine_dims`)."""
+        return [self.refine_dims(node, consts, view)]
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         """Backward: add what the inputs must keep for the kept outputs; tie axes."""

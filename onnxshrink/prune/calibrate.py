@@ -102,6 +102,10 @@ def collect(
     from onnxshrink.validate import check_inputs, session
 
     check_inputs(model, feeds)  # names, dtypes and shapes, as for the proof (each named)
+    # only the main graph's tensors can be outputs: a group read inside an If/Loop/Scan body has
+    # no statistics (the criteria fall back to its magnitude; it is not compensated)
+    visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    activations = {k: v for k, v in activations.items() if k in visible}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     outputs = [o.name for o in model.graph.output]

@@ -28,13 +28,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxshrink.errors import ShrinkError
+from onnxshrink.masks import ONNX_SECTION  # tensors with no framework name, as in --masks-out
 from onnxshrink.prune.calibrate import Calibration
 from onnxshrink.prune.groups import GroupSet, Member, _with, gather_slices, zero_slice
 
 MODES = ("none", "bias", "refit")
-# A tensor with no framework parameter of its value goes under this section of the weights
-# written out (and of the masks: see onnxshrink.masks), by its ONNX name.
-ONNX_SECTION = "onnx/"
 
 
 @dataclass

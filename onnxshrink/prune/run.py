@@ -20,9 +20,19 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, Source, check_options, read_model, save, shrink
+from onnxshrink import ir
+from onnxshrink.api import (
+    ShrinkResult,
+    Source,
+    check_against_model,
+    check_options,
+    read_model,
+    save,
+    shrink,
+)
 from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
+from onnxshrink.masks import ONNX_SECTION
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
 from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
@@ -188,13 +198,14 @@ def prune(
             f"--weights-out {weights_out}: it writes the values --compensate changes; add "
             "--compensate bias (or refit), or drop --weights-out."
         )
-    for path in (masks_out, weights_out):
+    for flag, path in (("--masks-out", masks_out), ("--weights-out", weights_out)):
         if path is not None:
-            masks_kind(path)  # a name it cannot write is refused before any work
+            masks_kind(path, flag)  # a name it cannot write is refused before any work
     clock = PhaseClock()
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
         check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
+    check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
@@ -282,17 +293,19 @@ def prune(
     reference = builder.reference(plans, copy=comp is not None or target.kind != "ratio")
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
-    slices = mask_slices(reference, members)
+    framework = any(m.params for g in gset.groups for m in g.members)
+    slices = mask_slices(reference, members, framework)
     weights, unnamed = comp_mod.framework_values(gset, builder.values, comp) if comp is not None else ({}, [])
     clock.lap("zero")
     # The masks (and weights) are written before the shrink (a place they cannot be written
     # fails the run before the model is), staged beside their name, and put there only once the
-    # shrink has passed: a refused or failed shrink leaves neither.
+    # shrink has passed: a refused or failed shrink leaves neither. A prune that removed nothing
+    # has no masks, and changed nothing: no file (an empty one is no masks file).
     staged = {}
     try:
-        if masks_out is not None:
+        if masks_out is not None and slices.zeroed:
             staged[Path(masks_out)] = _stage_masks(slices.masks(), masks_out)
-        if weights_out is not None:
+        if weights_out is not None and weights:
             staged[Path(weights_out)] = _stage_masks(weights, weights_out)
         clock.lap("masks")
         # The reference is in memory: say what the input was, so that the output is written as
@@ -414,17 +427,19 @@ def zeroed(
     if copy:
         out = onnx.ModelProto()
         out.CopyFrom(model)
-    g = out.graph
     _constants_to_initializers(out, {m.initializer for m in members})
-    inits = {t.name: t for t in g.initializer}
+    graphs = list(ir.all_graphs(out.graph))  # weights in If/Loop/Scan bodies too
+    inits = {t.name: t for g in graphs for t in g.initializer}
+    home = {t.name: g for g in graphs for t in g.initializer}
     shared = {m.initializer for m in members if m.tensor != m.initializer}
     chosen = {m.initializer for m in members}
     shared |= {original for original in gset.untied.values() if original in chosen}
     values: dict[str, np.ndarray] = {}
     if shared:
-        copies = _copy_per_reader(g, gset, shared)
-        for name, original in copies.items():
-            values[name] = numpy_helper.to_array(inits[original]).copy()
+        for g in graphs:  # a copy lives beside its reader (untied uses share one scope)
+            for name, original in _copy_per_reader(g, gset, shared).items():
+                values[name] = numpy_helper.to_array(inits[original]).copy()
+                home[name] = g
     initializer_of = {m.tensor: m.initializer for m in members}
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
         if name not in values:
@@ -436,7 +451,7 @@ def zeroed(
         if name in inits:
             inits[name].CopyFrom(t)
         else:
-            g.initializer.append(t)
+            home.get(name, out.graph).initializer.append(t)
     return out
 
 
@@ -461,15 +476,16 @@ def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
     from onnxshrink.ops import facts
     from onnxshrink.prepare import default_opset
 
-    g, opset = model.graph, default_opset(model)
-    for node in list(g.node):
-        if node.input or len(node.output) != 1 or node.output[0] not in names:
-            continue
-        handler, op = facts(node, opset)
-        value = handler.constant_value(op) if handler is not None else None
-        if value is not None:
-            g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
-            g.node.remove(node)
+    opset = default_opset(model)
+    for g in ir.all_graphs(model.graph):  # a Constant node in a body: an initializer of it
+        for node in list(g.node):
+            if node.input or len(node.output) != 1 or node.output[0] not in names:
+                continue
+            handler, op = facts(node, opset)
+            value = handler.constant_value(op) if handler is not None else None
+            if value is not None:
+                g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
+                g.node.remove(node)
 
 
 # ---------------------------------------------------------------------- masks out
@@ -492,21 +508,28 @@ class MaskSlices:
         return self._made
 
 
-def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
-    """What the 0/1 masks of the zeroed slices are: under the framework parameter names the
-    exporter recorded (in the framework's layout), and under the initializer's own name. An
-    initializer several nodes share is named only by its parameters (its own name would mask
-    every reader); one with none is listed as skipped."""
-    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool = True) -> MaskSlices:
+    """What the 0/1 masks of the zeroed slices are, as a framework state dict: under the
+    framework parameter names the exporter recorded (in the framework's layout), and nothing
+    else. A slice of a tensor with no framework name (a graph-only constant: an LSTM's packed
+    weights, a product the exporter folded) goes under the tensor's ONNX name in a section of
+    its own, `onnx/NAME`, which a strict loader drops and onnxshrink reads back; in a model that
+    records no framework names at all (`framework` False: paddle2onnx, tf2onnx, spox exports)
+    the tensors' names are the only names, and stand alone. An initializer several nodes share
+    with no parameter name for its slice is listed as skipped (its name would mask every reader)."""
+    shapes = {t.name: tuple(t.dims) for g in ir.all_graphs(model.graph) for t in g.initializer}
     skipped: set[str] = set()
     slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
+    section = ONNX_SECTION if framework else ""
     for m in members:
         for p in m.params:
             slices.append(((p.name, p.shape), p.axis, m.indices))
+        if m.params:
+            continue
         if m.initializer not in shared and m.initializer in shapes:
-            slices.append(((m.initializer, shapes[m.initializer]), m.axis, m.indices))
-        elif not m.params:
+            slices.append(((section + m.initializer, shapes[m.initializer]), m.axis, m.indices))
+        else:
             skipped.add(m.initializer)
     return MaskSlices(gather_slices(slices), sorted(skipped))
 
@@ -527,11 +550,11 @@ def _stage_masks(masks: Mapping[str, np.ndarray], path: str | Path) -> Path:
     return staged
 
 
-def masks_kind(path: str | Path) -> str:
+def masks_kind(path: str | Path, flag: str = "--masks-out") -> str:
     """The format `save_masks` writes to `path` (by its extension, any case), or a ShrinkError."""
     suffix = Path(path).suffix.lower()
     if suffix not in (".npz", ".safetensors", ".pt", ".pth"):
-        raise ShrinkError(f"--masks-out {path}: give a .pt, .npz or .safetensors file name.")
+        raise ShrinkError(f"{flag} {path}: give a .pt, .npz or .safetensors file name.")
     return suffix
 
 
