@@ -29,6 +29,7 @@ class Price:
     latency_before_ms: float | None = None
     latency_after_ms: float | None = None
     threads: int | None = None  # onnxruntime's intra-op threads for the latency (0: one per core)
+    macs_ratio: float | None = None  # the pruned model's MACs over the input's
     note: str | None = None  # why a figure is missing
 
     def lines(self) -> list[str]:
@@ -48,10 +49,12 @@ class Price:
                 f"    latency {self.latency_before_ms:.2f} ms -> {self.latency_after_ms:.2f} ms "
                 f"({ratio:.2f}x; onnxruntime, all optimizations, {threads}, on this machine)"
             )
-            if ratio > 1.0:
+            if ratio > 1.0 or (self.macs_ratio is not None and ratio > 1.5 * self.macs_ratio):
+                macs = f" with {self.macs_ratio:.2f}x its MACs" if self.macs_ratio is not None else ""
                 out.append(
-                    "    the pruned model is slower: channel counts the runtime's kernels do not "
-                    "favour (try --round-to 8 or 16), or ask for the latency: --prune-to-latency"
+                    f"    it runs at {ratio:.2f}x the input's latency{macs}: runtimes keep their fast "
+                    "kernels for some channel counts only (onnxruntime's blocked NCHWc convolutions: "
+                    "multiples of 8 with AVX2, 16 with AVX-512); prune again with --round-to 16 (or 8)"
                 )
         if self.note:
             out.append(f"    {self.note}")

@@ -8,6 +8,7 @@ parameter names the exporter recorded, so that they can be applied in the framew
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -30,7 +31,7 @@ from onnxshrink.api import (
     save,
     shrink,
 )
-from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
+from onnxshrink.errors import ShrinkError, ValidationFailed, file_access, first_line
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.masks import ONNX_SECTION
 from onnxshrink.options import ShrinkOptions
@@ -39,7 +40,7 @@ from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.report import ModelStats, model_stats
-from onnxshrink.validate import resolve_shapes
+from onnxshrink.validate import check_inputs, resolve_shapes
 
 
 @dataclass
@@ -206,6 +207,8 @@ def prune(
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
         check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
     check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
+    for given in (data, held_out):
+        check_inputs(source.proto, given)  # names, dtypes and shapes, each named
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
@@ -316,7 +319,16 @@ def prune(
         cost = None
         if price:
             opts.say("measuring the price ...")
-            cost = _price(proto, result.model, calibration, held_out, data, shapes, opts, meters)
+            try:
+                cost = _price(proto, result.model, calibration, held_out, data, shapes, opts, meters)
+            except Exception as exc:  # inputs it cannot draw, ops onnxruntime cannot run (--no-validate)
+                from onnxshrink.prune.price import Price
+
+                if isinstance(exc, ShrinkError) and held_out:
+                    raise  # the user's held-out inputs the model cannot run on
+                cost = Price("inputs", note=f"not measured: {first_line(exc)}")
+            if cost.latency_after_ms is not None and original.macs:
+                cost.macs_ratio = result.after.macs / original.macs
             clock.lap("price")
             for line in cost.lines():
                 opts.say(line)
@@ -395,11 +407,16 @@ def _price(proto, pruned, calibration, held_out, data, shapes, opts, meters):
     from onnxshrink.prune.calibrate import run_feeds
     from onnxshrink.prune.price import Price, compare_outputs
     from onnxshrink.prune.targets import LatencyMeter
-    from onnxshrink.validate import check_inputs, session
+    from onnxshrink.validate import SEGMENT_BYTES, session
 
     feeds, label = _price_feeds(proto, held_out, data, shapes, opts)
-    if held_out:
-        check_inputs(proto, held_out)
+    weights = sum(
+        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        for t in proto.graph.initializer
+    )
+    if weights > SEGMENT_BYTES:  # whole-model sessions of both would not fit where the proof's segments do
+        return Price(label, note=f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run "
+                     "in segments by the proof, not whole")
     names = [o.name for o in proto.graph.output]
     if calibration is not None and not held_out:
         before = calibration.outputs
@@ -409,7 +426,7 @@ def _price(proto, pruned, calibration, held_out, data, shapes, opts, meters):
     result = Price(label, compare_outputs(before, after))
     if opts.provider != "cpu":
         result.note = "latency measured with the CPU provider only"
-    meter = meters[0] if meters else LatencyMeter(proto, feeds[0])
+    meter = meters[0] if meters else LatencyMeter(proto, feeds[0], rounds=5, budget=0.05)  # a glance
     result.latency_before_ms, result.latency_after_ms = meter.compare(pruned)
     result.threads = meter.threads
     return result
