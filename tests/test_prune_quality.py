@@ -94,6 +94,50 @@ def test_compensation_is_the_mean_or_the_ridge_refit(mode):
     assert result.price.latency_before_ms > 0 and result.price.latency_after_ms > 0
 
 
+NO_BIAS = """
+g (float[8,16] x, float[16,32] W1, float[32] B1, float[32,12] W2) => (float[8,12] y) {
+  h = MatMul(x, W1)
+  hb = Add(h, B1)
+  r = Relu(hb)
+  y = MatMul(r, W2)
+}
+"""
+GEMM = """
+g (float[8,16] x, float[16,32] W1, float[32] B1, float[12,32] W2, float[12] B2) => (float[8,12] y) {
+  h = MatMul(x, W1)
+  hb = Add(h, B1)
+  r = Relu(hb)
+  y = Gemm<transB=1, alpha=0.5, beta=2.0>(r, W2, B2)
+}
+"""
+
+
+@pytest.mark.parametrize("form", ["no bias", "gemm"])
+def test_a_consumer_without_a_bias_gets_one_and_gemm_scales_it(form):
+    """A MatMul whose output no bias Add reads gets an Add of the compensation; Gemm computes
+    alpha * A @ B + beta * C, so its C takes the compensation times alpha / beta."""
+    rng = np.random.default_rng(9)
+    model = tiny(NO_BIAS if form == "no bias" else GEMM, seed=5, values={"B1": rng.normal(0.5, 1.5, 32)})
+    cal, held = feeds(1), feeds(2)
+    result = prune(model, 0.25, criterion="wanda", compensate="bias", data=[cal], price=False, validate=False)
+    W1, B1 = init(model, "W1").astype(np.float64), init(model, "B1").astype(np.float64)
+    w2 = init(model, "W2").astype(np.float64)
+    w2 = w2 if form == "no bias" else 0.5 * w2.T  # as [in, out], alpha folded
+    b2 = 0.0 if form == "no bias" else 2.0 * init(model, "B2").astype(np.float64)
+    r = hidden(model, cal)
+    gone = removed_columns(result.masks["W1"])
+    kept = np.setdiff1d(np.arange(32), gone)
+    x = held["x"].astype(np.float64)
+    expected = np.maximum(x @ W1[:, kept] + B1[kept], 0) @ w2[kept] + b2 + r[:, gone].mean(axis=0) @ w2[gone]
+    (got,) = ort_run(result.model, held)
+    assert len(gone) == 8
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    if form == "no bias":  # the Add it needed, with 12 values: no framework name, under its own
+        assert [n.op_type for n in result.model.graph.node][-1] == "Add"
+        assert result.shrink.after.params == result.original.params - 8 * (16 + 1 + 12) + 12
+        assert list(result.weights) == result.unnamed_weights == ["y.compensation"]
+
+
 CONV_BN = """
 g (float[2,3,8,8] x, float[8,3,3,3] W1, float[8] B1, float[6,8,3,3] W2, float[6] S, float[6] T,
    float[6] M, float[6] V) => (float[2,6,8,8] y) {

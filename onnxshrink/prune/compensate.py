@@ -109,6 +109,8 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
             if m.tensor in inits and m.tensor not in base:
                 base[m.tensor] = numpy_helper.to_array(inits[m.tensor])
     for c in consumers.values():
+        if c.weight not in base:
+            base[c.weight] = numpy_helper.to_array(inits[c.weight])
         if c.create is None:
             base[c.bias] = numpy_helper.to_array(inits[c.bias])
         else:
@@ -249,7 +251,12 @@ def changes(
             )
         per: dict[tuple[str, int], list[Member]] = defaultdict(list)
         for m in removed:
-            if m.site in comp.consumers and m.data is not None and m.data[0] in calibration.stats:
+            if (
+                m.site in comp.consumers
+                and m.data is not None
+                and m.data[0] in calibration.stats
+                and len(m.data[2]) == len(m.indices)  # each weight row reads one channel
+            ):
                 per[m.site].append(m)
         for site, ms in per.items():
             c = comp.consumers[site]

@@ -225,7 +225,12 @@ def prune(
     if needs:
         opts.say(f"running the model on the calibration inputs ({len(data or [])} feed(s)) ...")
         calibration = collect(
-            proto, activations(gset.exact()), data or [], samples=compensate == "refit", seed=opts.seed, provider=opts.provider
+            proto,
+            activations(gset.exact()),
+            data or [],
+            samples=compensate == "refit",
+            seed=opts.seed,
+            provider=opts.provider,
         )
         clock.lap("calibrate")
     importance = scores(gset, criterion, seed=opts.seed, model=proto, inputs=data, calibration=calibration)
@@ -379,9 +384,18 @@ def _target(ratio, params, macs, latency):
 
 
 def write_sensitivity(families, path: str | Path, title: str, how: str) -> None:
+    """The page, written beside its name and renamed over it (never half-written). It describes
+    the input model, so it is written whether or not the prune's shrink then passes."""
     from onnxshrink.prune.sensitivity import write_html
 
-    write_html(families, path, title, how)
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=p.parent.absolute())
+    os.close(fd)
+    try:
+        write_html(families, tmp, title, how)
+        os.replace(tmp, p)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def predicted_error(families, chosen) -> float:
