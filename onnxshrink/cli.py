@@ -209,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         "input model); default: the --inputs (calibration) ones, labelled so",
     )
     g.add_argument(
+        "--no-price",
+        action="store_true",
+        help="do not measure what the prune cost (its outputs on --held-out or --inputs against the "
+        "input's, and the latency before and after), printed and reported by default",
+    )
+    g.add_argument(
         "--sensitivity",
         metavar="FILE.html",
         help="write each family's measured sensitivity (output error against the ratio pruned): "
@@ -482,6 +488,7 @@ def _prune(args, options, inputs, say):
             sensitivity=args.sensitivity,
             masks_out=args.masks_out,
             weights_out=args.weights_out,
+            price=not args.no_price,
             options=options,
         )
     except Exception as exc:
