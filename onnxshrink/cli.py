@@ -52,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="shapes for validation inputs with dynamic dims, e.g. input:1,3,224,224",
     )
     p.add_argument(
-        "--inputs", metavar="FILE.npz", help="validation inputs to use besides the random ones"
+        "--inputs",
+        metavar="FILE.npz",
+        help="validation inputs to use besides the random ones; with --prune, also the "
+        "calibration inputs of --criterion activation/wanda/fluctuation, --compensate and "
+        "--allocation sensitivity (a batch of samples along the batch axis)",
     )
     p.add_argument(
         "--no-validate", action="store_true", help="skip the onnxruntime proof (not recommended)"
@@ -144,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prune",
         type=float,
         metavar="RATIO",
-        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first",
+        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first "
+        "(of all groups with --allocation global or sensitivity)",
     )
     g.add_argument(
         "--prune-to-params",
