@@ -393,6 +393,7 @@ def write_sensitivity(families, path: str | Path, title: str, how: str) -> None:
     os.close(fd)
     try:
         write_html(families, tmp, title, how)
+        _as_created(tmp)
         os.replace(tmp, p)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -575,10 +576,18 @@ def _stage_masks(masks: Mapping[str, np.ndarray], path: str | Path) -> Path:
         staged = Path(tmp)
         try:
             save_masks(dict(masks), staged)
+            _as_created(staged)
         except BaseException:
             staged.unlink(missing_ok=True)
             raise
     return staged
+
+
+def _as_created(path: str | Path) -> None:
+    """The permissions a file created by name would have (mkstemp's are the owner's alone)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def masks_kind(path: str | Path, flag: str = "--masks-out") -> str:
