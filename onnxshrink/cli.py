@@ -52,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="shapes for validation inputs with dynamic dims, e.g. input:1,3,224,224",
     )
     p.add_argument(
-        "--inputs", metavar="FILE.npz", help="validation inputs to use besides the random ones"
+        "--inputs",
+        metavar="FILE.npz",
+        help="validation inputs to use besides the random ones; with --prune, also the "
+        "calibration inputs of --criterion activation/wanda/fluctuation, --compensate and "
+        "--allocation sensitivity (a batch of samples along the batch axis)",
     )
     p.add_argument(
         "--no-validate", action="store_true", help="skip the onnxruntime proof (not recommended)"
@@ -144,20 +148,82 @@ def build_parser() -> argparse.ArgumentParser:
         "--prune",
         type=float,
         metavar="RATIO",
-        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first",
+        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first "
+        "(of all groups with --allocation global or sensitivity)",
+    )
+    g.add_argument(
+        "--prune-to-params",
+        type=float,
+        metavar="F",
+        help="prune until F of the input's parameters are left (e.g. 0.5), counted exactly",
+    )
+    g.add_argument(
+        "--prune-to-macs",
+        type=float,
+        metavar="F",
+        help="prune until F of the input's MACs are left (e.g. 0.5), counted exactly",
+    )
+    g.add_argument(
+        "--prune-to-latency",
+        type=float,
+        metavar="F",
+        help="prune until the model runs in F of the input's latency (e.g. 0.6), measured with "
+        "onnxruntime on this machine (ONNXSHRINK_THREADS threads; one per core when unset)",
     )
     g.add_argument(
         "--criterion",
-        choices=["l1", "l2", "random", "activation"],
+        choices=["l1", "l2", "random", "activation", "wanda", "fluctuation"],
         default="l1",
-        help="importance: group L1 or L2 magnitude (Torch-Pruning's), random, or activations on "
-        "--inputs (default l1)",
+        help="importance (default l1). Needs: l1, l2 (group L1/L2 magnitude, Torch-Pruning's): "
+        "the weights alone; random: --seed; activation (mean |x| x sum |w|), wanda (Wanda: RMS of x "
+        "x sum |w|), fluctuation (FLAP: variance of x x sum w^2; pairs with --compensate): --inputs",
     )
     g.add_argument(
-        "--global-ranking",
+        "--allocation",
+        choices=["uniform", "global", "sensitivity"],
+        help="where to prune: uniform (RATIO of every layer; the default), global (all layers "
+        "ranked together, importance divided by the layer's mean), sensitivity (each layer's "
+        "channels, heads or neurons pruned alone at several ratios on --inputs, and the target "
+        "met where the output changes least; needs --inputs)",
+    )
+    g.add_argument(
+        "--global-ranking", action="store_true", help="the same as --allocation global"
+    )
+    g.add_argument(
+        "--compensate",
+        choices=["none", "bias", "refit"],
+        default="none",
+        help="bias (FLAP): replace each removed channel by its mean on --inputs, folded into the "
+        "bias of every layer that read it; refit: also refit those layers' weights on the kept "
+        "channels (ridge least squares, see --ridge). The pruned model is then proven against the "
+        "input with the groups zeroed and these values changed (--weights-out writes them). "
+        "Needs --inputs (default none)",
+    )
+    g.add_argument(
+        "--ridge",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="--compensate refit: the regularization, R x the kept channels' mean variance "
+        "(default 1; small calibration sets need it large)",
+    )
+    g.add_argument(
+        "--held-out",
+        metavar="FILE.npz",
+        help="inputs the price of the prune is measured on (error, cosine, top-1, against the "
+        "input model); default: the --inputs (calibration) ones, labelled so",
+    )
+    g.add_argument(
+        "--no-price",
         action="store_true",
-        help="rank all layers' groups together (importance divided by the layer's mean) "
-        "instead of RATIO of every layer",
+        help="do not measure what the prune cost (its outputs on --held-out or --inputs against the "
+        "input's, and the latency before and after), printed and reported by default",
+    )
+    g.add_argument(
+        "--sensitivity",
+        metavar="FILE.html",
+        help="write each family's measured sensitivity (output error against the ratio pruned): "
+        "a self-contained HTML page with the picture and the table (needs --inputs)",
     )
     g.add_argument(
         "--ignore",
@@ -189,6 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--masks-out",
         metavar="FILE",
         help="write the chosen masks (.pt, .npz, .safetensors), named by framework parameter",
+    )
+    g.add_argument(
+        "--weights-out",
+        metavar="FILE",
+        help="with --compensate: write the values it changed (.pt, .npz, .safetensors), named by "
+        "framework parameter: loaded into the original model with --masks-out applied, they make "
+        "the pruned model (those with no framework parameter under onnx/NAME)",
     )
     p.add_argument(
         "-q", "--quiet", action="store_true", help="print errors only (no progress bars either)"
@@ -272,32 +345,34 @@ def main(argv: list[str] | None = None) -> int:
             log=lambda m: say(f"[I] {m}"),
             progress=not args.quiet,  # shown only when stderr is a terminal
         )
-        groups_only = args.groups is not None and args.prune is None  # validates nothing
+        pruning_to = _prune_target(args)
+        groups_only = args.groups is not None and pruning_to is None  # validates nothing
         check_options(options.but(validate=False) if groups_only else options, flags=True)
         failure = None
-        pruning = args.groups is not None or args.prune is not None
+        pruning = args.groups is not None or pruning_to is not None
         if pruning and args.masks:
             raise ShrinkError(
                 f"{args.masks}: --groups and --prune read the model alone (its groups, and the "
                 "masks --prune chooses); drop the masks file."
             )
-        if args.masks_out and args.prune is None:
-            raise ShrinkError(
-                f"--masks-out {args.masks_out}: it writes the masks --prune chooses; add --prune "
-                "RATIO, or drop --masks-out."
-            )
-        if args.groups is not None and args.prune is None and args.output:
+        for flag, value in _PRUNE_ONLY:
+            if getattr(args, value) and pruning_to is None:
+                raise ShrinkError(
+                    f"{flag} {getattr(args, value)}: it goes with --prune (or --prune-to-params, "
+                    f"-macs, -latency); add one, or drop {flag}."
+                )
+        if args.groups is not None and pruning_to is None and args.output:
             raise ShrinkError(
                 f"-o {args.output}: --groups alone writes only the groups, no model; add --prune "
                 "RATIO to write a pruned model, or drop -o."
             )
         if args.groups is not None:
             _write_groups(args, say)
-            if args.prune is None:
+            if pruning_to is None:
                 return 0
         try:
             pruned = None
-            if args.prune is not None:
+            if pruning_to is not None:
                 pruned = _prune(args, options, inputs, say)
                 result = pruned.shrink
             else:
@@ -355,6 +430,32 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+# Options that only a prune reads: (flag, attribute).
+_PRUNE_ONLY = (
+    ("--masks-out", "masks_out"),
+    ("--weights-out", "weights_out"),
+    ("--held-out", "held_out"),
+    ("--sensitivity", "sensitivity"),
+)
+
+
+def _prune_target(args) -> str | None:
+    """The prune's target flag, or None when the run does not prune; two targets are refused."""
+    given = [
+        flag
+        for flag, value in (
+            ("--prune", args.prune),
+            ("--prune-to-params", args.prune_to_params),
+            ("--prune-to-macs", args.prune_to_macs),
+            ("--prune-to-latency", args.prune_to_latency),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ShrinkError(f"{' and '.join(given)}: give one target to prune to.")
+    return given[0] if given else None
+
+
 def _write_groups(args, say) -> None:
     from onnxshrink.io.model import load_model
     from onnxshrink.prune import find_groups
@@ -378,6 +479,7 @@ def _write_groups(args, say) -> None:
 def _prune(args, options, inputs, say):
     from onnxshrink.prune import prune
     from onnxshrink.report import human
+    from onnxshrink.validate import load_inputs
 
     try:
         result = prune(
@@ -386,12 +488,22 @@ def _prune(args, options, inputs, say):
             args.output,
             criterion=args.criterion,
             global_ranking=args.global_ranking,
+            allocation=args.allocation,
+            compensate=args.compensate,
+            ridge=args.ridge,
+            params=args.prune_to_params,
+            macs=args.prune_to_macs,
+            latency=args.prune_to_latency,
             ignore=args.ignore,
             round_to=args.round_to,
             max_layer_ratio=args.max_layer_ratio,
             units=args.units,
             data=inputs,
+            held_out=[load_inputs(args.held_out)] if args.held_out else None,
+            sensitivity=args.sensitivity,
             masks_out=args.masks_out,
+            weights_out=args.weights_out,
+            price=not args.no_price,
             options=options,
         )
     except Exception as exc:
@@ -399,15 +511,19 @@ def _prune(args, options, inputs, say):
         if failed is not None:
             say("[E] the pruned model does not match the model with the chosen groups zeroed")
         raise
-    say(f"[I] pruned {len(result.removed())} group(s) ({args.criterion}); per layer:")
+    say(
+        f"[I] pruned {len(result.removed())} group(s) ({args.criterion}, {result.allocation} "
+        f"allocation, compensation {result.compensate}); per layer:"
+    )
     if not result.removed():
+        flag = _prune_target(args) or "--prune"
         layers = [p for p in result.plans if p.total]
         why = (
             f"every layer matched --ignore {' '.join(args.ignore)}"
             if layers and all(p.ignored for p in layers)
             else "no layer has an exact group to remove"
             if not layers
-            else f"--prune {args.prune} of each layer rounds to none"
+            else f"{flag} {getattr(args, flag[2:].replace('-', '_'))} of each layer rounds to none"
         )
         say(f"[W] nothing was pruned ({why}): the output is the input, shrunk as it is")
     for plan in result.plans:
@@ -419,6 +535,16 @@ def _prune(args, options, inputs, say):
         f"[I] parameters {human(result.original.params)} -> {human(after.params)}, "
         f"MACs {human(result.original.macs)} -> {human(after.macs)} (the unpruned input -> pruned)"
     )
+    if result.target is not None and result.target.kind != "ratio":
+        what = {"params": "parameters", "macs": "MACs", "latency": "measured latency"}[result.target.kind]
+        say(
+            f"[I] {result.target.flag()} {result.target.value:g}: {result.reached:.3f} of the "
+            f"input's {what}"
+        )
+    if result.predicted is not None:
+        say(f"[I] relative output error the sensitivity predicts: {result.predicted:.4g}")
+    if args.sensitivity:
+        say(f"[I] sensitivity of {len(result.families or [])} family(ies) written to {args.sensitivity}")
     if args.masks_out and not result.masks:
         say(f"[W] no masks written to {args.masks_out}: nothing was pruned")
     elif args.masks_out:
@@ -430,6 +556,19 @@ def _prune(args, options, inputs, say):
             + (
                 f"; {onnx_only} ONNX tensor(s) with no framework name, under '{ONNX_SECTION}'"
                 if onnx_only
+                else ""
+            )
+            + ")"
+        )
+    if args.weights_out and not result.weights:
+        say(f"[W] nothing written to {args.weights_out}: the compensation changed no value")
+    elif args.weights_out:
+        say(
+            f"[I] changed values written to {args.weights_out} ({len(result.weights)} tensor(s)"
+            + (
+                f"; {len(result.unnamed_weights)} with no framework parameter of that value, "
+                "under onnx/NAME"
+                if result.unnamed_weights
                 else ""
             )
             + ")"
@@ -450,6 +589,8 @@ _SIDE_FILES = (
     ("--report", "report", "another report file"),
     ("--groups", "groups", "another groups file"),
     ("--masks-out", "masks_out", "another masks file"),
+    ("--weights-out", "weights_out", "another weights file"),
+    ("--sensitivity", "sensitivity", "another page"),
 )
 
 
@@ -459,6 +600,7 @@ def _check_side_files(args) -> None:
     another output."""
     others: list[tuple[str, object]] = [
         ("model", args.model), ("masks", args.masks), ("--inputs", args.inputs),
+        ("--held-out", args.held_out),
         ("--weights", args.weights), ("-o", args.output),
         ("-o", args.output + ".data" if args.output else None),
     ]  # fmt: skip

@@ -79,10 +79,15 @@ def model_stats(
 def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:
     """Multiply-accumulates of the ops whose handlers count them (Conv, ConvTranspose, Gemm,
     MatMul, ...); dynamic dims count as 1."""
+    return sum(node_macs(model, input_shapes).values())
+
+
+def node_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> dict[str, int]:
+    """count_macs of each node, by its first output."""
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton(model, input_shapes), data_prop=True)
     except Exception:
-        return 0
+        return {}
     inferred = contrib_shapes(inferred)
     shapes: dict[str, list[int]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -95,13 +100,13 @@ def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> in
     from onnxshrink.ops import facts
 
     opset = default_opset(model)
-    total = 0
+    macs: dict[str, int] = {}
     for n in model.graph.node:
         out = shapes.get(n.output[0]) if n.output else None
         handler, op = facts(n, opset)
         if out is not None and handler is not None:
-            total += handler.macs(op, [shapes.get(i) for i in n.input], out)
-    return total
+            macs[n.output[0]] = handler.macs(op, [shapes.get(i) for i in n.input], out)
+    return macs
 
 
 # ------------------------------------------------------------------ explanations

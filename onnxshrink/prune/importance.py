@@ -10,9 +10,19 @@
 - `random`: uniform, from the seed.
 - `activation`: data-driven, on the given inputs run with onnxruntime: per weight matrix that
   reads the group's channels (along its input axis), the mean |activation| of each channel
-  times the sum of |w| over the weights that read it (as Wanda scores a weight), summed. A
-  block's is its influence (ShortGPT's Block Influence): 1 - the cosine of the residual stream
-  before and after it, along the channel axis, averaged over every other position.
+  times the sum of |w| over the weights that read it, summed.
+- `wanda`: the same with the activation's root mean square (Wanda's |W| * ||X||_2, per weight,
+  summed over the group).
+- `fluctuation`: FLAP's: each channel's variance over the inputs times the sum of w^2 over the
+  weights that read it: the squared output error of replacing the channel by its mean, which is
+  what bias compensation (`compensate`) then leaves.
+
+A group no weight matrix reads through an activation (its channels reach only the output) is
+ranked by its L1 magnitude by the data-driven criteria.
+
+Under a data-driven criterion a block's importance is its influence (ShortGPT's Block Influence):
+1 - the cosine of the residual stream before and after it, along the channel axis, averaged over
+every other position.
 """
 
 from __future__ import annotations
@@ -23,9 +33,20 @@ import numpy as np
 import onnx
 
 from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.prune.calibrate import Calibration, collect
 from onnxshrink.prune.groups import Group, GroupSet, Member
 
-CRITERIA = ("l1", "l2", "random", "activation")
+CRITERIA = ("l1", "l2", "random", "activation", "wanda", "fluctuation")
+# What each criterion needs, for --help and the messages.
+NEEDS = {
+    "l1": "the weights alone",
+    "l2": "the weights alone",
+    "random": "--seed alone",
+    "activation": "--inputs (mean |x| of each channel x sum |w|)",
+    "wanda": "--inputs (Wanda: RMS of each channel x sum |w|)",
+    "fluctuation": "--inputs (FLAP: variance of each channel x sum w^2; pairs with --compensate)",
+}
+DATA_CRITERIA = ("activation", "wanda", "fluctuation")
 
 
 def scores(
@@ -35,8 +56,10 @@ def scores(
     seed: int = 0,
     model: onnx.ModelProto | None = None,
     inputs: list[Mapping[str, np.ndarray]] | None = None,
+    calibration: Calibration | None = None,
 ) -> np.ndarray:
-    """One importance per group (NaN for groups that are not exact: they are never chosen)."""
+    """One importance per group (NaN for groups that are not exact: they are never chosen). The
+    data-driven criteria read `calibration`, or collect it from `model` run on `inputs`."""
     if criterion not in CRITERIA:
         raise ShrinkError(f"--criterion {criterion}: choose one of {', '.join(CRITERIA)}.")
     out = np.full(len(gset.groups), np.nan)
@@ -45,16 +68,28 @@ def scores(
         rng = np.random.default_rng(seed)
         out[[g.id for g in exact]] = rng.random(len(exact))
         return out
-    if criterion == "activation":
-        if model is None or not inputs:
-            raise ShrinkError(
-                "--criterion activation ranks groups by their activations on your inputs: give "
-                "them with --inputs data.npz (one array per model input)."
-            )
-        means = _mean_abs_activations(model, gset, exact, inputs)
-        influence = block_influence(model, gset, [g.id for g in exact if g.id in gset.blocks], inputs)
+    if criterion in DATA_CRITERIA:
+        if calibration is None:
+            if model is None or not inputs:
+                raise ShrinkError(
+                    f"--criterion {criterion} ranks groups by their activations on your inputs: "
+                    "give them with --inputs data.npz (one array per model input)."
+                )
+            calibration = collect(model, activations(exact, model), inputs)
+        per_channel = {
+            "activation": lambda s: s.mean_abs,
+            "wanda": lambda s: s.rms,
+            "fluctuation": lambda s: s.variance,
+        }[criterion]
+        stats = {name: per_channel(s) for name, s in calibration.stats.items()}
+        p = 2 if criterion == "fluctuation" else 1
+        influence = (
+            block_influence(model, gset, [g.id for g in exact if g.id in gset.blocks], inputs)
+            if model is not None and inputs
+            else {}
+        )
         for g in exact:
-            out[g.id] = influence[g.id] if g.id in influence else _activation_score(gset, g, means)
+            out[g.id] = influence[g.id] if g.id in influence else _activation_score(gset, g, stats, p)
         return out
     p = 1 if criterion == "l1" else 2
     out[[g.id for g in exact]] = magnitudes(gset, exact, p)
@@ -118,16 +153,17 @@ def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
     return gset.norms[key]
 
 
-def _activation_score(gset: GroupSet, g: Group, means: dict[str, np.ndarray]) -> float:
+def _activation_score(gset: GroupSet, g: Group, stats: dict[str, np.ndarray], p: int = 1) -> float:
+    """Sum over the group's input-side weights of each channel's statistic x sum |w|^p."""
     total, used = 0.0, False
     for m in g.members:
-        if m.data is None or m.data[0] not in means:
+        if m.data is None or m.data[0] not in stats:
             continue
         name, _, idx = m.data
         if len(idx) != len(m.indices):
             continue
-        per_channel = channel_norms(gset, m.tensor, m.axis, 1)[m.indices]
-        total += float(np.sum(means[name][idx] * per_channel))
+        per_channel = channel_norms(gset, m.tensor, m.axis, p)[m.indices]
+        total += float(np.sum(stats[name][idx] * per_channel))
         used = True
     return total if used else magnitude(gset, g, 1)  # nothing reads it through a weight
 
@@ -179,21 +215,16 @@ def _runs(model: onnx.ModelProto, wanted: set[str] | dict[str, int], inputs: lis
         yield dict(zip(names, ran, strict=True))
 
 
-def _mean_abs_activations(
-    model: onnx.ModelProto, gset: GroupSet, groups: list[Group], inputs: list[Mapping[str, np.ndarray]]
-) -> dict[str, np.ndarray]:
-    """Mean |x| per index of the channel axis of every activation a group's weights read."""
-    wanted: dict[str, int] = {}
-    # only the main graph's tensors can be outputs; inside an If/Loop/Scan body, the magnitude
-    visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+def activations(groups: list[Group], model: onnx.ModelProto | None = None) -> dict[str, int]:
+    """Every activation the groups' input-side weights read: {tensor: channel axis}; with
+    `model`, only its main graph's (inside an If/Loop/Scan body, none can be an output: those
+    groups are ranked by their magnitude)."""
+    visible = None
+    if model is not None:
+        visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    out: dict[str, int] = {}
     for g in groups:
         for m in g.members:
-            if m.data is not None and m.data[0] in visible:
-                wanted[m.data[0]] = m.data[1]
-    sums: dict[str, np.ndarray] = {}
-    for outs in _runs(model, wanted, inputs):
-        for name, axis in wanted.items():
-            x = np.abs(np.asarray(outs[name], dtype=np.float64))
-            m = np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1).mean(axis=1)
-            sums[name] = sums.get(name, 0) + m
-    return {k: v / len(inputs) for k, v in sums.items()}
+            if m.data is not None and (visible is None or m.data[0] in visible):
+                out[m.data[0]] = m.data[1]
+    return out

@@ -1,0 +1,204 @@
+"""What the calibration inputs say about the activations the groups' weights read, and a runner
+that evaluates the model with some of its weights changed, many times, in one session.
+
+- `collect`: one onnxruntime run of the model per calibration feed, with every activation a
+  group's input-side weight reads added as an output; per channel of each, the sums of x, x^2 and
+  |x| over every other axis (batch, tokens, pixels), and, for the least-squares refit, a sample
+  of whole rows (positions) of channels. The model's own outputs are kept too: the reference
+  every deviation is measured from.
+- `Runner`: the model with the weights a prune may change turned into graph inputs, so that a
+  prune with other groups removed runs in the same session (a session per variant costs more
+  than the run on a model of MiniLM's size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxshrink.errors import ShrinkError, first_line
+
+# At most this many positions (rows of channels) are kept per activation for the refit: the
+# covariance of a few thousand positions is what a small calibration set can estimate anyway.
+MAX_SAMPLES = 4096
+
+
+@dataclass
+class ChannelStats:
+    """Per channel of one activation: sums over every position (all axes but the channel's)."""
+
+    count: int
+    total: np.ndarray  # sum of x
+    squares: np.ndarray  # sum of x^2
+    absolute: np.ndarray  # sum of |x|
+    samples: np.ndarray | None = None  # [positions, channels] float64, for the refit
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.total / self.count
+
+    @property
+    def rms(self) -> np.ndarray:
+        return np.sqrt(self.squares / self.count)
+
+    @property
+    def mean_abs(self) -> np.ndarray:
+        return self.absolute / self.count
+
+    @property
+    def variance(self) -> np.ndarray:
+        return np.maximum(self.squares / self.count - self.mean**2, 0.0)
+
+
+@dataclass
+class Calibration:
+    """The statistics of the activations the groups read, by tensor name, and the model's own
+    outputs on each calibration feed."""
+
+    stats: dict[str, ChannelStats]
+    feeds: list[Mapping[str, np.ndarray]]
+    outputs: list[dict[str, np.ndarray]]
+    source: str = "--inputs"
+
+
+def feed_label(feeds: Sequence[Mapping[str, np.ndarray]]) -> str:
+    """How messages name the feeds: their file (`--inputs` reads InputFile), or 'inputs'."""
+    sources = sorted({str(getattr(f, "source", "")) for f in feeds} - {""})
+    return ", ".join(sources) or "the given inputs"
+
+
+def run_feeds(sess, feeds: Sequence[Mapping[str, np.ndarray]], names: list[str], what: str):
+    """onnxruntime's outputs `names` on each feed, {name: array}; a feed the model cannot run
+    on is the user's (a token id out of range, ...): named, as the proof names it."""
+    wanted = {i.name for i in sess.get_inputs()}
+    for feed in feeds:
+        try:
+            ran = sess.run(names, {k: v for k, v in feed.items() if k in wanted})
+        except Exception as exc:  # onnxruntime on the user's values
+            raise ShrinkError(
+                f"{getattr(feed, 'source', what)}: the model fails to run on these inputs in "
+                f"onnxruntime ({first_line(exc)}). Check the arrays' values against the model's "
+                "inputs (e.g. token ids below the vocabulary size)."
+            ) from exc
+        yield dict(zip(names, ran, strict=True))
+
+
+def collect(
+    model: onnx.ModelProto,
+    activations: Mapping[str, int],
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    *,
+    samples: bool = False,
+    seed: int = 0,
+    provider: str = "cpu",
+) -> Calibration:
+    """Statistics of each activation in `activations` ({tensor: channel axis}) over `feeds`,
+    and the model's outputs on them. `samples`: keep up to MAX_SAMPLES positions per
+    activation (the least-squares refit needs their covariance)."""
+    from onnxshrink.validate import check_inputs, session
+
+    check_inputs(model, feeds)  # names, dtypes and shapes, as for the proof (each named)
+    # only the main graph's tensors can be outputs: a group read inside an If/Loop/Scan body has
+    # no statistics (the criteria fall back to its magnitude; it is not compensated)
+    visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    activations = {k: v for k, v in activations.items() if k in visible}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    outputs = [o.name for o in model.graph.output]
+    for name in activations:
+        if name not in outputs:
+            probe.graph.output.append(onnx.ValueInfoProto(name=name))
+    names = [o.name for o in probe.graph.output]
+    sess = session(probe, provider)
+    rng = np.random.default_rng(seed)
+    stats: dict[str, ChannelStats] = {}
+    kept: list[dict[str, np.ndarray]] = []
+    for ran in run_feeds(sess, feeds, names, "--inputs"):
+        kept.append({k: ran[k] for k in outputs})
+        for name, axis in activations.items():
+            x = np.asarray(ran[name], dtype=np.float64)
+            rows = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+            s = stats.get(name)
+            if s is None:
+                c = rows.shape[1]
+                s = stats[name] = ChannelStats(
+                    0, np.zeros(c), np.zeros(c), np.zeros(c), np.zeros((0, c)) if samples else None
+                )
+            s.count += rows.shape[0]
+            s.total += rows.sum(axis=0)
+            s.squares += np.einsum("ij,ij->j", rows, rows)
+            s.absolute += np.abs(rows).sum(axis=0)
+            if s.samples is not None:
+                take = rows if len(rows) <= MAX_SAMPLES else rows[rng.choice(len(rows), MAX_SAMPLES, replace=False)]
+                s.samples = np.concatenate([s.samples, take])
+    for s in stats.values():
+        if s.samples is not None and len(s.samples) > MAX_SAMPLES:
+            s.samples = s.samples[rng.choice(len(s.samples), MAX_SAMPLES, replace=False)]
+    return Calibration(stats, list(feeds), kept, feed_label(feeds))
+
+
+def deviation(
+    reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]
+) -> float:
+    """How far `outputs` are from `reference`, over every feed: the relative L2 error
+    ||y - y0|| / ||y0|| of each float output, averaged over the outputs."""
+    errors = []
+    for name in reference[0]:
+        y0 = [np.asarray(r[name]) for r in reference]
+        if not np.issubdtype(y0[0].dtype, np.floating):
+            continue
+        num = sum(float(np.sum((np.asarray(o[name], np.float64) - r) ** 2)) for o, r in zip(outputs, y0, strict=True))
+        den = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in y0)
+        errors.append(np.sqrt(num / den) if den > 0 else np.sqrt(num))
+    return float(np.mean(errors)) if errors else 0.0
+
+
+@dataclass
+class Runner:
+    """`model` with the initializers `variable` as graph inputs of one onnxruntime session:
+    `run(changes)` runs the feeds with `changes` ({initializer: new value}) and the other
+    variable initializers as they were."""
+
+    model: onnx.ModelProto
+    variable: Iterable[str]
+    feeds: Sequence[Mapping[str, np.ndarray]]
+    provider: str = "cpu"
+    values: dict[str, np.ndarray] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        import onnxruntime as ort
+
+        from onnxshrink.validate import PROVIDERS, session_threads
+
+        probe = onnx.ModelProto()
+        probe.CopyFrom(self.model)
+        wanted = set(self.variable)
+        keep = []
+        for t in probe.graph.initializer:
+            if t.name in wanted:
+                value = numpy_helper.to_array(t)
+                self.values[t.name] = value
+                probe.graph.input.append(
+                    onnx.helper.make_tensor_value_info(t.name, t.data_type, list(value.shape))
+                )
+            else:
+                keep.append(t)
+        del probe.graph.initializer[:]
+        probe.graph.initializer.extend(keep)
+        so = ort.SessionOptions()
+        threads = session_threads()
+        if threads:
+            so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+        self.outputs = [o.name for o in probe.graph.output]
+        self.session = ort.InferenceSession(
+            probe.SerializeToString(), so, providers=[PROVIDERS[self.provider]]
+        )
+
+    def run(self, changes: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        weights = {**self.values, **changes}
+        return list(run_feeds(self.session, [{**f, **weights} for f in self.feeds], self.outputs, "inputs"))

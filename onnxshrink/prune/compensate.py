@@ -1,0 +1,415 @@
+"""Bias compensation: a removed channel is replaced by its mean over the calibration inputs, and
+that constant is folded into the bias of every layer that read it (FLAP's compensation); or the
+layer's weights on the kept channels are refit by regularized least squares (`refit`), of which
+the mean is the special case that predicts nothing from the kept channels.
+
+The pruned reference is then the input with the chosen groups zeroed *and* these biases (and
+weights) changed: the shrink is proven against it, and `weights_out` gives the changed values
+under the framework's names, so that the masks and the changed values applied to the original
+model make the reference again.
+
+A consumer is a weight matrix that reads a group's channels along its input axis: a Conv (one
+group), a Gemm's B, a MatMul's B. Where its constant goes is read from the graph: its own bias
+input (Conv, Gemm's C of one value per output channel), the one Add of a constant of one value
+per output channel that alone reads its output (F.linear exported as MatMul + Add), or the
+BatchNormalization that alone reads it (its B, scaled by gamma / sqrt(var + eps)); with none of
+these a bias is added (a Conv or Gemm bias input, or an Add after a MatMul), which the framework
+has no parameter for: it goes under `onnx/NAME` in the weights written out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxshrink.errors import ShrinkError
+from onnxshrink.masks import ONNX_SECTION  # tensors with no framework name, as in --masks-out
+from onnxshrink.prune.calibrate import Calibration
+from onnxshrink.prune.groups import GroupSet, Member, _with, gather_slices, zero_slice
+
+MODES = ("none", "bias", "refit")
+
+
+@dataclass
+class Consumer:
+    """A layer reading a group's channels with its weight `weight` along axis `inp`, its output
+    channels along `out`; `bias`: the initializer its constant goes into (flattened, one value
+    per output channel), times `scale` (a BatchNormalization between) and `gain` (Gemm's
+    alpha / beta); `create`: how to add a bias it has not ("input", "add"), None when it has."""
+
+    site: tuple[str, int]
+    node: str
+    weight: str
+    inp: int
+    out: int
+    channels: int
+    bias: str
+    bias_site: tuple[str, int] | None = None  # (reader's first output, input index): its name
+    create: str | None = None
+    shape: tuple[int, ...] = ()  # of the bias it creates
+    scale: np.ndarray | None = None
+    gain: float = 1.0
+
+
+@dataclass
+class Compensation:
+    """The model prepared for compensated prunes (shared weights untied per reader, biases found),
+    the consumers by site, and the values every prune starts from."""
+
+    model: onnx.ModelProto
+    consumers: dict[tuple[str, int], Consumer]
+    base: dict[str, np.ndarray]
+    uncompensable: dict[str, str]  # consumer node -> why its channels are only zeroed
+
+    def variable(self) -> set[str]:
+        """Every initializer a prune may change."""
+        return set(self.base)
+
+
+def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
+    """`model` (a copy) with every exact group's shared initializers untied per reader (as the
+    analysis saw them), and the bias of each consumer of an exact group found or named."""
+    from onnxshrink.prune.run import zeroed
+
+    members = [_with(m, np.zeros(0, np.int64)) for g in gset.exact() for m in g.members]
+    out = zeroed(model, gset, members)  # zeroes nothing: unties and makes Constants initializers
+    g = out.graph
+    inits = {t.name: t for t in g.initializer}
+    by_output = {n.output[0]: n for n in g.node if n.output}
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in g.node:
+        for name in n.input:
+            readers[name].append(n)
+    consumers: dict[tuple[str, int], Consumer] = {}
+    why: dict[str, str] = {}
+    taken: set[str] = set()
+    for grp in gset.exact():
+        for m in grp.members:
+            if m.side != "in" or not m.matrix or m.data is None or m.site in consumers:
+                continue
+            node = by_output.get(m.site[0])
+            if node is None or m.site[0] in why:
+                continue
+            c = _consumer(node, m, inits, readers, out)
+            if isinstance(c, str):
+                why[node.name or node.output[0]] = c
+                continue
+            if c.bias in taken or (c.create is None and _shared(c.bias, node, readers)):
+                c.bias = _untie(g, inits, c.bias, node, readers)
+            taken.add(c.bias)
+            consumers[m.site] = c
+    base: dict[str, np.ndarray] = {}
+    for grp in gset.exact():
+        for m in grp.members:
+            if m.tensor in inits and m.tensor not in base:
+                base[m.tensor] = numpy_helper.to_array(inits[m.tensor])
+    for c in consumers.values():
+        if c.weight not in base:
+            base[c.weight] = numpy_helper.to_array(inits[c.weight])
+        if c.create is None:
+            base[c.bias] = numpy_helper.to_array(inits[c.bias])
+        else:
+            base[c.bias] = np.zeros(c.shape, numpy_helper.to_array(inits[c.weight]).dtype)
+    return Compensation(out, consumers, base, why)
+
+
+def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
+    """The consumer reading member `m` at `node`, or why its channels cannot be compensated."""
+    from onnxshrink.ops import facts
+    from onnxshrink.prepare import default_opset
+
+    i = m.site[1]
+    if i >= len(node.input) or node.input[i] not in inits:
+        return f"{node.op_type} reads its weight through another node"
+    w = numpy_helper.to_array(inits[node.input[i]])
+    handler, op = facts(node, default_opset(model))
+    wa = handler.weight_axes(op, i, w.ndim) if handler is not None else None
+    if wa is None or wa.inp is None:
+        return f"{node.op_type}: no weight matrix at input {i}"
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    gain = 1.0
+    if node.op_type == "Conv" and i == 1:
+        if attrs.get("group", 1) != 1:
+            return "a grouped Conv (its input channels map to output channels by group)"
+        axis, bias_input = 1, 2
+    elif node.op_type == "Gemm" and i == 1:
+        axis, bias_input = 1, 2
+        gain = float(attrs.get("alpha", 1.0)) / float(attrs.get("beta", 1.0))
+    elif node.op_type == "MatMul" and i == 1 and w.ndim == 2:
+        axis, bias_input = -1, None
+    else:
+        return f"{node.op_type} with its weight at input {i}: no bias to fold a constant into"
+    channels = w.shape[wa.out]
+    name = node.name or node.output[0]
+    common = dict(site=m.site, node=name, weight=node.input[i], inp=wa.inp, out=wa.out, channels=channels, gain=gain)
+    own = node.input[bias_input] if bias_input is not None and len(node.input) > bias_input else ""
+    if own in inits and bias_input is not None:
+        # a Conv's bias is [C]; Gemm's C broadcasts to [M, N]: [N] or [1, N]
+        if _per_channel(list(inits[own].dims), *((0, 1) if node.op_type == "Conv" else (1, 2)), channels):
+            return Consumer(bias=own, bias_site=(node.output[0], bias_input), **common)
+        return f"{node.op_type}'s bias {own!r} is not a constant of one value per output channel"
+    after = readers.get(node.output[0], [])
+    graph_outputs = {o.name for o in model.graph.output}
+    if len(after) == 1 and node.output[0] not in graph_outputs:
+        nxt = after[0]
+        if nxt.op_type == "Add" and len(nxt.input) == 2:
+            other = nxt.input[1] if nxt.input[0] == node.output[0] else nxt.input[0]
+            rank = len(w.shape) if axis == 1 else None
+            if other in inits and _per_channel(list(inits[other].dims), axis, rank, channels):
+                site = (nxt.output[0], list(nxt.input).index(other))
+                return Consumer(bias=other, bias_site=site, **common)
+        if nxt.op_type == "BatchNormalization" and nxt.input[0] == node.output[0]:
+            scale = _bn_scale(nxt, inits)
+            if scale is not None and scale.shape == (channels,):
+                site = (nxt.output[0], 2)
+                return Consumer(bias=nxt.input[2], bias_site=site, scale=scale, **common)
+    # none: a bias input where the op has a free one, else an Add after it (a computed bias, as
+    # torch's exporter writes a Conv's bias=False without its optimizer, stays as it is)
+    create = "input" if bias_input is not None and not own else "add"
+    shape = (channels,) + (1,) * (len(w.shape) - 2 if node.op_type == "Conv" and create == "add" else 0)
+    return Consumer(bias=f"{name}.compensation", create=create, shape=shape, **common)
+
+
+def _per_channel(dims: list[int], axis: int, rank: int | None, channels: int) -> bool:
+    """A constant of these dims, added to an output whose channel axis is `axis` (of `rank`; a
+    MatMul's output: the last), holds one value per output channel and nothing else."""
+    if int(np.prod(dims, dtype=np.int64)) != channels:
+        return False
+    if axis == -1:
+        return not dims or dims[-1] == channels
+    assert rank is not None
+    pos = axis - (rank - len(dims))  # numpy's broadcasting aligns from the right
+    return 0 <= pos < len(dims) and dims[pos] == channels
+
+
+def _bn_scale(node: onnx.NodeProto, inits) -> np.ndarray | None:
+    names = list(node.input[1:5])
+    if len(names) < 4 or any(n not in inits for n in names):
+        return None
+    gamma, _, _, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in names)
+    eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+    return gamma / np.sqrt(var + eps)
+
+
+def _shared(name: str, node: onnx.NodeProto, readers) -> bool:
+    return sum(list(r.input).count(name) for r in readers.get(name, [])) > 1
+
+
+def _untie(g: onnx.GraphProto, inits, name: str, node: onnx.NodeProto, readers) -> str:
+    """A copy of initializer `name` for the consumer `node` (or the one Add/BatchNorm reading its
+    output) alone."""
+    reader = next(
+        r for r in [node, *readers.get(node.output[0], [])] if name in list(r.input)
+    )
+    taken = {t.name for t in g.initializer}
+    new, k = f"{name}.{reader.name or reader.output[0]}", 1
+    while new in taken:
+        new, k = f"{name}.{reader.name or reader.output[0]}.{k}", k + 1
+    t = onnx.TensorProto()
+    t.CopyFrom(inits[name])
+    t.name = new
+    g.initializer.append(t)
+    inits[new] = t
+    for j, x in enumerate(reader.input):
+        if x == name:
+            reader.input[j] = new
+    readers[new].append(reader)
+    readers[name] = [r for r in readers[name] if r is not reader]
+    return new
+
+
+# ---------------------------------------------------------------------- one prune's values
+def changes(
+    comp: Compensation,
+    removed: Sequence[Member],
+    calibration: Calibration | None,
+    mode: str = "bias",
+    ridge: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """The new values of every initializer the prune changes: the removed members' slices zeroed
+    and, with `mode` "bias" or "refit", each consumer's bias (and, refit, its weights on the kept
+    channels) compensated for the channels it no longer reads. Computed from the unpruned values."""
+    if mode not in MODES:
+        raise ShrinkError(f"--compensate {mode}: choose one of {', '.join(MODES)}.")
+    out: dict[str, np.ndarray] = {}
+
+    def value(name: str) -> np.ndarray:
+        if name not in out:
+            out[name] = np.array(comp.base[name], copy=True)
+        return out[name]
+
+    if mode != "none":
+        if calibration is None:
+            raise ShrinkError(
+                f"--compensate {mode} replaces removed channels by their mean on your inputs: give "
+                "them with --inputs data.npz (one array per model input)."
+            )
+        per: dict[tuple[str, int], list[Member]] = defaultdict(list)
+        for m in removed:
+            if (
+                m.site in comp.consumers
+                and m.data is not None
+                and m.data[0] in calibration.stats
+                and len(m.data[2]) == len(m.indices)  # each weight row reads one channel
+            ):
+                per[m.site].append(m)
+        for site, ms in per.items():
+            c = comp.consumers[site]
+            _compensate(c, ms, calibration, mode, ridge, comp.base, value)
+    for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in removed).items():
+        if name in comp.base:
+            zero_slice(value(name), axis, idx)
+    out_removed = defaultdict(list)
+    for m in removed:
+        out_removed[(m.tensor, m.axis)].append(m.indices)
+    for c in comp.consumers.values():  # a bias the compensation added holds nothing for removed outputs
+        if c.bias in out and (c.weight, c.out) in out_removed:
+            idx = np.unique(np.concatenate(out_removed[(c.weight, c.out)]))
+            out[c.bias].reshape(-1)[idx] = 0
+    return out
+
+
+def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ridge: float, base, value) -> None:
+    w = np.asarray(base[c.weight], np.float64)
+    rows_w = np.moveaxis(w, [c.inp, c.out], [0, 1])  # [in, out, taps...]
+    flat = rows_w.reshape(rows_w.shape[0], -1)  # [in, out * taps]
+    per_out = rows_w.reshape(rows_w.shape[0], rows_w.shape[1], -1).sum(axis=2)  # [in, out]
+    rows = np.concatenate([m.indices for m in ms])
+    data = ms[0].data
+    assert data is not None
+    stats = calib.stats[data[0]]
+    chans = np.concatenate([m.data[2] for m in ms if m.data is not None])
+    samples = stats.samples
+    refit = (
+        mode == "refit"
+        and samples is not None
+        and w.shape[c.inp] == len(stats.total)
+        and all(m.data is not None and np.array_equal(m.indices, m.data[2]) for m in ms)
+    )
+    if refit:
+        kept = np.setdiff1d(np.arange(w.shape[c.inp]), rows)
+        assert samples is not None
+        fit, const = _regress(samples, stats.mean, kept, rows, ridge)
+        new = flat.copy()
+        new[kept] += fit @ flat[rows]
+        shaped = new.reshape(rows_w.shape)
+        value(c.weight)[...] = np.moveaxis(shaped, [0, 1], [c.inp, c.out]).astype(w.dtype)
+        delta = const @ per_out[rows]
+    else:
+        delta = stats.mean[chans] @ per_out[rows]
+    delta = delta * c.gain
+    if c.scale is not None:
+        delta = delta * c.scale
+    b = value(c.bias)
+    b.reshape(-1)[...] = (b.reshape(-1).astype(np.float64) + delta).astype(b.dtype)
+
+
+def _regress(samples: np.ndarray, mean: np.ndarray, kept: np.ndarray, removed: np.ndarray, ridge: float):
+    """x_removed ~ x_kept @ B + c over the samples, ridge-regularized (lambda = ridge x the kept
+    channels' mean variance): (B, c)."""
+    x = samples - samples.mean(axis=0)
+    n = max(len(x), 1)
+    xk, xr = x[:, kept], x[:, removed]
+    gram = xk.T @ xk / n
+    lam = ridge * float(np.mean(np.diag(gram))) if len(kept) else 0.0
+    fit = np.linalg.solve(gram + (lam or 1e-12) * np.eye(len(kept)), xk.T @ xr / n)
+    return fit, mean[removed] - mean[kept] @ fit
+
+
+# ---------------------------------------------------------------------- the reference
+def apply(comp: Compensation, values: Mapping[str, np.ndarray], copy: bool = True) -> onnx.ModelProto:
+    """The prepared model with `values` written, and the biases added where a consumer had none
+    and its compensation is not zero."""
+    out = comp.model
+    if copy:
+        out = onnx.ModelProto()
+        out.CopyFrom(comp.model)
+    g = out.graph
+    add = {c.bias: c for c in comp.consumers.values() if c.create and c.bias in values and np.any(values[c.bias])}
+    _add_biases(g, list(add.values()))
+    inits = {t.name: t for t in g.initializer}
+    for name, v in values.items():
+        if name in inits:
+            inits[name].CopyFrom(numpy_helper.from_array(np.asarray(v), name))
+        elif name in add:
+            g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+    return out
+
+
+def with_all_biases(comp: Compensation) -> onnx.ModelProto:
+    """The prepared model with every consumer's bias present (zeros where it had none): what the
+    sensitivity runner changes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(comp.model)
+    made = [c for c in comp.consumers.values() if c.create]
+    _add_biases(out.graph, made)
+    out.graph.initializer.extend(numpy_helper.from_array(comp.base[c.bias], c.bias) for c in made)
+    return out
+
+
+def _add_biases(g: onnx.GraphProto, made: list[Consumer]) -> None:
+    """A bias input for each Conv/Gemm consumer of `made`, an Add after each MatMul one."""
+    nodes = {n.output[0]: n for n in g.node if n.output}
+    for c in made:
+        node = nodes[c.site[0]]
+        if c.create == "input":
+            while len(node.input) < 2:
+                node.input.append("")
+            if len(node.input) == 2:
+                node.input.append(c.bias)
+            else:
+                node.input[2] = c.bias
+            continue
+        y = node.output[0]
+        raw = f"{y}.uncompensated"
+        node.output[0] = raw
+        k = list(g.node).index(node)
+        g.node.insert(k + 1, helper.make_node("Add", [raw, c.bias], [y], name=f"{c.node}.compensation"))
+
+
+# ---------------------------------------------------------------------- the weights written out
+def framework_values(
+    gset: GroupSet, values: Mapping[str, np.ndarray], comp: Compensation
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The values the prune changed other than by zeroing (compensated biases, refit weights)
+    under the framework's parameter names, in the framework's layout, as the exporter recorded
+    them for the node reading each; those with no parameter of that value (a BatchNorm the
+    exporter folded into its conv, a bias the compensation added) under `onnx/NAME`, and listed
+    second. In a model that records no framework names at all (ONNX-first exporters), the ONNX
+    names are the only ones, and stand alone."""
+    refs: dict[tuple[str, int], tuple[list, int]] = {}
+    for g in gset.groups:
+        for m in g.members:
+            if m.params:
+                refs.setdefault(m.site, (m.params, m.axis))
+    site_of: dict[str, tuple[str, int] | None] = {}
+    for c in comp.consumers.values():
+        site_of[c.weight] = c.site
+        site_of[c.bias] = c.bias_site
+    section = ONNX_SECTION if refs else ""
+    out: dict[str, np.ndarray] = {}
+    unnamed: list[str] = []
+    for name, v in values.items():
+        base = comp.base.get(name)
+        v = np.asarray(v)
+        if base is not None and _only_zeroed(base, v):
+            continue  # the masks say it
+        site = site_of.get(name)
+        ps, axis = refs.get(site, ([], -1)) if site is not None else ([], -1)
+        if len(ps) == 1 and tuple(ps[0].shape) == v.shape and ps[0].axis == axis:
+            out[ps[0].name] = v
+        elif len(ps) == 1 and v.ndim == 2 and tuple(ps[0].shape) == v.shape[::-1] and ps[0].axis != axis:
+            out[ps[0].name] = np.ascontiguousarray(v.T)  # a Linear weight a MatMul reads transposed
+        else:
+            out[section + name] = v
+            unnamed.append(name)
+    return out, unnamed
+
+
+def _only_zeroed(before: np.ndarray, after: np.ndarray) -> bool:
+    return bool(np.all((after == before) | (after == 0)))

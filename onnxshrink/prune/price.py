@@ -1,0 +1,102 @@
+"""What a prune cost, shown before it is written: on the held-out inputs (or the calibration ones,
+or the proof's random ones: labelled so), per output of the model, the relative error
+||y - y0|| / ||y0|| and the cosine of each sample's output (rows of the batch axis) with the
+input model's, top-1 agreement for classifier-like outputs ([batch, classes]); and the latency
+before and after, measured (targets.LatencyMeter)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class OutputPrice:
+    name: str
+    rel_error: float
+    cosine_mean: float
+    cosine_min: float
+    top1: float | None = None  # argmax agreement over the batch, for a [batch, classes] output
+
+
+@dataclass
+class Price:
+    inputs: str  # which inputs, e.g. "held-out inputs (heldout.npz)"
+    outputs: list[OutputPrice] = field(default_factory=list)
+    latency_before_ms: float | None = None
+    latency_after_ms: float | None = None
+    threads: int | None = None  # onnxruntime's intra-op threads for the latency (0: one per core)
+    macs_ratio: float | None = None  # the pruned model's MACs over the input's
+    note: str | None = None  # why a figure is missing
+
+    def lines(self) -> list[str]:
+        out = [f"price on the {self.inputs}:"]
+        for o in self.outputs:
+            text = (
+                f"    {o.name}: relative error {o.rel_error:.4g}, cosine mean {o.cosine_mean:.4f} "
+                f"/ min {o.cosine_min:.4f}"
+            )
+            if o.top1 is not None:
+                text += f", top-1 agreement {o.top1:.1%}"
+            out.append(text)
+        if self.latency_before_ms is not None and self.latency_after_ms is not None:
+            ratio = self.latency_after_ms / self.latency_before_ms
+            threads = "one per core" if not self.threads else f"{self.threads} thread(s)"
+            out.append(
+                f"    latency {self.latency_before_ms:.2f} ms -> {self.latency_after_ms:.2f} ms "
+                f"({ratio:.2f}x; onnxruntime, all optimizations, {threads}, on this machine)"
+            )
+            if ratio > 1.0 or (self.macs_ratio is not None and ratio > 1.5 * self.macs_ratio):
+                macs = f" with {self.macs_ratio:.2f}x its MACs" if self.macs_ratio is not None else ""
+                out.append(
+                    f"    it runs at {ratio:.2f}x the input's latency{macs}: runtimes keep their fast "
+                    "kernels for some channel counts only (onnxruntime's blocked NCHWc convolutions: "
+                    "multiples of 8 with AVX2, 16 with AVX-512); prune again with --round-to 16 (or 8)"
+                )
+        if self.note:
+            out.append(f"    {self.note}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare_outputs(
+    before: Sequence[Mapping[str, np.ndarray]], after: Sequence[Mapping[str, np.ndarray]]
+) -> list[OutputPrice]:
+    """Each float output of `after` against `before`, over every feed."""
+    out = []
+    for name in before[0]:
+        y0s = [np.asarray(b[name]) for b in before]
+        if not np.issubdtype(y0s[0].dtype, np.floating):
+            continue
+        num = den = 0.0
+        cosines: list[np.ndarray] = []
+        agree, rows = 0, 0
+        for b, a in zip(y0s, (np.asarray(x[name]) for x in after), strict=True):
+            y0, y = b.astype(np.float64), a.astype(np.float64)
+            num += float(np.sum((y - y0) ** 2))
+            den += float(np.sum(y0**2))
+            r0 = y0.reshape(y0.shape[0], -1) if y0.ndim >= 2 else y0.reshape(1, -1)
+            r = y.reshape(r0.shape)
+            n0, n = np.linalg.norm(r0, axis=1), np.linalg.norm(r, axis=1)
+            both = (n0 > 0) & (n > 0)
+            c = np.where(both, np.sum(r0 * r, axis=1) / np.where(both, n0 * n, 1), (n0 == n).astype(float))
+            cosines.append(c)
+            if y0.ndim == 2 and y0.shape[1] >= 2:
+                agree += int(np.sum(np.argmax(y0, axis=1) == np.argmax(y, axis=1)))
+                rows += y0.shape[0]
+        cos = np.concatenate(cosines)
+        out.append(
+            OutputPrice(
+                name,
+                float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num)),
+                float(np.mean(cos)),
+                float(np.min(cos)),
+                agree / rows if rows else None,
+            )
+        )
+    return out

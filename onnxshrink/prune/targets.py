@@ -1,0 +1,236 @@
+"""Targets users think in: a fraction of the parameters, of the MACs, or of the latency.
+
+Every allocation is a family of plans growing with one number t in [0, 1) (the ratio of each
+layer, the global ratio, the share of the cost budget); a target is met by finding t:
+
+- parameters and MACs: the cost of a plan is estimated from the groups (a weight's parameters
+  and its node's MACs scale with the kept fraction of each of its sliced axes), t is found on the
+  estimate, and the plan is shrunk (the analysis and rewrite, without the proof) to count it
+  exactly; the estimate is corrected by the miss and searched again, until the count is within
+  the tolerance. The estimate misses what weights do not measure (attention's activation
+  products, ops a removal leaves behind), the correction takes it in.
+- latency: measured, never predicted: onnxruntime (all its graph optimizations, as deployed)
+  runs the shrunk model and the input in turns (the ratio of their fastest rounds, robust to a
+  busy machine), and t is bisected on that ratio, starting where the MACs alone would put it.
+  Runtimes speed up channel counts unevenly (onnxruntime's blocked NCHWc convolutions want
+  multiples of 8 or 16 channels, which `round_to` keeps), which is why it is measured.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from onnxshrink.errors import ShrinkError
+from onnxshrink.prune.groups import GroupSet, Member, gather_slices
+from onnxshrink.prune.select import LayerPlan
+
+KINDS = ("ratio", "params", "macs", "latency")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to prune to: `kind` ratio (of each layer's groups, or of all groups), or the fraction
+    of the input's params, macs or measured latency to keep."""
+
+    kind: str
+    value: float
+
+    def flag(self) -> str:
+        return "--prune" if self.kind == "ratio" else f"--prune-to-{self.kind}"
+
+    def check(self) -> None:
+        if self.kind not in KINDS:
+            raise ShrinkError(f"target {self.kind!r}: choose one of {', '.join(KINDS)}.")
+        if self.kind == "ratio":
+            if not 0.0 <= self.value < 1.0:
+                raise ShrinkError(f"--prune {self.value}: give a ratio in [0, 1), e.g. 0.5 for half the channels.")
+        elif not (math.isfinite(self.value) and 0.0 < self.value < 1.0):
+            raise ShrinkError(
+                f"{self.flag()} {self.value}: give the fraction of the input's {self.kind} to keep, "
+                "in (0, 1), e.g. 0.5."
+            )
+
+
+class Costs:
+    """Parameters and MACs a removal takes out, estimated from the groups alone."""
+
+    def __init__(self, gset: GroupSet, model: onnx.ModelProto, shapes: Mapping[str, list[int]]):
+        from onnxshrink.report import model_stats, node_macs
+
+        self.gset = gset
+        self.shapes = {name: tuple(int(d) for d in a.shape) for name, a in gset.arrays.items()}
+        stats = model_stats(model, dict(shapes))
+        self.params, self.macs = stats.params, stats.macs
+        per_node = node_macs(model, dict(shapes))
+        # MACs of the node reading each weight matrix (a member read as a matrix)
+        self.weight_macs: dict[str, int] = {}
+        for g in gset.groups:
+            for m in g.members:
+                if m.matrix and m.side:
+                    self.weight_macs[m.tensor] = per_node.get(m.site[0], 0)
+
+    def removed(self, members: Sequence[Member]) -> tuple[int, float]:
+        """(parameters, MACs) the members' slices take out, estimated."""
+        cut = gather_slices((m.tensor, m.axis, m.indices) for m in members)
+        left: dict[str, list[int]] = {}
+        for (tensor, axis), idx in cut.items():
+            dims = left.setdefault(tensor, list(self.shapes[tensor]))
+            dims[axis] -= len(idx)
+        params = sum(math.prod(self.shapes[t]) - math.prod(dims) for t, dims in left.items())
+        macs = 0.0
+        for t, dims in left.items():
+            if t in self.weight_macs:
+                kept = math.prod(d / n for d, n in zip(dims, self.shapes[t], strict=True))
+                macs += self.weight_macs[t] * (1.0 - kept)
+        return params, macs
+
+    def fraction(self, kind: str, members: Sequence[Member]) -> float:
+        """The estimated fraction of the input's params or macs left after removing `members`."""
+        params, macs = self.removed(members)
+        if kind == "params":
+            return 1.0 - params / max(self.params, 1)
+        return 1.0 - macs / max(self.macs, 1)
+
+
+def members_of(gset: GroupSet, plans: Sequence[LayerPlan]) -> list[Member]:
+    return gset.zeroed_members(gset.groups[i] for p in plans for i in p.removed)
+
+
+def bisect(f: Callable[[float], float], goal: float, hi: float = 0.999, steps: int = 30) -> float:
+    """The smallest t in [0, hi] with f(t) <= goal, f non-increasing (hi when none is)."""
+    lo = 0.0
+    if f(hi) > goal:
+        return hi
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if f(mid) <= goal:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def meet(
+    plan_at: Callable[[float], list[LayerPlan]],
+    estimate: Callable[[list[LayerPlan]], float],
+    exact: Callable[[list[LayerPlan]], float],
+    goal: float,
+    tolerance: float,
+    say: Callable[[str], None],
+    what: str,
+    rounds: int = 5,
+) -> tuple[list[LayerPlan], float]:
+    """The plan whose exact count (a fraction of the input's) is nearest `goal`: t found on the
+    estimate, the estimate's goal corrected by each miss. Returns the plan and its count."""
+    aim = goal
+    best: tuple[float, list[LayerPlan], float] | None = None
+    seen: dict[tuple[int, ...], float] = {}
+    for _ in range(rounds):
+        t = bisect(lambda v: estimate(plan_at(v)), aim)
+        plans = plan_at(t)
+        key = tuple(sorted(i for p in plans for i in p.removed))
+        got = seen[key] if key in seen else exact(plans)
+        seen[key] = got
+        say(f"{what}: {got:.4f} of the input's at t = {t:.4f} (goal {goal:g})")
+        if best is None or abs(got - goal) < abs(best[0] - goal):
+            best = (got, plans, t)
+        if abs(got - goal) <= tolerance:
+            break
+        aim = min(max(aim + (goal - got), 0.0), 1.0)
+    assert best is not None
+    return best[1], best[0]
+
+
+# ---------------------------------------------------------------------- latency
+def _session(model: onnx.ModelProto | bytes, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+class LatencyMeter:
+    """onnxruntime latency of the input model and of candidates, measured in turns: each round
+    times a block of runs of one and then of the other; a model's latency is its fastest round's
+    mean (what the machine gives when nothing else runs), and the ratio compares rounds taken
+    side by side in time. All of onnxruntime's graph optimizations, as a deployment runs it;
+    threads as the proof's sessions (ONNXSHRINK_THREADS, else one per core)."""
+
+    def __init__(self, model: onnx.ModelProto, feed: Mapping[str, np.ndarray], rounds: int = 7, budget: float = 0.15):
+        from onnxshrink.validate import session_threads
+
+        self.threads = session_threads()
+        self.rounds, self.budget = rounds, budget
+        self.base = _session(model, self.threads)
+        names = {i.name for i in self.base.get_inputs()}
+        self.feed = {k: v for k, v in feed.items() if k in names}
+        self.base_ms: float | None = None
+
+    def _block(self, sess, runs: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            sess.run(None, self.feed)
+        return (time.perf_counter() - t0) / runs * 1e3
+
+    def compare(self, model: onnx.ModelProto) -> tuple[float, float]:
+        """(input ms, `model` ms)."""
+        cand = _session(model, self.threads)
+        first = [self._block(s, 1) for s in (self.base, cand)]  # warm-up: allocations, caches
+        runs = max(1, min(200, int(self.budget / max(max(first) / 1e3, 1e-6))))
+        base, other = [], []
+        for _ in range(self.rounds):
+            base.append(self._block(self.base, runs))
+            other.append(self._block(cand, runs))
+        b, o = min(base), min(other)
+        self.base_ms = b if self.base_ms is None else min(self.base_ms, b)
+        return b, o
+
+
+def meet_latency(
+    plan_at: Callable[[float], list[LayerPlan]],
+    start: float,
+    shrunk: Callable[[list[LayerPlan]], onnx.ModelProto],
+    meter: LatencyMeter,
+    goal: float,
+    say: Callable[[str], None],
+    tolerance: float = 0.04,
+    steps: int = 8,
+) -> tuple[list[LayerPlan], float, float]:
+    """Bisect t on the measured latency ratio, from `start`: the plan nearest `goal` (within
+    `tolerance`, relative), its ratio and t."""
+    lo, hi = 0.0, 0.999
+    t = start
+    best: tuple[float, list[LayerPlan], float] | None = None
+    seen: dict[tuple[int, ...], float] = {}
+    for _ in range(steps):
+        plans = plan_at(t)
+        key = tuple(sorted(i for p in plans for i in p.removed))
+        if key not in seen:
+            b, o = meter.compare(shrunk(plans))
+            seen[key] = o / b
+            say(f"latency: {o:.2f} ms against the input's {b:.2f} ms ({o / b:.3f}x) at t = {t:.4f} (goal {goal:g}x)")
+        ratio = seen[key]
+        if best is None or abs(ratio - goal) < abs(best[0] - goal):
+            best = (ratio, plans, t)
+        if abs(ratio / goal - 1) <= tolerance:
+            break
+        if ratio > goal:
+            lo = t
+        else:
+            hi = t
+        if hi - lo < 1e-3:
+            break
+        t = (lo + hi) / 2
+    assert best is not None
+    return best[1], best[0], best[2]
