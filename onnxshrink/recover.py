@@ -7,7 +7,11 @@ them whole must give a model that passes (else the failure is not about removals
 fails). Then delta debugging (Zeller's ddmin, on complements) looks for a small set of axes whose
 keeping suffices: each try is a full analysis, rewrite and proof with those axes pinned. The
 result keeps every other removal, and the report names what was kept back: each is a bug to
-report.
+report. The same inputs and seed give the same tries in the same order, so the same result.
+
+A failure the proof calls rounding (onnxshrink.judge: the same function in float64) never comes
+here: no removal is responsible for rounding. A result no smaller than the input is not written
+(api.shrink says so).
 """
 
 from __future__ import annotations
