@@ -830,11 +830,14 @@ def compare(
             for r_run, o_run in zip(ref_out, noise_out, strict=True):
                 spread.add(r_run, o_run)
             noise = {n: spread.relative(n) for n in outputs}
-    detail.append(
-        (f"onnxruntime's default graph optimizations ({level}), as users run it" if level != OFF else f"onnxruntime with graph optimizations off ({OFF})")
-        + ("" if opts.rtol is not None or level == OFF else f"; tolerance per output: {NOISE_FACTOR:g} x the reference's own noise (its outputs with them off)")
-        + ("" if opts.rtol is not None else f", and at least rtol {default_tolerance(eps):g} for {dtype} arithmetic")
-    )
+    floor = f"rtol {default_tolerance(eps):g} for {dtype} arithmetic"
+    if level != OFF:
+        how = f"onnxruntime's default graph optimizations ({level}), as users run it"
+        if opts.rtol is None:
+            how += f"; tolerance per output: {NOISE_FACTOR:g} x the reference's own noise (its outputs with them off), and at least {floor}"
+    else:
+        how = f"onnxruntime with graph optimizations off ({OFF})" + ("" if opts.rtol is not None else f"; {floor}")
+    detail.append(how)
     detail.append(
         "reference, then shrunk model"
         + (f", in {counts[0]} and {counts[1]} segments" if max(counts) > 1 else "")
