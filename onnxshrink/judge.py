@@ -2,21 +2,32 @@
 
 Removing zero terms and folding constants changes the order of float32 sums, so a correct shrunk
 model differs from the reference by rounding, amplified by whatever the model amplifies (a
-sigmoid of very negative logits, a LayerNorm over near-constant features, a long recurrence).
-When that difference exceeds the float32 tolerance, the same two graphs are computed in float64
-(every float tensor, weight, Cast and constant widened: the exact function of the same weights)
-on the input where the difference was worst. A correct model agrees with the reference there to
-within the float32 rounding of the constants it stores (folded biases, at most the rounding each
-model does on its own); a wrong one (a changed weight, a wrong axis, a dropped channel) differs
-in float64 as much as in float32.
+sigmoid of very negative logits, a LayerNorm over near-constant features, a long recurrence);
+float32 cannot tell that from a wrong model of the same size. Computed in float64 (every float
+tensor, weight, Cast and constant widened: the exact function of the same weights) on the input
+where the float32 difference was worst, they can be told apart:
 
-onnxruntime runs the widened graph when it has a double kernel for every op (LSTM, Gemm, MatMul,
-elementwise ops); otherwise onnx's reference evaluator does (Conv, Resize, ...; about 0.1 G
-multiply-adds a second). Contrib ops have no float64 form here: such a model cannot be judged.
+- The twin: the same shrink of the reference widened to float64 (its folds exact). Where it has
+  the shrunk model's graph, it must agree with the widened reference to float64's own rounding
+  (the same function), and the shrunk model's constants must be its constants rounded to the
+  dtype. A wrong removal or fold makes the twin wrong too; a wrong constant in the shrunk model
+  alone is not the twin's rounded.
+- Where the twin's graph differs (the analysis of a float64 model can find less: onnxruntime has
+  no float64 kernel for some ops it evaluates constants with), the shrunk model itself in
+  float64 must be as close to the reference as moving its new constants (the values the
+  reference does not hold: folded biases, border corrections) by PERTURB_STEPS epsilons of their
+  dtype moves it: what storing them rounded can do, measured, not guessed.
+
+And the float32 difference must be of the size float32 gives that output (a runtime computing
+one model otherwise is no rounding). onnxruntime runs the widened graph when it has a double
+kernel for every op (LSTM, Gemm, MatMul, elementwise ops); otherwise onnx's reference evaluator
+does (Conv, Resize, ...; about 0.1 G multiply-adds a second, BatchNormalization by the inference
+formula). Contrib ops have no float64 form here: such a model cannot be judged.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,23 +44,28 @@ NARROW = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 DOUBLE = TensorProto.DOUBLE
 DOUBLE_TYPE = "tensor(double)"
 
-# The float64 twin (the shrink of the reference widened to float64, its constants exact) must
-# agree with the widened reference to float64's own rounding: this many times the reference's
-# float32 error scaled down to float64's epsilon (the model amplifies both alike), plus this many
-# float64 epsilons of the output.
-TWIN_STEPS = 16
-FLOOR_STEPS = 64
-# The shrunk model's constants must be the twin's rounded to the model's dtype: within this many
-# of its epsilons of each tensor's largest value (a fold summed in the dtype rounds a few times).
+# The twin must agree with the widened reference to float64's rounding (FLOOR_STEPS and
+# AMPLIFIED_STEPS below); the shrunk model's constants must be the twin's rounded to the dtype:
+# within this many of its epsilons of each tensor's largest value (a fold summed in the dtype
+# rounds a few times).
 STORED_STEPS = 16
+# Without a twin: the shrunk model's new constants, each moved by this many epsilons of its
+# dtype: more than a fold computed in float32 arithmetic rounds, far less than a wrong value.
+PERTURB_STEPS = 64
+# A float64 difference this many float64 epsilons of the output, plus this many times the
+# reference's float32 error scaled down to float64's epsilon (the model amplifies both alike), is
+# float64's own rounding.
+FLOOR_STEPS = 64
+AMPLIFIED_STEPS = 16
+EPS64 = float(np.finfo(np.float64).eps)
 # And the float32 difference must be of the size float32 arithmetic gives that output: at most
 # this many times the reference's own float32 error (its distance from float64) or ROUNDING_STEPS
 # epsilons. Larger is no rounding (a runtime computing one model otherwise, a wrong model).
 SIZE_FACTOR = 10.0
 # Multiply-adds of the model above which it is not judged (onnx's reference evaluator computes
-# about 0.1 G a second: both models on one input)
+# about 0.1 G a second: three runs on one input)
 MACS = 2e9
-EPS64 = float(np.finfo(np.float64).eps)
+EPS: dict[int, float] = {TensorProto.FLOAT: 2.0**-23, TensorProto.FLOAT16: 2.0**-10, TensorProto.BFLOAT16: 2.0**-7}
 
 
 @dataclass
@@ -73,7 +89,7 @@ class Verdict:
     """The float64 judgement of one output on one input."""
 
     rounding: bool
-    float64: float  # max |twin - reference| in float64, relative to max |reference|
+    float64: float  # max |shrunk - reference| in float64, relative to max |reference|
     own: float  # the reference's own float32 error (its distance from float64), relative
     text: str
 
@@ -87,49 +103,110 @@ def _widen_tensor(t: onnx.TensorProto, base_dir: str | Path | None) -> onnx.Tens
     return numpy_helper.from_array(np.asarray(values, dtype=np.float64), t.name)
 
 
-def _widen_node(n: onnx.NodeProto, base_dir: str | Path | None) -> None:
-    """Widen the attributes of `n` (and its subgraphs): tensors, Cast's `to`, ops' `dtype`."""
-    for a in n.attribute:
-        if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in NARROW:
-            a.t.CopyFrom(_widen_tensor(a.t, base_dir))
-        elif a.type == onnx.AttributeProto.GRAPH:
-            _widen_graph(a.g, base_dir)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for sub in a.graphs:
-                _widen_graph(sub, base_dir)
-        elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in NARROW:
-            a.i = DOUBLE
+def _widen_node(n: onnx.NodeProto, base_dir: str | Path | None, keep: set[str], opset: int) -> None:
+    """Widen the attributes of `n` (and its subgraphs): tensors, Cast's `to`, ops' `dtype`
+    (a Constant whose value is in `keep` stays as it is)."""
     if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+        if set(n.output) & keep:
+            return
         for a in list(n.attribute):
             if a.name in ("value_float", "value_floats"):
                 value = a.f if a.name == "value_float" else list(a.floats)
                 n.attribute.remove(a)
                 n.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.array(value, np.float64))))
+    for a in n.attribute:
+        if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in NARROW:
+            a.t.CopyFrom(_widen_tensor(a.t, base_dir))
+        elif a.type == onnx.AttributeProto.GRAPH:
+            _widen_graph(a.g, base_dir, {}, opset)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for sub in a.graphs:
+                _widen_graph(sub, base_dir, {}, opset)
+        elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in NARROW:
+            a.i = DOUBLE
 
 
-def _widen_graph(g: onnx.GraphProto, base_dir: str | Path | None) -> None:
-    """Widen `g` in place: its inputs, outputs, weights and nodes (value_info is dropped)."""
+def _narrow_only(n: onnx.NodeProto, index: int, dtype: int, opset: int) -> bool:
+    """Does input `index` of `n` take `dtype` (a narrow float) but no float64, by its schema
+    (Resize's scales, ...)? Unknown ops (contrib) are taken to take float64."""
+    if n.domain not in ("", "ai.onnx"):
+        return False
+    try:
+        schema = onnx.defs.get_schema(n.op_type, opset, "")
+    except Exception:
+        return False
+    params = list(schema.inputs)
+    if not params:
+        return False
+    p = params[min(index, len(params) - 1)]
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}.get(p.type_str, {p.type_str})
+    name = helper.tensor_dtype_to_string(dtype).removeprefix("TensorProto.").lower()
+    wanted = {"float": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}[name]
+    return DOUBLE_TYPE not in allowed and wanted in allowed
+
+
+def _widen_graph(g: onnx.GraphProto, base_dir: str | Path | None, types: dict[str, int], opset: int) -> None:
+    """Widen `g` in place: its inputs, outputs, weights and nodes (value_info is dropped). A
+    tensor of a narrow float (`types`: the original model's) that an input reads which admits
+    no float64 stays narrow: a constant is kept as it is (a Cast widens it for any reader that
+    takes float64), a computed tensor is cast back for that reader."""
+    constants = {t.name for t in g.initializer} | {
+        o for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") for o in n.output
+    }
+    narrow = {
+        (k, i)
+        for k, n in enumerate(g.node)
+        for i, name in enumerate(n.input)
+        if name and types.get(name) in NARROW and _narrow_only(n, i, types[name], opset)
+    }
+    keep = {g.node[k].input[i] for k, i in narrow} & constants
     for vi in [*g.input, *g.output]:
         if vi.type.tensor_type.elem_type in NARROW:
             vi.type.tensor_type.elem_type = DOUBLE
     del g.value_info[:]
     for t in g.initializer:
-        if t.data_type in NARROW:
+        if t.data_type in NARROW and t.name not in keep:
             t.CopyFrom(_widen_tensor(t, base_dir))
-    for n in g.node:
-        _widen_node(n, base_dir)
+    nodes: list[onnx.NodeProto] = []
+    casts: dict[tuple[str, int], str] = {}
+    for k, n in enumerate(g.node):
+        _widen_node(n, base_dir, keep, opset)
+        for i, name in enumerate(n.input):
+            cast = (
+                types[name] if (k, i) in narrow and name not in keep
+                else DOUBLE if name in keep and (k, i) not in narrow
+                else None
+            )
+            if cast is None:
+                continue
+            if (name, cast) not in casts:
+                casts[(name, cast)] = f"{name}__as_{cast}"
+                nodes.append(helper.make_node("Cast", [name], [casts[(name, cast)]], to=cast))
+            n.input[i] = casts[(name, cast)]
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
 
 
 def widened(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.ModelProto:
     """`model` computing in float64: the exact function of its weights (see the module doc).
-    Inputs a schema allows no float64 for (Resize's scales) are widened too: onnxruntime then
-    refuses the model, and the reference evaluator, which is not strict about types, runs it."""
+    Inputs a schema admits no float64 for (Resize's scales) stay in their type, so that shape
+    inference, onnxruntime and the analysis read the widened model as they read the model."""
+    from onnxshrink.emulate import tensor_types
+    from onnxshrink.prepare import default_opset
+
+    types = tensor_types(model)
+    for n in model.graph.node:
+        for a in n.attribute:
+            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR:
+                types[n.output[0]] = a.t.data_type
+    opset = default_opset(model)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    _widen_graph(out.graph, base_dir)
+    _widen_graph(out.graph, base_dir, types, opset)
     for f in out.functions:
         for n in f.node:
-            _widen_node(n, base_dir)
+            _widen_node(n, base_dir, set(), opset)
     return out
 
 
@@ -142,14 +219,16 @@ def float64_outputs(
     feeds: Sequence[dict[str, np.ndarray]],
     outputs: list[str],
     base_dir: str | Path | None = None,
+    wide: bool = False,
 ) -> list[list[np.ndarray]]:
-    """`outputs` of `model` computed in float64 on each feed; NotJudged when neither onnxruntime
-    nor onnx's reference evaluator can."""
-    try:
-        wide = widened(model, base_dir)
-    except Exception as exc:
-        raise NotJudged(f"its weights cannot be widened ({first_line(exc)})") from exc
-    data = wide.SerializeToString()
+    """`outputs` of `model` computed in float64 on each feed (`wide`: the model is widened
+    already); NotJudged when neither onnxruntime nor onnx's reference evaluator can."""
+    if not wide:
+        try:
+            model = widened(model, base_dir)
+        except Exception as exc:
+            raise NotJudged(f"its weights cannot be widened ({first_line(exc)})") from exc
+    data = model.SerializeToString()
     try:
         import onnxruntime as ort
 
@@ -166,30 +245,133 @@ def float64_outputs(
 
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            evaluator = ReferenceEvaluator(wide)
+            evaluator = ReferenceEvaluator(model, new_ops=[_batch_norm()])
             return [list(evaluator.run(outputs, _wide_feed(f))) for f in feeds]  # type: ignore[arg-type]
     except Exception as exc:
         raise NotJudged(f"onnx's reference evaluator cannot run it ({first_line(exc)})") from exc
 
 
+def _batch_norm() -> type:
+    """BatchNormalization for onnx's reference evaluator, by the inference formula (its opset-9
+    kernel takes a momentum attribute for training mode: batch statistics)."""
+    from onnx.reference.op_run import OpRun
+
+    class BatchNormalization(OpRun):
+        op_domain = ""
+
+        def _run(self, x, scale, bias, mean, var, epsilon=1e-5, momentum=None, training_mode=0, spatial=1):
+            if training_mode:
+                raise NotImplementedError("BatchNormalization in training mode")
+            shape = (1, *scale.shape) if not spatial else (1, -1) + (1,) * (x.ndim - 2)
+            scale, bias, mean, var = (np.reshape(v, shape) for v in (scale, bias, mean, var))
+            return (((x - mean) / np.sqrt(var + epsilon) * scale + bias).astype(x.dtype),)
+
+    return BatchNormalization
+
+
+def _float_tensors(model: onnx.ModelProto, base_dir: str | Path | None) -> dict[str, onnx.TensorProto]:
+    """The model's float constants, by name: initializers, and Constant values (by output)."""
+    out = {t.name: t for t in model.graph.initializer if t.data_type in EPS}
+    for n in model.graph.node:
+        for a in n.attribute:
+            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR and a.t.data_type in EPS:
+                out[n.output[0]] = a.t
+    return out
+
+
+def new_constants(
+    shrunk: onnx.ModelProto,
+    reference: onnx.ModelProto,
+    shrunk_dir: str | Path | None = None,
+    reference_dir: str | Path | None = None,
+) -> dict[str, tuple[np.ndarray, float]]:
+    """The elements of the shrunk model's float constants the reference does not hold (a
+    constant of a name the reference has: its values not among that constant's; any other: all
+    of it), by name: (mask, the dtype's epsilon)."""
+    mine, theirs = _float_tensors(shrunk, shrunk_dir), _float_tensors(reference, reference_dir)
+    out = {}
+    for name, t in mine.items():
+        values = numpy_helper.to_array(t, base_dir=str(shrunk_dir or ""))
+        if name in theirs:
+            known = numpy_helper.to_array(theirs[name], base_dir=str(reference_dir or ""))
+            mask = ~np.isin(values, known)
+        else:
+            mask = np.ones(values.shape, bool)
+        if mask.any():
+            out[name] = (mask, EPS[t.data_type])
+    return out
+
+
+def perturbed(wide: onnx.ModelProto, new: dict[str, tuple[np.ndarray, float]], seed: int = 0) -> onnx.ModelProto:
+    """`wide` (a widened model) with each new constant moved by PERTURB_STEPS epsilons of its
+    dtype, random signs."""
+    rng = np.random.default_rng(seed)
+    out = onnx.ModelProto()
+    out.CopyFrom(wide)
+    tensors = _float_tensors(out, None) | {t.name: t for t in out.graph.initializer}
+    for n in out.graph.node:
+        for a in n.attribute:
+            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR:
+                tensors[n.output[0]] = a.t
+    for name, (mask, eps) in new.items():
+        t = tensors.get(name)
+        if t is None:
+            continue
+        values = numpy_helper.to_array(t).astype(np.float64)
+        signs = rng.choice([-1.0, 1.0], size=values.shape)
+        values = np.where(mask, values * (1 + signs * PERTURB_STEPS * eps), values)
+        t.CopyFrom(numpy_helper.from_array(values.astype(numpy_helper.to_array(t).dtype), t.name))
+    return out
+
+
 def verdict(
-    r32: np.ndarray, s32: np.ndarray, r64: np.ndarray, t64: np.ndarray, eps: float, dtype: str = "float32"
+    r32: np.ndarray,
+    s32: np.ndarray,
+    r64: np.ndarray,
+    x64: np.ndarray,
+    eps: float,
+    dtype: str = "float32",
+    moved: np.ndarray | None = None,
 ) -> Verdict | None:
     """Rounding or not, for one output on one input: the reference and the shrunk model in
-    float32, the reference and the twin in float64 (None: not comparable, e.g. not finite)."""
-    arrays = [np.asarray(a, np.float64) for a in (r32, s32, r64, t64)]
+    float32, the reference in float64, and in float64 either the twin (`moved` None) or the
+    shrunk model itself, with `moved` its outputs once its new constants are moved (None: not
+    comparable, e.g. not finite)."""
+    if not np.issubdtype(np.asarray(r32).dtype, np.floating):  # an ArgMax, a comparison
+        # Where the shrunk model's values differ, either float64 gives the reference's values
+        # (the same function), or the reference's own float32 and float64 values differ there, or
+        # moving the stored constants changes them: near ties, which rounding decides.
+        r32a, s32a, r64a, x64a = (np.asarray(a) for a in (r32, s32, r64, x64))
+        if len({a.shape for a in (r32a, s32a, r64a, x64a)}) > 1:
+            return None
+        tie = (x64a == r64a) | (r64a != r32a)
+        if moved is not None:
+            tie |= np.asarray(moved) != x64a
+        same = bool(np.all(tie[s32a != r32a]))
+        text = (
+            "float64: the same values but at near ties, which rounding decides"
+            if same
+            else "float64: other values where the reference's are not near a tie: another function"
+        )
+        return Verdict(same, 0.0 if same else math.inf, 0.0, text)
+    arrays = [np.asarray(a, np.float64) for a in (r32, s32, r64, x64, x64 if moved is None else moved)]
     if any(a.shape != arrays[0].shape or not np.isfinite(a).all() for a in arrays):
         return None
-    r32d, s32d, r64d, t64d = arrays
+    r32d, s32d, r64d, x64d, m64d = arrays
     mag = float(np.abs(r32d).max(initial=0.0)) or 1.0
     d32 = float(np.abs(s32d - r32d).max(initial=0.0))
-    d64 = float(np.abs(t64d - r64d).max(initial=0.0))
+    d64 = float(np.abs(x64d - r64d).max(initial=0.0))
     own = float(np.abs(r32d - r64d).max(initial=0.0))
-    same = d64 <= TWIN_STEPS * (EPS64 / eps) * own + FLOOR_STEPS * EPS64 * float(np.abs(r64d).max(initial=0.0))
+    reach = FLOOR_STEPS * EPS64 * float(np.abs(r64d).max(initial=0.0)) + AMPLIFIED_STEPS * (EPS64 / eps) * own
+    if moved is not None:  # what storing its new constants rounded can move it by
+        reach += float(np.abs(m64d - x64d).max(initial=0.0))
+    same = d64 <= reach
     sized = d32 <= SIZE_FACTOR * max(own, ROUNDING_STEPS * eps * mag)
+    what = "its float64 twin" if moved is None else "it"
     text = (
-        f"float64: {d64 / mag:.2g} between them"
-        + ("" if same else ", more than float64 rounds: another function")
+        f"float64: {d64 / mag:.2g} between the reference and {what}"
+        + ("" if moved is None else f", its stored constants' rounding reaching {reach / mag:.2g}")
+        + ("" if same else ": another function")
         + f"; the reference's own {dtype} error {own / mag:.2g}"
         + ("" if sized else f", the shrunk model's {d32 / mag:.2g} is past {SIZE_FACTOR:g} x it")
     )
@@ -213,48 +395,54 @@ def judge(
     case: Case,
     twin: Callable[[], onnx.ModelProto] | None,
     tally: ErrorTally,
-    failed: list[OutputCheck],
+    outputs: list[OutputCheck],
     macs_limit: float = MACS,
 ) -> None:
-    """Judge each output of `failed` (above the float32 floor) in float64 (sets its rounding, float64 and judged): on the
-    input where its float32 error was largest, the reference and the twin (`twin()`: the shrink
-    of the reference widened to float64) must compute the same function, the shrunk model's
-    constants must be the twin's rounded, and the float32 difference of the size float32 gives."""
+    """Judge each of `outputs` (off by more than the float32 floor) in float64: sets its
+    rounding, float64 and judged (see the module doc). `twin()`: the shrink of the reference
+    widened to float64."""
 
     def none(why: str) -> None:
-        for c in failed:
+        for c in outputs:
             c.judged = why
 
-    why = _judgeable(case, macs_limit) if twin is not None else "no float64 shrink to compare with"
+    why = _judgeable(case, macs_limit)
     if why:
         return none(why)
-    assert twin is not None
-    try:
-        exact = twin()
-    except Exception as exc:
-        return none(f"the shrink of the reference in float64 failed ({first_line(exc)})")
-    try:
-        differs = same_form(case.shrunk, exact, case.eps, case.shrunk_dir)
-    except Exception as exc:
-        return none(f"its constants cannot be read in float64 ({first_line(exc)})")
-    if differs:
-        if "rounded" in differs:  # the same graph with other constants: not rounding
-            for c in failed:
-                c.rounding, c.judged = False, differs
-            return None
-        return none(differs)
-    names = [c.name for c in failed]
+    names = [c.name for c in outputs]
     index = {n: tally.names.index(n) for n in names}
     draws = sorted({tally.worst[n] for n in names})
+    feeds = [case.feeds[k] for k in draws]
+    exact, moved = None, None
     try:
-        r64 = float64_outputs(case.reference, [case.feeds[k] for k in draws], names, case.reference_dir)
-        t64 = float64_outputs(exact, [case.feeds[k] for k in draws], names)
+        exact = twin() if twin is not None else None
+    except Exception:
+        exact = None  # the float64 shrink failed: judged without it
+    try:
+        differs = same_form(case.shrunk, exact, case.eps, case.shrunk_dir) if exact is not None else "no twin"
+        if differs is not None and "rounded" in differs:  # the same graph, other constants
+            for c in outputs:
+                c.rounding, c.judged = False, f"{differs}: another model"
+            return None
+        r64 = float64_outputs(case.reference, feeds, names, case.reference_dir)
+        if differs is None and exact is not None:
+            x64 = float64_outputs(exact, feeds, names, wide=True)
+        else:
+            new = new_constants(case.shrunk, case.reference, case.shrunk_dir, case.reference_dir)
+            wide = widened(case.shrunk, case.shrunk_dir)
+            x64 = float64_outputs(wide, feeds, names, wide=True)
+            moved = float64_outputs(perturbed(wide, new), feeds, names, wide=True) if new else x64
     except NotJudged as exc:
         return none(str(exc))
-    for j, c in enumerate(failed):
+    except Exception as exc:  # its constants cannot be read, ...
+        return none(f"it cannot be computed in float64 here ({first_line(exc)})")
+    for j, c in enumerate(outputs):
         k = tally.worst[c.name]
-        row = draws.index(k)
-        v = verdict(case.ref_out[k][index[c.name]], case.new_out[k][index[c.name]], r64[row][j], t64[row][j], case.eps, case.dtype)
+        row, i = draws.index(k), index[c.name]
+        v = verdict(
+            case.ref_out[k][i], case.new_out[k][i], r64[row][j], x64[row][j], case.eps, case.dtype,
+            None if moved is None else moved[row][j],
+        )  # fmt: skip
         if v is None:
             c.judged = "its values are not finite in float64 or float32"
             continue

@@ -363,9 +363,9 @@ def _wrong_fold(monkeypatch, relative: float, bias: str = "B2") -> None:
         before = {t.name: onnx.numpy_helper.to_array(t) for t in reference.graph.initializer}
         for t in result.model.graph.initializer:
             if t.name == bias and result.folds:
-                b = onnx.numpy_helper.to_array(t).astype(np.float64)
-                b += relative * (b - before[bias])
-                t.CopyFrom(onnx.numpy_helper.from_array(b.astype(np.float32), bias))
+                b = onnx.numpy_helper.to_array(t)
+                wrong = b.astype(np.float64) + relative * (b - before[bias])
+                t.CopyFrom(onnx.numpy_helper.from_array(wrong.astype(b.dtype), bias))  # (float64 in the twin)
         return result
 
     monkeypatch.setattr(api, "apply", wrong)

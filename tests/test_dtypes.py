@@ -102,7 +102,7 @@ def test_the_cli_prints_the_tolerance_and_names_the_rtol_for_an_error_at_the_res
     for recover in ([], ["--no-recover"]):
         assert main([str(path), "-o", str(out), "--rtol", "1e-5", *recover]) == 1
         captured = capsys.readouterr()
-        assert "Float64 judge: rounding (float64: 0 between them; the reference's own float16 error" in captured.out
+        assert "Float64 judge: rounding (float64: 0 between the reference and its float64 twin; the reference's own float16 error" in captured.out
         assert "finding the removals responsible" not in captured.out
         assert "is rounding, not a wrong model: in float64 the two compute the same function" in captured.err
         assert "The smallest tolerance that would have passed: --rtol 0.00057;" in captured.err

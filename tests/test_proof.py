@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxshrink.api as api
 from onnxshrink import ValidationFailed, shrink, validate
 from onnxshrink.cli import main
-from onnxshrink.judge import float64_outputs, same_form, widened
+from onnxshrink.judge import float64_outputs, new_constants, same_form, widened
 
 
 def deep_cnn(seed: int, depth: int = 8, c: int = 32, hw: int = 16) -> onnx.ModelProto:
@@ -156,7 +156,7 @@ def test_a_correct_shrink_passes_on_the_first_try_whatever_its_rounding(name):
     (o,) = result.validation.outputs
     assert o.noise is not None and o.rtol == max(1e-5, 2 * o.noise)
     if o.max_rel_error > 1e-5:  # above the floor: the float64 judge decided
-        assert o.rounding is True and o.float64 < 1e-9
+        assert o.rounding is True and o.float64 < o.max_rel_error / 10
     assert independent_error(model, result.model) <= max(o.max_rel_error, 1e-5) * 4
 
 
@@ -189,12 +189,14 @@ def test_the_tolerance_follows_the_reference_noise_where_float64_is_not_consulte
     assert "Proof: full (onnxruntime's default graph optimizations (ORT_ENABLE_ALL), as users run it" in text
 
 
-def test_sweep_graphs_whose_outputs_are_remainders_of_cancellation_pass_with_validation_on():
+def test_sweep_graphs_off_by_rounding_only_pass_with_validation_on():
     """The random graphs tests/test_random_graphs.py knows to be off by rounding only (outputs
-    that are small remainders of cancellation): proven on the first try, nothing kept back."""
+    that are small remainders of cancellation), and one whose ArgMax output is a near tie (a
+    channel and its own mean) that onnxruntime's optimizations break otherwise in the shrunk
+    model: proven on the first try, nothing kept back."""
     from models.randgraph import BATCHES, build
 
-    for seed in (6182, 10788, 11310):
+    for seed in (6182, 10788, 11310, 2703):
         model, info = build(seed)
         shapes = {"input": [BATCHES[0] if isinstance(d, str) else d for d in info["input_shape"]]}
         result = shrink(model, input_shapes=shapes)
@@ -219,7 +221,8 @@ def _edit(monkeypatch, change) -> None:
 
 
 def _set(t: onnx.TensorProto, values: np.ndarray) -> None:
-    t.CopyFrom(numpy_helper.from_array(np.asarray(values, np.float32), t.name))
+    """`t` holds `values` now, in its own dtype (float64 in the float64 twin)."""
+    t.CopyFrom(numpy_helper.from_array(np.asarray(values, numpy_helper.to_array(t).dtype), t.name))
 
 
 def scaled(name: str, relative: float):
@@ -450,15 +453,15 @@ def test_widened_models_compute_in_float64_through_subgraphs_casts_and_constants
         np.testing.assert_allclose(want, exact, rtol=1e-5)
 
 
-def test_a_constant_that_is_not_its_float64_value_rounded_is_another_model():
-    model = tiny(WIDE, seed=4, values={"B1": np.full(64, 0.5, np.float32)}, zero={"W1": np.s_[:8]})
+def test_the_new_constants_are_the_values_the_reference_does_not_hold():
+    """Sliced weights hold the reference's values; a folded bias does not (nor does an
+    initializer the rewrite added): those are what the judge moves to measure rounding."""
+    b1 = np.random.default_rng(4).uniform(0.1, 1, 64).astype(np.float32)
+    model = tiny(WIDE, seed=4, values={"B1": b1}, zero={"W1": np.s_[:8]})  # 8 channels folded into B2
     shrunk = shrink(model, validate=False).model
-    twin = shrink(widened(model), validate=False).model
-    eps = 2.0**-23
-    assert same_form(shrunk, twin, eps) is None
-    b2 = next(t for t in shrunk.graph.initializer if t.name == "B2")
-    _set(b2, numpy_helper.to_array(b2).astype(np.float64) * (1 + 1e-4))
-    assert same_form(shrunk, twin, eps) == "constant B2 is not its float64 value rounded"
+    new = new_constants(shrunk, model)
+    assert set(new) == {"B2"} and new["B2"][0].all() and new["B2"][1] == 2.0**-23
+    assert params(shrunk) == params(model) - 8 * (16 * 9 + 1 + 32)
 
 
 # ------------------------------------------------------------------ tolerances
@@ -484,3 +487,59 @@ def test_an_integer_output_may_differ_where_the_reference_itself_differs_between
     assert tally.exact["i"]
     tally.add([np.array([1, 2, 3])], [np.array([1, 5, 3])], [np.array([1, 2, 3])])
     assert not tally.exact["i"]
+
+
+def test_widened_models_read_as_the_model_does_resize_scales_and_batchnorm_momentum():
+    """Resize takes its scales only as float: they stay float (else shape inference, and with
+    it the analysis of the float64 twin, sees no shapes). An opset-9 style BatchNorm carrying a
+    momentum attribute is computed by the inference formula (onnx's reference evaluator would
+    take it for training mode)."""
+    model = tiny(
+        """g (float[1,4,6,6] x, float[8,4,3,3] W, float[8] S, float[8] B, float[8] M, float[8] V,
+             float[8,8,1,1] W2) => (float[1,8,12,12] y) {
+             c = Conv<pads=[1,1,1,1]>(x, W)
+             n = BatchNormalization<epsilon=1e-5, momentum=0.9>(c, S, B, M, V)
+             r = Relu(n)
+             roi = Constant<value = float[0] {}>()
+             scales = Constant<value = float[4] {1.0, 1.0, 2.0, 2.0}>()
+             u = Resize<mode="nearest">(r, roi, scales)
+             y = Conv(u, W2)
+           }""",
+        opset=11,
+        seed=6,
+        values={"V": np.full(8, 2.0, np.float32)},
+        zero={"W": np.s_[:3]},  # constant channels relu(BN shift) through the Resize, folded
+    )
+    wide = widened(model)
+    inferred = onnx.shape_inference.infer_shapes(wide, strict_mode=True)
+    assert [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == [1, 8, 12, 12]
+    x = np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    (got,), want = float64_outputs(model, [{"x": x}], ["y"])[0], run(model, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    result = shrink(model)  # the constant channels folded through the Resize: rounding
+    assert result.passed and params(result.model) < params(model)
+    assert all(o.rounding is not False for o in result.validation.outputs)
+
+
+def test_a_twin_whose_constants_the_shrunk_model_does_not_round_to_is_another_model():
+    model = tiny(WIDE, seed=4, values={"B1": np.full(64, 0.5, np.float32)}, zero={"W1": np.s_[:8]})
+    shrunk = shrink(model, validate=False).model
+    twin = shrink(widened(model), validate=False).model
+    eps = 2.0**-23
+    assert same_form(shrunk, twin, eps) is None
+    b2 = next(t for t in shrunk.graph.initializer if t.name == "B2")
+    _set(b2, numpy_helper.to_array(b2).astype(np.float64) * (1 + 1e-4))
+    assert same_form(shrunk, twin, eps) == "constant B2 is not its float64 value rounded"
+
+
+def test_an_integer_output_is_rounding_only_where_its_values_are_near_ties():
+    from onnxshrink.judge import verdict
+
+    r32, s32 = np.array([0, 1, 2]), np.array([3, 1, 2])
+    # float64 gives the reference's values: the same function
+    assert verdict(r32, s32, np.array([0, 1, 2]), np.array([0, 1, 2]), 2.0**-23).rounding
+    # the reference's own float32 and float64 values differ where the shrunk model's do: a tie
+    assert verdict(r32, s32, np.array([3, 1, 2]), np.array([0, 1, 2]), 2.0**-23).rounding
+    # other values where the reference is stable: another function
+    v = verdict(r32, s32, np.array([0, 1, 2]), np.array([3, 1, 2]), 2.0**-23)
+    assert not v.rounding and "another function" in v.text
