@@ -38,7 +38,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink.errors import first_line
-from onnxshrink.validate import ROUNDING_STEPS, ErrorTally, OutputCheck
+from onnxshrink.validate import EPS, ROUNDING_STEPS, ErrorTally, OutputCheck
 
 NARROW = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 DOUBLE = TensorProto.DOUBLE
@@ -65,7 +65,7 @@ SIZE_FACTOR = 10.0
 # Multiply-adds of the model above which it is not judged (onnx's reference evaluator computes
 # about 0.1 G a second: three runs on one input)
 MACS = 2e9
-EPS: dict[int, float] = {TensorProto.FLOAT: 2.0**-23, TensorProto.FLOAT16: 2.0**-10, TensorProto.BFLOAT16: 2.0**-7}
+_EPS: dict[int, float] = dict(EPS)  # by the element type's number
 
 
 @dataclass
@@ -269,12 +269,12 @@ def _batch_norm() -> type:
     return BatchNormalization
 
 
-def _float_tensors(model: onnx.ModelProto, base_dir: str | Path | None) -> dict[str, onnx.TensorProto]:
-    """The model's float constants, by name: initializers, and Constant values (by output)."""
-    out = {t.name: t for t in model.graph.initializer if t.data_type in EPS}
+def _constants(model: onnx.ModelProto, types: Sequence[int]) -> dict[str, onnx.TensorProto]:
+    """The model's constants of `types`, by name: initializers, and Constant values (by output)."""
+    out = {t.name: t for t in model.graph.initializer if t.data_type in types}
     for n in model.graph.node:
         for a in n.attribute:
-            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR and a.t.data_type in EPS:
+            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR and a.t.data_type in types:
                 out[n.output[0]] = a.t
     return out
 
@@ -288,7 +288,7 @@ def new_constants(
     """The elements of the shrunk model's float constants the reference does not hold (a
     constant of a name the reference has: its values not among that constant's; any other: all
     of it), by name: (mask, the dtype's epsilon)."""
-    mine, theirs = _float_tensors(shrunk, shrunk_dir), _float_tensors(reference, reference_dir)
+    mine, theirs = _constants(shrunk, NARROW), _constants(reference, NARROW)
     out = {}
     for name, t in mine.items():
         values = numpy_helper.to_array(t, base_dir=str(shrunk_dir or ""))
@@ -298,7 +298,7 @@ def new_constants(
         else:
             mask = np.ones(values.shape, bool)
         if mask.any():
-            out[name] = (mask, EPS[t.data_type])
+            out[name] = (mask, _EPS[t.data_type])
     return out
 
 
@@ -308,11 +308,7 @@ def perturbed(wide: onnx.ModelProto, new: dict[str, tuple[np.ndarray, float]], s
     rng = np.random.default_rng(seed)
     out = onnx.ModelProto()
     out.CopyFrom(wide)
-    tensors = _float_tensors(out, None) | {t.name: t for t in out.graph.initializer}
-    for n in out.graph.node:
-        for a in n.attribute:
-            if n.op_type == "Constant" and a.type == onnx.AttributeProto.TENSOR:
-                tensors[n.output[0]] = a.t
+    tensors = _constants(out, (*NARROW, DOUBLE))
     for name, (mask, eps) in new.items():
         t = tensors.get(name)
         if t is None:
