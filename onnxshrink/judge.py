@@ -65,7 +65,7 @@ SIZE_FACTOR = 10.0
 # Multiply-adds of the model above which it is not judged (onnx's reference evaluator computes
 # about 0.1 G a second: three runs on one input)
 MACS = 2e9
-_EPS: dict[int, float] = dict(EPS)  # by the element type's number
+_EPS: dict[int, float] = {int(k): v for k, v in EPS.items()}  # by the element type number
 
 
 @dataclass
