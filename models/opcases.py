@@ -55,6 +55,9 @@ EXCLUDED = {
     "ConvInteger": "integer data only; tests/ops/test_quantize.py",
     "QLinearMatMul": "integer data only; tests/ops/test_quantize.py",
     "QLinearConv": "integer data only; tests/ops/test_quantize.py",
+    "If": "its bodies' nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Loop": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Scan": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
 }  # fmt: skip
 MS_HEADER = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
 OPSET23 = '<ir_version: 10, opset_import: ["" : 23]>\n'

@@ -536,13 +536,26 @@ def distinct_params(model) -> int:
     """Float parameters of an ONNX model with equal initializers counted once: unlike the stored
     count, it does not depend on which equal tensors an exporter merged (default-initialized
     models have many: every zero bias, every unit scale), so a shrunk model and a natively built
-    one compare."""
+    one compare. Constant nodes are weights too (a shrink that removes nothing keeps them so;
+    one that does stores them as initializers)."""
+    import onnx
     from onnx import numpy_helper
 
+    from onnxshrink.ir import all_graphs
     from onnxshrink.prepare import FLOAT_TYPES
 
     seen = set()
-    for t in model.graph.initializer:
+    graphs = list(all_graphs(model.graph))
+    tensors = [t for g in graphs for t in g.initializer]
+    tensors += [
+        a.t
+        for g in graphs
+        for n in g.node
+        if n.op_type == "Constant"
+        for a in n.attribute
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR
+    ]
+    for t in tensors:
         if t.data_type in FLOAT_TYPES:
             a = numpy_helper.to_array(t)
             seen.add((a.dtype.str, a.shape, a.tobytes()))

@@ -12,15 +12,18 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
+from onnxshrink.io import dims
 from onnxshrink.io.masks import imports_torch, load_masks_file
 from onnxshrink.io.model import (
     Scratch,
     check_output,
     check_tensor_data,
+    copy_model,
     data_files,
     load_external,
     load_model,
@@ -33,6 +36,7 @@ from onnxshrink.masks import MaskSet, load_maskset, weight_values
 from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
+from onnxshrink.prepare.computed import fold_computed_weights, has_computed_weights
 from onnxshrink.progress import PhaseClock, bar
 from onnxshrink.recover import Attempt, Recovery, recover
 from onnxshrink.report import (
@@ -47,10 +51,12 @@ from onnxshrink.rewrite import Fold, RewriteResult, apply, release
 from onnxshrink.validate import (
     ValidationReport,
     check_inputs,
+    check_provider,
     check_runnable,
     compare,
     resolve_shapes,
     round_up,
+    session_threads,
 )
 
 ModelLike = str | Path | onnx.ModelProto
@@ -96,36 +102,48 @@ class ShrinkResult:
     data_file: Path | None = None  # where `model`'s external weights are, when not in memory
     renamed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (shared name, new name)
     _scratch: Any = field(default=None, repr=False)  # keeps an unsaved data file alive
+    # A shrink that removed nothing from the model file as given: saved as a copy of the file
+    _unchanged: Any = field(default=None, repr=False)
 
     @property
     def passed(self) -> bool:
         return all(v is None or v.passed for v in (self.validation, self.torch_validation))
 
+    # what --report writes (with "passed"), in this order
+    REPORT_KEYS = (
+        "before",
+        "after",
+        "validation",
+        "timings",
+        "masks_bound",
+        "unbound_masks",
+        "input_masked",
+        "shared_initializers",
+        "folds",
+        "barriers",
+        "replayed",
+        "kept_zeroed",
+        "sparsity",
+        "removed_nodes",
+        "written",
+        "torch_validation",
+        "first_failure",
+        "kept_after_failed_proof",
+        "renamed_nodes",
+    )
+
     def to_dict(self) -> dict[str, Any]:
-        keys = (
-            "before",
-            "after",
-            "validation",
-            "timings",
-            "masks_bound",
-            "unbound_masks",
-            "input_masked",
-            "shared_initializers",
-            "folds",
-            "barriers",
-            "replayed",
-            "kept_zeroed",
-            "sparsity",
-            "removed_nodes",
-            "written",
-            "torch_validation",
-            "first_failure",
-            "kept_after_failed_proof",
-            "renamed_nodes",
-        )
-        return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
+        return {k: to_jsonable(getattr(self, k)) for k in self.REPORT_KEYS} | {"passed": self.passed}
+
+    @classmethod
+    def empty_report(cls) -> dict[str, Any]:
+        """The report of a shrink that made no result (its rewrite failed): every key of one
+        that did, empty."""
+        return dict.fromkeys(cls.REPORT_KEYS) | {"passed": False}
 
     def save(self, path: str | Path, external: bool = False) -> list[Path]:
+        if self._unchanged is not None and external == bool(self._unchanged.data):
+            return copy_model(self._unchanged.path, self._unchanged.data, path)
         if self.data_file is not None:
             return save_streamed(self.model, self.data_file, path, move=False)
         return save_model(self.model, path, external=external)
@@ -157,6 +175,19 @@ def check_options(opts: ShrinkOptions, flags: bool = False) -> None:
             )
 
 
+def check_against_model(model: onnx.ModelProto, opts: ShrinkOptions, source: str = "model") -> None:
+    """Refuse, before any heavy step, options the model contradicts: shapes of inputs it does not
+    have or of another rank or static size, validation inputs that do not fit, a provider
+    onnxruntime lacks here, ops the proof cannot run."""
+    if opts.input_shapes:
+        resolve_shapes(model, opts.input_shapes)
+    if opts.validate:
+        check_provider(opts.provider)
+        session_threads()  # ONNXSHRINK_THREADS, read by every proof session
+        check_runnable(model, source)
+        check_inputs(model, opts.inputs)
+
+
 def shrink(
     model: ModelLike,
     masks: MasksLike = None,
@@ -180,9 +211,13 @@ def shrink(
     source = read_model(model)
     if output is not None:
         check_output(output, [source.path, *source.data] if source.path is not None else [])
-    if opts.validate:
-        check_runnable(source.proto, str(source.path or "model"))
-        check_inputs(source.proto, opts.inputs)
+    check_against_model(source.proto, opts, str(source.path or "model"))
+    if source.folded:
+        names = ", ".join(f"'{n}'" for n in source.folded[:4]) + (" ..." if len(source.folded) > 4 else "")
+        opts.say(
+            f"{len(source.folded)} weight(s) the graph computes from constants (pruning still "
+            f"attached, e.g. weight_orig * weight_mask) stored as the weights they are: {names}"
+        )
     maskset, values = read_masks(masks, opts)
     clock.lap("load")
 
@@ -234,12 +269,14 @@ def shrink(
     ):  # a small model's reference holds its weights, as its shrunk model does
         load_external(reference, Path(source.base_dir), str(source.path))
     rewritten, report, analysis = outcome.rewritten, outcome.report, outcome.analysis
-    if (
+    unchanged = (
         (report is None or report.passed)
         and (source.file_bytes or 0) < IN_MEMORY_BYTES
         and same_structure(reference, rewritten.model)
-    ):  # nothing was removed: the output is the reference itself, no larger than the input
-        # (the rewrite's export adds the inferred shapes)
+    )
+    if unchanged:  # nothing was removed: the output is the reference itself, no larger than the
+        # input (the rewrite's export adds the inferred shapes); the input's file itself when
+        # the reference is the model as the file holds it
         if source.base_dir is not None:
             load_external(reference, Path(source.base_dir), str(source.path))
         if rewritten.data_file is not None:
@@ -256,7 +293,8 @@ def shrink(
     result = ShrinkResult(
         model=shrunk,
         reference=reference,
-        before=model_stats(reference, shapes, source.file_bytes),
+        # the input as its file holds it (the reference may hold untied copies of a weight)
+        before=model_stats(source.proto, shapes, source.file_bytes),
         after=model_stats(shrunk, shapes),
         validation=report,
         timings=clock.timings,
@@ -280,6 +318,10 @@ def shrink(
     )
     if rewritten.data_file is not None:
         result.data_file, result._scratch = rewritten.data_file, scratch
+    for m in {id(result.model): result.model, id(reference): reference}.values():
+        dims.restore(m)  # the input's interface as it was declared (see io.dims)
+    if unchanged and reference is source.proto and source.as_given and source.path is not None:
+        result._unchanged = source
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
         clock.lap("save")
@@ -322,10 +364,23 @@ def _check_smaller(
 
 
 def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
-    """The same ops and the same initializer shapes: a shrink that removed nothing."""
-    shapes = [sorted((t.name, tuple(t.dims)) for t in m.graph.initializer) for m in (a, b)]
-    ops = [sorted(n.op_type for n in m.graph.node) for m in (a, b)]
-    return shapes[0] == shapes[1] and ops[0] == ops[1]
+    """The same ops and the same weight shapes, in every subgraph too: a shrink that removed
+    nothing. A weight is an initializer or a Constant node (the shrink stores the latter as the
+    former)."""
+
+    def facts(m: onnx.ModelProto) -> tuple[list, list]:
+        graphs = list(ir.all_graphs(m.graph))
+        weights = [(t.name, tuple(t.dims)) for g in graphs for t in g.initializer]
+        ops = []
+        for n in (n for g in graphs for n in g.node):
+            value = next((x for x in n.attribute if x.name == "value" and x.type == onnx.AttributeProto.TENSOR), None)
+            if n.op_type == "Constant" and not n.domain and len(n.output) == 1 and value is not None:
+                weights.append((n.output[0], tuple(value.t.dims)))
+            else:
+                ops.append(n.op_type)
+        return sorted(weights), sorted(ops)
+
+    return facts(a) == facts(b)
 
 
 # ---------------------------------------------------------------------- stages
@@ -340,6 +395,12 @@ class Source:
     file_bytes: int | None = None
     store: WeightStore = field(default_factory=WeightStore)  # maps the external data
     renamed: list[tuple[str, str]] = field(default_factory=list)  # nodes named apart (see io)
+    folded: list[str] = field(default_factory=list)  # weights computed from constants, now stored
+
+    @property
+    def as_given(self) -> bool:
+        """`proto` is the model as its file holds it (no node renamed, no weight folded)."""
+        return not self.renamed and not self.folded
 
     @property
     def streamed(self) -> bool:
@@ -348,23 +409,36 @@ class Source:
 
 
 def read_model(model: ModelLike) -> Source:
-    """The input model, checked; nodes that share a name are named apart (in a copy of a
-    ModelProto given: the caller's is never changed)."""
+    """The input model, checked; nodes that share a name are named apart, and the weights it
+    computes from constants only (pruning hooks and parametrizations exported as they are) are
+    stored as the weights they are (prepare.computed); in a copy of a ModelProto given: the
+    caller's is never changed."""
     if isinstance(model, str | Path):
         path = Path(model)
         proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
         data = data_files(path, proto)
         size = path.stat().st_size + sum(p.stat().st_size for p in data if p.exists())
-        return Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
-    if isinstance(model, onnx.ModelProto):
+        ir.unique_scope_names(proto.graph)  # bodies that reuse a sibling's names: named apart
+        source = Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
+    elif isinstance(model, onnx.ModelProto):
         check_tensor_data(model, "model")
         names = [n.name for n in model.graph.node if n.name]
-        if len(set(names)) == len(names):
+        if (
+            len(set(names)) == len(names)
+            and not dims.needs_symbolic(model)
+            and not has_computed_weights(model)
+            and not ir.unique_scope_names(model.graph, apply=False)
+        ):
             return Source(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return Source(copy, renamed=unique_node_names(copy))
-    raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
+        dims.to_symbolic(copy)
+        ir.unique_scope_names(copy.graph)
+        source = Source(copy, renamed=unique_node_names(copy))
+    else:
+        raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
+    source.folded = fold_computed_weights(source.proto, source.base_dir, source.store)
+    return source
 
 
 def read_masks(
@@ -501,7 +575,7 @@ def rewrite(
 ) -> RewriteResult:
     total = sum(
         t.values.nbytes
-        for t in analysis.graph.tensors().values()
+        for t in analysis.keep.tensors.values()
         if isinstance(t, gs.Constant) and t.name in analysis.keep.demanded
     )
     with bar(total, "slicing and writing weights", "B", bool(opts and opts.progress)) as progress:
@@ -520,7 +594,9 @@ def rewrite(
 def save(result: ShrinkResult, source: Source, output: str | Path, opts: ShrinkOptions) -> None:
     protect = [source.path, *source.data] if source.path is not None else []
     external = opts.external_data if opts.external_data is not None else bool(source.data)
-    if result.data_file is not None:  # streamed: the data file written is moved into place
+    if result._unchanged is not None and external == bool(source.data):
+        written = copy_model(result._unchanged.path, result._unchanged.data, output, protect=protect)
+    elif result.data_file is not None:  # streamed: the data file written is moved into place
         written = save_streamed(result.model, result.data_file, output, protect=protect)
         if result._scratch is not None:
             result._scratch.saved(result.data_file)

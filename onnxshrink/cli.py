@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import traceback
 from collections import Counter
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input-shapes",
         nargs="+",
+        action="extend",
         metavar="NAME:D0,D1",
         default=[],
         help="shapes for validation inputs with dynamic dims, e.g. input:1,3,224,224",
@@ -160,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--ignore",
         nargs="+",
+        action="extend",
         default=[],
         metavar="PATTERN",
         help="leave alone the layers whose weights, parameters, nodes or op types match (fnmatch)",
@@ -188,14 +191,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_SHAPE = re.compile(r"^[\[(]?\s*(-?\d+\s*(,\s*-?\d+\s*)*,?)?[\])]?$")
+# Options that take several values: what each value looks like (the rest is a positional).
+_LISTS = {
+    "--input-shapes": lambda v: bool(v.rpartition(":")[0]) and bool(_SHAPE.match(v.rpartition(":")[2])),
+    "--ignore": lambda v: not Path(v).is_file(),  # a pattern, not the model or masks file
+}
+
+
+def order_free(argv: list[str]) -> list[str]:
+    """`argv` with each value of a several-valued option attached to it (`--input-shapes=x:1,3`):
+    argparse gives such an option every word up to the next option, so the model and masks
+    given after it were taken as its values. A value is its option's while it looks like one
+    (a `name:dims` shape; an --ignore pattern that is not a file): options go in any order."""
+    out: list[str] = []
+    k = 0
+    while k < len(argv):
+        word = argv[k]
+        option, sep, value = word.partition("=")
+        k += 1
+        if option not in _LISTS:
+            out.append(word)
+            continue
+        values = [value] if sep else []
+        while not sep and k < len(argv) and not argv[k].startswith("-") and (
+            not values or _LISTS[option](argv[k])
+        ):
+            values.append(argv[k])
+            k += 1
+        out += [f"{option}={v}" for v in values] or [option]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = order_free(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_intermixed_args(argv)
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     try:
         from onnxshrink.logs import show_library_logs
 
         show_library_logs(args.verbose and not args.quiet)
-        from onnxshrink.api import check_options, shrink
+        from onnxshrink.api import ShrinkResult, check_options, shrink
         from onnxshrink.options import ShrinkOptions
         from onnxshrink.validate import load_inputs, parse_shapes
 
@@ -261,10 +297,14 @@ def main(argv: list[str] | None = None) -> int:
             result, failure = exc.result, exc
         if result is not None:
             _print_result(result, args, say)
-        if report is not None:
-            data = result.to_dict() if result is not None else {"passed": False, "error": str(failure)}
+        if report is not None:  # the same keys whether the run passed or not
             if pruned is not None:
                 data = pruned.to_dict()
+            elif failure is not None and failure.report is not None:
+                data = failure.report
+            else:
+                data = result.to_dict() if result is not None else ShrinkResult.empty_report()
+            data["error"] = str(failure) if failure is not None else None
             with file_access(report):
                 report.write_text(json.dumps(data, indent=2))
         if failure is not None:
@@ -369,8 +409,21 @@ def _prune(args, options, inputs, say):
         f"[I] parameters {human(result.original.params)} -> {human(after.params)}, "
         f"MACs {human(result.original.macs)} -> {human(after.macs)} (the unpruned input -> pruned)"
     )
-    if args.masks_out:
-        say(f"[I] masks written to {args.masks_out} ({len(result.masks)} parameter(s))")
+    if args.masks_out and not result.masks:
+        say(f"[W] no masks written to {args.masks_out}: nothing was pruned")
+    elif args.masks_out:
+        from onnxshrink.masks import ONNX_SECTION
+
+        onnx_only = sum(name.startswith(ONNX_SECTION) for name in result.masks)
+        say(
+            f"[I] masks written to {args.masks_out} ({len(result.masks) - onnx_only} parameter(s)"
+            + (
+                f"; {onnx_only} ONNX tensor(s) with no framework name, under '{ONNX_SECTION}'"
+                if onnx_only
+                else ""
+            )
+            + ")"
+        )
     for name in result.skipped_masks:
         say(f"[W] no mask written for shared initializer {name!r}: no parameter name recorded")
     return result

@@ -84,6 +84,45 @@ def outer_inputs(node: gs.Node) -> list[gs.Tensor]:
     return list(found.values())
 
 
+def bodies(node: gs.Node) -> list[gs.Graph]:
+    """The node's own subgraphs (If branches, a Loop or Scan body), in attribute order."""
+    return [v for v in node.attrs.values() if isinstance(v, gs.Graph)]
+
+
+def scopes(graph: gs.Graph) -> Iterator[gs.Graph]:
+    """`graph` and every subgraph in it, depth first (gs graphs; `all_graphs` walks protos)."""
+    yield graph
+    for node in graph.nodes:
+        for body in bodies(node):
+            yield from scopes(body)
+
+
+def flat_nodes(graph: gs.Graph) -> list[gs.Node]:
+    """Every node of `graph` and of its subgraphs, each body's nodes just before the node that
+    holds them: a topological order of the whole model (a body reads only what is computed
+    before its node, and its node's outputs come from it)."""
+    out: list[gs.Node] = []
+    for node in graph.nodes:
+        for body in bodies(node):
+            out.extend(flat_nodes(body))
+        out.append(node)
+    return out
+
+
+def home_graphs(graph: gs.Graph) -> dict[int, gs.Graph]:
+    """id(node) -> the graph (scope) that holds it, for every node of every scope."""
+    return {id(n): g for g in scopes(graph) for n in g.nodes}
+
+
+def all_tensors(graph: gs.Graph) -> dict[str, gs.Tensor]:
+    """Every tensor of every scope by name (names are unique across scopes: see
+    unique_scope_names, which prepare applies)."""
+    out: dict[str, gs.Tensor] = {}
+    for g in scopes(graph):
+        out.update(g.tensors())
+    return out
+
+
 def norm_axis(axis: int, r: int) -> int:
     return axis + r if axis < 0 else axis
 
@@ -102,6 +141,61 @@ def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """`graph` and every subgraph in it (If branches, Loop and Scan bodies), depth first."""
     yield graph
     for n in graph.node:
-        for a in n.attribute:
-            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                yield from all_graphs(g)
+        for g in _subgraphs_of(n):
+            yield from all_graphs(g)
+
+
+def _subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)]
+
+
+def unique_scope_names(graph: onnx.GraphProto, apply: bool = True) -> list[tuple[str, str]]:
+    """Give the tensors a subgraph defines under a name another scope already uses (a sibling
+    body may reuse its sibling's names; an enclosing graph's, against the spec) a name of their
+    own, in place: the analysis reads the tensors of every scope by name. Inputs and outputs of
+    a body are positional, so renaming changes nothing it computes. `apply` False: only say
+    which would be renamed. Returns (old, new) names."""
+    taken = {
+        name
+        for g in all_graphs(graph)
+        for name in [
+            *(v.name for v in [*g.input, *g.output, *g.value_info]),
+            *(t.name for t in g.initializer),
+            *(x for n in g.node for x in [*n.input, *n.output]),
+        ]
+    }
+    seen: set[str] = set()
+    renamed: list[tuple[str, str]] = []
+
+    def fresh(name: str) -> str:
+        k, new = 1, f"{name}__1"
+        while new in taken:
+            k += 1
+            new = f"{name}__{k}"
+        taken.add(new)
+        return new
+
+    def visit(g: onnx.GraphProto, outer: dict[str, str], top: bool) -> None:
+        names = {}
+        defined = [*(v.name for v in g.input), *(t.name for t in g.initializer)]
+        defined += [o for n in g.node for o in n.output if o]
+        for name in defined:
+            if name in seen and not top:
+                names[name] = fresh(name)
+                renamed.append((name, names[name]))
+            seen.add(name)
+        mapping = {**outer, **names}
+        if apply and mapping:
+            for v in [*g.input, *g.output, *g.value_info]:
+                v.name = mapping.get(v.name, v.name)
+            for t in g.initializer:
+                t.name = mapping.get(t.name, t.name)
+            for n in g.node:
+                n.input[:] = [mapping.get(x, x) for x in n.input]
+                n.output[:] = [mapping.get(x, x) for x in n.output]
+        for n in g.node:
+            for sub in _subgraphs_of(n):
+                visit(sub, mapping, False)
+
+    visit(graph, {}, True)
+    return renamed

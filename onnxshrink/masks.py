@@ -4,6 +4,7 @@ The format is detected from the content (`--masks-format` overrides it):
 
 - flat: {"conv1.weight": mask}
 - nni: {"conv1": {"weight": mask, "bias": mask}} (NNI's masks dict)
+- nni-wrapped: the state dict of a model NNI 3's pruner wrapped ("m._nni_wrapper.w" + "..w_mask")
 - torch-prune: a state dict of a model pruned with torch.nn.utils.prune ("w_orig" + "w_mask")
 - torch-ao: a torch.ao.pruning sparsifier's state_dict() ({"state": {fqn: {"mask"}}, "groups"}),
   or the state dict of a model it prepared ("....parametrizations.weight.0.mask")
@@ -36,7 +37,10 @@ from onnxshrink.io.masks import Leaf, as_leaf, leaves, load_masks_file
 from onnxshrink.options import MASKS_FORMATS
 
 FORMATS = MASKS_FORMATS
+ONNX_SECTION = "onnx/"  # --masks-out's section of ONNX tensors the framework has no name for
 _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:original|0\.mask)$")
+# NNI 3's ModuleWrapper keeps a wrapped module's parameter and its mask under `_nni_wrapper`.
+_NNI_WRAPPED = re.compile(r"^(?:(?P<module>.+)\.)?_nni_wrapper\.(?P<param>[^.]+?)(?P<mask>_mask)?$")
 
 
 class Values(Mapping):
@@ -180,6 +184,8 @@ def detect(raw: Mapping) -> str:
     if {"state", "groups"} <= keys:
         return "torch-ao"
     flat = _leaves(raw)
+    if any((m := _NNI_WRAPPED.match(k)) and m["mask"] for k in flat):
+        return "nni-wrapped"
     if any(k.endswith("_mask") for k in flat) and any(k.endswith("_orig") for k in flat):
         return "torch-prune"
     if any(_PARAM.match(k) for k in flat):
@@ -258,6 +264,16 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
                     out.masks[k[: -len("_mask")]] = read_mask(k, v, source)
                 elif k.endswith("_orig"):
                     values[k[: -len("_orig")]] = v
+        elif fmt == "nni-wrapped":
+            for k, v in flat.items():
+                found = _NNI_WRAPPED.match(k)
+                if found is None:
+                    continue
+                name = ".".join(p for p in (found["module"], found["param"]) if p)
+                if found["mask"]:
+                    out.masks[name] = read_mask(k, v, source)
+                else:
+                    values[name] = v
         elif fmt == "torch-ao":
             for k, v in flat.items():
                 found = _PARAM.match(k)
@@ -285,8 +301,16 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
                     out.masks[k] = compact(arr != 0)
                     v.done(arr)
                     values[k] = v
-        else:  # flat, nni
-            out.masks = {k: read_mask(k, v, source) for k, v in flat.items()}
+        else:  # flat, nni; `onnx/NAME`: an ONNX tensor with no framework name (--masks-out)
+            out.masks = {k.removeprefix(ONNX_SECTION): read_mask(k, v, source) for k, v in flat.items()}
+    if not out.masks and fmt == "torch-ao" and len(values):
+        raise ShrinkError(
+            f"{source}: holds the original weights of a model a torch.ao sparsifier prepared "
+            f"(e.g. '{next(iter(values))}'), but not its masks (torch.ao keeps them out of the "
+            "model's state_dict). If the model was exported with the parametrizations attached, "
+            "omit the masks file: the zeros in the model are the masks; or give the "
+            "sparsifier's state_dict()."
+        )
     if not out.masks:
         raise ShrinkError(
             f"{source}: no masks found in it as format '{fmt}'. Name the format with --masks-format."

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # kept light: the CLI builds its parser from this module
 ANALYSES = ("rules", "replay")
 
 # How a masks file can be read (see onnxshrink.masks); "auto" detects it from the content.
-MASKS_FORMATS = ("auto", "flat", "nni", "torch-prune", "torch-ao", "ao-data", "dpu", "state-dict")
+MASKS_FORMATS = ("auto", "flat", "nni", "nni-wrapped", "torch-prune", "torch-ao", "ao-data", "dpu", "state-dict")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,13 @@ class Rewriter:
         self.tensors = self.ks.tensors
         self.folds: list[Fold] = []
         self._taken = set(self.tensors)
+        # The scope of every node: what a handler adds for a node goes beside it (in its body)
+        self._home = ir.home_graphs(self.graph)
+        self.here = self.graph  # the scope of the node being rewritten
+        self.untied = analysis.untied
+        # {new constant: the weight it was made from}: readers of one weight (both branches of
+        # an If) that each fold the same constant into it get equal copies, stored once
+        self.derived: dict[str, str] = {}
         self.inserted: set[str] = set()  # constants made here (folds, corrections): not the model's
         self._ones: dict[tuple, gs.Tensor] = {}
         for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
@@ -75,6 +83,10 @@ class Rewriter:
         if k is None:
             raise InternalError(f"{t.name!r} axis {axis}: no kept set (a dynamic size)")
         return k
+
+    def is_read(self, t: gs.Tensor) -> bool:
+        """Does a live node (or the interface) read `t`?"""
+        return self.ks.is_read(t)
 
     def kept_count(self, t: gs.Tensor, axis: int) -> int | None:
         k = self.kept(t, axis)
@@ -125,6 +137,8 @@ class Rewriter:
             return old
         hint = old.name if old is not None else f"{node.name}_in{i}"
         c = gs.Constant(self._name(hint), values=np.asarray(values))
+        if isinstance(old, gs.Constant):  # a copy of a shared weight: merged with its equals
+            self.derived[c.name] = self.untied.get(old.name, old.name)
         while len(node.inputs) <= i:
             node.inputs.append(gs.Variable.empty())
         node.inputs[i] = c
@@ -151,7 +165,7 @@ class Rewriter:
     ) -> gs.Variable:
         self._check_available(op)
         out = gs.Variable(self._name(f"onnxshrink_{hint}"), dtype=dtype)
-        self.graph.nodes.append(
+        self.here.nodes.append(
             gs.Node(
                 op,
                 name=self._name(f"onnxshrink_{hint}_{op}"),
@@ -189,17 +203,27 @@ class Rewriter:
         if not np.any(values):
             return
         values = _smallest_broadcast(values)
-        y = node.outputs[out_index]
-        nxt = y.outputs[0] if len(y.outputs) == 1 else None
-        if nxt is not None and y not in self.graph.outputs:
-            handler = self.handler_for(nxt)
-            slots = [i for i, t in enumerate(nxt.inputs) if t is y]
-            if handler is not None and len(slots) == 1 and handler.absorb_addend(nxt, slots[0], values, self):
-                self.record_fold(node, channels, into or "bias")
-                return
+        if self.absorb_into_reader(node, out_index, values, channels, into):
+            return
         self.add_to_output(node, out_index, self.constant(values, f"{node.name}_folded"))
         kind = "constant map" if values.size > values.shape[-1] else "bias"
         self.record_fold(node, channels, into or kind)
+
+    def absorb_into_reader(
+        self, node: gs.Node, out_index: int, values: np.ndarray, channels: int, into: str | None = None
+    ) -> bool:
+        """Add a constant to output `out_index` inside its only reader, when that reader's handler
+        absorbs it (a bias Add after a bias-less Conv or MatMul); False, changing nothing, if not."""
+        y = node.outputs[out_index]
+        nxt = y.outputs[0] if len(y.outputs) == 1 else None
+        if nxt is None or y in self.scope(node).outputs:  # a body's output is read by its node
+            return False
+        handler = self.handler_for(nxt)
+        slots = [i for i, t in enumerate(nxt.inputs) if t is y]
+        if handler is None or len(slots) != 1 or not handler.absorb_addend(nxt, slots[0], values, self):
+            return False
+        self.record_fold(node, channels, into or "bias")
+        return True
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None:
         """Output `out_index` of `node` becomes itself + `addend` (for every reader)."""
@@ -207,7 +231,7 @@ class Rewriter:
         y = node.outputs[out_index]
         mid = gs.Variable(self._name(f"{y.name}_unfolded"), dtype=y.dtype)
         node.outputs[out_index] = mid
-        self.graph.nodes.append(
+        self.scope(node).nodes.append(
             gs.Node("Add", name=self._name(f"{node.name}_fold"), inputs=[mid, addend], outputs=[y])
         )
 
@@ -217,7 +241,7 @@ class Rewriter:
         stored map of a static size, or a Tile of a one)."""
         dims = ir.dims(x) or []
         static = len(dims) > 2 and all(isinstance(d, int) for d in dims[2:])
-        key = (tuple(dims[2:]) if static else x.name, np.dtype(dtype).str)
+        key = (id(self.here), tuple(dims[2:]) if static else x.name, np.dtype(dtype).str)
         if key in self._ones:
             return self._ones[key]
         ones: gs.Tensor
@@ -244,6 +268,10 @@ class Rewriter:
                 ones = self.add_node("Tile", [one, size], "ones", None, dtype)
         self._ones[key] = ones
         return ones
+
+    def scope(self, node: gs.Node) -> gs.Graph:
+        """The graph (the model's, or a body) that holds `node`."""
+        return self._home.get(id(node), self.here)
 
     def record_fold(self, node: gs.Node, channels: int, into: str) -> None:
         self.folds.append(Fold(node.name, node.op, channels, into))
@@ -290,8 +318,13 @@ def apply(
     route_library_logs()
     rw = Rewriter(analysis)
     graph, ks = analysis.graph, analysis.keep
-    live = [n for n in graph.nodes if ks.node_live(n)]
-    dead = [n for n in graph.nodes if not ks.node_live(n)]
+    # The bodies of a node kept whole (a barrier) are kept as they are, nodes and shapes.
+    frozen = {
+        id(g) for n in ks.nodes if id(n) in ks.barriers for b in ir.bodies(n) for g in ir.scopes(b)
+    }
+    nodes = [n for n in ks.nodes if id(rw.scope(n)) not in frozen]
+    live = [n for n in nodes if ks.node_live(n)]
+    dead = [n for n in nodes if not ks.node_live(n)]
     for t in list(rw.tensors.values()):
         if isinstance(t, gs.Constant) and t.name in ks.demanded:
             size = t.values.nbytes
@@ -301,8 +334,10 @@ def apply(
     for node in live:
         handler = analysis.handler_for(node)
         if handler is not None and id(node) not in ks.barriers:
+            rw.here = rw.scope(node)
             handler.rewrite(node, rw)
             weights.trim()
+    rw.here = graph
     # The original weights are no longer needed: free them before the export copies the graph.
     analysis.consts.consts.clear()
     ks.forget()
@@ -310,22 +345,38 @@ def apply(
         node.inputs.clear()
         node.outputs.clear()
     io = {t.name for t in [*graph.inputs, *graph.outputs]}
-    for t in graph.tensors().values():
-        if isinstance(t, gs.Variable) and t.name not in io:
-            t.shape = None
+    bodies = [g for g in list(ir.scopes(graph))[1:] if id(g) not in frozen]
+    bounds = {t.name: t for g in bodies for t in [*g.inputs, *g.outputs]}
+    for t in bounds.values():  # a body's inputs and outputs declare their shrunk shapes
+        if isinstance(t, gs.Variable) and t.shape is not None:
+            t.shape = _shrunk_dims(t, ks)
+    for g in [graph, *bodies]:
+        for t in g.tensors().values():
+            if isinstance(t, gs.Variable) and t.name not in io and t.name not in bounds:
+                t.shape = None
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     kept_zeroed = explain_kept(analysis)
-    retie(graph, analysis.untied)
+    retie(graph, {**analysis.untied, **rw.derived})
     arrays = _externalize(graph, writer) if writer is not None else {}
     result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
     result.inserted = rw.inserted
     return result
 
 
+def _shrunk_dims(t: gs.Tensor, ks) -> list:
+    """`t`'s dims with each prunable axis at its kept count."""
+    dims = list(t.shape or [])
+    for a, d in enumerate(dims):
+        k = ks.kept(t, a)
+        if isinstance(d, int) and k is not None and len(k) == d:
+            dims[a] = int(k.sum())
+    return dims
+
+
 def release(graph: gs.Graph) -> None:
     """Drop the graph's weight arrays now (its nodes and tensors form reference cycles, which
     only a full garbage collection would free; that costs more than it saves here)."""
-    for t in graph.tensors().values():
+    for t in ir.all_tensors(graph).values():
         loaded = getattr(t, "_values", None)  # not the lazy (never loaded) ones
         if isinstance(t, gs.Constant) and isinstance(loaded, np.ndarray):
             t.values = np.zeros((0,), dtype=loaded.dtype)
@@ -371,7 +422,7 @@ def _externalize(graph: gs.Graph, writer: DataWriter) -> dict[str, np.ndarray]:
     """Make every large initializer refer to its bytes in the writer's file (writing those not
     written yet: constants the handlers made), so that the export copies no weights."""
     arrays: dict[str, np.ndarray] = {}
-    for t in graph.tensors().values():
+    for t in ir.all_tensors(graph).values():
         if not isinstance(t, gs.Constant) or not isinstance(t._values, np.ndarray):
             continue
         arr = t._values
@@ -405,7 +456,85 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             for t in model.graph.initializer
             if t.name not in listed
         )
+    _place_initializers(model.graph, _declared_depths(original.graph))
+    bodies = list(ir.all_graphs(model.graph))[1:]
+    inner = {n for g in bodies for n in [*(o for x in g.node for o in x.output), *(v.name for v in [*g.input, *g.output])]}
+    inferred = {vi.name: vi for vi in inferred_shapes(model, subgraphs=bool(bodies))}
     del model.graph.value_info[:]
-    model.graph.value_info.extend(inferred_shapes(model))
+    model.graph.value_info.extend(vi for name, vi in inferred.items() if name not in inner)
+    for g in bodies:  # each body's own tensors, as inferred (outer ones are the outer graph's)
+        own = [o for x in g.node for o in x.output if o and o in inferred]
+        del g.value_info[:]
+        g.value_info.extend(inferred[o] for o in own)
     onnx.checker.check_model(checkable(model))
     return model
+
+
+def _declared_depths(graph: onnx.GraphProto) -> dict[str, int]:
+    """How deep in the model's subgraphs each weight (initializer or Constant node) is declared:
+    0 for the main graph, 1 for a body in it, ..."""
+    depths: dict[str, int] = {}
+
+    def walk(g: onnx.GraphProto, depth: int) -> None:
+        for t in g.initializer:
+            depths[t.name] = depth
+        for n in g.node:
+            if n.op_type == "Constant" and not n.input:
+                depths.update((o, depth) for o in n.output)
+            for a in n.attribute:
+                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    walk(sub, depth + 1)
+
+    walk(graph, 0)
+    return depths
+
+
+def _place_initializers(graph: onnx.GraphProto, declared: dict[str, int]) -> None:
+    """onnx-graphsurgeon writes a weight into every subgraph that reads it from outside (one
+    copy per If branch, none in the graph around them). An initializer belongs, once, where
+    the input model declared it (`declared`: its depth), which holds every node reading it;
+    one the rewrite made, in the innermost graph that holds them all."""
+    paths: list[tuple[onnx.GraphProto, tuple[int, ...]]] = []
+
+    def walk(g: onnx.GraphProto, path: tuple[int, ...]) -> None:
+        paths.append((g, path))
+        for n in g.node:
+            for a in n.attribute:
+                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    walk(sub, (*path, id(sub)))
+
+    walk(graph, (id(graph),))
+    if len(paths) == 1:
+        return
+    tensors: dict[str, onnx.TensorProto] = {}
+    readers: dict[str, list[tuple[int, ...]]] = {}
+    for g, path in paths:
+        for t in g.initializer:
+            tensors.setdefault(t.name, t)
+        for name in [*(i for n in g.node for i in n.input), *(o.name for o in g.output)]:
+            readers.setdefault(name, []).append(path)
+    owner: dict[str, int] = {}
+    for name in tensors:
+        where = readers.get(name)
+        if where:
+            common = os.path.commonprefix(where)  # tuples compare element by element
+            innermost = len(common) - 1
+            owner[name] = common[min(declared.get(name, innermost), innermost)]
+    plan: list[tuple[onnx.GraphProto, list[onnx.TensorProto]]] = []
+    for g, path in paths:  # copies made before any list is changed
+        here = path[-1]
+        stay = [t for t in g.initializer if owner.get(t.name, here) == here]
+        names = {t.name for t in stay}
+        moved_in = [tensors[n] for n, o in owner.items() if o == here and n not in names]
+        if len(stay) == len(g.initializer) and not moved_in:
+            continue
+        plan.append((g, [_copy(t) for t in [*stay, *moved_in]]))
+    for g, kept in plan:
+        del g.initializer[:]
+        g.initializer.extend(kept)
+
+
+def _copy(t: onnx.TensorProto) -> onnx.TensorProto:
+    out = onnx.TensorProto()
+    out.CopyFrom(t)
+    return out

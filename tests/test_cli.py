@@ -20,6 +20,7 @@ from conftest import (
     WIDE_BEFORE,
     WIDE_PER_CHANNEL,
     cli,
+    error_against,
     export_cached,
     init,
     params,
@@ -28,7 +29,7 @@ from conftest import (
     tiny,
 )
 
-from onnxshrink import ShrinkError, ValidationFailed, shrink
+from onnxshrink import ShrinkError, ValidationFailed, __version__, shrink
 from onnxshrink.cli import main
 
 # Conv(3->6, 3x3) -> Relu -> Conv(6->4, 1x1). Parameters: 162 + 6 + 24 + 4 = 196.
@@ -553,6 +554,49 @@ def test_input_shapes_sets_the_validation_shapes(tmp_path, capsys):
     assert r["after"]["params"] == AFTER
     # MACs: 5 images x 8 x 8 pixels x (4 x 27 + 4 x 4)
     assert r["after"]["macs"] == 5 * 64 * (4 * 27 + 4 * 4)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ["--input-shapes", "x:5,3,8,8", "{model}", "-o", "{out}"],
+        ["--input-shapes", "x:5,3,8,8", "--draws", "2", "{model}", "{masks}", "-o", "{out}"],
+        ["{model}", "--input-shapes", "x:5,3,8,8", "{masks}", "-o", "{out}"],
+        ["-o", "{out}", "--input-shapes=x:5,3,8,8", "{model}"],
+    ],
+)
+def test_options_go_in_any_order(tmp_path, capsys, order):
+    """--input-shapes takes several values: before, it took the model (and masks) after it too."""
+    path, out = tmp_path / "d.onnx", tmp_path / "out.onnx"
+    model = tiny(CONV2_DYN, seed=4, zero={"W1": np.s_[DROP], "B1": np.s_[DROP]})
+    onnx.save(model, path)
+    mask = np.ones(6, np.float32)
+    mask[DROP] = 0
+    np.savez(tmp_path / "m.npz", W1=mask)
+    argv = [w.format(model=path, masks=tmp_path / "m.npz", out=out) for w in order]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "[I]     Comparing Output: 'y' (shape=(5, 4, 8, 8))" in capsys.readouterr().out
+    assert params(onnx.load(out)) == AFTER
+    assert error_against(path, onnx.load(out), {"x": [5, 3, 8, 8]}) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--input-shapes", "x:1,3,8"], "--input-shapes 'x' has 3 dims; the model's input has 4."),
+        (["--input-shapes", "x:1,4,8,8"], "--input-shapes 'x': dim 4 differs from the model's static 3."),
+        (["--input-shapes", "y:1,3,8,8"], "--input-shapes names 'y', which is not a model input"),
+    ],
+)
+@pytest.mark.parametrize("prune", [[], ["--prune", "0.5"]])
+def test_options_the_model_contradicts_are_refused_before_any_analysis(tmp_path, capsys, option, error, prune):
+    path = tmp_path / "d.onnx"
+    onnx.save(tiny(CONV2_DYN, seed=4), path)
+    assert main([*option, str(path), *prune, "-o", str(tmp_path / "out.onnx")]) == 2
+    captured = capsys.readouterr()
+    assert error in captured.err
+    assert captured.out.splitlines() == [f"[I] onnxshrink {__version__} | model {path}"]
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_external_data_flag_writes_data_file(tmp_path, capsys):

@@ -75,6 +75,18 @@ def native(pruner: str, init: str) -> SmallCNN:
 _CACHE: dict[tuple, object] = {}
 
 
+def deployed_params(path) -> int:
+    """The distinct parameters of an export as deployed: a weight its hooks compute in the graph
+    (weight_orig * weight_mask, when the exporter left the product to the runtime) counted once,
+    as the product onnxruntime folds it into."""
+    from onnxshrink.api import read_model
+    from onnxshrink.io.model import load_external
+
+    source = read_model(path)
+    load_external(source.proto, path.parent)
+    return distinct_params(source.proto)
+
+
 @pytest.fixture(scope="module")
 def flow(tmp_path_factory):
     """(pruner, init, exporter) -> (masked export, flat masks file, state dict file, native
@@ -92,7 +104,7 @@ def flow(tmp_path_factory):
             torch.save(state, d / "state_dict.pt")
             torch.save({k[: -len("_mask")]: v for k, v in state.items() if k.endswith("_mask")}, d / "masks.pt")
             export(native(pruner, init), d / "native.onnx", SHAPE, **EXPORTERS[exporter])
-            _CACHE[key] = (d / "model.onnx", d / "masks.pt", d / "state_dict.pt", distinct_params(onnx.load(d / "native.onnx")))
+            _CACHE[key] = (d / "model.onnx", d / "masks.pt", d / "state_dict.pt", deployed_params(d / "native.onnx"))
         return _CACHE[key]
 
     return get
@@ -111,8 +123,8 @@ def shrunk_and_checked(path, masks, **kwargs):
 def test_the_pruners_state_dict_binds_by_value_and_reaches_the_native_size(flow, init, exporter):
     path, _, state_dict, native_params = flow("ln_structured", init, exporter)
     result = shrunk_and_checked(path, state_dict)
-    # optimize=False keeps the hooks' Mul: the masks bind to weight_orig, and are applied to it
-    assert result.masks_bound == 2 and result.input_masked is (exporter != "noopt")
+    # optimize=False keeps the hooks' Mul: its product is the weight, which holds the masks
+    assert result.masks_bound == 2 and result.input_masked is True
     assert distinct_params(result.model) == native_params
     assert distinct_params(result.model) < 0.45 * distinct_params(onnx.load(path))
 
@@ -168,19 +180,18 @@ def test_unstructured_masks_bind_and_are_reported_as_sparsity(flow, exporter):
         assert zeros == [pytest.approx(0.5, abs=0.02)] * 2
 
 
-def test_weights_computed_in_the_graph_shrink_without_masks_and_with_the_state_dict(flow):
-    """optimize=False keeps the hooks' Mul (weight_orig * weight_mask) as a node: the convs
-    read computed weights, whose removed constant channels still fold into the next bias. The
-    state dict binds each mask to its weight_orig by value; the flat file is refused with what
-    works."""
+def test_weights_computed_in_the_graph_shrink_without_masks_and_with_either_masks_file(flow):
+    """optimize=False keeps the hooks' Mul (weight_orig * weight_mask) as a node: the product
+    is the weight the convs read (stored as one, as onnxruntime folds it), whose removed constant
+    channels still fold into the next bias. The masks of either file bind to it by the conv's
+    scope, and the model already holds them."""
     path, masks, state_dict, native_params = flow("ln_structured", "random", "noopt")
-    for source in (None, state_dict):
+    for source in (None, state_dict, masks):
         result = shrunk_and_checked(path, source)
         assert distinct_params(result.model) == native_params
         assert sum(f.channels for f in result.folds) == 12  # every removed channel's BN shift
-    with pytest.raises(ShrinkError, match="Its module is in the graph, but the weight its op reads "
-                       "is not an initializer of that name.*omit the masks file"):
-        shrink(path, masks, validate=False)
+        assert "Mul" not in {n.op_type for n in result.model.graph.node}
+        assert source is None or result.input_masked is True
 
 
 def test_masks_of_a_model_exported_before_pruning_bind_by_value_and_are_applied(tmp_path):

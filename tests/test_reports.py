@@ -4,6 +4,8 @@ the model's), a shrink that removes nothing (no larger)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import torch
@@ -153,6 +155,56 @@ def test_a_shrink_that_removes_nothing_writes_nothing_larger(tmp_path, capsys):
     assert out.stat().st_size <= path.stat().st_size
     small = onnx.load(out)
     assert small.graph == model.graph  # the input itself, not re-exported with added shapes
+
+
+DEMO = Path(__file__).parent.parent / "models" / "demo" / "resnet_demo.onnx"
+
+
+def test_a_no_op_on_the_one_file_demo_writes_the_input_byte_for_byte(tmp_path, capsys):
+    """The demo's weights without its masks file hold no zeros: nothing to remove."""
+    path, out = tmp_path / "demo.onnx", tmp_path / "out.onnx"
+    onnx.save(onnx.load(DEMO), path)
+    assert main([str(path), "-o", str(out)]) == 0
+    assert "[I] nothing smaller" in capsys.readouterr().out
+    assert out.read_bytes() == path.read_bytes() and not (tmp_path / "out.onnx.data").exists()
+
+
+def test_a_no_op_with_a_constant_node_is_still_the_input(tmp_path, capsys):
+    """The legacy exporter writes reshape targets as Constant nodes, which the analysis reads as
+    initializers: a Torch-Pruning result (already small) exported so has nothing to remove."""
+    model = tiny(
+        """g (float[1, 3, 4, 4] x, float[6, 3, 3, 3] W, float[2, 96] L) => (float[1, 2] y) {
+             h = Conv <pads = [1, 1, 1, 1]> (x, W)
+             s = Constant <value = int64[2] {1, -1}> ()
+             f = Reshape (h, s)
+             y = Gemm <transB = 1> (f, L)
+           }""",
+        seed=2,
+    )
+    path, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(model, path)
+    assert main([str(path), "-o", str(out)]) == 0
+    assert "[I] nothing smaller" in capsys.readouterr().out
+    assert out.read_bytes() == path.read_bytes()
+
+
+def test_a_no_op_on_the_external_data_demo_copies_its_weights_as_they_lie(tmp_path, capsys):
+    """Before, the data was written again, each weight aligned to 4 KiB: 742 KiB grew to 760 KiB.
+    Now the data file is the input's, byte for byte, and the model file differs only by the
+    data file's name in each external weight's location."""
+    data = DEMO.with_name(DEMO.name + ".data")
+    out = tmp_path / "small.onnx"
+    assert main([str(DEMO), "-o", str(out)]) == 0
+    assert "[I] smaller: file size -0.0%\n" in capsys.readouterr().out  # the data file's name
+    assert (tmp_path / "small.onnx.data").read_bytes() == data.read_bytes()
+    external = sum(
+        t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(DEMO, load_external_data=False).graph.initializer
+    )
+    shorter = len(data.name) - len("small.onnx.data")
+    assert out.stat().st_size == DEMO.stat().st_size - external * shorter
+    written = out.stat().st_size + (tmp_path / "small.onnx.data").stat().st_size
+    assert written <= DEMO.stat().st_size + data.stat().st_size
+    assert error_against(DEMO, onnx.load(out)) == 0.0
 
 
 def test_masks_that_remove_nothing_write_the_masked_input(tmp_path):

@@ -137,7 +137,7 @@ class ConstContext:
         self.graph = graph
         self.opset = opset
         self.lookup = lookup
-        self.tensors = graph.tensors()
+        self.tensors = ir.all_tensors(graph)
         self.syms = syms or {}  # shape values from an earlier pass, when there was one
         self.consts: dict[str, ConstInfo] = {}
 
@@ -181,17 +181,33 @@ def propagate_constants(
     handlers read weights, the pages they read are given back between nodes (weights.trim)."""
     from onnxshrink.progress import bar
 
-    with bar(len(graph.nodes), "analysis: reading weights", "node", progress) as shown:
+    with bar(len(ir.flat_nodes(graph)), "analysis: reading weights", "node", progress) as shown:
         return _propagate(graph, opset, handler_for, syms, shown)
 
 
 def _propagate(graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping | None, shown: Any) -> ConstContext:
     ctx = ConstContext(graph, opset, handler_for, syms)
-    for t in graph.tensors().values():
+    for t in ctx.tensors.values():
         if isinstance(t, gs.Constant):
             ctx.consts[t.name] = ConstInfo.of_array(t.values)
+    _walk(graph, ctx, handler_for, shown)
+    return ctx
+
+
+def _walk(graph: gs.Graph, ctx: ConstContext, handler_for: Lookup, shown: Any) -> None:
+    """The nodes of one scope in order; a node's bodies just before it, their inputs' constant
+    elements given by its handler (`body_constants`: e.g. a Scan's slices of a constant input;
+    none otherwise: a body input is live)."""
     graph_inputs = {t.name for t in graph.inputs}
     for node in graph.nodes:
+        subgraphs = ir.bodies(node)
+        if subgraphs:
+            handler = handler_for(node)
+            seeds = handler.body_constants(node, ctx) if handler is not None else None
+            for name, c in (seeds or {}).items():
+                ctx.consts[name] = c
+            for body in subgraphs:
+                _walk(body, ctx, handler_for, shown)
         ins = [ir.present(node, i) for i in range(len(node.inputs))]
         if any(t is not None and t.name in graph_inputs for t in ins):
             full_const = False
@@ -200,7 +216,7 @@ def _propagate(graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping |
             full_const = all(c is not None and c.full for c in consts)
         outs: list[ConstInfo | None] | None = None
         handler = handler_for(node)
-        if full_const and foldable(handler) and node.inputs and not _has_subgraph(node):
+        if full_const and foldable(handler) and node.inputs and not subgraphs:
             outs = _fold(node, ctx)
         if outs is None and handler is not None:
             try:
@@ -212,11 +228,6 @@ def _propagate(graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping |
                 ctx.consts[t.name] = c
         weights.trim()
         shown.update(1)
-    return ctx
-
-
-def _has_subgraph(node: gs.Node) -> bool:
-    return any(isinstance(v, gs.Graph) for v in node.attrs.values())
 
 
 def _fold(node: gs.Node, ctx: ConstContext) -> list[ConstInfo | None] | None:

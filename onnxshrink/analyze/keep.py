@@ -92,7 +92,7 @@ class KeepState:
         self._needed_axes: dict[int, set[tuple[int, int]]] = {}  # id(node) -> (input, axis)
         self._visiting: gs.Node | None = None
         self.opset = consts.opset
-        self.tensors = graph.tensors()
+        self.tensors = ir.all_tensors(graph)  # every scope's: bodies are analyzed in place
         self.consts = consts
         self.syms = syms
         self.handler_for = handler_for
@@ -108,11 +108,15 @@ class KeepState:
         self.notes: dict[int, tuple[str, str, str]] = {}
         self._consumers: dict[str, list[gs.Node]] = {}
         self._producer: dict[str, gs.Node] = {}
-        for node in graph.nodes:
+        self.nodes = ir.flat_nodes(graph)  # every node of every scope, in topological order
+        for node in self.nodes:
             for t in node.inputs:
                 self._consumers.setdefault(t.name, []).append(node)
             for t in node.outputs:
                 self._producer[t.name] = node
+            for body in ir.bodies(node):  # its handler ties the body's inputs and outputs
+                for t in [*body.inputs, *body.outputs]:
+                    self._consumers.setdefault(t.name, []).append(node)
         self._memo: dict = {}
         self._changes = 0
         self._queue: deque[gs.Node] = deque()
@@ -408,7 +412,7 @@ class KeepState:
             t = self.tensors.get(name)
             if t is not None:
                 self.pin(t, axis, PROOF)
-        for node in reversed(self.graph.nodes):
+        for node in reversed(self.nodes):
             self._enqueue(node)
         while True:
             while self._queue:
@@ -421,7 +425,7 @@ class KeepState:
 
     def _visit(self, node: gs.Node) -> None:
         handler = self.handler_for(node)
-        if node.outputs and all(t.name in self.syms for t in node.outputs):
+        if node.outputs and all(t.name in self.syms for t in node.outputs) and not ir.bodies(node):
             # A shape computation: its values flow on symbolically; consumers decide.
             sizes = handler.sizes_only if handler is not None else ()
             for i, t in enumerate(node.inputs):
@@ -535,7 +539,7 @@ class KeepState:
         input lost every index of an axis keeps one. Made only now, so that no early, arbitrary
         pick locks in more than the final sets need. True if anything was added."""
         before = self._changes
-        for node in self.graph.nodes:
+        for node in self.nodes:
             if not self.node_live(node):
                 continue
             handler = self.handler_for(node)

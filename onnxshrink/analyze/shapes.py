@@ -166,8 +166,8 @@ def propagate_shapes(
     graph: gs.Graph, consts: ConstContext, lookup: Callable[[gs.Node], Any]
 ) -> dict[str, SymValue]:
     """Symbolic values of every shape value in the graph, each node's handler giving its rule."""
-    view = ShapeSyms(consts, graph.tensors())
-    for node in graph.nodes:
+    view = ShapeSyms(consts, ir.all_tensors(graph))
+    for node in ir.flat_nodes(graph):
         handler = lookup(node)
         if handler is None or not node.outputs:
             continue
@@ -192,15 +192,17 @@ def refine_shapes(
     builds at run time), or that a Slice with run-time bounds leaves as they were, and carry
     them on through elementwise ops and Concat (shape inference ran before these were known, or
     gave up where input dims had different symbols). True when a dim was filled."""
-    view = ShapeSyms(consts, graph.tensors())
+    view = ShapeSyms(consts, ir.all_tensors(graph))
     view.syms = syms
     outputs = {t.name for t in graph.outputs}
     changed = False
-    for node in graph.nodes:
+    for node in ir.flat_nodes(graph):
         handler = lookup(node)
-        if handler is None or not node.outputs or node.outputs[0].name in outputs:
-            continue  # the interface keeps the dims it declares
-        changed |= _fill(node.outputs[0], handler.refine_dims(node, consts, view))
+        if handler is None or not node.outputs:
+            continue
+        for y, new in zip(node.outputs, handler.refine_output_dims(node, consts, view), strict=False):
+            if y.name not in outputs:  # the interface keeps the dims it declares
+                changed |= _fill(y, new)
     return changed
 
 

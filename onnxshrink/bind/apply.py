@@ -22,6 +22,7 @@ from onnxshrink.bind.graph import ModelIndex, Site
 from onnxshrink.errors import ShrinkError
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, tensor_proto
+from onnxshrink.ir import all_graphs
 from onnxshrink.masks import core
 
 SPILL_BYTES = 1024  # masked weights at least this large go to the spill file
@@ -161,14 +162,16 @@ def apply_masks(
     index = index or ModelIndex(model, base_dir)
     ref = onnx.ModelProto()
     ref.CopyFrom(model)
-    inits = {t.name: t for t in ref.graph.initializer}
-    taken = set(inits) | {o for n in ref.graph.node for o in n.output} | {
-        i.name for i in ref.graph.input
-    }
+    graphs = list(all_graphs(ref.graph))
+    nodes = [n for g in graphs for n in g.node]  # as ModelIndex numbers them
+    inits = {t.name: t for g in graphs for t in g.initializer}
+    for name, k in index.constant_nodes.items():  # weights held by Constant nodes: their tensor
+        inits[name] = _constant_value_attribute(nodes[k], index.inits[name])
+    taken = set(inits) | {o for n in nodes for o in n.output} | {i.name for g in graphs for i in g.input}
     per_init: dict[str, list[Binding]] = defaultdict(list)
     for b in bound.bindings:
         if b.attach is not None:
-            _attach(ref, index, b, taken)
+            _attach(ref, nodes, index, b, taken)
         else:
             per_init[b.initializer].append(b)
     for name, bindings in per_init.items():
@@ -178,7 +181,8 @@ def apply_masks(
             groups[tuple(j for j, b in enumerate(bindings) if b.sites is None or s in b.sites)].append(s)
         variants = {key: _masked(arr, [bindings[j] for j in key]) for key in groups}
         first, *others = sorted(variants, key=lambda key: (len(key) > 0, key))
-        _store(inits[name], variants[first], spill)
+        held = name in index.constant_nodes  # a Constant node's tensor keeps its own name
+        _store(inits[name], variants[first], None if held else spill, inits[name].name if held else None)
         for key in others:
             if np.array_equal(variants[key], variants[first]):
                 continue
@@ -190,11 +194,22 @@ def apply_masks(
             ref.graph.initializer.append(onnx.TensorProto())
             _store(ref.graph.initializer[-1], variants[key], spill, copy)
             for s in groups[key]:
-                ref.graph.node[s.node].input[s.input] = copy
+                nodes[s.node].input[s.input] = copy  # in the main graph: seen from every body
             bound.shared.setdefault(name, []).append(owner)
         del variants
         weights.trim()  # the mapped weight read goes back to the page cache
     return ref
+
+
+def _constant_value_attribute(node: onnx.NodeProto, value: onnx.TensorProto) -> onnx.TensorProto:
+    """The tensor a Constant node holds, to be masked in place: its `value` attribute (a node
+    holding its value otherwise, `value_floats`, is given it as a `value` tensor)."""
+    for a in node.attribute:
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+            return a.t
+    del node.attribute[:]
+    node.attribute.append(onnx.helper.make_attribute("value", value))
+    return node.attribute[0].t
 
 
 def _masked(arr: np.ndarray, bindings: list[Binding]) -> np.ndarray:
@@ -216,9 +231,11 @@ def _store(
     t.CopyFrom(tensor_proto(name, arr, where, None))
 
 
-def _attach(ref: onnx.ModelProto, index: ModelIndex, b: Binding, taken: set[str]) -> None:
+def _attach(
+    ref: onnx.ModelProto, nodes: list[onnx.NodeProto], index: ModelIndex, b: Binding, taken: set[str]
+) -> None:
     """A bias the exporter dropped (it was zero) that the masks make non-zero."""
-    node = ref.graph.node[b.attach.node]  # type: ignore[union-attr]
+    node = nodes[b.attach.node]  # type: ignore[union-attr]
     w = index.array(index.resolve(node.input[1]) or "")
     bias = b.masked(np.zeros(w.shape[0], w.dtype))
     name = b.initializer

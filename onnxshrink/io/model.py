@@ -15,7 +15,9 @@ import onnx
 from onnx import helper
 
 from onnxshrink.errors import ShrinkError, file_access, first_line
+from onnxshrink.io import dims
 from onnxshrink.io.weights import DataWriter, WeightStore
+from onnxshrink.ir import all_graphs
 
 TWO_GB = 2**31
 
@@ -23,12 +25,17 @@ TWO_GB = 2**31
 def _external_entries(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(tensor, location) of the first tensor stored at each external data location."""
     seen: dict[str, str] = {}
-    for t in model.graph.initializer:
+    for t in _weights(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             for e in t.external_data:
                 if e.key == "location" and e.value not in seen:
                     seen[e.value] = t.name
     return [(name, loc) for loc, name in seen.items()]
+
+
+def _weights(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The initializers of every graph: the model's and its If/Loop/Scan bodies'."""
+    return [t for g in all_graphs(model.graph) for t in g.initializer]
 
 
 def _external_locations(model: onnx.ModelProto) -> list[str]:
@@ -121,6 +128,7 @@ def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto
     if not keep_external:
         load_external(model, p.parent, str(p))
     check_model(model, str(p))
+    dims.to_symbolic(model)  # -1 dims are dynamic (see io.dims); restored in the output
     return model
 
 
@@ -163,7 +171,7 @@ def check_tensor_data(
     onnx's checker does not look at the data, and reading it would fail deep inside a stage.
     Data in external files (`files`: by location, see `data_files`) is checked against the
     files' sizes."""
-    for t in model.graph.initializer:
+    for t in _weights(model):
         count = int(np.prod(t.dims, dtype=np.int64))
         need = _data_bytes(t.data_type, count)
         shape = f"its shape {list(t.dims)} of {onnx.TensorProto.DataType.Name(t.data_type).lower()}"
@@ -329,7 +337,7 @@ def save_streamed(
             os.replace(data_file, staged)
         except OSError:
             shutil.copyfile(data_file, staged)
-        for t in model.graph.initializer:
+        for t in _weights(model):
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 for e in t.external_data:
                     if e.key == "location":
@@ -339,6 +347,47 @@ def save_streamed(
         os.replace(staged, data)
         os.replace(tmp_model, out)
     return [out, data]
+
+
+def copy_model(
+    source: Path, data: list[Path], path: str | Path, *, protect: Iterable[str | Path] = ()
+) -> list[Path]:
+    """Write the model file `source` (with its external `data` files) to `path` unchanged: a
+    one-file model byte for byte; with external data, its weights' bytes are copied as they lie
+    into `<path>.data` (one file: several are laid end to end) and only the locations in the
+    model change. Atomic as `save_model`."""
+    out = Path(path).absolute()
+    target = out.with_name(out.name + ".data")
+    _check_output(out, target, protect)
+    with file_access(out), tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
+        staged = Path(tmp) / out.name
+        if not data:
+            shutil.copyfile(source, staged)
+            os.replace(staged, out)
+            return [out]
+        model = onnx.load_model(str(source), load_external_data=False)
+        starts: dict[Path, int] = {}
+        with open(Path(tmp) / target.name, "wb") as f:
+            for d in data:
+                starts[d.resolve()] = f.tell()
+                with open(d, "rb") as src:
+                    shutil.copyfileobj(src, f)
+        for t in model.graph.initializer:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            entries = {e.key: e for e in t.external_data}
+            where = (source.parent / entries["location"].value).resolve()
+            entries["location"].value = target.name
+            if starts[where]:
+                if "offset" in entries:
+                    entries["offset"].value = str(int(entries["offset"].value) + starts[where])
+                else:
+                    e = t.external_data.add()
+                    e.key, e.value = "offset", str(starts[where])
+        onnx.save_model(model, str(staged))
+        os.replace(Path(tmp) / target.name, target)
+        os.replace(staged, out)
+    return [out, target]
 
 
 def save_model(
@@ -380,7 +429,7 @@ def _write_external(
     skeleton.CopyFrom(model)
     offset = 0
     with open(data_path, "wb") as f:
-        for t in skeleton.graph.initializer:
+        for t in _weights(skeleton):
             if not t.HasField("raw_data") or len(t.raw_data) < threshold:
                 continue
             pad = -offset % 4096  # aligned, as onnx writes it (lets readers map the file)

@@ -106,6 +106,9 @@ class KeepView(Protocol):
 
     def pin(self, t: gs.Tensor, axis: int | None = None, reason: Reason = ...) -> None: ...
 
+    def pin_refs(self, sym: SymValue, reason: Reason) -> None:
+        """Keep whole the tensor axes a shape value refers to (it is used as data)."""
+
     def couple(
         self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, meet: gs.Node | None = None
     ) -> None: ...
@@ -139,6 +142,8 @@ class RewriteView(Protocol):
 
     def kept_count(self, t: gs.Tensor, axis: int) -> int | None: ...
 
+    def is_read(self, t: gs.Tensor) -> bool: ...
+
     def kept_static(self, t: gs.Tensor, axis: int) -> np.ndarray: ...
 
     def const(self, t: gs.Tensor | None) -> ConstInfo | None: ...
@@ -169,6 +174,8 @@ class RewriteView(Protocol):
     ) -> gs.Variable: ...
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None: ...
+
+    def absorb_into_reader(self, node: gs.Node, out_index: int, values: np.ndarray, channels: int) -> bool: ...
 
     def add_constant(
         self,
@@ -248,6 +255,11 @@ class Handler:
         """Forward: per output, its input-independent elements and their values (None: none)."""
         return None
 
+    def body_constants(self, node: gs.Node, ctx: ConstView) -> Mapping[str, ConstInfo] | None:
+        """For an op with subgraphs, before its bodies are walked: the constant elements of the
+        bodies' inputs, by name (None: none, every body input is live)."""
+        return None
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         """The symbolic value of output 0 when this node computes a shape value (an integer
         vector of sizes) from shape-valued inputs; None when it computes data."""
@@ -256,6 +268,11 @@ class Handler:
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         """Output 0's dims where shape inference left them unknown but the inputs tell."""
         return None
+
+    def refine_output_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list[Dims | None]:
+        """Every output's dims where shape inference left them unknown (ops with several
+        outputs override this; by default output 0's, `refine_dims`)."""
+        return [self.refine_dims(node, consts, view)]
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         """Backward: add what the inputs must keep for the kept outputs; tie axes."""
@@ -298,6 +315,16 @@ class Handler:
         """Inputs that hold indices into another: {index input: (table input, axis)}."""
         return {}
 
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        """Inputs whose elements output 0 holds with their values unchanged (moved, selected or
+        repeated: Reshape, Gather's data, Concat), to follow a graph input to what compares it."""
+        return ()
+
+    def compares(self, node: OpNode) -> bool:
+        """Output 0 compares inputs 0 and 1 elementwise (Equal, Less, ...): a constant an
+        integer input is compared with is a value to draw for it (validate.compared_values)."""
+        return False
+
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         """Multiply-accumulates of one run, from static shapes (dynamic dims as 1)."""
         return 0
@@ -310,3 +337,8 @@ class Handler:
     def constant_value(self, node: OpNode) -> np.ndarray | None:
         """The value a node produces without inputs (a Constant node), else None."""
         return None
+
+    def constant_tensor(self, node: OpNode, name: str) -> onnx.TensorProto | None:
+        """That value as a tensor named `name` (Constant: the node's own tensor, not a copy)."""
+        value = self.constant_value(node)
+        return None if value is None else onnx.numpy_helper.from_array(np.asarray(value), name)

@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink.ir import all_graphs
+
 
 def default_opset(model: onnx.ModelProto) -> int:
     for o in model.opset_import:
@@ -46,8 +48,7 @@ def skeleton(
     g.output.extend(model.graph.output)
     listed = model.ir_version < 4  # IR 3: every initializer is also a graph input
     for t in model.graph.initializer:
-        external = t.data_location == onnx.TensorProto.EXTERNAL
-        if external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64):
+        if _heavy(t):
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
         else:
             g.initializer.append(t)
@@ -63,7 +64,21 @@ def skeleton(
             for d, v in zip(vi.type.tensor_type.shape.dim, input_shapes[i.name], strict=False):
                 d.Clear()
                 d.dim_value = int(v)
+    for body in list(all_graphs(g))[1:]:  # a body's weights: outer inputs of the skeleton
+        heavy = [t for t in body.initializer if _heavy(t)]
+        if heavy:
+            light_ones = [t for t in body.initializer if not _heavy(t)]
+            g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in heavy)
+            del body.initializer[:]
+            body.initializer.extend(light_ones)
     return light
+
+
+def _heavy(t: onnx.TensorProto) -> bool:
+    """A weight whose data shape inference does not need: stored externally, or a float tensor
+    of more than 64 elements."""
+    external = t.data_location == onnx.TensorProto.EXTERNAL
+    return external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64)
 
 
 def _onnx_knows(node: onnx.NodeProto) -> bool:
@@ -262,23 +277,26 @@ def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def inferred_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+def inferred_shapes(model: onnx.ModelProto, subgraphs: bool = False) -> list[onnx.ValueInfoProto]:
     """Shapes of the model's intermediate tensors, inferred on its skeleton (no weight data is
     copied: shape inference of a large model would otherwise serialize it twice), with its
-    shape arithmetic folded first."""
+    shape arithmetic folded first. `subgraphs`: those of the tensors inside If/Loop/Scan bodies
+    too (names are unique across scopes in the graphs the analysis reads)."""
     try:
         light = fold_shape_arithmetic(skeleton(model))
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # a model onnx cannot infer: work with the shapes it carries
-        return list(model.graph.value_info)
-    inferred = contrib_shapes(inferred)
-    complete_shapes(inferred)
+        inferred = model
+    else:
+        inferred = contrib_shapes(inferred)
+        complete_shapes(inferred)
     original = {t.name for t in model.graph.initializer}
     folded = [
         onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
         for t in inferred.graph.initializer
         if t.name not in original
     ]
-    return [*inferred.graph.value_info, *folded]
-
-
+    inner = [
+        vi for g in list(all_graphs(inferred.graph))[1:] for vi in [*g.input, *g.value_info, *g.output]
+    ] if subgraphs else []  # fmt: skip
+    return [*inferred.graph.value_info, *folded, *inner]

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.coupling import CouplingLog, Partition
 from onnxshrink.analyze.keep import LIVE
@@ -177,7 +178,7 @@ def find_groups(
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied)
     groups, layers = finder.build()
-    tensors = graph.tensors()
+    tensors = ir.all_tensors(graph)
     arrays = {m.tensor: np.asarray(tensors[m.tensor].values) for g in groups for m in g.members}
     result = GroupSet(groups, layers, name, untied, arrays)
     if verify:
@@ -198,7 +199,7 @@ class _Finder:
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
         declared: set[int] = set()
-        for t in list(self.analysis.graph.tensors().values()):
+        for t in list(self.analysis.keep.tensors.values()):
             if not isinstance(t, gs.Constant) or not _is_float(t):
                 continue
             for axis in range(len(t.shape)):
@@ -218,7 +219,7 @@ class _Finder:
         listed = [
             c for c in sorted(declared) if not self._read_whole(c)
         ]  # an axis an op reads whole (kernel taps) is no group
-        tensors = self.analysis.graph.tensors()
+        tensors = self.analysis.keep.tensors
         shapes = {
             name: tuple(int(d) for d in tensors[name].shape)
             for name in {m.tensor for ms in members.values() for m in ms}
@@ -309,7 +310,8 @@ class _Finder:
     ) -> list[ParamRef]:
         """The framework parameters the exporter recorded for input i of `node`: its module scope
         and the input's role, in the framework's layout (a Linear weight a MatMul reads is
-        stored transposed). A BatchNorm the exporter folded into a conv: the fused weight's
+        stored transposed); or the tensor's own name where the exporter kept the framework's
+        (see `_own_name`). A BatchNorm the exporter folded into a conv: the fused weight's
         output channels are the BatchNorm's scale and shift (zeroing both zeroes the channel)."""
         k = self.node_of.get(node.outputs[0].name) if node.outputs else None
         if k is None:
@@ -320,21 +322,41 @@ class _Finder:
         ):
             return []  # node names read as module paths only where torch's exporter wrote them
         handler, op = self.index.facts[k]
-        if handler is None:
-            return []
+        if handler is None or i in handler.sizes_only:
+            return []  # (a Shape reads no parameter's values)
         roles = handler.param_inputs(op, self.index.constant_inputs(k))
         role = next((r for r, slot in roles.items() if slot == i), None)
-        if role is None:
-            return []
+        inputs = self.index.nodes[k].input
+        layout = self.index.layout(Site(k, i)) if i < len(inputs) else None
+        transposed = layout is not None and layout.transposed and len(shape) == 2
+
+        def ref(name: str) -> ParamRef:
+            return ParamRef(name, 1 - axis, shape[::-1]) if transposed else ParamRef(name, axis, shape)
+
+        own = self._own_name(inputs[i] if i < len(inputs) else "", module, role)
         if is_fused_batchnorm(self.index.nodes[k]):
+            mine = [ref(own)] if own is not None else []
             if side != "out":
-                return []
+                return mine
             n = (shape[axis],)
-            return [ParamRef(f"{module}.weight", 0, n), ParamRef(f"{module}.bias", 0, n)]
-        layout = self.index.layout(Site(k, i)) if i < len(self.index.nodes[k].input) else None
-        if layout is not None and layout.transposed and len(shape) == 2:
-            return [ParamRef(f"{module}.{role}", 1 - axis, shape[::-1])]
-        return [ParamRef(f"{module}.{role}", axis, shape)]
+            return [ParamRef(f"{module}.weight", 0, n), ParamRef(f"{module}.bias", 0, n), *mine]
+        if own is not None:
+            return [ref(own)]
+        return [ref(f"{module}.{role}")] if role is not None else []
+
+    def _own_name(self, tensor: str, module: str, role: str | None) -> str | None:
+        """The tensor's own name when it is the framework's: torch's exporters name a parameter
+        or buffer they read as it is by its state_dict name. It is one when it names a tensor of
+        the reading node's module (a buffer read as a weight: Silero's
+        `stft.forward_basis_buffer`, which `module.role` would call `stft.weight`), or when its
+        last part is the role it is read in (a conv's `weight` that the exporter fused with the
+        BatchNorm after it, whose node records only the BatchNorm's scope). A name the exporter
+        made (`val_12`, `mul_1`, a fused conv's `conv.weight_bias`) is neither."""
+        name = self.index.resolve(tensor)
+        if name is None or "." not in name:
+            return None
+        owner, _, last = name.rpartition(".")
+        return name if owner == module or (role is not None and last == role) else None
 
     def _unit(self, comp: int, members: list[Member]) -> Unit:
         """What the group is, from its members: the layers producing it (weight matrices read
@@ -436,7 +458,7 @@ def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int) -> N
         if not chosen:
             continue
         graph, untied = prepare(model, base_dir)
-        tensors = graph.tensors()
+        tensors = ir.all_tensors(graph)
         zeroed: dict[str, np.ndarray] = {}
         slices = gather_slices((m.tensor, m.axis, m.indices) for g in chosen for m in g.members)
         for (name, axis), idx in slices.items():

@@ -135,9 +135,11 @@ def _mean_abs_activations(
 
     check_inputs(model, inputs)  # names, dtypes and shapes, as for the proof (each named)
     wanted: dict[str, int] = {}
+    # only the main graph's tensors can be outputs; inside an If/Loop/Scan body, the magnitude
+    visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     for g in groups:
         for m in g.members:
-            if m.data is not None:
+            if m.data is not None and m.data[0] in visible:
                 wanted[m.data[0]] = m.data[1]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)

@@ -19,15 +19,18 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
-from onnxshrink.errors import ShrinkError, file_access
+from onnxshrink import ir
+from onnxshrink.api import ShrinkResult, check_against_model, check_options, read_model, shrink
+from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
+from onnxshrink.masks import ONNX_SECTION
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
 from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices, zero_slice
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
 from onnxshrink.report import ModelStats, model_stats
+from onnxshrink.validate import resolve_shapes
 
 
 @dataclass
@@ -58,23 +61,31 @@ class PruneResult:
         return [i for p in self.plans for i in p.removed]
 
     def to_dict(self) -> dict[str, Any]:
-        layers = [
-            {
-                "layer": p.layer.name,
-                "kind": p.layer.kind,
-                "groups": p.total,
-                "removed": len(p.removed),
-                "ignored": p.ignored,
-            }
-            for p in self.plans
-            if p.total
-        ]
-        return {
-            "layers": layers,
-            "original": {"params": self.original.params, "macs": self.original.macs},
-            "skipped_masks": self.skipped_masks,
-            "shrink": self.shrink.to_dict(),
+        return prune_report(self.plans, self.original, self.skipped_masks, self.shrink.to_dict())
+
+
+def prune_report(
+    plans: list[LayerPlan], original: ModelStats, skipped: list[str], shrink: dict[str, Any]
+) -> dict[str, Any]:
+    """What --report writes for a prune (`shrink`: the shrink's report, or an empty one of the
+    same keys when the shrink made no result)."""
+    layers = [
+        {
+            "layer": p.layer.name,
+            "kind": p.layer.kind,
+            "groups": p.total,
+            "removed": len(p.removed),
+            "ignored": p.ignored,
         }
+        for p in plans
+        if p.total
+    ]
+    return {
+        "layers": layers,
+        "original": {"params": original.params, "macs": original.macs},
+        "skipped_masks": skipped,
+        "shrink": shrink,
+    }
 
 
 def prune(
@@ -103,11 +114,14 @@ def prune(
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
         check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
+    check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
         load_external(proto, Path(source.base_dir), str(source.path))
-    original = model_stats(proto, dict(opts.input_shapes or {}), source.file_bytes)
+    # the unpruned input as its file holds it (before the reference is made from it: Constant
+    # weights made initializers, a weight copied per reader), at the shapes the proof draws
+    original = model_stats(proto, resolve_shapes(proto, opts.input_shapes or {}), source.file_bytes)
     clock.lap("load")
     opts.say("finding the coupled groups ...")
     gset = find_groups(proto, name=str(source.path or ""))
@@ -130,12 +144,14 @@ def prune(
     reference = zeroed(proto, gset, members, copy=False)  # proto is this call's own copy
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
-    slices = mask_slices(reference, members)
+    framework = any(m.params for g in gset.groups for m in g.members)
+    slices = mask_slices(reference, members, framework)
     clock.lap("zero")
     # The masks are written before the shrink (a place they cannot be written fails the run
     # before the model is), staged beside their name, and put there only once the shrink has
     # passed: a refused or failed shrink leaves neither.
-    staged = _stage_masks(slices, masks_out) if masks_out is not None else None
+    # a prune that removed nothing has no masks: no file (an empty one is no masks file)
+    staged = _stage_masks(slices, masks_out) if masks_out is not None and slices.zeroed else None
     clock.lap("masks")
     try:
         # The reference is in memory: say what the input was, so that the output is written as
@@ -147,10 +163,16 @@ def prune(
         if staged is not None and masks_out is not None:
             with file_access(masks_out):
                 os.replace(staged, masks_out)
+    except ValidationFailed as exc:  # its report, as a prune's (the same keys as one that passed)
+        if exc.result is not None:
+            exc.result.before = original
+        shrunk = exc.result.to_dict() if exc.result is not None else ShrinkResult.empty_report()
+        exc.report = prune_report(plans, original, slices.skipped, shrunk)
+        raise
     finally:
         if staged is not None:
             staged.unlink(missing_ok=True)
-    result.before.file_bytes = source.file_bytes
+    result.before = original  # what the table and the summary compare with: the input
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
 
@@ -167,17 +189,19 @@ def zeroed(
     if copy:
         out = onnx.ModelProto()
         out.CopyFrom(model)
-    g = out.graph
     _constants_to_initializers(out, {m.initializer for m in members})
-    inits = {t.name: t for t in g.initializer}
+    graphs = list(ir.all_graphs(out.graph))  # weights in If/Loop/Scan bodies too
+    inits = {t.name: t for g in graphs for t in g.initializer}
+    home = {t.name: g for g in graphs for t in g.initializer}
     shared = {m.initializer for m in members if m.tensor != m.initializer}
     chosen = {m.initializer for m in members}
     shared |= {original for original in gset.untied.values() if original in chosen}
     values: dict[str, np.ndarray] = {}
     if shared:
-        copies = _copy_per_reader(g, gset, shared)
-        for name, original in copies.items():
-            values[name] = numpy_helper.to_array(inits[original]).copy()
+        for g in graphs:  # a copy lives beside its reader (untied uses share one scope)
+            for name, original in _copy_per_reader(g, gset, shared).items():
+                values[name] = numpy_helper.to_array(inits[original]).copy()
+                home[name] = g
     initializer_of = {m.tensor: m.initializer for m in members}
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
         if name not in values:
@@ -189,7 +213,7 @@ def zeroed(
         if name in inits:
             inits[name].CopyFrom(t)
         else:
-            g.initializer.append(t)
+            home.get(name, out.graph).initializer.append(t)
     return out
 
 
@@ -214,15 +238,16 @@ def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
     from onnxshrink.ops import facts
     from onnxshrink.prepare import default_opset
 
-    g, opset = model.graph, default_opset(model)
-    for node in list(g.node):
-        if node.input or len(node.output) != 1 or node.output[0] not in names:
-            continue
-        handler, op = facts(node, opset)
-        value = handler.constant_value(op) if handler is not None else None
-        if value is not None:
-            g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
-            g.node.remove(node)
+    opset = default_opset(model)
+    for g in ir.all_graphs(model.graph):  # a Constant node in a body: an initializer of it
+        for node in list(g.node):
+            if node.input or len(node.output) != 1 or node.output[0] not in names:
+                continue
+            handler, op = facts(node, opset)
+            value = handler.constant_value(op) if handler is not None else None
+            if value is not None:
+                g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
+                g.node.remove(node)
 
 
 # ---------------------------------------------------------------------- masks out
@@ -245,21 +270,28 @@ class MaskSlices:
         return self._made
 
 
-def mask_slices(model: onnx.ModelProto, members: list[Member]) -> MaskSlices:
-    """What the 0/1 masks of the zeroed slices are: under the framework parameter names the
-    exporter recorded (in the framework's layout), and under the initializer's own name. An
-    initializer several nodes share is named only by its parameters (its own name would mask
-    every reader); one with none is listed as skipped."""
-    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool = True) -> MaskSlices:
+    """What the 0/1 masks of the zeroed slices are, as a framework state dict: under the
+    framework parameter names the exporter recorded (in the framework's layout), and nothing
+    else. A slice of a tensor with no framework name (a graph-only constant: an LSTM's packed
+    weights, a product the exporter folded) goes under the tensor's ONNX name in a section of
+    its own, `onnx/NAME`, which a strict loader drops and onnxshrink reads back; in a model that
+    records no framework names at all (`framework` False: paddle2onnx, tf2onnx, spox exports)
+    the tensors' names are the only names, and stand alone. An initializer several nodes share
+    with no parameter name for its slice is listed as skipped (its name would mask every reader)."""
+    shapes = {t.name: tuple(t.dims) for g in ir.all_graphs(model.graph) for t in g.initializer}
     skipped: set[str] = set()
     slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
+    section = ONNX_SECTION if framework else ""
     for m in members:
         for p in m.params:
             slices.append(((p.name, p.shape), p.axis, m.indices))
+        if m.params:
+            continue
         if m.initializer not in shared and m.initializer in shapes:
-            slices.append(((m.initializer, shapes[m.initializer]), m.axis, m.indices))
-        elif not m.params:
+            slices.append(((section + m.initializer, shapes[m.initializer]), m.axis, m.indices))
+        else:
             skipped.add(m.initializer)
     return MaskSlices(gather_slices(slices), sorted(skipped))
 

@@ -1,0 +1,133 @@
+"""`--masks-out` is a framework state dict: the framework's names only, each of its parameter's
+shape, so that it loads strictly into the module it came from; a tensor the framework has no
+name for goes under `onnx/NAME`, apart; applied back to the unpruned ONNX model it gives the
+prune's model exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import error_against, export_cached, params, run
+from torch import nn
+from torch.nn.utils import prune as torch_prune
+
+from models.zoo import ZOO, export, randomize
+from onnxshrink import shrink
+from onnxshrink.cli import main
+
+
+def strict_check(module: nn.Module, masks: dict[str, torch.Tensor]) -> None:
+    """load_state_dict's strict check of what is there: every name one of the module's, of its
+    shape (a masks file holds no running statistics and no unmasked parameters)."""
+    own = module.state_dict()
+    unexpected = sorted(set(masks) - set(own))
+    assert unexpected == []
+    wrong = [k for k in masks if tuple(masks[k].shape) != tuple(own[k].shape)]
+    assert wrong == []
+
+
+def masked_in_torch(module: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
+    """The masks applied in the framework, as a pruner's user does: torch.nn.utils.prune."""
+    for name, mask in masks.items():
+        owner, _, param = name.rpartition(".")
+        torch_prune.custom_from_mask(module.get_submodule(owner), param, mask)
+    return module
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".npz", ".safetensors"])
+def test_masks_out_of_a_resnet_loads_strictly_into_the_module(zoo_dir, tmp_path, suffix):
+    entry = ZOO["resnet_basic"]
+    path = export_cached(zoo_dir, ("masks-out", "resnet_basic"), lambda: (randomize(entry.build(), seed=1), entry.input_shape, {}))
+    out, masks_path = tmp_path / "small.onnx", tmp_path / f"masks{suffix}"
+    assert main([str(path), "--prune", "0.3", "-o", str(out), "--masks-out", str(masks_path), "-q"]) == 0
+    if suffix == ".pt":
+        masks = torch.load(masks_path, weights_only=True)
+    elif suffix == ".npz":
+        masks = {k: torch.from_numpy(v) for k, v in np.load(masks_path).items()}
+    else:
+        from safetensors.torch import load_file
+
+        masks = load_file(str(masks_path))
+    module = randomize(entry.build(), seed=1)
+    strict_check(module, masks)
+    # conv filters, the BatchNorms folded into them, the next convs' input columns, fc's columns
+    assert {k.rpartition(".")[2] for k in masks} == {"weight", "bias"}
+    assert sum(int((m == 0).any()) for m in masks.values()) == len(masks)
+    # the masks applied in PyTorch give the pruned model's function
+    x = torch.randn(*entry.input_shape, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = masked_in_torch(module, masks)(x).numpy()
+    got = run(onnx.load(out), {"x": x.numpy()})[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    # and applied to the unpruned export, the same parameters as the prune
+    again = shrink(path, masks_path, validate=False, input_masked=False)
+    assert again.after.params == params(onnx.load(out))
+    assert error_against(onnx.load(out), again.model) <= 1e-5
+
+
+class STFT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("forward_basis_buffer", torch.randn(12, 1, 8))
+
+    def forward(self, x):
+        return F.conv1d(x[:, None], self.forward_basis_buffer, stride=4)
+
+
+class Framed(nn.Module):
+    """Silero VAD's front end, small: a framing conv over a buffer (`stft.forward_basis_buffer`,
+    read by F.conv1d: its module has no `weight`), a conv encoder and an LSTM, whose ONNX weights
+    (gates packed and reordered) have no framework name."""
+
+    def __init__(self):
+        super().__init__()
+        self.stft = STFT()
+        self.encoder = nn.Conv1d(12, 10, 3)
+        self.lstm = nn.LSTM(10, 6, batch_first=True)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.encoder(self.stft(x)))
+        y, _ = self.lstm(h.transpose(1, 2))
+        return self.out(y[:, -1])
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_buffers_keep_their_names_and_graph_only_tensors_go_apart(tmp_path, exporter):
+    torch.manual_seed(3)
+    module = Framed().eval()
+    path = tmp_path / "framed.onnx"
+    export(module, path, (1, 64), **({"dynamo": False} if exporter == "legacy" else {}))
+    masks_path = tmp_path / "masks.npz"
+    assert main([str(path), "--prune", "0.5", "-o", str(tmp_path / "small.onnx"),
+                 "--masks-out", str(masks_path), "-q"]) == 0  # fmt: skip
+    masks = dict(np.load(masks_path))
+    framework = {k: v for k, v in masks.items() if not k.startswith("onnx/")}
+    # the LSTM's input weights (packed gates, `onnx::LSTM_125` or `val_47`): apart
+    assert sorted(framework) == ["encoder.bias", "encoder.weight", "stft.forward_basis_buffer"]
+    [lstm] = set(masks) - set(framework)
+    assert masks[lstm].shape == (1, 4 * 6, 10)
+    # the framing conv's filters are the buffer's rows: under its own name, not `stft.weight`
+    assert "stft.forward_basis_buffer" in framework and "stft.weight" not in masks
+    strict_check(module, {k: torch.from_numpy(v) for k, v in framework.items()})
+    assert (framework["stft.forward_basis_buffer"].reshape(12, -1).all(axis=1) == 0).sum() == 6
+    # the round trip: the same parameter count as the prune
+    small = onnx.load(tmp_path / "small.onnx")
+    again = shrink(path, masks_path, validate=False, input_masked=False)
+    assert again.after.params == params(small)
+    assert error_against(small, again.model) <= 1e-5
+
+
+def test_a_prune_that_removes_nothing_writes_no_masks_file(tmp_path, capsys):
+    entry = ZOO["resnet_basic"]
+    path = tmp_path / "m.onnx"
+    export(randomize(entry.build(), seed=1), path, entry.input_shape)
+    masks = tmp_path / "masks.npz"
+    argv = [str(path), "--prune", "0.5", "--ignore", "*", "-o", str(tmp_path / "out.onnx"), "--masks-out", str(masks)]
+    assert main(argv) == 0
+    assert f"[W] no masks written to {masks}: nothing was pruned" in capsys.readouterr().out
+    assert not masks.exists()
