@@ -38,7 +38,7 @@ from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.prepare.computed import fold_computed_weights, has_computed_weights
 from onnxshrink.progress import PhaseClock, bar
-from onnxshrink.recover import Attempt, recover
+from onnxshrink.recover import Attempt, Recovery, recover
 from onnxshrink.report import (
     KeptGroup,
     ModelStats,
@@ -55,6 +55,7 @@ from onnxshrink.validate import (
     check_runnable,
     compare,
     resolve_shapes,
+    round_up,
     session_threads,
 )
 
@@ -97,7 +98,6 @@ class ShrinkResult:
     torch_validation: ValidationReport | None = None  # export_and_shrink: against the module itself
     # When the first proof failed: what failed, and the tensor axes kept whole to pass.
     first_failure: str | None = None
-    first_failure_rounding: bool = False  # that failure was rounding at the dtype's resolution
     kept_after_failed_proof: list[dict[str, Any]] = field(default_factory=list)
     data_file: Path | None = None  # where `model`'s external weights are, when not in memory
     renamed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (shared name, new name)
@@ -128,7 +128,6 @@ class ShrinkResult:
         "written",
         "torch_validation",
         "first_failure",
-        "first_failure_rounding",
         "kept_after_failed_proof",
         "renamed_nodes",
     )
@@ -242,7 +241,8 @@ def shrink(
             first.report = prove(reference, source, first.rewritten, opts)
         clock.lap("validate")
     outcome, recovery = first, None
-    if opts.validate and opts.recover and not first.passed:
+    rounding = first.report is not None and first.report.rounding()
+    if opts.validate and opts.recover and not first.passed and not rounding:
         opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
         tries: list[Attempt] = []
 
@@ -260,6 +260,8 @@ def shrink(
         clock.lap("recover")
     if outcome.rewritten is None:  # the rewrite failed even keeping every channel
         raise ValidationFailed(f"{outcome.failure()}; nothing was written.", None)
+    if recovery is not None and outcome.passed:
+        _check_smaller(reference, outcome.rewritten.model, recovery, first)
     if (
         opts.validate
         and source.base_dir is not None
@@ -307,7 +309,6 @@ def shrink(
         sparsity=sparsity_left(shrunk, arrays=rewritten.arrays, skip=rewritten.inserted),
         removed_nodes=rewritten.removed_nodes,
         first_failure=recovery.first_failure if recovery else None,
-        first_failure_rounding=recovery.first_rounding if recovery else False,
         renamed_nodes=source.renamed,
         kept_after_failed_proof=[
             {"tensor": t, "axis": a, "indices": n} for (t, a), n in recovery.kept.items()
@@ -333,10 +334,33 @@ def shrink(
         raise ValidationFailed(
             f"the shrunk model does not match the reference on output(s) {bad}"
             + ("; it was written anyway (--keep-failed)." if result.written else "; nothing was written.")
-            + (f" {report.rtol_hint()}" if report.at_resolution() else ""),
+            + (f" {report.tolerance_hint()}" if report.rounding() else ""),
             result,
         )
     return result
+
+
+def _check_smaller(
+    reference: onnx.ModelProto, recovered: onnx.ModelProto, recovery: Recovery, first: Attempt
+) -> None:
+    """A recovery that keeps back so much that the model is no smaller than the input is no
+    outcome worth writing: ValidationFailed, saying what failed and the tolerance that would
+    have passed the first proof."""
+    before, after = model_stats(reference).params, model_stats(recovered).params
+    if after < before:
+        return
+    hint = ""
+    report = first.report
+    if report is not None and report.error is None and not any(o.rounding is False for o in report.outputs):
+        needed = report.needed_rtol()  # the error was not judged in float64: rounding, maybe
+        if math.isfinite(needed):
+            hint = f" If that error is rounding, --rtol {round_up(needed)} would have passed the first proof."
+    raise ValidationFailed(
+        f"the proof failed ({recovery.first_failure}), and keeping the removals responsible "
+        f"leaves a model no smaller than the input ({after} parameters, the input {before}): "
+        f"nothing was written.{hint}",
+        None,
+    )
 
 
 def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
@@ -501,10 +525,25 @@ def attempt_rewrite(
 
 
 def prove(
-    reference: onnx.ModelProto, source: Source, rewritten: RewriteResult, opts: ShrinkOptions
+    reference: onnx.ModelProto,
+    source: Source,
+    rewritten: RewriteResult,
+    opts: ShrinkOptions,
+    pins: frozenset[AxisKey] = frozenset(),
+    judge_macs: float | None = None,
 ) -> ValidationReport:
+    """The proof of `rewritten` against `reference`; an output that fails it is judged in
+    float64 against the same shrink (`pins` alike) of the reference widened to float64."""
     shrunk_dir = rewritten.data_file.parent if rewritten.data_file is not None else None
-    return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir)
+
+    def twin() -> onnx.ModelProto:
+        from onnxshrink.judge import widened
+
+        wide = widened(reference, source.base_dir)
+        quiet = opts.but(progress=False, log=None)
+        return rewrite(analyze_model(wide, None, quiet, pins), wide, None, quiet).model
+
+    return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir, twin, judge_macs)
 
 
 def attempt(
@@ -514,12 +553,18 @@ def attempt(
     pins: frozenset[AxisKey],
     scratch: Scratch | None = None,
 ) -> Attempt:
-    """A whole analysis, rewrite and proof, with some tensor axes kept whole."""
+    """A whole analysis, rewrite and proof, with some tensor axes kept whole (a try of recovery:
+    a failure is judged in float64 only when that is quick)."""
     analysis = analyze_model(reference, source.base_dir, opts, pins, source.store)
     result = attempt_rewrite(analysis, reference, opts, scratch)
     if result.rewritten is not None:
-        result.report = prove(reference, source, result.rewritten, opts)
+        result.report = prove(reference, source, result.rewritten, opts, pins, TRY_JUDGE_MACS)
     return result
+
+
+# A recovery try's failure is judged in float64 only for models this small (each try is a whole
+# shrink and proof; the judge computes both models in float64).
+TRY_JUDGE_MACS = 1e8
 
 
 def rewrite(

@@ -645,12 +645,8 @@ def _print_result(result, args, say) -> None:
         say(
             f"[W] the first proof failed ({result.first_failure}); {len(kept)} tensor axis/axes "
             f"were kept whole to pass, {sum(k['indices'] for k in kept)} index(es) in all. "
-            + (
-                "The error was rounding at the dtype's resolution, not a wrong removal: a larger "
-                "--rtol keeps nothing back."
-                if result.first_failure_rounding
-                else "This is a bug in onnxshrink's analysis: please report it with the model."
-            )
+            "This is a bug in onnxshrink's analysis (or in onnxruntime, where it refused the "
+            "shrunk model): please report it with the model."
         )
         for k in kept[: 10 if not args.explain else None]:
             say(f"[W]     {k['tensor']} (axis {k['axis']}): {k['indices']} kept back")

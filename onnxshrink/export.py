@@ -278,7 +278,7 @@ def export_and_shrink(
         bad = [o.name for o in report.outputs if not o.passed]
         raise ValidationFailed(
             f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written."
-            + (f" {report.rtol_hint()}" if report.at_resolution() else ""),
+            + (f" {report.tolerance_hint()}" if report.rounding() else ""),
             result,
         )
     if output is not None:

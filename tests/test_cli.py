@@ -276,18 +276,30 @@ def folding(tmp_path) -> Path:
 
 
 def test_cli_validation_failure_exits_1_and_writes_nothing(tmp_path, folding):
+    """At zero tolerance the folded bias differs in its last bits: rounding (the float64 judge
+    says the two compute the same function), which no kept channel is a fix for: exit 1 at
+    once, the smallest tolerance that would have passed named, nothing written."""
     before = snapshot(tmp_path)
-    p = cli(folding.name, "--rtol", "0", "--atol", "0", "-o", "out.onnx", "--no-recover", cwd=tmp_path)
+    p = cli(folding.name, "--rtol", "0", "--atol", "0", "-o", "out.onnx", cwd=tmp_path)
     assert p.returncode == 1
     assert snapshot(tmp_path) == before
     assert "[E]     FAILED | Mismatched outputs: ['y']" in p.stdout
+    assert "[I]         Float64 judge: rounding (float64: " in p.stdout
     assert "[E] out.onnx not written: validation failed" in p.stdout
-    assert p.stderr.strip() == (
+    assert "finding the removals responsible" not in p.stdout  # rounding: nothing kept back
+    err = p.stderr.strip()
+    assert err.startswith(
         "[E] the shrunk model does not match the reference on output(s) ['y']; nothing was written."
-        " The error (relative 1.09e-07) is within a few machine epsilons of float32 (1.19e-07):"
-        " rounding, which differs in float32 arithmetic when zero terms are removed and constants"
-        " folded; the default tolerance for float32 arithmetic is 1e-05: omit --rtol."
+        " The error (relative 1.09e-07 on 'y') is rounding, not a wrong model: in float64 the two"
+        " compute the same function"
     )
+    assert err.endswith(
+        "The smallest tolerance that would have passed: --rtol 1.1e-07; without --rtol the "
+        "tolerance follows the reference's own noise."
+    )
+    # and that tolerance does pass
+    q = cli(folding.name, "--rtol", "1.1e-07", "-o", "out.onnx", cwd=tmp_path)
+    assert q.returncode == 0 and params(onnx.load(tmp_path / "out.onnx")) == WIDE_BEFORE - 20 * WIDE_PER_CHANNEL
 
 
 def test_cli_validation_failure_keep_failed_writes_output(tmp_path, folding):
@@ -319,16 +331,19 @@ def test_validation_failure_report_and_api(tmp_path, folding, capsys):
     assert r["passed"] is False
     assert r["written"] == []
     (o,) = r["validation"]["outputs"]
-    assert o["name"] == "y" and o["passed"] is False
-    assert o["max_abs_error"] > 0
+    assert o["name"] == "y" and o["passed"] is False and o["rounding"] is True
+    assert o["max_abs_error"] > 0 and o["float64"] < 1e-12
     assert r["after"]["params"] == WIDE_BEFORE - 20 * WIDE_PER_CHANNEL
+    assert r["first_failure"] is None and r["kept_after_failed_proof"] == []
 
     # the API raises ValidationFailed carrying the result
     with pytest.raises(ValidationFailed) as info:
-        shrink(folding, output=out, rtol=0.0, atol=0.0, recover=False)
+        shrink(folding, output=out, rtol=0.0, atol=0.0)
     assert info.value.exit_code == 1
     assert info.value.result.passed is False
     assert info.value.result.written == []
+    assert info.value.result.validation.rounding()
+    assert info.value.result.validation.needed_rtol() == pytest.approx(1.09e-7, rel=0.01)
     assert not out.exists()
     with pytest.raises(ValidationFailed, match="written anyway") as info:
         shrink(folding, output=out, rtol=0.0, atol=0.0, keep_failed=True, recover=False)
@@ -337,36 +352,84 @@ def test_validation_failure_report_and_api(tmp_path, folding, capsys):
     assert temp_dirs(tmp_path) == []
 
 
+def _wrong_fold(monkeypatch, relative: float, bias: str = "B2") -> None:
+    """The rewrite folds constant channels into `bias` with a wrong value (monkeypatched: each
+    folded value off by `relative` of what was folded)."""
+    import onnxshrink.api as api
+
+    real = api.apply
+
+    def wrong(analysis, reference, *streaming):
+        result = real(analysis, reference, *streaming)
+        before = {t.name: onnx.numpy_helper.to_array(t) for t in reference.graph.initializer}
+        for t in result.model.graph.initializer:
+            if t.name == bias and result.folds:
+                b = onnx.numpy_helper.to_array(t)
+                wrong = b.astype(np.float64) + relative * (b - before[bias])
+                t.CopyFrom(onnx.numpy_helper.from_array(wrong.astype(b.dtype), bias))  # (float64 in the twin)
+        return result
+
+    monkeypatch.setattr(api, "apply", wrong)
+
+
 def test_a_failed_proof_keeps_the_removals_responsible_and_writes_the_proven_rest(
-    tmp_path, folding, capsys
+    tmp_path, folding, conv2, conv2_pt, capsys, monkeypatch
 ):
-    """At zero tolerance the folded bias differs in its last bits: the proof fails. The run
-    finds the 20 folded channels responsible (W2's input axis and what it is tied to), keeps
-    them, removes nothing else less, proves the result and writes it, saying so."""
+    """A fold with a wrong value fails the proof (the float64 judge: another function). The run
+    finds the removals responsible (the folded channels), keeps them and writes the proven rest,
+    saying so; here that rest is the whole input: no smaller, so nothing is written (exit 1)."""
+    _wrong_fold(monkeypatch, 1e-3)
     out, report = tmp_path / "out.onnx", tmp_path / "r.json"
-    argv = [str(folding), "--rtol", "0", "--atol", "0", "-o", str(out), "--report", str(report)]
-    assert main(argv) == 0
-    text = capsys.readouterr().out
+    argv = [str(folding), "-o", str(out), "--report", str(report)]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "finding the removals responsible" in captured.out
+    assert not out.exists()
+    assert captured.err.strip().startswith(
+        "[E] the proof failed (the shrunk model differs from the reference (max relative error "
+    )
+    assert "; in float64 too: another function)" in captured.err
     assert (
-        "[W] the first proof failed (the shrunk model differs from the reference (max relative "
-        "error 1.09e-07, within a few machine epsilons of float32: rounding))"
-    ) in text
-    assert "The error was rounding at the dtype's resolution, not a wrong removal" in text
-    assert "This is a bug" not in text
-    assert json.loads(report.read_text())["first_failure_rounding"] is True
-    r = json.loads(report.read_text())
-    assert r["passed"] is True and r["validation"]["outputs"][0]["max_abs_error"] == 0.0
-    assert r["first_failure"].startswith("the shrunk model differs")
-    kept = r["kept_after_failed_proof"]
-    assert kept and all(k["indices"] == 20 for k in kept)
-    assert params(onnx.load(out)) == WIDE_BEFORE  # the 20 channels stay; nothing else was removable
-    # independently: the written model computes exactly what the input does
-    model = onnx.load(folding)
-    x = np.random.default_rng(9).standard_normal((1, 16, 8, 8)).astype(np.float32)
-    np.testing.assert_array_equal(run(onnx.load(out), {"x": x})[0], run(model, {"x": x})[0])
+        f"and keeping the removals responsible leaves a model no smaller than the input "
+        f"({WIDE_BEFORE} parameters, the input {WIDE_BEFORE}): nothing was written."
+    ) in captured.err
+    assert json.loads(report.read_text())["passed"] is False
 
 
-def test_a_rewrite_that_breaks_the_model_is_recovered_from(tmp_path, conv2, conv2_pt, monkeypatch):
+def test_recovery_keeps_back_only_the_wrong_removals_and_is_deterministic(monkeypatch):
+    """Filters of the first conv zeroed with their biases (removable) and of the second zeroed
+    alone (constant channels folded into B3, with a wrong value here): recovery keeps the folded
+    channels back, removes the others, and gives the same model, byte for byte, on every run."""
+    rng = np.random.default_rng(3)
+    b2 = rng.uniform(0.1, 1.0, 16).astype(np.float32)  # positive: relu(b2) folded into B3
+    model = tiny(
+        """g (float[1,8,8,8] x, float[16,8,3,3] W1, float[16] B1, float[16,16,1,1] W2, float[16] B2,
+             float[8,16,1,1] W3, float[8] B3) => (float[1,8,8,8] y) {
+             h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+             r = Relu(h)
+             h2 = Conv(r, W2, B2)
+             r2 = Relu(h2)
+             y = Conv(r2, W3, B3)
+           }""",
+        seed=3,
+        values={"B2": b2},
+        zero={"W1": np.s_[:4], "B1": np.s_[:4], "W2": np.s_[:6]},
+    )
+    _wrong_fold(monkeypatch, 1e-3, "B3")
+    runs = [shrink(model) for _ in range(2)]
+    layer1 = 8 * 9 + 1 + 16  # a W1 filter, its bias, a W2 column
+    for r in runs:
+        assert r.passed and r.first_failure.endswith("; in float64 too: another function)")
+        assert params(r.model) == params(model) - 4 * layer1  # the folded channels kept back
+        assert {k["indices"] for k in r.kept_after_failed_proof} == {6}
+    assert runs[0].kept_after_failed_proof == runs[1].kept_after_failed_proof
+    assert runs[0].model.SerializeToString() == runs[1].model.SerializeToString()
+    # independently: the kept-back model computes what the input computes
+    x = rng.standard_normal((1, 8, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(runs[0].model, {"x": x})[0], run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_rewrite_that_breaks_the_model_is_recovered_from(tmp_path, conv2, conv2_pt, monkeypatch, capsys):
     """A handler bug (monkeypatched: Relu's rewrite drops a channel from W2 it should not) gives a
     model onnxruntime cannot run: a failed proof like any other, never an internal error."""
     import onnxshrink.ops.elementwise as elementwise
@@ -383,13 +446,14 @@ def test_a_rewrite_that_breaks_the_model_is_recovered_from(tmp_path, conv2, conv
     monkeypatch.setattr(elementwise.Elementwise, "rewrite", broken, raising=False)
     path, model = conv2
     out = tmp_path / "out.onnx"
-    assert main([str(path), str(conv2_pt), "-o", str(out)]) == 0
-    result = shrink(path, conv2_pt)
-    assert result.first_failure.startswith("the shrunk model does not run")
-    assert result.validation.passed and result.kept_after_failed_proof
-    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    want = run(masked_reference(model), {"x": x})[0]
-    np.testing.assert_allclose(run(onnx.load(out), {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+    # keeping the removed channels back passes, and leaves nothing removed: exit 1, said so
+    assert main([str(path), str(conv2_pt), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("[E] the proof failed (the shrunk model does not run (fails to run in onnxruntime")
+    assert "leaves a model no smaller than the input (196 parameters, the input 196)" in err
+    assert not out.exists()
+    with pytest.raises(ValidationFailed, match="no smaller than the input"):
+        shrink(path, conv2_pt)
 
 
 def test_cli_failure_from_a_wrong_rewrite(tmp_path, conv2, conv2_pt, monkeypatch, capsys):

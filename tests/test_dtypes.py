@@ -88,41 +88,47 @@ def test_shrinks_and_passes_the_proof_by_default(kind, dtype):
     assert reference_error(m, shrunk) <= 4 * EPS[dtype]
 
 
-def test_the_cli_prints_the_tolerance_and_suggests_rtol_for_an_error_at_the_resolution(tmp_path, capsys):
+def test_the_cli_prints_the_tolerance_and_names_the_rtol_for_an_error_at_the_resolution(tmp_path, capsys):
     path, out = tmp_path / "fp16.onnx", tmp_path / "small.onnx"
     onnx.save(model("cnn", "float16"), path)
     assert main([str(path), "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "Proof: full (rtol 0.00976562 for float16 arithmetic" in text
-    assert "Tolerance: [abs=0, rel=0.0097656]" in text and "PASSED | All outputs matched" in text
+    assert "and at least rtol 0.00976562 for float16 arithmetic" in text
+    assert "Tolerance: [abs=0, rel=0.0097656] (the floor for float16" in text
+    assert "PASSED | All outputs matched" in text
     out.unlink()
-    # 1e-5 is below fp16's resolution: a failed proof (exit 1, nothing written) that says so
-    assert main([str(path), "-o", str(out), "--rtol", "1e-5", "--no-recover"]) == 1
-    captured = capsys.readouterr()
-    assert "within a few machine epsilons of float16 (0.000977)" in captured.err
-    assert "the default tolerance for float16 arithmetic is 0.0098: omit --rtol" in captured.err
-    assert not out.exists()
-    # with recovery (the default), the channels whose folding rounds are kept back to meet the
-    # tolerance given, and the warning says the failure was rounding
-    assert main([str(path), "-o", str(out), "--rtol", "1e-5"]) == 0
-    text = capsys.readouterr().out
-    assert "within a few machine epsilons of float16: rounding)" in text
-    assert "not a wrong removal" in text and "This is a bug" not in text
+    # 1e-5 is below fp16's resolution: rounding (the float64 judge: the same function), which no
+    # kept channel fixes: a failed proof at once (exit 1, nothing written) naming the rtol to give
+    for recover in ([], ["--no-recover"]):
+        assert main([str(path), "-o", str(out), "--rtol", "1e-5", *recover]) == 1
+        captured = capsys.readouterr()
+        assert "Float64 judge: rounding (float64: 0 between the reference and its float64 twin; the reference's own float16 error" in captured.out
+        assert "finding the removals responsible" not in captured.out
+        assert "is rounding, not a wrong model: in float64 the two compute the same function" in captured.err
+        assert "The smallest tolerance that would have passed: --rtol 0.00057;" in captured.err
+        assert not out.exists()
+    assert main([str(path), "-o", str(out), "--rtol", "0.00057"]) == 0
 
 
-def _report(errors: list[float], rtol: float, eps: float) -> ValidationReport:
-    checks = [OutputCheck(f"y{k}", [1], e, e, e <= rtol) for k, e in enumerate(errors)]
-    return ValidationReport(all(c.passed for c in checks), rtol, 0.0, 3, "cpu", {}, checks, dtype="float16", eps=eps)
+def _report(errors: list[float], rtol: float, eps: float, rounding: list | None = None) -> ValidationReport:
+    rounding = rounding or [None] * len(errors)
+    checks = [OutputCheck(f"y{k}", [1], e, e, e <= rtol, rounding=r) for k, (e, r) in enumerate(zip(errors, rounding, strict=True))]
+    return ValidationReport(
+        all(c.passed for c in checks), rtol, 0.0, 3, "cpu", {}, checks, dtype="float16", eps=eps, rtol_given=True
+    )
 
 
-def test_only_failures_within_a_few_epsilons_are_called_rounding():
+def test_a_failure_is_rounding_when_the_float64_judge_says_so_or_else_by_its_size():
     eps = 2.0**-10
-    assert _report([3e-3, 1e-6], 1e-5, eps).at_resolution()
-    assert not _report([0.5, 1e-6], 1e-5, eps).at_resolution()  # a wrong removal's size
-    assert not _report([3e-3, 0.2], 1e-5, eps).at_resolution()  # every failed output must be
-    assert not _report([1e-6], 1e-5, eps).at_resolution()  # passed
-    hint = _report([0.012], 10 * eps, eps).rtol_hint()  # over the default, but rounding
-    assert "give --rtol 0.024 if that is close enough" in hint
+    assert _report([3e-3, 1e-6], 1e-5, eps).rounding()  # not judged: within 16 epsilons
+    assert not _report([0.5, 1e-6], 1e-5, eps).rounding()  # a wrong removal's size
+    assert not _report([3e-3, 0.2], 1e-5, eps).rounding()  # every failed output must be
+    assert not _report([1e-6], 1e-5, eps).rounding()  # passed
+    assert _report([0.5], 1e-5, eps, [True]).rounding()  # judged: the same function
+    assert not _report([3e-3], 1e-5, eps, [False]).rounding()  # judged: another function
+    hint = _report([0.012], 10 * eps, eps).tolerance_hint()  # over the default, but rounding
+    assert "The smallest tolerance that would have passed: --rtol 0.012;" in hint
+    assert _report([0.0123], 0.0, eps).needed_rtol() == 0.0123
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

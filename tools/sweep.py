@@ -12,7 +12,12 @@ the seeds of each, and the time per graph. A wrong output's seed shows its max r
 and, as a diagnosis only, the reference's own rounding noise (float32 onnxruntime against the
 graph computed in float64): an error far above it is not rounding.
 
-    python tools/sweep.py --seeds 5000 --start 0 [--save DIR] [-v]
+With --validate, each seed is also shrunk with validation on (no recovery): the proof must pass
+on the first try. A first proof that fails is counted by what the tests' own float64 judge
+(models.randgraph.rounding_only, on the inputs the proof ran) calls it: rounding (the proof
+called rounding a failure) or not (a wrong model, or a judge that disagrees).
+
+    python tools/sweep.py --seeds 5000 --start 0 [--validate] [--save DIR] [-v]
 """
 
 from __future__ import annotations
@@ -28,7 +33,40 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from models.randgraph import check, feeds, reference_noise, save_failure  # noqa: E402  (the repository root)
+from models.randgraph import (  # noqa: E402  (the repository root)
+    BATCHES,
+    check,
+    feeds,
+    reference_noise,
+    rounding_only,
+    save_failure,
+)
+
+
+def first_proof(model, info) -> tuple[str, str]:
+    """Shrink with validation on and no recovery: ("passed" | "judged" (passed by the float64
+    judge) | "rounding" | "failed" | "exception", detail)."""
+    from onnxshrink import ValidationFailed, shrink
+    from onnxshrink.validate import make_inputs, resolve_shapes
+
+    shapes = {"input": [BATCHES[0] if isinstance(d, str) else d for d in info["input_shape"]]}
+    try:
+        result = shrink(model, input_shapes=shapes, recover=False)
+    except ValidationFailed as exc:
+        if exc.result is None or exc.result.validation is None:
+            return "failed", str(exc)[:160]
+        v = exc.result.validation
+        bad = {o.name for o in v.outputs if not o.passed}
+        worst = max((o.max_rel_error for o in v.outputs if not o.passed), default=0.0)
+        if v.error is None:
+            inputs = make_inputs(model, resolve_shapes(model, shapes), v.draws, 0)
+            if any(bad & rounding_only(model, exc.result.model, feed) for feed in inputs):
+                return "rounding", f"error {worst:.2g}: {[o.judged for o in v.outputs if not o.passed]}"
+        return "failed", v.error or f"error {worst:.2g}: {[o.judged for o in v.outputs if not o.passed]}"
+    except Exception as exc:  # a generator's or a shrink's fault: counted, shown
+        return "exception", f"{type(exc).__name__}: {str(exc)[:160]}"
+    judged = any(o.rounding for o in result.validation.outputs) if result.validation else False
+    return ("judged" if judged else "passed"), ""
 
 
 def subclass(failure: str, detail: str) -> str:
@@ -49,7 +87,11 @@ def main(argv=None) -> int:
     ap.add_argument("--start", type=int, default=0, help="the first seed")
     ap.add_argument("--save", metavar="DIR", help="write each failing model there as seed_N.onnx")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per failing seed")
+    ap.add_argument("--validate", action="store_true", help="also shrink with validation on: the first proof must pass")
     args = ap.parse_args(argv)
+    proofs: dict[str, list[int]] = defaultdict(list)
+    proof_detail: dict[int, str] = {}
+    proof_times: list[float] = []
 
     groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     times, shrink_times, rel = [], [], {}
@@ -59,6 +101,15 @@ def main(argv=None) -> int:
         out = check(seed)
         times.append(out.seconds)
         shrink_times.append(out.shrink_seconds)
+        if args.validate and out.model is not None and out.failure != "generator":
+            t1 = time.perf_counter()
+            verdict, detail = first_proof(out.model, out.info)
+            proof_times.append(time.perf_counter() - t1)
+            proofs[verdict].append(seed)
+            if detail:
+                proof_detail[seed] = detail
+            if args.verbose and verdict in ("rounding", "failed", "exception"):
+                print(f"seed {seed}: first proof {verdict}: {detail}", flush=True)
         if out.failure is None:
             if out.rounding:
                 rounding.append(seed)
@@ -93,6 +144,19 @@ def main(argv=None) -> int:
                 str(s) + (f" (err {rel[s][0]:.2g}, ref noise {rel[s][1]:.1g})" if s in rel else "") for s in seeds
             )
             print(f"         seeds: {shown}")
+    if args.validate:
+        n = sum(len(v) for v in proofs.values())
+        print(f"\nvalidation on ({n} seeds, no recovery): first proof passed {len(proofs['passed'])}, "
+              f"passed by the float64 judge {len(proofs['judged'])}")
+        for verdict, what in (("rounding", "failed, and float64 (rounding_only) calls it rounding"),
+                              ("failed", "failed, not rounding"), ("exception", "raised")):
+            seeds = proofs.get(verdict, [])
+            print(f"  {what}: {len(seeds)}" + (f", seeds {', '.join(map(str, seeds))}" if seeds else ""))
+            for seed in seeds[:20]:
+                print(f"    seed {seed}: {proof_detail.get(seed, '')}")
+        if proof_times:
+            print(f"  time per proved shrink: mean {statistics.mean(proof_times) * 1e3:.1f} ms, "
+                  f"max {max(proof_times) * 1e3:.1f} ms")
     if args.save and failed:
         print(f"\nfailing models written to {args.save}/seed_N.onnx")
     print(
@@ -101,7 +165,8 @@ def main(argv=None) -> int:
         f"onnxruntime); shrink alone: mean {statistics.mean(shrink_times) * 1e3:.1f} ms, max "
         f"{max(shrink_times) * 1e3:.1f} ms; wall {wall:.1f} s"
     )
-    return 1 if failed else 0
+    bad_proofs = args.validate and any(proofs.get(v) for v in ("rounding", "failed", "exception"))
+    return 1 if failed or bad_proofs else 0
 
 
 if __name__ == "__main__":
