@@ -610,7 +610,7 @@ class _Finder:
                 wa = handler.weight_axes(op, i, len(t.shape))
                 if wa is None:
                     continue
-                for m, reader in self._members(t, wa.out):
+                for m, (reader, _) in self._members(t, wa.out):
                     if reader is node:
                         out.append(_with(m, np.arange(int(t.shape[wa.out]))))
         return out
