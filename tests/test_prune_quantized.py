@@ -384,8 +384,8 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     from onnxshrink import api, cli
     from onnxshrink.validate import OutputCheck
 
-    def failing(reference, source, rewritten, opts):
-        report = original(reference, source, rewritten, opts)
+    def failing(reference, source, rewritten, opts, *more):
+        report = original(reference, source, rewritten, opts, *more)
         if params(rewritten.model) < params(reference):
             report.passed = False
             report.outputs = [OutputCheck("y", [1, 4, 6, 6], 1.0, 1.0, False)]
@@ -400,4 +400,6 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     )
     err = capsys.readouterr().err
     assert code == 1 and not out.exists() and not (tmp_path / "m.npz").exists()
-    assert "none of the 4 groups chosen could be removed" in err and "Nothing was written" in err
+    # the proof's recovery refuses a result no smaller than the input (before the prune's own
+    # check that the chosen groups went): either says that nothing was written
+    assert "nothing was written" in err.lower()
