@@ -197,8 +197,8 @@ class Gemm(Handler):
         if b0 is None or ca is None:
             return
         b0 = self.oriented(node, b0)
-        ka = rw.kept_static(a_t, a_k)
-        if ka.all():
+        ka = rw.kept(a_t, a_k)
+        if ka is None or ka.all():  # a dynamic K (A is e.g. a constant of a dynamic size) keeps all
             return
         # An output axis declared dynamic has no kept set: keep() pinned B's columns with it.
         ky = rw.kept(y, 1)

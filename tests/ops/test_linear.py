@@ -176,3 +176,30 @@ def test_a_constant_folded_through_a_left_multiplying_weight_keeps_only_the_kept
     assert s.get("C", s.get("onnxshrink__folded")) == (1, 1)
     assert s["W2"] == (1, 3, 1, 1) and s["W3"] == (3, 1, 1, 1)
     assert [(f.op, f.into) for f in result.folds] == [(op.split()[0], "bias")]
+
+
+# Gemm's A is a constant along an axis of dynamic size (H and W are symbols): that axis has no
+# kept set (nothing along it can go), so there is nothing to fold; the rewrite once asked for
+# its kept set and failed ("axis 1: no kept set (a dynamic size)", exit 3).
+DYNAMIC_CONSTANT_A = """
+agraph (float[N, 3, H, W] x, float[2, 3, 1, 1] W1, float[2] B1, float[1, 1] K, float[4, 32] W2{c})
+  => (float[N, 4] y)
+{{
+  h = Conv (x, W1, B1)
+  f = Flatten (h)
+  s = Shape (f)
+  e = Expand (K, s)
+  a = Mul (f, e)
+  y = Gemm <transB = 1> ({inputs})
+}}
+"""
+
+
+@pytest.mark.parametrize("with_c", [True, False])
+def test_gemm_of_a_constant_whose_features_axis_is_dynamic(with_c):
+    text = DYNAMIC_CONSTANT_A.format(c=", float[4] B2" if with_c else "", inputs="a, W2, B2" if with_c else "a, W2")
+    model = tiny(text, values={"K": [[0.0]]} if with_c else {"K": [[0.5]]})
+    result = shrink_checked(model, input_shapes={"x": [2, 3, 4, 4]})
+    s = shapes(result.model)
+    assert s["W2"] == (4, 32) and s["W1"] == (2, 3, 1, 1)
+    assert not result.folds
