@@ -153,7 +153,7 @@ def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         except Exception:
             return model
         runs.append({vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]})
-    moved = _resized_slices(model, skeleton(model, _probe_shapes(model, picks[0])), runs[0])
+    moved = _resized_slices(model, _probe_shapes(model, picks[0]), runs[0])
     if moved is not None:
         try:
             inferred = onnx.shape_inference.infer_shapes(moved, data_prop=True)
@@ -193,12 +193,11 @@ def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _resized_slices(
-    model: onnx.ModelProto, probe: onnx.ModelProto, probed: dict[str, onnx.ValueInfoProto]
+    model: onnx.ModelProto, probe_sizes: dict[str, list[int]], probed: dict[str, onnx.ValueInfoProto]
 ) -> onnx.ModelProto | None:
-    """`probe` (the skeleton at the first probe sizes, `probed` its inferred shapes) with each
-    Slice of an axis that is dynamic in `model`, whose output size varies with that size
-    (ops.concat.size_varies), made to output one element more (or fewer) there; None when the
-    model has none."""
+    """The skeleton at `probe_sizes` (`probed`: its inferred shapes) with each Slice of an axis
+    that is dynamic in `model`, whose output size varies with that size (ops.concat.size_varies),
+    made to output one element more (or fewer) there; None when the model has none."""
     from onnxshrink.ops.concat import size_varies, sliced_size
 
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -206,36 +205,39 @@ def _resized_slices(
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
     dims = {vi.name: _dims(vi) for vi in [*model.graph.input, *model.graph.value_info]}
-    changed = False
-    for node in probe.graph.node:
+    resized: dict[int, list[list[int]]] = {}  # node index -> its starts, ends, axes, steps
+    for k, node in enumerate(model.graph.node):
+        # (opset < 10 gives the bounds as attributes: rare enough to leave to the two probes)
         if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
-            continue  # (opset < 10: bounds as attributes, rare enough to leave to the probes)
+            continue
         ins = list(node.input) + [""] * (5 - len(node.input))
         if any(i and i not in consts for i in ins[1:]):
             continue
         starts, ends = (consts[i].reshape(-1).tolist() for i in ins[1:3])
         axes = consts[ins[3]].reshape(-1).tolist() if ins[3] else list(range(len(starts)))
         steps = consts[ins[4]].reshape(-1).tolist() if ins[4] else [1] * len(starts)
-        base, now = dims.get(node.input[0]), _dims(probed[node.input[0]]) if node.input[0] in probed else None
+        base = dims.get(node.input[0])
+        now = _dims(probed[node.input[0]]) if node.input[0] in probed else None
         if base is None or now is None or len(base) != len(now):
             continue
-        new = [list(starts), list(ends), list(steps)]
-        for k, (a, s, e, st) in enumerate(zip(axes, starts, ends, steps, strict=True)):
-            a = a + len(base) if a < 0 else a
-            size = now[a]
-            if isinstance(base[a], int) or not isinstance(size, int) or size < 1 or not size_varies(s, e, st):
+        bounds = [list(starts), list(ends), axes, list(steps)]
+        for j, (a, st, en, sp) in enumerate(zip(axes, starts, ends, steps, strict=True)):
+            size = now[a + len(base) if a < 0 else a]
+            if isinstance(base[a], int) or not isinstance(size, int) or size < 1 or not size_varies(st, en, sp):
                 continue
-            c = sliced_size(size, s, e, st)
-            new[0][k], new[1][k], new[2][k] = 0, c + 1 if c < size else c - 1, 1
-            changed = True
-        if new != [starts, ends, steps]:
-            names = []
-            for label, values in zip(("starts", "ends", "axes", "steps"), (new[0], new[1], axes, new[2]), strict=True):
-                names.append(f"{node.name or node.output[0]}__probe_{label}")
-                probe.graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), names[-1]))
-            del node.input[1:]
-            node.input.extend(names)
-    return probe if changed else None
+            c = sliced_size(size, st, en, sp)
+            bounds[0][j], bounds[1][j], bounds[3][j] = 0, c + 1 if c < size else c - 1, 1
+            resized[k] = bounds
+    if not resized:
+        return None
+    probe = skeleton(model, probe_sizes)
+    for k, bounds in resized.items():
+        node = probe.graph.node[k]  # the skeleton keeps the nodes in order
+        del node.input[1:]
+        for label, values in zip(("starts", "ends", "axes", "steps"), bounds, strict=True):
+            node.input.append(f"{node.name or node.output[0]}__probe_{label}")
+            probe.graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), node.input[-1]))
+    return probe
 
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not weights
