@@ -1,6 +1,6 @@
 """Random graphs in exporter forms (models/randgraph.py): shrunk, then checked independently.
 
-For ONNXSHRINK_RANDOM_GRAPHS seeds (default 300): build the seed's model (its masked channels
+For ONNXSHRINK_RANDOM_GRAPHS seeds (default 240): build the seed's model (its masked channels
 are zeros in its weights, so it is its own reference; or the masks are given apart, as a file
 holds them, then the reference is the model with them applied here), `shrink(model,
 validate=False)`, and with
@@ -23,7 +23,7 @@ import pytest
 
 from models.randgraph import BATCHES, RTOL, check, save_failure
 
-SEEDS = int(os.environ.get("ONNXSHRINK_RANDOM_GRAPHS", "300"))
+SEEDS = int(os.environ.get("ONNXSHRINK_RANDOM_GRAPHS", "240"))  # 300 before the forms of issue 19 made a graph 1.25x as long
 # Seeds pinned before the generator's forms of issue 19 were added, as the graphs they were
 # then (extended=False: the same graphs, byte for byte):
 # past the default range, on which the 3000-seed sweep found a bug after the others were fixed
