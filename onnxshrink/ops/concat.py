@@ -241,11 +241,11 @@ def size_varies(start: int, end: int, step: int) -> bool:
     """Does a Slice's output size on an axis of dynamic size n vary with n (n >= 1)? The clamps
     make it piecewise: x[-1:7] has 1 element up to n = 7 and none past it, so that two large
     probe sizes agree on 0 (prepare.complete_shapes)."""
-    finite = [abs(v) for v in (start, end) if abs(v) < 2**31]
-    top = max(finite, default=0) + abs(step) + 2
-    return len({sliced_size(n, start, end, step) for n in range(1, top + 1)}) > 1 or (
-        sliced_size(top, start, end, step) != sliced_size(2 * top + 1, start, end, step)
-    )
+    finite = [abs(v) for v in (start, end) if abs(v) < 2**62]
+    top = max(finite, default=0) + 2 * abs(step) + 2
+    # piecewise linear in n between the bounds' breakpoints: sizes around each, and past them
+    sizes = [*range(1, min(top, 64) + 1), *(v + d for v in finite for d in range(-3, 4)), top, 2 * top + 1]
+    return len({sliced_size(n, start, end, step) for n in sizes if n >= 1}) > 1
 
 
 def slice_ranges(
