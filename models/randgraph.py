@@ -926,7 +926,9 @@ def masks_apart(g: G, model: onnx.ModelProto, info: dict) -> None:
         zero = arr == 0
         if not zero.any() and r.random() >= 0.2:
             continue
-        mask = (~zero).astype(np.float32)
+        mask = (~zero).astype(np.float32)  # of a scalar: a numpy scalar
+        if arr.ndim == 0 and r.random() < 0.5:
+            mask = np.asarray(mask)  # a 0-d array, as torch's .numpy() gives
         rows = mask.reshape(len(mask), -1) if arr.ndim == 4 else None
         if rows is not None and (rows.min(axis=1) == rows.max(axis=1)).all() and r.random() < 0.5:
             mask = rows[:, 0].copy()  # one flag per output channel
