@@ -16,6 +16,7 @@ from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
+from onnxshrink.io import dims
 from onnxshrink.io.masks import imports_torch, load_masks_file
 from onnxshrink.io.model import (
     Scratch,
@@ -101,30 +102,38 @@ class ShrinkResult:
     def passed(self) -> bool:
         return all(v is None or v.passed for v in (self.validation, self.torch_validation))
 
+    # what --report writes (with "passed"), in this order
+    REPORT_KEYS = (
+        "before",
+        "after",
+        "validation",
+        "timings",
+        "masks_bound",
+        "unbound_masks",
+        "input_masked",
+        "shared_initializers",
+        "folds",
+        "barriers",
+        "replayed",
+        "kept_zeroed",
+        "sparsity",
+        "removed_nodes",
+        "written",
+        "torch_validation",
+        "first_failure",
+        "first_failure_rounding",
+        "kept_after_failed_proof",
+        "renamed_nodes",
+    )
+
     def to_dict(self) -> dict[str, Any]:
-        keys = (
-            "before",
-            "after",
-            "validation",
-            "timings",
-            "masks_bound",
-            "unbound_masks",
-            "input_masked",
-            "shared_initializers",
-            "folds",
-            "barriers",
-            "replayed",
-            "kept_zeroed",
-            "sparsity",
-            "removed_nodes",
-            "written",
-            "torch_validation",
-            "first_failure",
-            "first_failure_rounding",
-            "kept_after_failed_proof",
-            "renamed_nodes",
-        )
-        return {k: to_jsonable(getattr(self, k)) for k in keys} | {"passed": self.passed}
+        return {k: to_jsonable(getattr(self, k)) for k in self.REPORT_KEYS} | {"passed": self.passed}
+
+    @classmethod
+    def empty_report(cls) -> dict[str, Any]:
+        """The report of a shrink that made no result (its rewrite failed): every key of one
+        that did, empty."""
+        return dict.fromkeys(cls.REPORT_KEYS) | {"passed": False}
 
     def save(self, path: str | Path, external: bool = False) -> list[Path]:
         if self.data_file is not None:
@@ -254,7 +263,8 @@ def shrink(
     result = ShrinkResult(
         model=shrunk,
         reference=reference,
-        before=model_stats(reference, shapes, source.file_bytes),
+        # the input as its file holds it (the reference may hold untied copies of a weight)
+        before=model_stats(source.proto, shapes, source.file_bytes),
         after=model_stats(shrunk, shapes),
         validation=report,
         timings=clock.timings,
@@ -279,6 +289,8 @@ def shrink(
     )
     if rewritten.data_file is not None:
         result.data_file, result._scratch = rewritten.data_file, scratch
+    for m in {id(result.model): result.model, id(reference): reference}.values():
+        dims.restore(m)  # the input's interface as it was declared (see io.dims)
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
         clock.lap("save")
@@ -335,10 +347,11 @@ def read_model(model: ModelLike) -> Source:
     if isinstance(model, onnx.ModelProto):
         check_tensor_data(model, "model")
         names = [n.name for n in model.graph.node if n.name]
-        if len(set(names)) == len(names):
+        if len(set(names)) == len(names) and not dims.needs_symbolic(model):
             return Source(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
+        dims.to_symbolic(copy)
         return Source(copy, renamed=unique_node_names(copy))
     raise TypeError(f"model must be a path or onnx.ModelProto, not {type(model).__name__}")
 

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         from onnxshrink.logs import show_library_logs
 
         show_library_logs(args.verbose and not args.quiet)
-        from onnxshrink.api import check_options, shrink
+        from onnxshrink.api import ShrinkResult, check_options, shrink
         from onnxshrink.options import ShrinkOptions
         from onnxshrink.validate import load_inputs, parse_shapes
 
@@ -261,10 +261,14 @@ def main(argv: list[str] | None = None) -> int:
             result, failure = exc.result, exc
         if result is not None:
             _print_result(result, args, say)
-        if report is not None:
-            data = result.to_dict() if result is not None else {"passed": False, "error": str(failure)}
+        if report is not None:  # the same keys whether the run passed or not
             if pruned is not None:
                 data = pruned.to_dict()
+            elif failure is not None and failure.report is not None:
+                data = failure.report
+            else:
+                data = result.to_dict() if result is not None else ShrinkResult.empty_report()
+            data["error"] = str(failure) if failure is not None else None
             with file_access(report):
                 report.write_text(json.dumps(data, indent=2))
         if failure is not None:

@@ -22,6 +22,7 @@ class ValidationFailed(ShrinkError):
     def __init__(self, message: str, result: Any = None):
         super().__init__(message)
         self.result = result
+        self.report: dict[str, Any] | None = None  # what --report writes, when not result's
 
 
 class InternalError(RuntimeError):

@@ -6,6 +6,11 @@ onnx-graphsurgeon prints its messages with print(), on stdout: dumps of nodes th
 them to the logger "onnxshrink.libs.onnx_graphsurgeon" instead. The package attaches no handler
 to "onnxshrink.libs", so they are silent unless the application configures logging; the command
 line shows them, and Python's warnings, on stderr with -v (`show_library_logs`).
+
+onnxruntime writes its own log to stderr from C++, past Python's logging: a failed run logs its
+error there (colored, several lines per failure) before the exception that carries the same
+message reaches us. Its sessions are made to log only what is fatal (`onnxruntime_severity`),
+errors too with -v.
 """
 
 from __future__ import annotations
@@ -18,6 +23,21 @@ LIBS = "onnxshrink.libs"
 logging.getLogger(LIBS).addHandler(logging.NullHandler())  # silent unless configured
 
 _routed = False
+# onnxruntime's log severity for the sessions onnxshrink makes: 4 fatal only, 3 errors too (-v)
+_ort_severity = 4
+_ort_default_set: int | None = None
+
+
+def onnxruntime_severity() -> int:
+    """The log severity to give an onnxruntime session; onnxruntime's default logger is set to
+    it too (once per process and value), for what it logs outside a session."""
+    global _ort_default_set
+    if _ort_default_set != _ort_severity:
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(_ort_severity)
+        _ort_default_set = _ort_severity
+    return _ort_severity
 
 
 def route_library_logs() -> None:
@@ -65,7 +85,9 @@ class _Tagged(logging.Formatter):
 
 def show_library_logs(verbose: bool) -> None:
     """For the command line: library messages and Python warnings on stderr with -v, else
-    nowhere (the report on stdout stays the tool's own)."""
+    nowhere (the report on stdout stays the tool's own); onnxruntime's errors with -v."""
+    global _ort_severity
+    _ort_severity = 3 if verbose else 4
     logging.captureWarnings(True)
     handler: logging.Handler = logging.StreamHandler(sys.stderr) if verbose else logging.NullHandler()
     handler.setFormatter(_Tagged())

@@ -27,6 +27,8 @@ class ModelStats:
     params: int
     macs: int
     file_bytes: int | None = None
+    # the input shapes MACs were counted at (a before/after pair: the same ones, the proof's)
+    input_shapes: dict[str, list[int]] | None = None
 
 
 # Parameters: float weights, and the integer ones of quantized models (8-, 4- and 16-bit weights,
@@ -70,6 +72,7 @@ def model_stats(
         params,
         count_macs(model, input_shapes or {}),
         file_bytes,
+        dict(input_shapes) if input_shapes is not None else None,
     )
 
 

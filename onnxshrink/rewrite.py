@@ -206,17 +206,27 @@ class Rewriter:
         if not np.any(values):
             return
         values = _smallest_broadcast(values)
-        y = node.outputs[out_index]
-        nxt = y.outputs[0] if len(y.outputs) == 1 else None
-        if nxt is not None and y not in self.graph.outputs:
-            handler = self.handler_for(nxt)
-            slots = [i for i, t in enumerate(nxt.inputs) if t is y]
-            if handler is not None and len(slots) == 1 and handler.absorb_addend(nxt, slots[0], values, self):
-                self.record_fold(node, channels, into or "bias")
-                return
+        if self.absorb_into_reader(node, out_index, values, channels, into):
+            return
         self.add_to_output(node, out_index, self.constant(values, f"{node.name}_folded"))
         kind = "constant map" if values.size > values.shape[-1] else "bias"
         self.record_fold(node, channels, into or kind)
+
+    def absorb_into_reader(
+        self, node: gs.Node, out_index: int, values: np.ndarray, channels: int, into: str | None = None
+    ) -> bool:
+        """Add a constant to output `out_index` inside its only reader, when that reader's handler
+        absorbs it (a bias Add after a bias-less Conv or MatMul); False, changing nothing, if not."""
+        y = node.outputs[out_index]
+        nxt = y.outputs[0] if len(y.outputs) == 1 else None
+        if nxt is None or y in self.graph.outputs:
+            return False
+        handler = self.handler_for(nxt)
+        slots = [i for i, t in enumerate(nxt.inputs) if t is y]
+        if handler is None or len(slots) != 1 or not handler.absorb_addend(nxt, slots[0], values, self):
+            return False
+        self.record_fold(node, channels, into or "bias")
+        return True
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None:
         """Output `out_index` of `node` becomes itself + `addend` (for every reader)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from onnx import helper
 
 from onnxshrink import ir
 from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.logs import onnxruntime_severity
 from onnxshrink.options import ShrinkOptions
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -82,8 +83,10 @@ class ValidationReport:
 
     def lines(self) -> list[str]:
         """Polygraphy-style accuracy block."""
+        shapes = " ".join(f"{n}:{','.join(map(str, d)) or '[]'}" for n, d in self.input_shapes.items())
         out = [
-            f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on {self.provider}"
+            f"[I] Accuracy Comparison | reference (masked input) vs shrunk | {self.draws} draw(s) on "
+            f"{self.provider}" + (f" | random inputs {shapes}" if shapes else "")
         ]
         if self.kind != "full" or self.detail:
             tag = "[I]" if self.kind == "full" else "[W]"  # a partial proof says so
@@ -222,8 +225,10 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 def resolve_shapes(
     model: onnx.ModelProto, given: Mapping[str, list[int]]
 ) -> dict[str, list[int]]:
-    """Concrete shapes for every graph input: given ones, static dims, and defaults for the
-    dynamic ones (2 for a leading batch axis, 16 otherwise; one value per dim name)."""
+    """Concrete shapes for every graph input: given ones, static dims, and sizes chosen for the
+    dynamic ones (one value per dim name): 2 for a leading batch axis; for the others, 16 when
+    the model's shapes infer at 16, else the smallest size its own downsampling survives (see
+    `survived_size`)."""
     inputs = _graph_inputs(model)
     names = {i.name for i in inputs}
     for n in given:
@@ -249,18 +254,111 @@ def resolve_shapes(
                 if d.HasField("dim_param"):
                     symbols.setdefault(d.dim_param, v)
             shapes[inp.name] = shape
-    for inp in inputs:
-        if inp.name in shapes:
+    free = [
+        inp
+        for inp in inputs
+        if inp.name not in shapes
+        and any(
+            not d.HasField("dim_value") and k > 0 and d.dim_param not in symbols
+            for k, d in enumerate(inp.type.tensor_type.shape.dim)
+        )
+    ]
+
+    def at(size: int) -> dict[str, list[int]]:
+        chosen, named = dict(shapes), dict(symbols)
+        for inp in inputs:
+            if inp.name in chosen:
+                continue
+            shape = []
+            for k, d in enumerate(inp.type.tensor_type.shape.dim):
+                if d.HasField("dim_value"):
+                    shape.append(d.dim_value)
+                else:
+                    default = 2 if k == 0 else size
+                    shape.append(named.setdefault(d.dim_param, default) if d.dim_param else default)
+            chosen[inp.name] = shape
+        return chosen
+
+    if not free:
+        return at(DEFAULT_SIZE)
+    size = survived_size(model, at)
+    return at(size if size is not None else DEFAULT_SIZE)
+
+
+# The size of a dynamic dim (other than a leading batch axis) when the model's shapes infer at it.
+DEFAULT_SIZE = 16
+# Sizes at which the downsampling of the dynamic dims is measured (see survived_size).
+PROBES = (1024, 2048)
+
+
+def survived_size(model: onnx.ModelProto, at: Callable[[int], dict[str, list[int]]]) -> int | None:
+    """The size to give the dynamic dims (`at(size)`: every input's shape with them at `size`):
+    DEFAULT_SIZE when the model's shapes infer there (onnx's shape inference in strict mode: a
+    Concat of maps of different sizes fails it); else the smallest multiple of the model's
+    downsampling (the largest factor by which a tensor's size falls as the dims grow, measured
+    between two large sizes) at which every tensor keeps at least one element and the shapes
+    infer (a YOLO neck's upsampled map meets the one it is concatenated with; a 7x7 pooling
+    without padding after a stride of 32 needs 224). None when no size infers (the proof then
+    runs at DEFAULT_SIZE, and asks for shapes if the model fails there)."""
+
+    def empties(dims: dict[str, list[int]], large: dict[str, list[int]] | None) -> bool:
+        """Does a tensor lose all its elements (an axis of 0 that is not 0 at a large size)?"""
+        return any(
+            d == 0 and (large is None or name not in large or large[name][k] != 0)
+            for name, ds in dims.items()
+            for k, d in enumerate(ds)
+        )
+
+    first = _infers(model, at(DEFAULT_SIZE))
+    if first is not None and not empties(first, None):
+        return DEFAULT_SIZE
+    probes = [_infers(model, at(p)) for p in PROBES]
+    if probes[0] is None or probes[1] is None:
+        return None
+    if first is not None and not empties(first, probes[0]):
+        return DEFAULT_SIZE  # its empty tensors are empty at any size
+    step, smallest = 1.0, DEFAULT_SIZE
+    span = PROBES[1] - PROBES[0]
+    for name, d1 in probes[0].items():
+        d2 = probes[1].get(name)
+        if d2 is None or len(d1) != len(d2):
             continue
-        shape = []
-        for k, d in enumerate(inp.type.tensor_type.shape.dim):
-            if d.HasField("dim_value"):
-                shape.append(d.dim_value)
-            else:
-                default = 2 if k == 0 else 16
-                shape.append(symbols.setdefault(d.dim_param, default) if d.dim_param else default)
-        shapes[inp.name] = shape
-    return shapes
+        for a, b in zip(d1, d2, strict=True):
+            if b > a and span / (b - a) >= 1:  # falls by span / (b - a) as the dims grow
+                slope = span / (b - a)
+                step = max(step, slope)
+                smallest = max(smallest, int(np.ceil(PROBES[0] - (a - 1) * slope)))
+    factor = int(np.ceil(step))
+    start = -(-smallest // factor) * factor
+    for size in range(start, start + 4 * factor, factor):
+        found = _infers(model, at(size))
+        if found is not None and not empties(found, probes[0]):
+            return size
+    return None
+
+
+def _infers(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, list[int]] | None:
+    """The dims of every tensor whose dims are all static, as onnx's shape inference finds them
+    in strict mode with the inputs at `shapes`; None when it finds them inconsistent (or a
+    size below 0)."""
+    from onnxshrink.prepare.shapes import fold_shape_arithmetic, skeleton
+
+    try:
+        light = fold_shape_arithmetic(skeleton(model, shapes))
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=True, data_prop=True)
+    except Exception:
+        return None
+    out: dict[str, list[int]] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
+        t = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if any(d is not None and d < 0 for d in dims):
+            return None
+        if all(d is not None for d in dims):
+            out[vi.name] = dims  # type: ignore[assignment]
+    return out
 
 
 def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
@@ -281,13 +379,73 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     return bounds
 
 
+def compared_values(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Integer graph inputs -> the constants the graph compares them with (Equal, Less, ...,
+    in any subgraph: the conditions of If branches), followed through the ops that move their
+    values unchanged (Reshape, Gather, Concat, ...; each handler says). A sample rate that
+    picks a branch is drawn among these, not at random (a random one takes a branch that
+    fails, or the wrong one)."""
+    from onnxshrink.ops import facts
+    from onnxshrink.prepare import default_opset
+
+    ints = [
+        i.name
+        for i in _graph_inputs(model)
+        if np.issubdtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type), np.integer)
+    ]
+    if not ints:
+        return {}
+    opset = default_opset(model)
+    graphs = list(ir.all_graphs(model.graph))
+    small = {t.name: t for g in graphs for t in g.initializer if int(np.prod(t.dims)) <= COMPARED_SIZE}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in (n for g in graphs for n in g.node):
+        for i, name in enumerate(n.input):
+            readers.setdefault(name, []).append((n, i))
+    constant_nodes = {
+        n.output[0]: n for g in graphs for n in g.node if not n.input and len(n.output) == 1
+    }
+
+    def value(name: str) -> np.ndarray | None:
+        if name in small:
+            return onnx.numpy_helper.to_array(small[name])
+        node = constant_nodes.get(name)
+        handler, op = facts(node, opset) if node is not None else (None, None)
+        v = handler.constant_value(op) if handler is not None and op is not None else None
+        return v if v is not None and v.size <= COMPARED_SIZE else None
+
+    out: dict[str, list[int]] = {}
+    for name in ints:
+        found: list[int] = []
+        held, todo = {name}, [name]
+        while todo:
+            for n, i in readers.get(todo.pop(), []):
+                handler, op = facts(n, opset)
+                if handler is None:
+                    continue
+                if i in handler.moves_values(op) and n.output and n.output[0] not in held:
+                    held.add(n.output[0])
+                    todo.append(n.output[0])
+                other = value(n.input[1 - i]) if handler.compares(op) and i in (0, 1) else None
+                if other is not None and np.issubdtype(other.dtype, np.number):
+                    found += [int(v) for v in other.reshape(-1) if float(v).is_integer()]
+        if found:
+            out[name] = list(dict.fromkeys(found))
+    return out
+
+
+# Constants at most this large are read for the values an input is compared with.
+COMPARED_SIZE = 64
+
+
 def make_inputs(
     model: onnx.ModelProto, shapes: dict[str, list[int]], draws: int, seed: int
 ) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     bounds = _index_bounds(model)
+    compared = compared_values(model)
     feeds = []
-    for _ in range(draws):
+    for draw in range(draws):
         feed: dict[str, np.ndarray] = {}
         for inp in _graph_inputs(model):
             dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
@@ -301,13 +459,31 @@ def make_inputs(
             elif dtype == np.bool_:
                 feed[inp.name] = rng.random(shape) < 0.5
             elif np.issubdtype(dtype, np.integer):
-                feed[inp.name] = rng.integers(0, bounds.get(inp.name, 2), size=shape).astype(dtype)
+                drawn = rng.integers(0, bounds.get(inp.name, 2), size=shape).astype(dtype)
+                values = _drawable(compared.get(inp.name, []), dtype, bounds.get(inp.name))
+                if values and drawn.size == 1:  # one value: each draw the next compared one
+                    drawn[...] = values[draw % len(values)]
+                elif values:  # half of the elements, compared values
+                    picked = rng.random(shape) < 0.5
+                    drawn = np.where(picked, rng.choice(np.asarray(values, dtype), size=shape), drawn)
+                feed[inp.name] = drawn
             else:
                 raise ShrinkError(
                     f"input '{inp.name}' has type {dtype}, which validation cannot generate; give inputs with --inputs."
                 )
         feeds.append(feed)
     return feeds
+
+
+def _drawable(values: list[int], dtype: np.dtype, bound: int | None) -> list[int]:
+    """The compared values an integer input of `dtype` can hold (and, read as an index into a
+    table of `bound` rows, that index it)."""
+    info = np.iinfo(dtype)
+    return [
+        v
+        for v in values
+        if info.min <= v <= info.max and (bound is None or -bound <= v < bound)
+    ]
 
 
 def load_inputs(path: str) -> dict[str, np.ndarray]:
@@ -398,7 +574,7 @@ def session(model: onnx.ModelProto, provider: str, data_dir: str | Path | None =
             f"--provider {provider}: onnxruntime here has no {ep} (available: {ort.get_available_providers()}). Install onnxruntime-gpu for CUDA."
         )
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = onnxruntime_severity()  # its errors: ours to report
     threads = session_threads()
     if threads:
         so.intra_op_num_threads = so.inter_op_num_threads = threads
@@ -483,9 +659,10 @@ def arithmetic(model: onnx.ModelProto) -> tuple[str, float]:
 
 
 class _RunFailed(Exception):
-    def __init__(self, message: str, loading: bool):
+    def __init__(self, message: str, loading: bool, feed: int | None = None):
         super().__init__(message)
         self.loading = loading  # onnxruntime refused the model (else: it failed on the inputs)
+        self.feed = feed  # the index of the feed it failed on (given inputs come first)
 
 
 def _reference_failed(
@@ -498,8 +675,23 @@ def _reference_failed(
             f"{text}, so the proof cannot run. Check the model with onnxruntime, or pass "
             "--no-validate to shrink it without the proof."
         )
-    if opts.inputs:
-        return f"{text}. Check the arrays given with --inputs against the model's inputs."
+    given = len(opts.inputs or [])
+    if exc.feed is not None and exc.feed < given:
+        return f"{text} on the arrays given with --inputs. Check them against the model's inputs."
+    text += " on random inputs" + (
+        " (the arrays given with --inputs run: --draws 0 proves it on those alone)" if given else ""
+    )
+    guessed = [
+        i.name
+        for i in _graph_inputs(reference)
+        if np.issubdtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type), np.integer)
+        and i.name not in compared_values(reference)
+    ]
+    if guessed:
+        text += (
+            f" (integer input(s) {', '.join(repr(n) for n in guessed)} drawn at random: the graph "
+            "compares them with no constant to draw instead)"
+        )
     dynamic = {
         i.name: shapes[i.name]
         for i in _graph_inputs(reference)
@@ -509,10 +701,10 @@ def _reference_failed(
     if dynamic:
         chosen = ", ".join(f"{n}:{','.join(map(str, d))}" for n, d in dynamic.items())
         return (
-            f"{text} on random inputs of the shapes chosen for its dynamic dims ({chosen}). "
+            f"{text}, of the shapes chosen for its dynamic dims ({chosen}). "
             "Give the shapes it runs on with --input-shapes name:d0,d1,..., or real inputs with --inputs."
         )
-    return f"{text} on random inputs. Give real inputs it runs on with --inputs."
+    return f"{text}. Give real inputs it runs on with --inputs."
 
 
 def run_model(
@@ -542,11 +734,11 @@ def run_model(
             raise _RunFailed(f"cannot be loaded by onnxruntime ({first_line(exc)})", True) from exc
         names = [o.name for o in sess.get_outputs()]
         wanted = [i.name for i in sess.get_inputs()]
-        for v in values:
+        for f, v in enumerate(values):
             try:
                 v.update(zip(names, sess.run(names, {n: v[n] for n in wanted}), strict=True))
             except Exception as exc:
-                raise _RunFailed(f"fails to run in onnxruntime ({first_line(exc)})", False) from exc
+                raise _RunFailed(f"fails to run in onnxruntime ({first_line(exc)})", False, f) from exc
             if progress is not None:
                 progress.update(1)
         del sess

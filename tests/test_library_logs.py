@@ -46,3 +46,25 @@ def test_library_messages_stay_off_stdout_and_show_with_verbose(tmp_path):
     assert p.returncode == 0
     assert "[W] (onnx_graphsurgeon) Could not convert: BFLOAT16" in p.stderr
     assert "BFLOAT16" not in p.stdout
+
+
+def test_onnxruntime_error_log_stays_off_the_terminal_and_shows_with_verbose(tmp_path):
+    """A reference that fails to run (Range with a zero step, whatever the input) makes
+    onnxruntime log its error on stderr from C++ before the exception reaches the tool: only the
+    tool's own message is shown; onnxruntime's lines with -v."""
+    consts = [numpy_helper.from_array(np.float32(v), n) for n, v in (("zero", 0), ("start", 0), ("stop", 10))]
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "zero"], ["z"]), helper.make_node("Range", ["start", "stop", "z"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])], consts,
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    p = cli("m.onnx", "-o", "out.onnx", cwd=tmp_path)
+    assert p.returncode == 2
+    [line] = p.stderr.splitlines()
+    assert line.startswith("[E] the reference model (the input, masks applied) fails to run")
+    assert "delta in Range operator can not be zero" in line
+    verbose = cli("m.onnx", "-o", "out.onnx", "-v", cwd=tmp_path)
+    assert verbose.returncode == 2
+    assert "[E:onnxruntime:" in verbose.stderr
+    assert not (tmp_path / "out.onnx").exists()

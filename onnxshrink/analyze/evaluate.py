@@ -103,8 +103,10 @@ def evaluate_op(
 def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     import onnxruntime as ort
 
+    from onnxshrink.logs import onnxruntime_severity
+
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = onnxruntime_severity()  # its errors: ours to report
     so.intra_op_num_threads = so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

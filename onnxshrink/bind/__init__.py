@@ -46,7 +46,7 @@ def bind_masks(
         names = ", ".join(f"'{n}'" for n in bound.unbound[:10])
         more = f" and {len(bound.unbound) - 10} more" if len(bound.unbound) > 10 else ""
         specific = sorted({bound.hints[n] for n in bound.unbound[:10] if n in bound.hints})
-        sample = ", ".join(f"'{n}'" for n in list(index.shapes)[:6])
+        sample = ", ".join(f"'{n}'" for n in index.weight_names()[:6]) or "no weights"
         only_ambiguous = set(bound.unbound) <= bound.ambiguous
         what = "cannot be bound to the model" if bound.ambiguous else "match no initializer of the model"
         raise ShrinkError(
@@ -55,8 +55,9 @@ def bind_masks(
             + (
                 ""
                 if only_ambiguous
-                else "Mask names must be initializer names or the framework's parameter names "
-                f"(for torch.onnx.export, the state_dict names); the model has e.g. {sample}. "
+                else "Mask names must be the model's weight names (initializers, or the outputs "
+                "of Constant nodes that hold weights) or the framework's parameter names (for "
+                f"torch.onnx.export, the state_dict names); the model has e.g. {sample}. "
             )
             + "Pass --allow-unbound to go on without them."
         )

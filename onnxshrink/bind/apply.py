@@ -162,6 +162,8 @@ def apply_masks(
     ref = onnx.ModelProto()
     ref.CopyFrom(model)
     inits = {t.name: t for t in ref.graph.initializer}
+    for name, k in index.constant_nodes.items():  # weights held by Constant nodes: their tensor
+        inits[name] = _constant_value_attribute(ref.graph.node[k], index.inits[name])
     taken = set(inits) | {o for n in ref.graph.node for o in n.output} | {
         i.name for i in ref.graph.input
     }
@@ -178,7 +180,8 @@ def apply_masks(
             groups[tuple(j for j, b in enumerate(bindings) if b.sites is None or s in b.sites)].append(s)
         variants = {key: _masked(arr, [bindings[j] for j in key]) for key in groups}
         first, *others = sorted(variants, key=lambda key: (len(key) > 0, key))
-        _store(inits[name], variants[first], spill)
+        held = name in index.constant_nodes  # a Constant node's tensor keeps its own name
+        _store(inits[name], variants[first], None if held else spill, inits[name].name if held else None)
         for key in others:
             if np.array_equal(variants[key], variants[first]):
                 continue
@@ -195,6 +198,17 @@ def apply_masks(
         del variants
         weights.trim()  # the mapped weight read goes back to the page cache
     return ref
+
+
+def _constant_value_attribute(node: onnx.NodeProto, value: onnx.TensorProto) -> onnx.TensorProto:
+    """The tensor a Constant node holds, to be masked in place: its `value` attribute (a node
+    holding its value otherwise, `value_floats`, is given it as a `value` tensor)."""
+    for a in node.attribute:
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+            return a.t
+    del node.attribute[:]
+    node.attribute.append(onnx.helper.make_attribute("value", value))
+    return node.attribute[0].t
 
 
 def _masked(arr: np.ndarray, bindings: list[Binding]) -> np.ndarray:

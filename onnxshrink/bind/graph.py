@@ -102,6 +102,16 @@ class ModelIndex:
         self.facts = [facts(n, self.opset) for n in self.nodes]
         self.base_dir = base_dir or ""
         self.inits = {t.name: t for t in model.graph.initializer}
+        # Weights held by Constant nodes (paddle2onnx, spox and converters write them so) are
+        # weights too, named by their output: graph node index of each
+        self.constant_nodes: dict[str, int] = {}
+        outputs = {o.name for o in model.graph.output}  # a constant output stays as it is
+        for k, (n, (h, op)) in enumerate(zip(self.nodes, self.facts, strict=True)):
+            alone = h is not None and not n.input and len(n.output) == 1 and n.output[0] not in outputs
+            held = h.constant_tensor(op, n.output[0]) if alone else None  # type: ignore[union-attr]
+            if held is not None and n.output[0] not in self.inits:
+                self.inits[n.output[0]] = held
+                self.constant_nodes[n.output[0]] = k
         self.shapes = {n: tuple(int(d) for d in t.dims) for n, t in self.inits.items()}
         # Identity outputs that stand for an initializer (older exporters read weights so).
         self.aliases: dict[str, str] = {}
@@ -129,6 +139,13 @@ class ModelIndex:
                 self.scopes[m].append(k)
         self._arrays: dict[str, np.ndarray] = {}
         self._store: WeightStore | None = None
+
+    def weight_names(self) -> list[str]:
+        """Initializers and Constant-node weights, float ones (weights rather than shape
+        arithmetic) first, for messages that name some."""
+        from onnxshrink.prepare import FLOAT_TYPES
+
+        return sorted(self.inits, key=lambda n: self.inits[n].data_type not in FLOAT_TYPES)
 
     def resolve(self, name: str) -> str | None:
         """The initializer a tensor name stands for (itself or through Identity aliases)."""

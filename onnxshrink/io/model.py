@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from onnxshrink.errors import ShrinkError, file_access, first_line
+from onnxshrink.io import dims
 from onnxshrink.io.weights import DataWriter, WeightStore
 
 TWO_GB = 2**31
@@ -121,6 +122,7 @@ def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto
     if not keep_external:
         load_external(model, p.parent, str(p))
     check_model(model, str(p))
+    dims.to_symbolic(model)  # -1 dims are dynamic (see io.dims); restored in the output
     return model
 
 

@@ -54,6 +54,9 @@ def _joined_uniform(ctx, inputs, axis: int, r: int) -> ConstInfo | None:
 
 @register("Concat")
 class Concat(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return tuple(range(len(node.inputs)))
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         y = node.outputs[0]
         r = ir.rank(y)
@@ -294,6 +297,9 @@ class Slice(Handler):
     # element selects nothing, where ONNX (and onnxruntime) clamp it to the first element
     evaluate_with_ort = True
 
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         if not view.is_shape(node.inputs[0]):
             return None
@@ -420,6 +426,9 @@ def _same_as_first(m: np.ndarray, v: np.ndarray, first: np.ndarray, axis: int) -
 
 @register("Gather")
 class Gather(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         if not view.is_shape(node.inputs[0]):
             return None

@@ -34,6 +34,10 @@ class Constant(Handler):
                 return np.asarray(list(a[key]) if key.endswith("s") else a[key], dtype=dtype)
         return None
 
+    def constant_tensor(self, node: OpNode, name: str) -> onnx.TensorProto | None:
+        v = node.attrs.get("value")
+        return v if isinstance(v, onnx.TensorProto) else super().constant_tensor(node, name)
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         v = self.constant_value(OpNode.of(node))
         return None if v is None else [ConstInfo.of_array(v)]

@@ -172,6 +172,8 @@ class RewriteView(Protocol):
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None: ...
 
+    def absorb_into_reader(self, node: gs.Node, out_index: int, values: np.ndarray, channels: int) -> bool: ...
+
     def add_constant(
         self,
         node: gs.Node,
@@ -300,6 +302,16 @@ class Handler:
         """Inputs that hold indices into another: {index input: (table input, axis)}."""
         return {}
 
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        """Inputs whose elements output 0 holds with their values unchanged (moved, selected or
+        repeated: Reshape, Gather's data, Concat), to follow a graph input to what compares it."""
+        return ()
+
+    def compares(self, node: OpNode) -> bool:
+        """Output 0 compares inputs 0 and 1 elementwise (Equal, Less, ...): a constant an
+        integer input is compared with is a value to draw for it (validate.compared_values)."""
+        return False
+
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         """Multiply-accumulates of one run, from static shapes (dynamic dims as 1)."""
         return 0
@@ -312,3 +324,8 @@ class Handler:
     def constant_value(self, node: OpNode) -> np.ndarray | None:
         """The value a node produces without inputs (a Constant node), else None."""
         return None
+
+    def constant_tensor(self, node: OpNode, name: str) -> onnx.TensorProto | None:
+        """That value as a tensor named `name` (Constant: the node's own tensor, not a copy)."""
+        value = self.constant_value(node)
+        return None if value is None else onnx.numpy_helper.from_array(np.asarray(value), name)

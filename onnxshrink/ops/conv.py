@@ -360,6 +360,13 @@ def fold_into_bias(
     vec = flat.mean(axis=1)
     b = ir.present(node, bias_index)
     dtype = _weight_dtype(rw, node)
+    r = ir.rank(node.outputs[0])
+    if b is None and r is not None and r > channel_axis:
+        # A bias-less conv followed by its bias Add (paddle2onnx writes Conv + Add of a
+        # [1, C, 1, 1] constant): the Add's constant takes it, rather than a new bias input.
+        per_channel = vec.reshape(co, *([1] * (r - channel_axis - 1))).astype(dtype)
+        if rw.absorb_into_reader(node, 0, per_channel, n_channels):
+            return
     if b is None or isinstance(b, gs.Constant):
         base = np.zeros(co) if b is None else np.asarray(b.values, dtype=np.float64)
         rw.replace_input(node, bias_index, (base + vec).astype(dtype))

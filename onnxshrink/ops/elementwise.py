@@ -101,6 +101,8 @@ NARY = (
 )
 
 
+COMPARISONS = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual")
+
 # Integer arithmetic exporters write on shape values, by op.
 _SHAPE_ARITH: dict[str, Callable[[int, int], int]] = {
     "Add": lambda p, q: p + q,
@@ -122,6 +124,12 @@ class Elementwise(Handler):
 
     def operands(self, node: gs.Node) -> list[gs.Tensor]:
         return [t for t in node.inputs if t is not None and t.name]
+
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,) if node.op in ("Identity", "Cast") else ()
+
+    def compares(self, node: OpNode) -> bool:
+        return node.op in COMPARISONS
 
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         """Integer arithmetic on shape values (a float result is data: a size used as a number)."""

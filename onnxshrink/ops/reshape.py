@@ -332,6 +332,9 @@ def vector_of(node: gs.Node, view: ShapeView) -> SymValue | None:
 
 @register("Reshape")
 class Reshape(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         return vector_of(node, view)
 
@@ -368,6 +371,9 @@ class Reshape(Handler):
 
 @register("Flatten")
 class Flatten(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         return vector_of(node, view)
 
@@ -390,6 +396,9 @@ class Flatten(Handler):
 
 @register("Transpose")
 class Transpose(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def perm(self, node: gs.Node | OpNode, r: int) -> list[int]:
         p = node.attrs.get("perm")
         return [int(v) for v in p] if p is not None else list(range(r))[::-1]
@@ -432,6 +441,9 @@ def _squeeze_axes(node: gs.Node, reader: Reader, x: gs.Tensor) -> list[int] | No
 
 @register("Squeeze")
 class Squeeze(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         if not view.is_shape(node.inputs[0]):
             return None
@@ -473,6 +485,9 @@ class Squeeze(Handler):
 
 @register("Unsqueeze")
 class Unsqueeze(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         return vector_of(node, view)
 
@@ -513,6 +528,9 @@ class Unsqueeze(Handler):
 class Expand(Handler):
     """Broadcast to a shape: a copied axis ties to the input; a new or widened one is free to
     keep any subset (its elements are copies), as long as the target size is rewritten."""
+
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
 
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         """A shape vector broadcast to a 1-D target (e.g. [n] to [1])."""

@@ -10,7 +10,7 @@ from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.evaluate import evaluate_op
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.common import channelwise_constants, ints
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, RewriteView
+from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
 from onnxshrink.ops.registry import register
 
 
@@ -178,6 +178,9 @@ class Resize(Handler):
 # ------------------------------------------------------------------ Tile
 @register("Tile")
 class Tile(Handler):
+    def moves_values(self, node: OpNode) -> tuple[int, ...]:
+        return (0,)
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, reps = ctx.const(node.inputs[0]), ctx.value(node.inputs[1])
         if c is None or reps is None:

