@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import error_against, tiny
+from conftest import error_against, output_error, tiny
 from onnx import helper
 from torch import nn
 
@@ -63,8 +63,7 @@ def reference_error(reference: onnx.ModelProto, shrunk: onnx.ModelProto) -> floa
             feeds[i.name] = rng.standard_normal(shape).astype(dtype)
         for a, b in zip(ReferenceEvaluator(reference).run(None, feeds), ReferenceEvaluator(shrunk).run(None, feeds), strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape
-            a, b = a.astype(np.float64), b.astype(np.float64)
-            worst = max(worst, float(np.abs(a - b).max() / np.abs(a).max()))
+            worst = max(worst, output_error(a.astype(np.float64), b.astype(np.float64)))  # NaN counts
     return worst
 
 
@@ -77,8 +76,9 @@ def test_shrinks_and_passes_the_proof_by_default(kind, dtype):
     assert v.passed and v.rtol == 10 * EPS[dtype] and v.dtype == dtype
     assert f"rtol {10 * EPS[dtype]:g} for {dtype} arithmetic" in v.detail
     assert ("bfloat16 arithmetic emulated in float32" in v.detail) == (dtype == "bfloat16")
-    # folding the constants into a bias rounds differently: an error, at the dtype's resolution
-    assert 0 < v.outputs[0].max_rel_error <= 4 * EPS[dtype]
+    # folding the constants into a bias rounds differently: an error (if any) at the dtype's
+    # resolution
+    assert 0 <= v.outputs[0].max_rel_error <= 4 * EPS[dtype]
     assert (result.before.params, result.after.params) == MODELS[kind][2]
     assert {t.data_type for t in result.model.graph.initializer} == {m.graph.initializer[0].data_type}
     # the shrunk model without the proof, checked independently
