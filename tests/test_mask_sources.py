@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import error_against, params
+from conftest import error_against, output_error, params, run, with_masks
 from safetensors.numpy import save_file
 from torch import nn
 from torch.nn.utils import prune
@@ -147,7 +147,13 @@ def test_two_of_four_masks_are_accepted_and_reported(exported):
             masks[k] = m.reshape(p.shape)
     result = shrink(path, masks)
     assert result.validation.passed
-    assert result.after.params == result.before.params  # no whole channel: nothing to remove
+    assert params(result.model) == result.after.params == result.before.params  # no whole channel
+    # checked here: the export with the masks multiplied into its conv weights (which the
+    # exporter stored under their parameter names, BatchNorm folded in: zeros stay zeros)
+    exported_model = onnx.load(str(path))
+    stored = {t.name for t in exported_model.graph.initializer}
+    assert set(masks) <= stored
+    assert error_against(with_masks(exported_model, {k: v.numpy() for k, v in masks.items()}), result.model) <= 1e-5
     conv = [s for s in result.sparsity if s.tensor in masks]
     assert len(conv) == len(masks) == 3
     assert all(s.zeros == pytest.approx(0.5, abs=0.01) for s in conv)
@@ -186,3 +192,9 @@ def test_embedding_columns_masked_by_a_data_sparsifier_bind_by_value(tmp_path):
     shapes = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
     assert shapes["emb.weight"] == (20, 6)
     assert result.validation.passed
+    # checked here: the module with its table masked, on ids of every token
+    with torch.no_grad():
+        model.emb.weight.mul_(mask)
+        for ids in torch.arange(20).reshape(2, 2, 5):
+            want = model(ids).numpy()
+            assert output_error(want, run(result.model, {"ids": ids.numpy()})[0]) <= 1e-5
