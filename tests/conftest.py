@@ -271,7 +271,7 @@ def output_error(ref: np.ndarray, got: np.ndarray, name: str = "") -> float:
     same = (a == b) | (np.isnan(a) & np.isnan(b))
     if not same[~finite].all() or not np.isfinite(b[finite]).all():
         return math.inf
-    err = float(np.max(np.abs(a - b)[finite], initial=0.0))
+    err = float(np.max(np.abs(a[finite] - b[finite]), initial=0.0))
     scale = float(np.max(np.abs(a[finite]), initial=0.0))
     return err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
 
