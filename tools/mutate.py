@@ -16,7 +16,8 @@ mutation -> tests failed. A run without mutation comes first and must fail none.
 
     python tools/mutate.py [--mutations nan_channel,scaled_fold] [--list] [PYTEST ARGS ...]
 
-With no pytest arguments it runs the tests that check shrunk models (DEFAULT_TESTS).
+Without test paths among the pytest arguments it runs the tests that check shrunk models
+(DEFAULT_TESTS).
 """
 
 from __future__ import annotations
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in names if m not in MUTATIONS]
     if unknown:
         parser.error(f"unknown mutation(s) {unknown}; known: {list(MUTATIONS)}")
-    pytest_args = pytest_args or DEFAULT_TESTS
+    if all(a.startswith("-") for a in pytest_args):  # options only: the default tests
+        pytest_args = [*pytest_args, *DEFAULT_TESTS]
     rows = []
     with tempfile.TemporaryDirectory(prefix="onnxshrink-mutate-") as site:
         Path(site, "sitecustomize.py").write_text(SITECUSTOMIZE)
