@@ -169,11 +169,11 @@ def test_progress_bars_on_a_terminal_and_none_with_q(models, tmp_path):
     code, printed, shown = cli_on_terminal(path, "-o", out, "--input-shapes", "input_ids:1,8", cwd=tmp_path)
     assert code == 0, shown
     # each bar starts at 0 of its total (and is cleared when done: leave=False): the model's
-    # 144 nodes, the 3 runs of each model in the proof
+    # 144 nodes, the 3 runs of each model in the proof (the reference twice: its own noise)
     for phase in ("analysis: reading weights:   0%", "slicing and writing weights:   0%",
-                  "proof: reference:   0%", "proof: shrunk:   0%"):
+                  "proof: reference:   0%", "proof: reference's noise:   0%", "proof: shrunk:   0%"):
         assert phase in shown and phase not in printed
-    assert "| 0/144 [" in shown and shown.count("| 0/3 [") == 2
+    assert "| 0/144 [" in shown and shown.count("| 0/3 [") == 3
     assert "PASSED" in printed and params(onnx.load(out)) == ideal
     out.unlink()
     code, printed, shown = cli_on_terminal(path, "-o", out, "--input-shapes", "input_ids:1,8", "-q", cwd=tmp_path)
