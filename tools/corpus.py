@@ -242,6 +242,9 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
     used: set[str] = set()
     problems = []
 
+    # --masks-out writes the ONNX tensors the framework has no name for under its `onnx/` section
+    masks = {k.removeprefix("onnx/"): v for k, v in masks.items()}
+
     def masked(t: onnx.TensorProto) -> onnx.TensorProto | None:
         m = masks.get(t.name)
         if m is None:
@@ -336,7 +339,10 @@ def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> 
         row["kept_after_failed_proof"] = len(shrink.get("kept_after_failed_proof") or [])
         row["first_failure"] = shrink.get("first_failure")
         row["proof_error"] = max((o.get("max_rel_error") or 0.0 for o in val.get("outputs") or []), default=None)
-        row["rtol"], row["atol"] = val.get("rtol"), val.get("atol")
+        # the tolerance the proof used: per output, derived from the reference's own noise
+        # unless given (the report's top-level rtol is the floor)
+        per_output = [o.get("rtol") for o in val.get("outputs") or [] if o.get("rtol") is not None]
+        row["rtol"], row["atol"] = max(per_output, default=val.get("rtol")), val.get("atol")
         row["proof_shapes"] = val.get("input_shapes")
         row["groups_removed"] = sum(layer.get("removed", 0) for layer in rep.get("layers") or [])
     if row["prune_run"]["rc"] != 0 or not out.is_file():
