@@ -28,7 +28,16 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    HeadAxis,
+    KeepView,
+    OpNode,
+    Reader,
+    RewriteView,
+    WeightAxes,
+)
 from onnxshrink.ops.fused_activation import MS
 from onnxshrink.ops.registry import register
 
@@ -92,6 +101,21 @@ def keep_head_axis(
         ks.pin(t, 3)
 
 
+def tie_heads(ks: KeepView, y: gs.Tensor, size: int, rep: int) -> np.ndarray:
+    """Records (for the coupled groups) that y's axis 2 holds query heads of `size` channels,
+    `rep` of them to a K/V head, which go together; returns the y index each K/V head's
+    group is tied at (its first channel), to tie the group's other slices to."""
+    n = int(ks.size(y, 2) or 0)
+    anchor = np.arange(n // (size * rep)) * size * rep
+    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)])
+    return anchor
+
+
+def every_head(ks: KeepView, node: gs.Node, y: gs.Tensor, what: str) -> None:
+    """`what` carries every head: none can go (said on the output's heads, for the groups)."""
+    ks.pin(y, 2, Reason("structure", node.name, node.op, f"{what} carries every head"))
+
+
 def set_attr(node: gs.Node, name: str, old: int, new: int) -> None:
     if new != old:
         node.attrs[name] = int(new)
@@ -112,6 +136,23 @@ class ContribAttention(Handler):
             return 0
         b, s = x[0], x[1]
         return b * s * int(np.prod(w)) + 2 * b * s * s * (w[1] // 3)
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        """The packed Q|K|V weight [in, q + k + v] (a linear layer's, stored [in, out]) and bias."""
+        if i == 1 and rank == 2:
+            return WeightAxes(1, 0, "linear")
+        return WeightAxes(0, None, "vector") if i == 2 and rank == 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> dict[str, int]:
+        return {"weight": 1, "bias": 2}
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        wt = node.inputs[1] if len(node.inputs) > 1 else None
+        got = self.sizes(node, np.asarray(wt.values) if isinstance(wt, gs.Constant) else None)
+        if got is None:
+            return None
+        heads, q, _, v = got
+        return HeadAxis(0, 2, v // heads, q // heads)
 
     def sizes(self, node: gs.Node, w: np.ndarray | None) -> tuple[int, int, int, int] | None:
         """(heads, q, k, v) hidden sizes, from qkv_hidden_sizes or equal thirds."""
@@ -157,15 +198,20 @@ class ContribAttention(Handler):
         ks.couple(x, 1, y, 1)
         why = Reason("structure", node.name, node.op, "a head's dims go together")
         ks.pin(x, 1, Reason("structure", node.name, node.op, "every position is a key"))
-        need = heads_read(ks.kept(y, 2), heads)
         if any(ir.present(node, i) is not None for i in (4, 5)) or any(
             ks.is_read(t) for t in node.outputs[1:]
         ):
-            need[:] = True  # past/present and attention biases carry every head
+            every_head(ks, node, y, "a past/present or an attention bias")
+        need = heads_read(ks.kept(y, 2), heads)
         kept = np.flatnonzero(need)
         cols = np.zeros(q + k + v, bool)
+        head_of = np.zeros(q + k + v, np.int64)  # the head of each packed column
         for off, size in ((0, q), (q, k), (q + k, v)):
             cols[blocks(kept, size // heads, off)] = True
+            head_of[off : off + size] = np.arange(size) // (size // heads)
+        anchor = tie_heads(ks, y, v // heads, 1)
+        if len(anchor) == heads:
+            ks.unit(wt, 1, np.arange(q + k + v), y, 2, anchor[head_of])
         keep_blocks(ks, y, 2, np.repeat(need, v // heads), why)
         if bias is not None:
             ks.couple(wt, 1, bias, 0)
@@ -199,8 +245,10 @@ class _PackedHeads(Handler):
     evaluate_with_ort = True
     #: input slots: query, key, value, packed bias (None: no bias input)
     slots: tuple[int, int, int, int | None] = (0, 1, 2, 3)
-    #: inputs that carry every head when present (past key/value, per-head biases)
+    #: inputs that carry every head when present (per-head biases)
     all_heads_inputs: tuple[int, ...] = ()
+    #: past key/value inputs ([B, kv heads, P, d]): each K/V head's cache goes with it
+    past_slots: tuple[int, ...] = ()
     #: an attention mask that may have a head axis ([.., heads or 1, q, k])
     mask_slot: int | None = None
 
@@ -263,18 +311,26 @@ class _PackedHeads(Handler):
         q = node.inputs[qi]
         kv_ins = [] if packed else [node.inputs[ki], node.inputs[vi]]
         bias = ir.present(node, bi) if bi is not None else None
-        for t in [q, *kv_ins, bias]:
+        pasts = self.pasts(node, hkv)
+        for t in [q, *kv_ins, bias, *pasts]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
-            if i not in (qi, ki, vi, bi):
+            if i not in (qi, ki, vi, bi) and t not in pasts:
                 ks.demand(t if t is not None and t.name else None)
         ks.couple(q, 0, y, 0)
         ks.couple(q, 1, y, 1)
+        key = Reason("structure", node.name, node.op, "every position is a key")
         for t in kv_ins:
             ks.couple(t, 0, y, 0)
-            ks.pin(t, 1, Reason("structure", node.name, node.op, "every position is a key"))
+            ks.pin(t, 1, key)
         if packed:
-            ks.pin(q, 1, Reason("structure", node.name, node.op, "every position is a key"))
+            ks.pin(q, 1, key)
+        for t in pasts:  # [B, kv heads, past positions, d]: a K/V head's slice of the cache
+            ks.couple(t, 0, y, 0)
+            ks.pin(t, 2, key)
+            ks.pin(t, 3, Reason("structure", node.name, node.op, "a head's dims go together"))
+        if self.every_head(node, ks, node.outputs[3:]):
+            every_head(ks, node, y, "a per-head input or output")
         need_q = heads_read(ks.kept(y, 2), hq)
         need_kv = np.zeros(hkv, bool)
         # What other readers keep of the inputs stays too, and only as whole heads.
@@ -287,11 +343,11 @@ class _PackedHeads(Handler):
         else:
             need_q |= heads_read(kq, hq)
             need_kv |= heads_read(ks.kept(kv_ins[0], 2), hkv) | heads_read(ks.kept(kv_ins[1], 2), hkv)
+        for t in pasts:
+            need_kv |= heads_read(ks.kept(t, 1), hkv)
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
-        if self.every_head(node, ks, node.outputs[3:]):
-            need_q[:], need_kv[:] = True, True  # they carry every head
         q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
         why = Reason("structure", node.name, node.op, "a head's dims go together")
         keep_blocks(ks, y, 2, np.repeat(q_heads, dv), why)
@@ -305,20 +361,61 @@ class _PackedHeads(Handler):
             keep_blocks(ks, kv_ins[1], 2, vcols, why)
         if bias is not None:
             keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
+        for t in pasts:
+            keep_blocks(ks, t, 1, kv_heads, why)
         for out in node.outputs[1:3]:
             keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
             ks.pin(out)
+        self.tie(ks, node, got, pasts)
+
+    def tie(self, ks: KeepView, node: gs.Node, got: tuple[int, int, int, int, bool], pasts: list[gs.Tensor]) -> None:
+        """Records (for the coupled groups) what goes with a K/V head: its query heads' output
+        channels, query, key and value dims (and bias), and its slice of the cache."""
+        hq, hkv, d, dv, packed = got
+        rep = hq // hkv
+        y = node.outputs[0]
+        anchor = tie_heads(ks, y, dv, rep)
+        if len(anchor) != hkv:
+            return
+        qg, kg, vg = np.arange(hq * d) // (d * rep), np.arange(hkv * d) // d, np.arange(hkv * dv) // dv
+        qi, ki, vi, bi = self.slots
+        parts = [(node.inputs[qi], np.concatenate([qg, kg, vg]) if packed else qg)]
+        if not packed:
+            parts += [(node.inputs[ki], kg), (node.inputs[vi], vg)]
+        bias = ir.present(node, bi) if bi is not None else None
+        for t, groups_of in parts:
+            if ks.size(t, 2) == len(groups_of):
+                ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
+        if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
+            ks.unit(bias, 0, np.arange(len(qg) + len(kg) + len(vg)), y, 2, anchor[np.concatenate([qg, kg, vg])])
+        for t in [*pasts, *node.outputs[1:3]]:
+            if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
+                ks.unit(t, 1, np.arange(hkv), y, 2, anchor)
+
+    def pasts(self, node: gs.Node, hkv: int) -> list[gs.Tensor]:
+        """The past key/value inputs present, when they are [B, `hkv` heads, P, d]."""
+        found = [ir.present(node, i) for i in self.past_slots]
+        return [t for t in found if t is not None and ir.rank(t) == 4 and ir.static_dim(t, 1) == hkv]
 
     def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor]) -> bool:
-        """Inputs that carry every head (past key/value, per-head biases, a mask with a head
-        axis) or other outputs that are read with one (the scores): no head can go."""
+        """Inputs that carry every head (per-head biases, a mask with a head axis, a cache whose
+        head axis is not the K/V heads) or other outputs that are read with one (the scores):
+        no head can go."""
         if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
+            return True
+        got = self.head_counts(node)
+        present = [i for i in self.past_slots if ir.present(node, i) is not None]
+        if present and (got is None or len(self.pasts(node, got[1])) != len(present)):
             return True
         mask = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
         if mask is not None and (ir.rank(mask) or 0) >= 3 and ir.static_dim(mask, -3) != 1:
             return True
         return any(ks.is_read(t) for t in outputs)
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        got = self.layout(node)
+        return None if got is None else HeadAxis(0, 2, got[3], got[2])
 
     def kept_heads(self, node: gs.Node, rw: RewriteView) -> tuple[int, int] | None:
         got = self.layout(node)
@@ -336,7 +433,8 @@ class MultiHeadAttention(_PackedHeads):
     """query, key, value, bias, key_padding_mask, attention_bias, past_key, past_value, ..."""
 
     slots = (0, 1, 2, 3)
-    all_heads_inputs = (5, 6, 7)
+    all_heads_inputs = (5,)
+    past_slots = (6, 7)
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         heads = int(node.attrs.get("num_heads", 0))
@@ -355,7 +453,8 @@ class GroupQueryAttention(_PackedHeads):
     num_heads / kv_num_heads query heads."""
 
     slots = (0, 1, 2, None)
-    all_heads_inputs = (3, 4, 10, 11)
+    all_heads_inputs = (10, 11)
+    past_slots = (3, 4)
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
@@ -376,7 +475,7 @@ class OnnxAttention(_PackedHeads):
     axis; 3-D inputs pack them ([B, seq, heads * head_dim], with q_num_heads/kv_num_heads)."""
 
     slots = (0, 1, 2, None)
-    all_heads_inputs = (4, 5)
+    past_slots = (4, 5)
     mask_slot = 3
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
