@@ -555,6 +555,21 @@ class OnnxAttention(_PackedHeads):
             keep_head_axis(ks, out, kv_heads, y, why, last=v if j == 1 else None)
         if qk is not None:
             keep_head_axis(ks, qk, q_heads, y, why)
+        # for the coupled groups: a K/V head goes with its query heads (and their scores)
+        rep = hq // hkv
+        group = np.arange(hq) // rep * rep  # each query head's group, by its first query head
+        for t in (q, y, qk):
+            if t is not None and ir.rank(t) == 4 and ks.size(t, 1) == hq:
+                ks.unit(t, 1, np.arange(hq), y, 1, group)
+        for t in (k, v, *node.outputs[1:3]):
+            if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
+                ks.unit(t, 1, np.arange(hkv), y, 1, np.arange(hkv) * rep)
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        if ir.rank(node.inputs[0]) == 3:
+            return super().head_axis(node)
+        d = ir.static_dim(node.inputs[0], 3)
+        return HeadAxis(0, 1, 1, d) if self.four_d(node) is not None and d else None
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         if ir.rank(node.inputs[0]) != 3:
