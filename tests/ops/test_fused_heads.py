@@ -11,6 +11,7 @@ import onnx
 import pytest
 from conftest import run, shapes, tiny
 
+from onnxshrink import shrink
 from onnxshrink.prune import find_groups, prune
 
 MS = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
@@ -325,3 +326,17 @@ def test_onnx_attention_4d_heads_are_an_axis_and_half_go():
     for w in ("Wq", "Wk", "Wv"):
         assert dead(masks[w], 1) == blocks(gone, 2)
     assert shapes(result.model)["Wq"] == (8, 4) and shapes(result.model)["Wo"] == (4, 8)
+
+
+def test_group_query_attention_with_a_cache_in_the_interface_still_loses_query_heads_by_rank():
+    # Masks on query heads 1 and 3 (rank 1 of both groups): the cache keeps every K/V head,
+    # but each K/V head now serves one query head.
+    model = tiny(GQA_PAST, zero={"Wo": np.s_[[*range(8, 16), *range(24, 32)]]})
+    result = shrink(model, validate=False)
+    s = shapes(result.model)
+    assert s["Wq"] == (16, 16) and s["Wk"] == s["Wv"] == (16, 16) and s["Wo"] == (16, 16)
+    a = attrs(result.model, "GroupQueryAttention")
+    assert a["num_heads"] == 2 and a["kv_num_heads"] == 2
+    feeds = {"x": x(1, 1, 16), "past_k": x(1, 2, 4, 8), "past_v": x(1, 2, 4, 8), **GQA_FEEDS}
+    for want, got in zip(run(model, feeds), run(result.model, feeds), strict=True):
+        assert np.abs(want - got).max() <= 1e-5 * np.abs(want).max()
