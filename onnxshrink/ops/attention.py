@@ -189,20 +189,28 @@ class ContribAttention(Handler):
             return
         heads, q, k, v = got
         bias = ir.present(node, 2)
+        caches = self.caches(node, ks, heads)
         ks.demand(x, pin=False)
         ks.demand(wt, pin=False)
         ks.demand(bias, pin=False)
         for t in node.inputs[3:]:
-            ks.demand(t if t is not None and t.name else None)
+            if t is not None and t.name and any(t is c for c in caches or ()):
+                ks.demand(t, pin=False)
+            else:
+                ks.demand(t if t is not None and t.name else None)
         ks.couple(x, 0, y, 0)
         ks.couple(x, 1, y, 1)
         why = Reason("structure", node.name, node.op, "a head's dims go together")
         ks.pin(x, 1, Reason("structure", node.name, node.op, "every position is a key"))
-        if any(ir.present(node, i) is not None for i in (4, 5)) or any(
-            ks.is_read(t) for t in node.outputs[1:]
-        ):
-            every_head(ks, node, y, "a past/present or an attention bias")
+        if caches is None:
+            every_head(ks, node, y, "an attention bias or a past/present not [2, B, heads, T, d]")
+        for t in caches or ():  # [2 (key, value), B, heads, positions, d]
+            ks.couple(t, 1, y, 0)
+            for a, what in ((0, "key and value"), (3, "every position is a key"), (4, "a head's dims go together")):
+                ks.pin(t, a, Reason("structure", node.name, node.op, what))
         need = heads_read(ks.kept(y, 2), heads)
+        for t in caches or ():
+            need |= heads_read(ks.kept(t, 2), heads)
         kept = np.flatnonzero(need)
         cols = np.zeros(q + k + v, bool)
         head_of = np.zeros(q + k + v, np.int64)  # the head of each packed column
@@ -212,14 +220,34 @@ class ContribAttention(Handler):
         anchor = tie_heads(ks, y, v // heads, 1)
         if len(anchor) == heads:
             ks.unit(wt, 1, np.arange(q + k + v), y, 2, anchor[head_of])
+            for t in caches or ():
+                ks.unit(t, 2, np.arange(heads), y, 2, anchor)
         keep_blocks(ks, y, 2, np.repeat(need, v // heads), why)
+        for t in caches or ():
+            keep_blocks(ks, t, 2, need, why)
         if bias is not None:
             ks.couple(wt, 1, bias, 0)
         ks.keep(wt, 1, cols, why)
         ks.couple(x, 2, wt, 0)
         ks.need(x, 2, (w[:, cols] != 0).any(axis=1))
         for t in node.outputs[1:]:
-            ks.pin(t)
+            if not any(t is c for c in caches or ()):
+                ks.pin(t)
+
+    def caches(self, node: gs.Node, ks: KeepView, heads: int) -> list[gs.Tensor] | None:
+        """The past input and the present output when read, each [2, B, heads, T, d]: a head's
+        slice of the cache goes with it. None when something carries every head: an attention
+        bias, a cache of another layout, or another output read."""
+        if ir.present(node, 5) is not None:
+            return None
+        past = ir.present(node, 4)
+        found = [past] if past is not None else []
+        found += [t for t in node.outputs[1:2] if ks.is_read(t)]
+        if any(ks.is_read(t) for t in node.outputs[2:]):
+            return None
+        if any(ir.rank(t) != 5 or ir.static_dim(t, 2) != heads for t in found):
+            return None
+        return found
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         w = rw.original(node.inputs[1])

@@ -106,7 +106,7 @@ def test_contrib_attention_qkv_hidden_sizes_slice_each_part_by_its_head_size():
     assert shapes(result.model)["W"] == (8, 14)
 
 
-def test_contrib_attention_with_a_past_input_has_groups_that_cannot_go():
+def test_contrib_attention_with_a_past_input_has_groups_the_interface_holds():
     text = MS + """
     g (float[1, 5, 8] x, float[2, 1, 4, 3, 2] past, float[8, 24] W, float[24] B, float[8, 8] Wo) => (float[1, 5, 8] y, float[2, 1, 4, 8, 2] present) {
       a, present = com.microsoft.Attention <num_heads = 4> (x, W, B, , past)
@@ -114,7 +114,37 @@ def test_contrib_attention_with_a_past_input_has_groups_that_cannot_go():
     }"""
     heads = [g for g in find_groups(tiny(text)).groups if g.unit.kind == "head"]
     assert len(heads) == 4 and not any(g.exact for g in heads)
-    assert all("past/present or an attention bias carries every head" in (g.reason or "") for g in heads)
+    assert all("graph input or output" in (g.reason or "") for g in heads)
+
+
+def test_contrib_attention_a_past_computed_in_the_graph_loses_the_heads_slices():
+    # past = [keys; values] of a context input, [2, B, heads, positions, head_dim]
+    text = MS + """
+    g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 24] W, float[24] B, float[8, 8] Wpk, float[8, 8] Wpv, float[8, 8] Wo) => (float[1, 5, 8] y) {
+      shape = Constant <value = int64[4] {1, 3, 4, 2}> ()
+      zero = Constant <value = int64[1] {0}> ()
+      ck = MatMul (ctx, Wpk)
+      cv = MatMul (ctx, Wpv)
+      ck4 = Reshape (ck, shape)
+      cv4 = Reshape (cv, shape)
+      kt = Transpose <perm = [0, 2, 1, 3]> (ck4)
+      vt = Transpose <perm = [0, 2, 1, 3]> (cv4)
+      k5 = Unsqueeze (kt, zero)
+      v5 = Unsqueeze (vt, zero)
+      past = Concat <axis = 0> (k5, v5)
+      a, present = com.microsoft.Attention <num_heads = 4> (x, W, B, , past)
+      y = MatMul (a, Wo)
+    }"""
+    model = tiny(text)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact for g in heads)
+    result, masks = pruned(model, {"x": x(1, 5, 8), "ctx": x(1, 3, 8)})
+    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    assert len(gone) == 2
+    assert dead(masks["Wpk"], 1) == dead(masks["Wpv"], 1) == blocks(gone, 2)
+    s = shapes(result.model)
+    assert s["W"] == (8, 12) and s["Wpk"] == s["Wpv"] == (8, 4)
+    assert attrs(result.model, "Attention")["num_heads"] == 2
 
 
 # ------------------------------------------------------------------ MultiHeadAttention
