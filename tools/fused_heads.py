@@ -22,7 +22,8 @@ Rows, each at half of the units:
 Columns: parameters, heads per layer (the ops' num_heads), FFN width, the heads removed per
 layer (read from the pruned weights: which of the input's packed columns are left), seconds,
 and the exactness, checked here independently: each result against the input with the same
-heads (and neurons) zeroed by this tool (numpy), with onnxruntime, on 3 random token batches
+heads (and neurons) zeroed by this tool (numpy; onnxshrink's removed groups, slice by slice;
+onnxsim's removed heads read from its weights), with onnxruntime, on 3 random token batches
 (2 x 16; attention masks with padding), max error relative to the output's magnitude.
 onnxshrink runs with validation off (its proof is not what is checked); one more run with the
 proof on gives its own verdict and time. Exit status 1 when an onnxshrink result is not exact
@@ -175,15 +176,16 @@ def zero_heads(model: onnx.ModelProto, removed: list[list[int]]) -> onnx.ModelPr
     return out
 
 
-def masked(model: onnx.ModelProto, masks: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The input with onnxshrink's masks applied here (numpy)."""
+def zero_groups(model: onnx.ModelProto, result) -> onnx.ModelProto:
+    """The input with the groups onnxshrink removed zeroed here (numpy), slice by slice."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    values = inits(out)
-    unknown = sorted(set(masks) - set(values))
-    assert not unknown, f"masks name no initializer: {unknown[:3]}"
-    for name, mask in masks.items():
-        values[name] = (values[name] * mask).astype(values[name].dtype)
+    values = {k: v.copy() for k, v in inits(out).items()}
+    for i in result.removed():
+        for m in result.groups.groups[i].members:
+            index: list = [slice(None)] * values[m.initializer].ndim
+            index[m.axis] = m.indices
+            values[m.initializer][tuple(index)] = 0
     replace(out, values)
     return out
 
@@ -257,7 +259,7 @@ def compare(work: Path, name: str) -> tuple[list[dict], bool]:
         out = result.model
         left = heads_left(model, out)
         removed = [sorted(set(a) - set(b)) for a, b in zip(every, left, strict=True)]
-        err = error(masked(model, result.masks), out, batches)
+        err = error(zero_groups(model, result), out, batches)
         heads = [num_heads(n) for n in attentions(out)]
         ok &= err <= 1e-5 and all(2 * h <= h0 for h, h0 in zip(heads, heads0, strict=True))
         rows.append({
