@@ -13,9 +13,11 @@ key/value head serves `rep` query heads; the kept query heads are a product (kep
 heads, and a K/V head goes with all its query heads. `num_heads`-style attributes are
 rewritten; the initializers (packed QKV weights and biases) are sliced by the kept sets.
 
-Past key/value inputs and attention biases carry every head: when a model has them as inputs
-(the interface), every head stays, exactly; rotary embeddings act within a head and need
-nothing.
+Past key/value inputs, present outputs and attention biases with a head axis are sliced with
+the heads they hold (a K/V head's cache, a query head's bias); when they are graph inputs or
+outputs (the interface), their heads stay, exactly. Rotary embeddings act within a head and
+need nothing. For `--groups` and `--prune` each op ties what goes with a head (or a K/V head
+with its query heads) together (`KeepView.unit`) and says where its heads are (`head_axis`).
 """
 
 from __future__ import annotations
@@ -116,6 +118,22 @@ def every_head(ks: KeepView, node: gs.Node, y: gs.Tensor, what: str) -> None:
     ks.pin(y, 2, Reason("structure", node.name, node.op, f"{what} carries every head"))
 
 
+def mask_heads(mask: gs.Tensor) -> int:
+    """The heads' axis of an attention mask or bias [.., heads, S, T] (rank 3 or more)."""
+    return (ir.rank(mask) or 3) - 3
+
+
+def pin_but_heads(ks: KeepView, node: gs.Node, mask: gs.Tensor | None) -> None:
+    """A per-head attention mask or bias [.., heads, S, T]: every axis but the heads' is read
+    whole."""
+    r = ir.rank(mask) if mask is not None else None
+    if mask is None or r is None:
+        return
+    for a in range(r):
+        if a != r - 3:
+            ks.pin(mask, a, Reason("structure", node.name, node.op, "a mask's positions are read whole"))
+
+
 def set_attr(node: gs.Node, name: str, old: int, new: int) -> None:
     if new != old:
         node.attrs[name] = int(new)
@@ -190,11 +208,14 @@ class ContribAttention(Handler):
         heads, q, k, v = got
         bias = ir.present(node, 2)
         caches = self.caches(node, ks, heads)
+        ab = ir.present(node, 5)  # attention_bias [B or 1, heads or 1, S, T]
+        mask = ab if ab is not None and heads > 1 and ir.rank(ab) == 4 and ir.static_dim(ab, 1) == heads else None
+        ours = [*(caches or ()), *([mask] if mask is not None else [])]
         ks.demand(x, pin=False)
         ks.demand(wt, pin=False)
         ks.demand(bias, pin=False)
         for t in node.inputs[3:]:
-            if t is not None and t.name and any(t is c for c in caches or ()):
+            if t is not None and t.name and any(t is c for c in ours):
                 ks.demand(t, pin=False)
             else:
                 ks.demand(t if t is not None and t.name else None)
@@ -203,7 +224,8 @@ class ContribAttention(Handler):
         why = Reason("structure", node.name, node.op, "a head's dims go together")
         ks.pin(x, 1, Reason("structure", node.name, node.op, "every position is a key"))
         if caches is None:
-            every_head(ks, node, y, "an attention bias or a past/present not [2, B, heads, T, d]")
+            every_head(ks, node, y, "a past/present not [2, B, heads, T, d] or an attention bias not [B, heads or 1, S, T]")
+        pin_but_heads(ks, node, mask)
         for t in caches or ():  # [2 (key, value), B, heads, positions, d]
             ks.couple(t, 1, y, 0)
             for a, what in ((0, "key and value"), (3, "every position is a key"), (4, "a head's dims go together")):
@@ -211,6 +233,8 @@ class ContribAttention(Handler):
         need = heads_read(ks.kept(y, 2), heads)
         for t in caches or ():
             need |= heads_read(ks.kept(t, 2), heads)
+        if mask is not None:
+            need |= heads_read(ks.kept(mask, 1), heads)
         kept = np.flatnonzero(need)
         cols = np.zeros(q + k + v, bool)
         head_of = np.zeros(q + k + v, np.int64)  # the head of each packed column
@@ -222,9 +246,13 @@ class ContribAttention(Handler):
             ks.unit(wt, 1, np.arange(q + k + v), y, 2, anchor[head_of])
             for t in caches or ():
                 ks.unit(t, 2, np.arange(heads), y, 2, anchor)
+            if mask is not None:
+                ks.unit(mask, 1, np.arange(heads), y, 2, anchor)
         keep_blocks(ks, y, 2, np.repeat(need, v // heads), why)
         for t in caches or ():
             keep_blocks(ks, t, 2, need, why)
+        if mask is not None:
+            keep_blocks(ks, mask, 1, need, why)
         if bias is not None:
             ks.couple(wt, 1, bias, 0)
         ks.keep(wt, 1, cols, why)
@@ -236,9 +264,10 @@ class ContribAttention(Handler):
 
     def caches(self, node: gs.Node, ks: KeepView, heads: int) -> list[gs.Tensor] | None:
         """The past input and the present output when read, each [2, B, heads, T, d]: a head's
-        slice of the cache goes with it. None when something carries every head: an attention
-        bias, a cache of another layout, or another output read."""
-        if ir.present(node, 5) is not None:
+        slice of the cache goes with it. None when something carries every head: a cache of
+        another layout, an attention bias whose head axis is not the heads, another output read."""
+        ab = ir.present(node, 5)
+        if ab is not None and (ir.rank(ab) != 4 or ir.static_dim(ab, 1) not in (1, heads)):
             return None
         past = ir.present(node, 4)
         found = [past] if past is not None else []
@@ -340,10 +369,12 @@ class _PackedHeads(Handler):
         kv_ins = [] if packed else [node.inputs[ki], node.inputs[vi]]
         bias = ir.present(node, bi) if bi is not None else None
         pasts = self.pasts(node, hkv)
-        for t in [q, *kv_ins, bias, *pasts]:
+        mask = self.head_mask(node, hq)
+        ours = [*pasts, mask] if mask is not None else pasts
+        for t in [q, *kv_ins, bias, *ours]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
-            if i not in (qi, ki, vi, bi) and t not in pasts:
+            if i not in (qi, ki, vi, bi) and not any(t is o for o in ours):
                 ks.demand(t if t is not None and t.name else None)
         ks.couple(q, 0, y, 0)
         ks.couple(q, 1, y, 1)
@@ -357,7 +388,8 @@ class _PackedHeads(Handler):
             ks.couple(t, 0, y, 0)
             ks.pin(t, 2, key)
             ks.pin(t, 3, Reason("structure", node.name, node.op, "a head's dims go together"))
-        if self.every_head(node, ks, node.outputs[3:]):
+        pin_but_heads(ks, node, mask)
+        if self.every_head(node, ks, node.outputs[3:], hq, hkv):
             every_head(ks, node, y, "a per-head input or output")
         need_q = heads_read(ks.kept(y, 2), hq)
         need_kv = np.zeros(hkv, bool)
@@ -373,6 +405,8 @@ class _PackedHeads(Handler):
             need_kv |= heads_read(ks.kept(kv_ins[0], 2), hkv) | heads_read(ks.kept(kv_ins[1], 2), hkv)
         for t in pasts:
             need_kv |= heads_read(ks.kept(t, 1), hkv)
+        if mask is not None:
+            need_q |= heads_read(ks.kept(mask, mask_heads(mask)), hq)
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
@@ -391,15 +425,25 @@ class _PackedHeads(Handler):
             keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
         for t in pasts:
             keep_blocks(ks, t, 1, kv_heads, why)
+        if mask is not None:
+            keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
         for out in node.outputs[1:3]:
             keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
             ks.pin(out)
-        self.tie(ks, node, got, pasts)
+        self.tie(ks, node, got, pasts, mask)
 
-    def tie(self, ks: KeepView, node: gs.Node, got: tuple[int, int, int, int, bool], pasts: list[gs.Tensor]) -> None:
+    def tie(
+        self,
+        ks: KeepView,
+        node: gs.Node,
+        got: tuple[int, int, int, int, bool],
+        pasts: list[gs.Tensor],
+        mask: gs.Tensor | None,
+    ) -> None:
         """Records (for the coupled groups) what goes with a K/V head: its query heads' output
-        channels, query, key and value dims (and bias), and its slice of the cache."""
+        channels, query, key and value dims (and bias), its slice of the cache, and its query
+        heads' slices of a per-head attention bias."""
         hq, hkv, d, dv, packed = got
         rep = hq // hkv
         y = node.outputs[0]
@@ -420,25 +464,33 @@ class _PackedHeads(Handler):
         for t in [*pasts, *node.outputs[1:3]]:
             if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
                 ks.unit(t, 1, np.arange(hkv), y, 2, anchor)
+        if mask is not None:
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+
+    def head_mask(self, node: gs.Node, hq: int) -> gs.Tensor | None:
+        """The attention mask or bias when it has an axis of the `hq` query heads ([.., hq, S, T]):
+        a query head's slice of it goes with the head."""
+        m = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
+        if m is None or (ir.rank(m) or 0) < 3 or hq == 1 or ir.static_dim(m, -3) != hq:
+            return None
+        return m
 
     def pasts(self, node: gs.Node, hkv: int) -> list[gs.Tensor]:
         """The past key/value inputs present, when they are [B, `hkv` heads, P, d]."""
         found = [ir.present(node, i) for i in self.past_slots]
         return [t for t in found if t is not None and ir.rank(t) == 4 and ir.static_dim(t, 1) == hkv]
 
-    def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor]) -> bool:
-        """Inputs that carry every head (per-head biases, a mask with a head axis, a cache whose
-        head axis is not the K/V heads) or other outputs that are read with one (the scores):
-        no head can go."""
+    def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor], hq: int, hkv: int) -> bool:
+        """Inputs that carry every head (a head sink, a mask or a cache whose head axis is not
+        the heads) or other outputs that are read with one (the scores): no head can go."""
         if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
             return True
-        got = self.head_counts(node)
         present = [i for i in self.past_slots if ir.present(node, i) is not None]
-        if present and (got is None or len(self.pasts(node, got[1])) != len(present)):
+        if len(self.pasts(node, hkv)) != len(present):
             return True
         mask = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
         if mask is not None and (ir.rank(mask) or 0) >= 3 and ir.static_dim(mask, -3) != 1:
-            return True
+            return self.head_mask(node, hq) is None
         return any(ks.is_read(t) for t in outputs)
 
     def head_axis(self, node: gs.Node) -> HeadAxis | None:
@@ -461,8 +513,8 @@ class MultiHeadAttention(_PackedHeads):
     """query, key, value, bias, key_padding_mask, attention_bias, past_key, past_value, ..."""
 
     slots = (0, 1, 2, 3)
-    all_heads_inputs = (5,)
     past_slots = (6, 7)
+    mask_slot = 5  # attention_bias
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         heads = int(node.attrs.get("num_heads", 0))
@@ -481,8 +533,9 @@ class GroupQueryAttention(_PackedHeads):
     num_heads / kv_num_heads query heads."""
 
     slots = (0, 1, 2, None)
-    all_heads_inputs = (10, 11)
+    all_heads_inputs = (11,)  # head_sink
     past_slots = (3, 4)
+    mask_slot = 10  # attention_bias
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
@@ -549,10 +602,14 @@ class OnnxAttention(_PackedHeads):
             ks.barrier(node, Reason("barrier", node.name, node.op, "head counts unknown"))
             return
         hq, hkv = got
-        for t in (q, k, v):
+        pasts = self.pasts(node, hkv)
+        mask = self.head_mask(node, hq)
+        ours = [*pasts, mask] if mask is not None else pasts
+        for t in (q, k, v, *ours):
             ks.demand(t, pin=False)
         for t in node.inputs[3:]:
-            ks.demand(t if t is not None and t.name else None)
+            if not any(t is o for o in ours):
+                ks.demand(t if t is not None and t.name else None)
         key = Reason("structure", node.name, node.op, "every position is a key")
         dims = Reason("structure", node.name, node.op, "query and key dims are contracted")
         ks.couple(q, 0, y, 0)
@@ -563,22 +620,33 @@ class OnnxAttention(_PackedHeads):
             ks.pin(t, 2, key)
         ks.pin(q, 3, dims)
         ks.pin(k, 3, dims)
+        for t in pasts:  # [B, kv heads, past positions, d]
+            ks.couple(t, 0, y, 0)
+            ks.pin(t, 2, key)
+            ks.pin(t, 3, dims)
+        pin_but_heads(ks, node, mask)
         need_q = heads_read(ks.kept(y, 1), hq) | heads_read(ks.kept(q, 1), hq)
         need_kv = heads_read(ks.kept(k, 1), hkv) | heads_read(ks.kept(v, 1), hkv)
+        for t in pasts:
+            need_kv |= heads_read(ks.kept(t, 1), hkv)
+        if mask is not None:
+            need_q |= heads_read(ks.kept(mask, mask_heads(mask)), hq)
         for out in node.outputs[1:3]:
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
         qk = node.outputs[3] if len(node.outputs) > 3 else None
         if qk is not None and ks.is_read(qk):
             need_q |= heads_read(ks.kept(qk, 1), hq) if ir.rank(qk) == 4 else True
-        if self.every_head(node, ks, ()):
+        if self.every_head(node, ks, (), hq, hkv):
             need_q[:], need_kv[:] = True, True
         q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
         why = Reason("structure", node.name, node.op, "a head's query, key and value go together")
         for t in (q, y):
             keep_blocks(ks, t, 1, q_heads, why)
-        for t in (k, v):
+        for t in (k, v, *pasts):
             keep_blocks(ks, t, 1, kv_heads, why)
+        if mask is not None:
+            keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
         for j, out in enumerate(node.outputs[1:3]):
             keep_head_axis(ks, out, kv_heads, y, why, last=v if j == 1 else None)
         if qk is not None:
@@ -589,7 +657,9 @@ class OnnxAttention(_PackedHeads):
         for t in (q, y, qk):
             if t is not None and ir.rank(t) == 4 and ks.size(t, 1) == hq:
                 ks.unit(t, 1, np.arange(hq), y, 1, group)
-        for t in (k, v, *node.outputs[1:3]):
+        if mask is not None:
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 1, group)
+        for t in (k, v, *pasts, *node.outputs[1:3]):
             if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
                 ks.unit(t, 1, np.arange(hkv), y, 1, np.arange(hkv) * rep)
 

@@ -147,6 +147,18 @@ def test_contrib_attention_a_past_computed_in_the_graph_loses_the_heads_slices()
     assert attrs(result.model, "Attention")["num_heads"] == 2
 
 
+@pytest.mark.parametrize("heads_axis", [1, 4])
+def test_contrib_attention_a_per_head_attention_bias_goes_with_its_heads(heads_axis):
+    text = ATTN.replace("float[8] Bo)", f"float[8] Bo, float[1, {heads_axis}, 5, 5] Ab)")
+    text = text.replace("(x, W, B)", "(x, W, B, , , Ab)")
+    model = tiny(text)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact for g in heads)
+    result, masks = pruned(model, {"x": x(1, 5, 8)})
+    assert shapes(result.model)["Ab"] == (1, 2 if heads_axis == 4 else 1, 5, 5)
+    assert attrs(result.model, "Attention")["num_heads"] == 2
+
+
 # ------------------------------------------------------------------ MultiHeadAttention
 MHA = MS + """
 g (float[1, 5, 8] x, float[8, 8] Wq, float[8, 8] Wk, float[8, 8] Wv, float[24] B, float[8, 8] Wo) => (float[1, 5, 8] y) {
@@ -199,6 +211,19 @@ def test_multihead_attention_a_past_computed_in_the_graph_goes_with_its_heads():
     for w in ("Wq", "Wk", "Wv", "Wpk", "Wpv"):
         assert dead(masks[w], 1) == blocks(gone, 2)
     assert shapes(result.model)["Wpk"] == (8, 4)
+    assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
+
+
+@pytest.mark.parametrize("heads_axis", [1, 4])
+def test_multihead_attention_a_per_head_attention_bias_goes_with_its_heads(heads_axis):
+    # [1, heads or 1, S, T] (a relative position bias, ALiBi): a head's slice of it goes too
+    text = MHA.replace("float[8, 8] Wo)", f"float[8, 8] Wo, float[1, {heads_axis}, 5, 5] Ab)")
+    text = text.replace("(q, k, v, B)", "(q, k, v, B, , Ab)")
+    model = tiny(text)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact for g in heads)
+    result, masks = pruned(model, {"x": x(1, 5, 8)})
+    assert shapes(result.model)["Ab"] == (1, 2 if heads_axis == 4 else 1, 5, 5)
     assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
 
 
@@ -438,3 +463,40 @@ def test_an_optimized_vit_with_fused_attention_loses_half_its_heads_and_neurons(
 
 def attrs_of(node: onnx.NodeProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def test_onnx_attention_4d_a_past_computed_in_the_graph_goes_with_its_kv_head():
+    text = """<ir_version: 10, opset_import: ["" : 23]>
+    g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 8] Wq, float[8, 4] Wk, float[8, 4] Wv, float[8, 4] Wpk, float[8, 4] Wpv, float[8, 8] Wo) => (float[1, 5, 8] y) {
+      q = MatMul (x, Wq)
+      k = MatMul (x, Wk)
+      v = MatMul (x, Wv)
+      qs = Constant <value = int64[4] {1, 5, 4, 2}> ()
+      ks = Constant <value = int64[4] {1, 5, 2, 2}> ()
+      ps = Constant <value = int64[4] {1, 3, 2, 2}> ()
+      back = Constant <value = int64[3] {1, 5, 8}> ()
+      ck = MatMul (ctx, Wpk)
+      cv = MatMul (ctx, Wpv)
+      q4 = Reshape (q, qs)
+      k4 = Reshape (k, ks)
+      v4 = Reshape (v, ks)
+      ck4 = Reshape (ck, ps)
+      cv4 = Reshape (cv, ps)
+      qt = Transpose <perm = [0, 2, 1, 3]> (q4)
+      kt = Transpose <perm = [0, 2, 1, 3]> (k4)
+      vt = Transpose <perm = [0, 2, 1, 3]> (v4)
+      past_k = Transpose <perm = [0, 2, 1, 3]> (ck4)
+      past_v = Transpose <perm = [0, 2, 1, 3]> (cv4)
+      a, pk, pv = Attention (qt, kt, vt, , past_k, past_v)
+      at = Transpose <perm = [0, 2, 1, 3]> (a)
+      a3 = Reshape (at, back)
+      y = MatMul (a3, Wo)
+    }"""
+    model = tiny(text)
+    groups = [g for g in find_groups(model).groups if g.unit.kind == "kv_group"]
+    assert len(groups) == 2 and all(g.exact and g.unit.query_heads == 2 for g in groups)
+    result, masks = pruned(model, {"x": x(1, 5, 8), "ctx": x(1, 3, 8)})
+    [j] = kv_gone(masks, d=2)
+    for w in ("Wk", "Wv", "Wpk", "Wpv"):
+        assert dead(masks[w], 1) == blocks([j], 2)
+    assert shapes(result.model)["Wpk"] == (8, 2) and shapes(result.model)["Wq"] == (8, 4)
