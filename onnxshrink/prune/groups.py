@@ -758,6 +758,8 @@ def _block_dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -
     middle code); None when one is not a constant of that size."""
     from onnxshrink.ops.matmul_nbits import unpack
 
+    if not q.bits:
+        return _blocked_along(node, q, shape, params)
     if len(shape) != 3 or q.bits not in (2, 4, 8):
         return None
     rows, blocks = shape[0], shape[1]
@@ -781,6 +783,38 @@ def _block_dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -
         v = np.asarray(p.values, dtype=np.float64).reshape(rows, blocks, 1)
         scale = v if scale is None else scale * v
     return Dequant(zero, scale, q.bits)
+
+
+def _blocked_along(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
+    """A block-wise DequantizeLinear's input (one integer an element; its parameters of its shape
+    but ceil(n / block) along `axis`): zero point and scale repeated over their blocks, of the
+    input's shape; None when one is not a constant of that shape."""
+    if not 0 <= q.axis < len(shape):
+        return None
+    n = shape[q.axis]
+    want = tuple(-(-n // q.block) if a == q.axis else d for a, d in enumerate(shape))
+
+    def full(slot: int | None) -> np.ndarray | None:
+        p = ir.present(node, slot) if slot is not None else None
+        if not isinstance(p, gs.Constant) or tuple(np.shape(p.values)) != want:
+            return None
+        params.add(p.name)
+        v = np.asarray(p.values)
+        return np.repeat(v, q.block, axis=q.axis).take(np.arange(n), axis=q.axis)
+
+    zero = np.zeros((), np.int64)
+    if q.zero_point is not None and ir.present(node, q.zero_point) is not None:
+        z = full(q.zero_point)
+        if z is None:
+            return None
+        zero = z.astype(np.int64)
+    scale: np.ndarray | None = None
+    for slot in q.scales:
+        v = full(slot)
+        if v is None:
+            return None
+        scale = v.astype(np.float64) if scale is None else scale * v
+    return Dequant(zero, scale)
 
 
 def _is_float(t: gs.Constant) -> bool:

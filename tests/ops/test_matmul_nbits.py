@@ -304,3 +304,125 @@ def test_llama_groups_and_prune_through_int4(tmp_path, symmetric):
     attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
     assert (attrs["K"], attrs["N"]) == (64, 64)
     assert nbits_bytes(result.model) <= 0.75 * nbits_bytes(m)
+
+
+# ------------------------------------------------------------------ the QDQ form: block-wise DequantizeLinear
+def qdq_chain(signed: bool, seed: int = 3) -> onnx.ModelProto:
+    """x [2, 16] -> MatMul W0 [16, 96] -> MatMul by DequantizeLinear(int4 W [96, 6], block 32 along
+    axis 0) -> Relu -> MatMul W2 [6, 4]. W's columns 1 and 4 are at their zero points, rows 32-63
+    (block 1) too, and rows 64-71 (part of block 2)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(seed)
+    k, n = 96, 6
+    zp = None if signed else rng.integers(0, 16, (3, n))
+    zero = np.zeros((k, n), np.int64) if signed else np.repeat(zp, 32, axis=0)
+    q = rng.integers(-8, 8, (k, n)) if signed else rng.integers(0, 16, (k, n))
+    for rows in (np.r_[32:64], np.r_[64:72]):
+        q[rows] = zero[rows]
+    q[:, [1, 4]] = zero[:, [1, 4]]
+    dt = ml_dtypes.int4 if signed else ml_dtypes.uint4
+    inits = {
+        "W0": rng.standard_normal((16, k)).astype(np.float32),
+        "Q": q.astype(dt),
+        "S": (rng.random((3, n)) * 0.1 + 0.01).astype(np.float32),
+        "W2": rng.standard_normal((n, 4)).astype(np.float32),
+    }
+    dq_inputs = ["Q", "S"]
+    if zp is not None:
+        inits["Z"] = zp.astype(dt)
+        dq_inputs.append("Z")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W0"], ["h"]),
+        helper.make_node("DequantizeLinear", dq_inputs, ["w"], axis=0, block_size=32),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+        helper.make_node("Relu", ["y"], ["r"]),
+        helper.make_node("MatMul", ["r", "W2"], ["out"]),
+    ]
+    g = helper.make_graph(nodes, "g", [f32("x", [2, 16])], [f32("out", [2, 4])], [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_blockwise_dequantize_goes_by_whole_blocks(signed):
+    m = qdq_chain(signed)
+    out = shrink_checked(m).model
+    assert init(out, "W0").shape == (16, 64)  # block 1 gone; rows 64-71 stay (block 2 is read)
+    assert init(out, "Q").shape == (64, 4)
+    assert init(out, "S").shape == (2, 4)
+    assert init(out, "W2").shape == (4, 4)
+    kept_rows, kept_cols = np.r_[0:32, 64:96], [0, 2, 3, 5]
+    q_in = init(m, "Q").astype(np.int64)
+    assert np.array_equal(init(out, "Q").astype(np.int64), q_in[kept_rows][:, kept_cols])
+    assert np.array_equal(init(out, "S"), init(m, "S")[[0, 2]][:, kept_cols])
+    if not signed:
+        z = init(out, "Z")
+        assert z.dtype == init(m, "Z").dtype and np.array_equal(z.astype(np.int64), init(m, "Z").astype(np.int64)[[0, 2]][:, kept_cols])
+
+
+def zeroed_qdq_by_hand(m: onnx.ModelProto, slices) -> onnx.ModelProto:
+    """`m` with each (initializer, axis, indices) zeroed: a block-wise DequantizeLinear's int4 input
+    to its zero point (per block along the op's axis; 0 without one), a float tensor to 0; its
+    scales and zero points left as they are."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    inits = {t.name: t for t in out.graph.initializer}
+    values = {name: numpy_helper.to_array(t).copy() for name, t in inits.items()}
+    for name, axis, idx in slices:
+        node = next(nd for nd in out.graph.node if name in nd.input)
+        v = values[name]
+        index = [slice(None)] * v.ndim
+        index[axis] = idx
+        if node.op_type == "DequantizeLinear" and list(node.input).index(name) > 0:
+            continue  # a scale stays (zeroing it is no zero weight for onnxruntime's fused kernel)
+        if node.op_type == "DequantizeLinear":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            a, bs = attrs["axis"] % v.ndim, attrs["block_size"]
+            if len(node.input) > 2 and node.input[2]:
+                zero = np.repeat(values[node.input[2]].astype(np.int64), bs, axis=a).take(np.arange(v.shape[a]), axis=a)
+            else:
+                zero = np.zeros(v.shape, np.int64)
+            w = v.astype(np.int64)
+            w[tuple(index)] = zero[tuple(index)]
+            values[name] = w.astype(v.dtype)
+        elif v.dtype == np.float32:
+            v[tuple(index)] = 0
+    for name, v in values.items():
+        inits[name].CopyFrom(numpy_helper.from_array(v, name))
+    return out
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_llama_qdq_int4_prune(tmp_path, symmetric):
+    """The same LLaMA quantized by MatMulNBitsQuantizer in its QDQ form (opset 21 int4 or uint4
+    DequantizeLinear, block 32): the same groups, pruned and checked against the test's zeroing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    from models.llama import LlamaConfig, build
+
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig(layers=1, hidden=128, heads=4, kv_heads=2, ffn=128, vocab=32, seed=1), path)
+    cfg = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=symmetric, quant_format=QuantFormat.QDQ)
+    q = MatMulNBitsQuantizer(onnx.load(str(path)), algo_config=cfg)
+    q.process()
+    m = q.model.model
+    gset = find_groups(m)
+    kinds = sorted((g.unit.kind, g.unit.channels) for g in gset.groups if g.exact and g.unit.kind != "block")
+    assert kinds == sorted([("kv_group", 32)] * 2 + [("gated_neuron", 32)] * 4 + [("width", 32)] * 4)
+    result = prune(m, 0.3, validate=False, price=False)
+    removed = [gset.groups[i] for i in result.removed()]
+    slices = [(mem.initializer, mem.axis, mem.indices) for g in removed for mem in g.members]
+    reference = zeroed_qdq_by_hand(m, slices)
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        feed = {"input_ids": rng.integers(0, 32, (1, 9)).astype(np.int64)}
+        want, got = run(reference, feed)[0], run(result.model, feed)[0]
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    before = sum(numpy_helper.to_array(t).size for t in m.graph.initializer if t.data_type in (21, 22))
+    after = sum(numpy_helper.to_array(t).size for t in result.model.graph.initializer if t.data_type in (21, 22))
+    assert after <= 0.75 * before
