@@ -3,11 +3,12 @@ with onnxsim 0.8's `apply_structured_pruning_matmul_nbits`.
 
 A HuggingFace LlamaForCausalLM from a small config (default: 4 layers, hidden 256, 8 heads of 32,
 2 K/V heads, FFN 512, vocabulary 512; random weights) is exported with torch's dynamo exporter and
-quantized with onnxruntime's `MatMulNBitsQuantizer` (block 32, symmetric and asymmetric). The
+quantized with onnxruntime's `MatMulNBitsQuantizer` (block 32, symmetric and asymmetric; as
+MatMulNBits, and in its QDQ form: opset 21 int4/uint4 DequantizeLinear with block_size). The
 export, the quantization and onnxsim run in another environment (`--peers`: one with
 transformers, torch and onnxsim); onnxshrink runs here.
 
-For each model (float, int4 symmetric, int4 asymmetric) it prints:
+For each model (float; MatMulNBits and QDQ, each symmetric and asymmetric) it prints:
 - the analysis alone (`onnxshrink MODEL`, no masks: what every node needs; its wall time and the
   analysis phase's), and the groups (`--groups`) by kind;
 - `--prune RATIO -o` with the proof on (wall time of the command; what it removed per layer kind;
@@ -95,11 +96,16 @@ def child_export(workdir: Path, cfg: dict, ratio: float) -> None:
             )  # fmt: skip
         out["export_s"] = time.perf_counter() - start
     m = onnx.load(str(float_path))
-    for name, symmetric in (("int4_sym", True), ("int4_asym", False)):
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
+
+    for name, symmetric in (("int4_sym", True), ("int4_asym", False), ("qdq_sym", True), ("qdq_asym", False)):
         copy = onnx.ModelProto()
         copy.CopyFrom(m)
         start = time.perf_counter()
-        q = MatMulNBitsQuantizer(copy, block_size=32, is_symmetric=symmetric)
+        fmt = QuantFormat.QDQ if name.startswith("qdq") else QuantFormat.QOperator
+        config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=symmetric, quant_format=fmt)
+        q = MatMulNBitsQuantizer(copy, algo_config=config)
         q.process()
         out[f"{name}_quantize_s"] = time.perf_counter() - start
         onnx.save(q.model.model, str(workdir / f"{name}.onnx"))
@@ -108,7 +114,7 @@ def child_export(workdir: Path, cfg: dict, ratio: float) -> None:
     except ImportError as exc:
         out["onnxsim"] = f"not importable: {exc}"
     else:
-        for name in ("int4_sym", "int4_asym"):
+        for name in ("int4_sym", "int4_asym"):  # (its MatMulNBits pruning; the QDQ form is not)
             try:
                 start = time.perf_counter()
                 pruned = apply_structured_pruning_matmul_nbits(str(workdir / f"{name}.onnx"), sparsity=ratio)
@@ -122,12 +128,14 @@ def child_export(workdir: Path, cfg: dict, ratio: float) -> None:
 
 # ---------------------------------------------------------------------- here
 def weight_bytes(path: Path) -> tuple[int, int]:
-    """(bytes of every initializer, bytes of the MatMulNBits inputs' initializers)."""
+    """(bytes of every initializer, bytes of the int4 weights with their scales and zero points:
+    MatMulNBits inputs, block-wise DequantizeLinear inputs)."""
     import onnx
     from onnx import numpy_helper
 
     m = onnx.load(str(path))
     nbits = {x for n in m.graph.node if n.op_type == "MatMulNBits" for x in n.input[1:]}
+    nbits |= {x for n in m.graph.node if n.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in n.attribute) for x in n.input}
     sizes = {t.name: numpy_helper.to_array(t, str(path.parent)).nbytes for t in m.graph.initializer}
     return sum(sizes.values()), sum(v for k, v in sizes.items() if k in nbits)
 
@@ -135,7 +143,8 @@ def weight_bytes(path: Path) -> tuple[int, int]:
 def masked_by_hand(src: Path, masks: Path):
     """The input model with the masks --masks-out wrote applied here: a MatMulNBits weight's
     masked bytes set to the byte holding its block's zero point twice (zero points packed two a
-    byte per row, low bits first, absent: 8), a float tensor's to 0."""
+    byte per row, low bits first, absent: 8), a block-wise DequantizeLinear's int4 values to
+    their block's zero point (absent: 0), a float tensor's to 0."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -159,6 +168,15 @@ def masked_by_hand(src: Path, masks: Path):
                 zero = np.full((n, nb), 8, np.uint8)
             fill = np.broadcast_to((zero | (zero << 4)).astype(np.uint8)[:, :, None], v.shape)
             v = np.where(keep.astype(bool), v, fill)
+        elif node.op_type == "DequantizeLinear" and list(node.input).index(name) == 0:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            axis, block = attrs.get("axis", 1) % v.ndim, attrs["block_size"]
+            if len(node.input) > 2 and node.input[2]:
+                z = numpy_helper.to_array(inits[node.input[2]]).astype(np.int64)
+                zero = np.repeat(z, block, axis=axis).take(np.arange(v.shape[axis]), axis=axis)
+            else:
+                zero = np.zeros(v.shape, np.int64)
+            v = np.where(keep.astype(bool), v.astype(np.int64), zero).astype(v.dtype)
         else:
             v = np.where(keep.astype(bool), v, np.zeros((), v.dtype)).astype(v.dtype)
         inits[name].CopyFrom(numpy_helper.from_array(v, name))
@@ -290,7 +308,7 @@ def render(rec: dict) -> list[str]:
     frac = 1 - b1 / b0
     line = f"  weight bytes {b0 / 1024:.1f} KiB -> {b1 / 1024:.1f} KiB (-{100 * frac:.1f}%)"
     if n0:
-        line += f"; MatMulNBits inputs {n0 / 1024:.1f} -> {n1 / 1024:.1f} KiB (-{100 * (1 - n1 / n0):.1f}%)"
+        line += f"; int4 weights with their parameters {n0 / 1024:.1f} -> {n1 / 1024:.1f} KiB (-{100 * (1 - n1 / n0):.1f}%)"
     lines.append(line)
     if "independent_error" in rec:
         lines.append(f"  independent check (masks applied here, onnxruntime): max rel error {rec['independent_error']:.3g}")
@@ -329,13 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     peers = json.loads((args.workdir / "peers.json").read_text())
     print(f"export {peers['export_s']:.1f} s; quantize {peers['int4_sym_quantize_s']:.1f} s / {peers['int4_asym_quantize_s']:.1f} s")
     records = {}
-    for name in ("float", "int4_sym", "int4_asym"):
+    for name in ("float", "int4_sym", "int4_asym", "qdq_sym", "qdq_asym"):
         records[name] = check(args.workdir, name, args.ratio, args.vocab)
         if records[name].get("prune_exit"):
             print(f"{name}: --prune exit {records[name]['prune_exit']}: {records[name].get('prune_error')}")
             continue
         print("\n".join(render(records[name])))
-        if name != "float":
+        if name.startswith("int4"):
             print("\n".join(render(onnxsim_record(args.workdir, name, peers, args.vocab))))
             if args.replay:
                 replay_baseline(args.workdir, name)
@@ -350,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--prune wall time, fastest of {args.repeat} rounds: " + ", ".join(f"{k} {r['prune_s']:.2f} s" for k, r in records.items() if "prune_s" in r))
     base = records["float"].get("prune_s")
     ok = True
-    for name in ("int4_sym", "int4_asym"):
+    for name in ("int4_sym", "int4_asym", "qdq_sym", "qdq_asym"):
         rec = records[name]
         if "bytes" not in rec or base is None:
             ok = False

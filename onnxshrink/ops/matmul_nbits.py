@@ -214,7 +214,19 @@ class MatMulNBits(Handler):
         reads = live[ky].any(axis=0) if ky is not None else live.any(axis=0)
         c = ks.const(a)
         silent = c.slice_zero(r - 1, lay.k) if c is not None else np.zeros(lay.k, bool)
-        ks.need(a, r - 1, reads & ~silent)
+        needed = reads & ~silent
+        ks.need(a, r - 1, needed)
+        block_of = np.arange(lay.k) // lay.block
+        partial = np.isin(block_of, block_of[needed]) & ~needed
+        if partial.any():  # (the couple_map above keeps them too: this says why)
+            why = Reason(
+                "structure",
+                node.name,
+                node.op,
+                f"a quantization block of {lay.block} input features stays whole while a kept "
+                "output reads any of them (its weights for this feature are zero)",
+            )
+            ks.keep(a, r - 1, partial, why)
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         a, y, lay = node.inputs[A], node.outputs[0], Layout(node)

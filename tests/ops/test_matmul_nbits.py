@@ -426,3 +426,14 @@ def test_llama_qdq_int4_prune(tmp_path, symmetric):
     before = sum(numpy_helper.to_array(t).size for t in m.graph.initializer if t.data_type in (21, 22))
     after = sum(numpy_helper.to_array(t).size for t in result.model.graph.initializer if t.data_type in (21, 22))
     assert after <= 0.75 * before
+
+
+def test_a_partial_block_says_why_its_zero_features_stay():
+    """Features 64-71 are zero in every row but their block is read: they stay, and say why."""
+    from onnxshrink.testing import analyze_node
+
+    bench = analyze_node(chain(True, False))
+    assert bench.kept("h", 2) == list(range(32)) + list(range(64, 80))
+    why = bench.why("h", 2)
+    assert all("quantization block of 32 input features stays whole" in str(why[i]) for i in range(64, 72))
+    assert why[40] is None and "quantization block" not in str(why[72])
