@@ -219,14 +219,14 @@ class MatMulNBits(Handler):
         block_of = np.arange(lay.k) // lay.block
         partial = np.isin(block_of, block_of[needed]) & ~needed
         if partial.any():  # (the couple_map above keeps them too: this says why)
-            why = Reason(
+            block_whole = Reason(
                 "structure",
                 node.name,
                 node.op,
                 f"a quantization block of {lay.block} input features stays whole while a kept "
                 "output reads any of them (its weights for this feature are zero)",
             )
-            ks.keep(a, r - 1, partial, why)
+            ks.keep(a, r - 1, partial, block_whole)
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         a, y, lay = node.inputs[A], node.outputs[0], Layout(node)
