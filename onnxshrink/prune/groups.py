@@ -634,11 +634,13 @@ class _Finder:
                     continue
                 if not _is_float(t) and t.name not in self.dequant:  # quantized weights too
                     continue
-                wa = handler.weight_axes(op, i, len(t.shape))
+                wa, via = handler.weight_axes(op, i, len(t.shape)), node
+                if wa is None and t.name in self.dequant:  # dequantized for the op reading it
+                    via, _, wa, _ = self._read_as(node, i, len(t.shape))
                 if wa is None:
                     continue
                 for m, (reader, _) in self._members(t, wa.out):
-                    if reader is node:
+                    if reader is via:
                         out.append(_with(m, np.arange(int(t.shape[wa.out]))))
         return out
 
@@ -716,6 +718,8 @@ def _reads_matrix(node: gs.Node, handler_for: Any) -> bool:
             wa = handler.weight_axes(op, i, len(t.shape))
             if wa is not None and wa.inp is not None and wa.family in ("linear", "conv"):
                 return True
+            if wa is None and handler.quantized_input(op, i, len(t.shape)) is not None:
+                return True  # a quantized matrix dequantized for the op after (QDQ)
     return False
 
 

@@ -437,3 +437,43 @@ def test_a_partial_block_says_why_its_zero_features_stay():
     why = bench.why("h", 2)
     assert all("quantization block of 32 input features stays whole" in str(why[i]) for i in range(64, 72))
     assert why[40] is None and "quantization block" not in str(why[72])
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_eight_bits_from_onnxruntimes_quantizer(symmetric):
+    """bits=8 (one code a byte; onnxruntime's quantizer writes a zero block as scale 0): the
+    weight's rows and whole blocks go the same way."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    rng = np.random.default_rng(4)
+    k, n = 96, 7
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    w[32:64] = 0
+    w[:, [2, 5]] = 0
+    inits = {
+        "W0": rng.standard_normal((16, k)).astype(np.float32),
+        "W": w,
+        "W2": rng.standard_normal((n, 4)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W0"], ["h"]),
+        helper.make_node("MatMul", ["h", "W"], ["y"]),
+        helper.make_node("Relu", ["y"], ["r"]),
+        helper.make_node("Gemm", ["r", "W2"], ["out"]),  # (the quantizer leaves a Gemm)
+    ]
+    m = model(nodes, inits, [f32("x", [2, 16])], [f32("out", [2, 4])])
+    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=symmetric, bits=8)
+    q = MatMulNBitsQuantizer(m, algo_config=config)
+    q.process()
+    quantized = q.model.model
+    assert [nd.op_type for nd in quantized.graph.node] == ["MatMulNBits", "MatMulNBits", "Relu", "Gemm"]
+    out = shrink_checked(quantized).model
+    first, second = (nd for nd in out.graph.node if nd.op_type == "MatMulNBits")
+    sizes = [{a.name: helper.get_attribute_value(a) for a in nd.attribute} for nd in (first, second)]
+    assert [(s["bits"], s["K"], s["N"]) for s in sizes] == [(8, 16, 64), (8, 64, 5)]
+    assert init(out, first.input[1]).shape == (64, 1, 32)  # W0's rows 32-63 unread: gone
+    assert init(out, second.input[1]).shape == (5, 2, 32)
+    assert init(out, "W2").shape == (5, 4)
