@@ -23,6 +23,17 @@ and with it taken out (each node replayed in onnxruntime, as before the rule).
 
     python tools/nbits_check.py                       # /tmp/nbits_check, ratio 0.3
     python tools/nbits_check.py --replay --layers 4 --ratio 0.3
+
+Measured (the default config, a shared 2-core machine; --prune wall time the fastest of 3
+rounds, the models alternating): float 3.60 s; int4 MatMulNBits 4.14 s (symmetric) and 3.93 s
+(asymmetric), QDQ 3.91 / 4.05 s; each int4 prune removed 4 of 8 K/V heads, 20 of 64 blocks of
+32 FFN neurons and 3 of 8 blocks of 32 hidden channels, proof passed, its int4 weights with
+their scales and zero points 59% fewer bytes (every initializer: 53-56%), max relative error
+against the masks applied here 1.2e-6 / 1.3e-6 / 6.0e-7 / 4.9e-7. The analysis of the int4 model
+took 0.7-1.2 s (no node replayed). onnxsim's apply_structured_pruning_matmul_nbits at 0.3 ran
+(0.03-0.1 s) and returned the models unchanged (0 bytes fewer; by its docstring it prunes a
+MatMulNBits whose output reaches exactly one matrix product through unary ops only, and a
+LLaMA's projections feed a SwiGLU product, reshapes or a residual Add).
 """
 
 from __future__ import annotations
