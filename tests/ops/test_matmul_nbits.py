@@ -514,3 +514,14 @@ def test_the_proof_runs_int8_activations_in_float(tmp_path):
     q.process()
     result = prune(q.model.model, 0.3, price=False)
     assert result.shrink.validation.passed and not result.shrink.to_dict()["kept_after_failed_proof"]
+
+
+def test_the_replay_finds_what_the_rule_keeps():
+    """--analysis replay (the node run in onnxruntime, each input feature redrawn) keeps the same
+    features and rows as the rule: the rule's reading of the packed weight is onnxruntime's."""
+    from onnxshrink.testing import analyze_node
+
+    m = chain(False, False)
+    rules, replay = analyze_node(m), analyze_node(m, analysis="replay")
+    assert rules.kept("h", 2) == replay.kept("h", 2) == list(range(32)) + list(range(64, 80))
+    assert rules.kept("y", 2) == replay.kept("y", 2) == [0, 2, 3, 5, 6]
