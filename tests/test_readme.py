@@ -259,8 +259,8 @@ def test_shrink_options_are_kept_and_reused(tmp_path):
         onnxshrink.shrink(model, options=opts, valdiate=True)
 
 
-# A Conv whose channels an If reads: the branches compute from `r` (an outer-scope tensor) in
-# their own ways, so every channel of r they read stays, and the If is kept whole.
+# A Conv whose channels an If reads: one branch reads r as it is, the other through a Sigmoid
+# (a zero channel of r is 0.5 there: a constant, folded into that branch's bias).
 IF_MODEL = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[1,3,8,8] x, bool c) => (float[1,4,8,8] y) {
@@ -274,7 +274,9 @@ g (float[1,3,8,8] x, bool c) => (float[1,4,8,8] y) {
 """
 
 
-def test_if_bodies_are_kept_whole_and_exact():
+def test_if_bodies_are_analyzed_in_place_and_exact():
+    """README, Control flow: bodies are analyzed in place; a weight both branches read (W2) is
+    sliced once where it is stored; each branch computes as before."""
     rng = np.random.default_rng(3)
     model = onnx.parser.parse_model(IF_MODEL)
     values = {"W1": rng.standard_normal((6, 3, 3, 3)), "B1": rng.standard_normal(6),
@@ -285,23 +287,19 @@ def test_if_bodies_are_kept_whole_and_exact():
     )
     onnx.checker.check_model(model)
     result = onnxshrink.shrink(model, validate=False)
-    assert [b["op"] for b in result.barriers] == ["If"]
-    # its bodies compute as they did, from the same weights (which the writer may store in the
-    # body that reads them), and every channel of r they read stays
-    def bodies(m):
-        [node] = [n for n in m.graph.node if n.op_type == "If"]
-        return [[(n.op_type, list(n.input), list(n.output)) for n in a.g.node] for a in node.attribute]
+    assert result.barriers == []
 
     def weights(m):
         graphs = [m.graph, *(a.g for n in m.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)]
         return {t.name: onnx.numpy_helper.to_array(t) for g in graphs for t in g.initializer}
 
-    assert bodies(result.model) == bodies(model)
-    shrunk, given = weights(result.model), weights(model)
-    assert sorted(shrunk) == sorted(given)
-    for name in given:
-        np.testing.assert_array_equal(shrunk[name], given[name])
-    assert shrunk["W1"].shape == (6, 3, 3, 3)
+    shrunk = weights(result.model)
+    kept = 6 - len(DROP)
+    assert shrunk["W1"].shape == (kept, 3, 3, 3) and shrunk["W2"].shape == (4, kept, 1, 1)
+    # the dropped filters, their biases and W2's columns go; the Sigmoid branch's constant
+    # channels fold into a bias of its own (the then-branch keeps B2 as it was)
+    assert params(result.model) == params(model) - len(DROP) * (27 + 1 + 4) + 4
+    np.testing.assert_array_equal(shrunk["B2"], values["B2"].astype(np.float32))
     for c in (True, False):
         x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
         feed = {"x": x, "c": np.array(c)}
