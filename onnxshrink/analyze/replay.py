@@ -227,7 +227,8 @@ class NodeRunner:
         self._many: Any = None
         self.key = b""
         failure: Exception | None = None
-        for arrays in ([_widen(a) for a in inputs], list(inputs)):
+        widened = [_widen(a) for a in inputs]
+        for arrays in (widened, list(inputs)) if _kernel(node, widened, opset) else (list(inputs),):
             try:
                 self.session = _session(_model(node, arrays, self.live, opset))
                 self.templates = arrays
@@ -304,6 +305,21 @@ class NodeRunner:
             got = self._many.run(None, feeds)
             out += [[np.asarray(o) for o in got[c * n : (c + 1) * n]] for c in range(len(group))]
         return out
+
+
+def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> bool:
+    """False if onnxruntime has no kernel for the node with inputs of these types (checked with
+    every input fed, so that no weight is copied into a model only to be refused)."""
+    if sum(a.nbytes for a in inputs if a is not None) < _CHECK_ABOVE:
+        return True  # small: the session itself is the check
+    try:
+        _session(_model(node, inputs, [a is not None for a in inputs], opset))
+    except Exception as exc:
+        return "NOT_IMPLEMENTED" not in str(exc)
+    return True
+
+
+_CHECK_ABOVE = 1 << 20
 
 
 # Sessions (or why a node cannot run) by _digest, least recently used first: a replay and the
