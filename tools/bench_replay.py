@@ -6,8 +6,9 @@ onnxruntime's MatMulNBitsQuantizer, block 32: ops with no rule, replayed in onnx
 shrink runs in a fresh child process (`shrink(model, validate=False)`), with `--analysis rules`
 and with `--analysis replay`. Printed per model: the analysis phase and the whole shrink, in
 seconds (the median of `--repeat` runs), and replay / rules of each; per op type: the nodes
-replayed, the onnxruntime runs and the seconds per node (the replay itself, and for ops with no
-rule the check that slicing commutes with them).
+replayed, the probes per node (onnxruntime runs, or copies of the node in one run) and the
+seconds per node (the replay itself, and for ops with no rule the check that slicing commutes
+with them).
 
 `--baseline REF` also runs the code of git revision REF (extracted with `git archive` into a
 temporary directory, first on PYTHONPATH of its children), interleaved with the working tree's
@@ -57,6 +58,15 @@ def child(src: str, analysis: str) -> None:
         return run(self, inputs)
 
     replay_mod.NodeRunner.run = counted  # type: ignore[method-assign]
+    many = getattr(replay_mod.NodeRunner, "run_many", None)
+    if many is not None:  # probes run as copies of the node in one call (else it calls run)
+
+        def counted_many(self, probes):  # type: ignore[no-untyped-def]
+            if self.copies >= 2:  # full groups of copies; the rest through run
+                runs[0] += len(probes) - len(probes) % self.copies
+            return many(self, probes)
+
+        replay_mod.NodeRunner.run_many = counted_many  # type: ignore[method-assign]
 
     def timed(fn):  # type: ignore[no-untyped-def]
         def wrapper(node, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -65,7 +75,7 @@ def child(src: str, analysis: str) -> None:
                 return fn(node, *args, **kwargs)
             finally:
                 cost = costs.setdefault(node.op, [0, 0.0, 0])
-                nodes.setdefault(node.op, set()).add(node.name)
+                nodes.setdefault(node.op, set()).add(node.outputs[0].name if node.outputs else node.name)
                 cost[1] += time.perf_counter() - t0
                 cost[2] += runs[0] - r0
 
@@ -196,7 +206,7 @@ def render(results: dict, versions: list[str], names: list[str]) -> list[str]:
             )
         lines.append(row)
     lines += ["", "Replay cost per op type (--analysis replay; for mlp_int4 also rules, whose "
-              "MatMulNBits have no rule): nodes, onnxruntime runs per node, seconds per node"]  # fmt: skip
+              "MatMulNBits have no rule): nodes, probes per node, seconds per node"]  # fmt: skip
     for name in names:
         for analysis in ANALYSES if name == NBITS else ("replay",):
             for v in versions:

@@ -537,7 +537,7 @@ class KeepState:
         try:
             found = replay(
                 node, inputs, live, axes, self.opset, fixed=fixed,
-                enough=lambda i, a, rows: reaches(rows, kept), known=known,
+                enough=lambda i, a, rows: reaches(rows, kept), known=known, whole=False,
             )  # fmt: skip
         except ReplayError as exc:
             return str(exc)

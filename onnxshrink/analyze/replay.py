@@ -285,26 +285,24 @@ class NodeRunner:
         return [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
 
     def run_many(self, probes: Sequence[Sequence[np.ndarray | None]]) -> list[list[np.ndarray]]:
-        """`run` of each of `probes`, up to `copies` of them in one call."""
-        if self.copies < 2 or len(probes) < 2:
-            return [self.run(p) for p in probes]
-        if self._many is None:
+        """`run` of each of `probes`: groups of `copies` of them in one call each (a session of
+        copies pays off over full groups only), the rest one by one."""
+        full = len(probes) - len(probes) % self.copies if self.copies > 1 else 0
+        if full and self._many is None:
             try:
                 model = _model(self.node, self.templates, self.live, self.opset, self.copies)
                 self._many = _session(model)
             except Exception:  # a session of copies is only faster: run them one by one
-                self.copies = 1
-                return [self.run(p) for p in probes]
+                self.copies, full = 1, 0
         n = len(self.node.outputs)
         out: list[list[np.ndarray]] = []
-        for start in range(0, len(probes), self.copies):
-            group = list(probes[start : start + self.copies])
+        for start in range(0, full, self.copies):
             feeds: dict[str, np.ndarray] = {}
-            for c in range(self.copies):  # the spare copies run the first probe again
-                feeds.update(self._feeds(group[c] if c < len(group) else group[0], c))
+            for c in range(self.copies):
+                feeds.update(self._feeds(probes[start + c], c))
             got = self._many.run(None, feeds)
-            out += [[np.asarray(o) for o in got[c * n : (c + 1) * n]] for c in range(len(group))]
-        return out
+            out += [[np.asarray(o) for o in got[c * n : (c + 1) * n]] for c in range(self.copies)]
+        return out + [self.run(p) for p in probes[full:]]
 
 
 def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> bool:
@@ -390,6 +388,7 @@ def replay(
     fixed: Mapping[int, tuple[np.ndarray, np.ndarray]] | None = None,
     enough: Enough | None = None,
     known: Mapping[tuple[int, int], np.ndarray] | None = None,
+    whole: bool = True,
 ) -> Replayed:
     """Replay `node`. `inputs`: an array per input (its value for constant inputs, any array of
     the right shape and type for live ones; None for absent ones); `live`: which inputs are live
@@ -401,6 +400,8 @@ def replay(
     caller asking which slices reach kept outputs stops at the first that does); `depends` and
     the relation are then partial for that slice. `known[(i, axis)]`: slices the caller needs
     no finding about (they are kept already): not probed, their relation rows stay empty.
+    `whole`: also redraw each live input whole, for `depends`; without, `depends` holds what
+    the slices' probes changed only, and a draw's base runs only when a probe needs it.
 
     The probes are run draw by draw: draw d of every slice the earlier draws did not settle,
     each slice redrawn alone (its values from one fresh draw of the whole input), the outputs
@@ -413,7 +414,7 @@ def replay(
             )
     runner = NodeRunner.of(node, inputs, opset, live)
     key = None
-    if enough is None and known is None:  # a whole replay: the same node and form, the same one
+    if enough is None and known is None and whole:  # a whole replay: the same node and form, the same one
         h = hashlib.blake2b(runner.key, digest_size=20)
         h.update(repr((seed, sorted((i, list(a)) for i, a in axes.items()))).encode())
         for i, (mask, value) in sorted(fixed.items()):
@@ -424,7 +425,7 @@ def replay(
         if key in _REPLAYS:
             _REPLAYS.move_to_end(key)
             return _REPLAYS[key]
-    found = _replay(runner, inputs, live, axes, seed, fixed, enough, known)
+    found = _replay(runner, inputs, live, axes, seed, fixed, enough, known, whole)
     if key is not None:
         _REPLAYS[key] = found
         held = sum(_nbytes(r) for r in _REPLAYS.values())
@@ -455,36 +456,44 @@ def _replay(
     fixed: Mapping[int, tuple[np.ndarray, np.ndarray]],
     enough: Enough | None,
     known: Mapping[tuple[int, int], np.ndarray] | None,
+    whole: bool,
 ) -> Replayed:
     rng = np.random.default_rng(seed)
     live_inputs = [k for k, is_live in enumerate(live) if is_live]
-    bases: list[list[np.ndarray | None]] = []
-    outs: list[list[np.ndarray]] = []
     depends: list[np.ndarray] = []
-    for (base_scale, base_sign), (new_scale, new_sign) in DRAWS:
+    bases: list[list[np.ndarray | None]] = []
+    outs: list[list[np.ndarray] | None] = []
+    for d, ((base_scale, base_sign), (new_scale, new_sign)) in enumerate(DRAWS):
         base = [
             _fix(_draw(rng, a, base_scale, base_sign), fixed.get(i))
             if live[i] and a is not None
             else a
             for i, a in enumerate(runner.templates)
         ]
-        out = runner.run(base)
         bases.append(base)
-        outs.append(out)
-        depends = depends or [np.zeros(o.shape, dtype=bool) for o in out]
+        outs.append(runner.run(base) if whole or not d else None)  # else run when probed
+        if not d:
+            depends = [np.zeros(o.shape, dtype=bool) for o in outs[0]]  # type: ignore[union-attr]
         for i in live_inputs:
             # The whole input redrawn: every element it reaches (a scalar input too).
-            whole = list(base)
-            whole[i] = _fix(_draw(rng, base[i], new_scale, new_sign), fixed.get(i))  # type: ignore[arg-type]
-            for o, after in enumerate(runner.run(whole)):
+            values = _draw(rng, base[i], new_scale, new_sign)  # type: ignore[arg-type]
+            if not whole:
+                continue  # drawn all the same: the next draws' bases are the usual ones
+            out = outs[d]
+            assert out is not None
+            redrawn = list(base)
+            redrawn[i] = _fix(values, fixed.get(i))
+            for o, after in enumerate(runner.run(redrawn)):
                 _same_shape(out[o], after)
                 depends[o] |= _changed(out[o], after)
+    first = outs[0]
+    assert first is not None
     relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
     for i in live_inputs:
         shape = bases[0][i].shape  # type: ignore[union-attr]
         for axis in axes.get(i, ()):
             rel = relation.setdefault(
-                (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in outs[0]]
+                (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in first]
             )
             pending = ~_settled(fixed.get(i), shape, axis)  # a slice of constants: never redrawn
             if known is not None and (i, axis) in known:
@@ -511,8 +520,12 @@ def _replay(
                 if i in fixed:
                     mask, value = (np.take(np.broadcast_to(f, shape), todo, axis=axis) for f in fixed[i])
                     fresh = np.where(mask, value, fresh).astype(fresh.dtype)
-                _probe(runner, bases[d], outs[d], i, axis, todo, fresh, rel, depends)
-    first = outs[0]
+                out = outs[d]
+                if out is None:
+                    out = outs[d] = runner.run(bases[d])
+                    for o, after in enumerate(out):
+                        _same_shape(first[o], after)
+                _probe(runner, bases[d], out, i, axis, todo, fresh, rel, depends)
     return Replayed(relation, depends, first)
 
 
