@@ -221,7 +221,12 @@ class NodeRunner:
         opset: int,
         live: Sequence[bool] | None = None,
     ):
-        self.node, self.opset = node, opset
+        # The op alone (not the graph's node: a cached runner must not hold the graph alive).
+        self.node = gs.Node(
+            node.op, domain=node.domain, attrs=dict(node.attrs),
+            outputs=[gs.Variable(f"o{k}") for k in range(len(node.outputs))],
+        )  # fmt: skip
+        self.opset = opset
         self.live = list(live) if live is not None else [a is not None for a in inputs]
         self.copies = 1
         self._many: Any = None
@@ -241,10 +246,13 @@ class NodeRunner:
                 failure = exc
         else:
             raise ReplayError(f"onnxruntime cannot run it ({first_line(failure or Exception())})")
+        # What the session holds (its initializers; copies may prepack their own).
+        self.nbytes = sum(a.nbytes for a in self.templates if a is not None)
         if seconds < _BATCH_BELOW:
             # Copies share the initializers, but each kernel may prepack its own copy of them.
             each = sum(a.nbytes for a in self.templates if a is not None) + sum(o.nbytes for o in outputs)
             self.copies = int(max(1, min(_COPIES, _BATCH_BYTES // max(each, 1))))
+            self.nbytes += self.copies * each if self.copies > 1 else 0
 
     @classmethod
     def of(
@@ -264,10 +272,12 @@ class NodeRunner:
                 runner = cls(node, inputs, opset, live)
                 runner.key = key
             except ReplayError as exc:
-                runner = exc
+                runner = ReplayError(str(exc))  # (no traceback: its frames hold the graph)
             _RUNNERS[key] = runner
-            while len(_RUNNERS) > _RUNNERS_KEPT:
-                _RUNNERS.popitem(last=False)
+            held = sum(r.nbytes for r in _RUNNERS.values() if isinstance(r, NodeRunner))
+            while len(_RUNNERS) > 1 and (len(_RUNNERS) > _RUNNERS_KEPT or held > _RUNNERS_BYTES):
+                gone = _RUNNERS.popitem(last=False)[1]
+                held -= gone.nbytes if isinstance(gone, NodeRunner) else 0
         else:
             _RUNNERS.move_to_end(key)
         if isinstance(runner, ReplayError):
@@ -320,10 +330,12 @@ def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> b
 _CHECK_ABOVE = 1 << 20
 
 
-# Sessions (or why a node cannot run) by _digest, least recently used first: a replay and the
-# checks after it (commutes, a second analysis) reuse the node's session.
+# Sessions (or why a node cannot run) by _digest, least recently used first, up to
+# _RUNNERS_KEPT of them and _RUNNERS_BYTES of inputs: a replay and the checks after it
+# (commutes, a second analysis) reuse the node's session.
 _RUNNERS: OrderedDict[bytes, NodeRunner | ReplayError] = OrderedDict()
 _RUNNERS_KEPT = 8
+_RUNNERS_BYTES = 1 << 28
 # A node whose run takes less than this gets a session of copies, up to _COPIES of them and
 # _BATCH_BYTES of inputs and outputs (the per-call cost is then shared).
 _BATCH_BELOW = 5e-4
@@ -444,7 +456,7 @@ def _nbytes(found: Replayed) -> int:
 # used first, up to _REPLAYS_BYTES: the constants' walk and the keep closure replay a node with
 # no rule alike, and a prune analyzes the model twice.
 _REPLAYS: OrderedDict[bytes, Replayed] = OrderedDict()
-_REPLAYS_BYTES = 1 << 28
+_REPLAYS_BYTES = 1 << 26
 
 
 def _replay(
