@@ -219,7 +219,7 @@ def render(results: dict, versions: list[str], names: list[str]) -> list[str]:
                 for op, costs in sorted(ops.items(), key=lambda kv: -median([c[1] for c in kv[1]])):
                     n = costs[0][0]
                     parts.append(
-                        f"{op} {n:g} x {median([c[2] for c in costs]) / n:.0f} runs, "
+                        f"{op} {n:g} x {median([c[2] for c in costs]) / n:.0f} probes, "
                         f"{median([c[1] for c in costs]) / n:.3f} s"
                     )
                 lines.append(f"  {name} ({analysis}, {v}): " + ("; ".join(parts) or "nothing replayed"))
