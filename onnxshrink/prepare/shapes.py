@@ -384,7 +384,8 @@ def _branch_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> list[on
     target (an optimum merged decoder's attention heads) is left without dims. Later entries
     win (see prepare.graph), so these come after the subgraph's own."""
     types = {vi.name: vi for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
-    inits = {t.name: t for t in model.graph.initializer}
+    # the model's weights, and the constants folded in its skeleton (Constant nodes among them)
+    inits = {t.name: t for t in [*model.graph.initializer, *inferred.graph.initializer]}
     out: list[onnx.ValueInfoProto] = []
     for node in model.graph.node:
         if node.op_type != "If":
