@@ -1,9 +1,9 @@
 """State carried between runs (a decoder's KV cache): graph inputs and outputs whose axes may shrink.
 
 The interface is kept as it is, with one exception the graph itself declares: an output that is
-an input extended (`Concat(input, new, axis=c)`, directly or as an `If` branch's output, as
-optimum's merged decoder writes the with-cache branch) is that input's next value: the runtime
-feeds it back. Such a pair is one state seen twice; its axes other than `c` are coupled through
+an input extended (`Concat(input, new, axis=c)`, or any op whose handler says so, see
+`Handler.extends`; directly or as an `If` branch's output, as optimum's merged decoder writes the
+with-cache branch) is that input's next value: the runtime feeds it back. Such a pair is one state seen twice; its axes other than `c` are coupled through
 the Concat, and an index of them that no other output needs can go from both (a removed KV head
 is dead in the input and dropped from the output the runtime would feed back into it). The
 pair is found from the graph's structure, never from names; every other input and output keeps
@@ -12,7 +12,8 @@ every index.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -22,27 +23,37 @@ from onnx import helper, numpy_helper
 from onnxshrink import ir
 
 
-def state_pairs(graph: gs.Graph) -> dict[str, tuple[str, int]]:
+def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[str, tuple[str, int]]:
     """Graph output name -> (the graph input it extends, the axis it extends along), for every
-    output each of whose producers (through Identity and If branches) is either a Concat whose
-    first input is that graph input, or a value that does not read it; each input paired with
+    output each of whose producers (through Identity and If branches) is either a node whose
+    handler says that output extends that graph input (`Handler.extends`: Concat(past, new), a
+    fused attention's present), or a node not extending any graph input; each input paired with
     one output only."""
+    from onnxshrink.ops.contract import OpNode
+
     inputs = {t.name for t in graph.inputs}
     pairs: dict[str, tuple[str, int]] = {}
     for out in graph.outputs:
         found: set[tuple[str, int]] = set()
         ok = True
         for t, node in _producers(graph, out):
-            if node is not None and node.op == "Concat" and node.inputs and node.inputs[0].name in inputs:
-                axis = int(node.attrs.get("axis", 0))
-                rank = ir.rank(t)
-                if rank is None or not -rank <= axis < rank:
-                    ok = False
-                    break
-                found.add((node.inputs[0].name, axis % rank))
-            elif node is None or node.op in ("Concat", "If", "Identity"):
+            if node is None or node.op in ("If", "Identity"):
                 ok = False  # a graph input itself, or a form not followed
                 break
+            handler = handler_for(node)
+            j = next(k for k, y in enumerate(node.outputs) if y is t)
+            extended = handler.extends(OpNode.of(node)).get(j) if handler is not None else None
+            if extended is None:
+                continue
+            i, axis = extended
+            rank = ir.rank(t)
+            source = node.inputs[i] if i < len(node.inputs) else None
+            if source is None or source.name not in inputs:
+                continue
+            if rank is None or not -rank <= axis < rank:
+                ok = False
+                break
+            found.add((source.name, axis % rank))
         if ok and len(found) == 1:
             pairs[out.name] = next(iter(found))
     paired: dict[str, list[str]] = {}
@@ -60,11 +71,11 @@ def state_pairs(graph: gs.Graph) -> dict[str, tuple[str, int]]:
     return pairs
 
 
-def free_axes(graph: gs.Graph) -> dict[str, set[int]]:
+def free_axes(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[str, set[int]]:
     """Graph input or output name -> the axes the interface does not pin: a state pair's axes
     other than the one it extends along."""
     out: dict[str, set[int]] = {}
-    for o, (i, axis) in state_pairs(graph).items():
+    for o, (i, axis) in state_pairs(graph, handler_for).items():
         t = next(x for x in graph.outputs if x.name == o)
         rank = ir.rank(t)
         assert rank is not None

@@ -416,7 +416,7 @@ class KeepState:
 
     # ---------------------------------------------------------------- fixpoint
     def run(self) -> None:
-        free = free_axes(self.graph)  # a state (KV cache) input and the output fed back into it
+        free = free_axes(self.graph, self.handler_for)  # a state (KV cache) input and the output fed back into it
         for t in self.graph.outputs:
             self.demand(t, pin=False)
             self._pin_interface(t, free.get(t.name, set()))
