@@ -334,7 +334,7 @@ def shrink(
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
         if source.path is not None:
-            write_runtime_configs(result, source.path, reference, source.base_dir, output, opts)
+            write_runtime_configs(result, source.path, reference, source.base_dir, output)
         clock.lap("save")
     if result.data_file is not None and result.data_file.stat().st_size < IN_MEMORY_BYTES:
         load_external(result.model, result.data_file.parent, "the shrunk model")
@@ -629,24 +629,23 @@ def save(result: ShrinkResult, source: Source, output: str | Path, opts: ShrinkO
 def write_runtime_configs(
     result: ShrinkResult,
     input_path: str | Path,
-    before: onnx.ModelProto,
+    before: onnx.ModelProto | Any,
     before_dir: str | None,
     output: str | Path,
-    opts: ShrinkOptions,
 ) -> None:
     """Updated copies of the runtimes' configs beside the input (genai_config.json,
-    config.json), written beside the output; what was done in `result.runtime_configs`."""
-    from onnxshrink.io.runtime_config import count, write_configs
+    config.json), written beside the output; what was done in `result.runtime_configs`.
+    `before`: the input model, or its coupled groups (a prune has found them)."""
+    from onnxshrink.io.runtime_config import count, count_groups, write_configs
 
     notes = write_configs(
         input_path,
         output,
-        lambda: count(before, before_dir),
+        lambda: count(before, before_dir) if isinstance(before, onnx.ModelProto) else count_groups(before),
         lambda: count(result.model, str(Path(output).absolute().parent)),
     )
     result.runtime_configs = [n.to_dict() for n in notes]
-    for n in notes:
-        opts.say(n.text)
+    for n in notes:  # printed with the result (cli)
         if n.written:
             result.written.append(str(Path(output).absolute().parent / n.file))
 

@@ -303,3 +303,21 @@ def test_prune_removes_a_cached_head(tmp_path):
     np.testing.assert_allclose(got[1], ref[1][:, kept], rtol=1e-5, atol=1e-6)
     changes = result.to_dict()["shrink"]["interface_changes"]
     assert [(c["name"], c["before"][1], c["after"][1]) for c in changes] == [("past", 3, 2), ("present", 3, 2)]
+
+
+def test_command_line_prints_and_reports_the_changes(tmp_path):
+    from conftest import cli
+
+    path = save(tiny(CACHE, zero=HEAD1), tmp_path / "in", {"config.json": HF_CONFIG})
+    done = cli(path, "-o", tmp_path / "out" / "model.onnx", "--no-validate", "--report", tmp_path / "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout + done.stderr
+    assert "[W]     input past [B,3,P,4] -> [B,2,P,4]" in text
+    assert "[W]     output present [B,3,T,4] -> [B,2,T,4]" in text
+    assert f"[I] wrote {tmp_path / 'out' / 'config.json'}: num_attention_heads 3 -> 2, num_key_value_heads 3 -> 2" in text
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [(c["name"], c["after"]) for c in report["interface_changes"]] == [
+        ("past", ["B", 2, "P", 4]),
+        ("present", ["B", 2, "T", 4]),
+    ]
+    assert report["runtime_configs"][0]["changed"] == {"num_attention_heads": [3, 2], "num_key_value_heads": [3, 2]}

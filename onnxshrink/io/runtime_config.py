@@ -68,7 +68,11 @@ def count(model: onnx.ModelProto, base_dir: str | Path | None = None) -> Counts:
         return fused
     from onnxshrink.prune.groups import find_groups
 
-    gset = find_groups(model, base_dir, verify=False)
+    return count_groups(find_groups(model, base_dir, verify=False))
+
+
+def count_groups(gset: Any) -> Counts:
+    """`count` from a model's coupled groups (prune.groups.GroupSet)."""
     per: dict[str, list[int]] = {"heads": [], "kv_heads": [], "head_dim": [], "intermediate": []}
     hidden: list[int] = []
     for layer in gset.layers:
@@ -199,7 +203,10 @@ def write_configs(
             )
             for p in found
         ]
-    counts_before, counts_after = before(), after()
+    try:
+        counts_before, counts_after = before(), after()
+    except Exception as exc:  # a graph the groups cannot be found in: no config rather than none
+        return [Note(p.name, False, f"{p.name} not written: the graph's sizes could not be counted ({exc})") for p in found]
     notes = []
     for path in found:
         try:
