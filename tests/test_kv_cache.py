@@ -321,3 +321,82 @@ def test_command_line_prints_and_reports_the_changes(tmp_path):
         ("present", ["B", 2, "T", 4]),
     ]
     assert report["runtime_configs"][0]["changed"] == {"num_attention_heads": [3, 2], "num_key_value_heads": [3, 2]}
+
+
+# Grouped-query attention with the exporters' repeat_kv: 4 query heads over 2 KV heads of 4
+# (hidden 16); the cached keys are repeated by Expand and a Reshape whose head count is computed
+# from the cache's shape (Shape(present)[1] * 2), as torch's exports write it.
+GQA = """
+g (float[B,S,16] x, float[B,2,P,4] past, float[16,16] Wq, float[16,8] Wk, float[16,16] Wo)
+  => (float[B,S,16] y, float[B,2,T,4] present) {
+  shape_q = Constant<value=int64[4] {0, 0, 4, 4}>()
+  shape_k = Constant<value=int64[4] {0, 0, 2, 4}>()
+  shape_y = Constant<value=int64[3] {0, 0, 16}>()
+  i0 = Constant<value=int64[1] {0}>()
+  i1 = Constant<value=int64[1] {1}>()
+  i2 = Constant<value=int64[1] {2}>()
+  i3 = Constant<value=int64[1] {3}>()
+  i4 = Constant<value=int64[1] {4}>()
+  rep = Constant<value=int64[1] {2}>()
+  q0 = MatMul(x, Wq)
+  q1 = Reshape(q0, shape_q)
+  q = Transpose<perm=[0,2,1,3]>(q1)
+  k0 = MatMul(x, Wk)
+  k1 = Reshape(k0, shape_k)
+  k = Transpose<perm=[0,2,1,3]>(k1)
+  present = Concat<axis=2>(past, k)
+  sh = Shape(present)
+  b = Slice(sh, i0, i1)
+  h = Slice(sh, i1, i2)
+  t = Slice(sh, i2, i3)
+  d = Slice(sh, i3, i4)
+  u = Unsqueeze(present, i2)
+  target = Concat<axis=0>(b, h, rep, t, d)
+  e = Expand(u, target)
+  hq = Mul(h, rep)
+  flat = Concat<axis=0>(b, hq, t, d)
+  r = Reshape(e, flat)
+  rt = Transpose<perm=[0,1,3,2]>(r)
+  s = MatMul(q, rt)
+  sm = Softmax<axis=-1>(s)
+  a = MatMul(sm, r)
+  a1 = Transpose<perm=[0,2,1,3]>(a)
+  a2 = Reshape(a1, shape_y)
+  y = MatMul(a2, Wo)
+}
+"""
+# KV group 1: its key columns, its query heads 2 and 3, and their output-projection rows.
+GROUP1 = {"Wk": np.s_[:, 4:8], "Wq": np.s_[:, 8:16], "Wo": np.s_[8:16, :]}
+
+
+def test_gqa_repeat_kv_with_a_computed_head_count():
+    model = tiny(GQA, zero=GROUP1)
+    result = shrink(model, validate=False)
+    shrunk = result.model
+    sizes = {t.name: list(t.dims) for t in shrunk.graph.initializer if t.name.startswith("W")}
+    assert sizes == {"Wq": [16, 8], "Wk": [16, 4], "Wo": [8, 16]}
+    assert dims(shrunk.graph.input[1]) == ["B", 1, "P", 4]
+    assert dims(shrunk.graph.output[1]) == ["B", 1, "T", 4]
+    rng = np.random.default_rng(2)
+    for past_len in (0, 4):
+        x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+        past = rng.standard_normal((2, 2, past_len, 4)).astype(np.float32)
+        ref = run(model, {"x": x, "past": past})
+        got = run(shrunk, {"x": x, "past": past[:, [0]]})
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[1], ref[1][:, [0]], rtol=1e-5, atol=1e-6)
+    before, after = count(model), count(shrunk)
+    assert (before.values["heads"], before.values["kv_heads"]) == (4, 2)
+    # one KV head left: its axis is no unit, the 2 query heads read it shared: not counted
+    assert after.values["heads"] == 2 and "kv_heads" in after.unknown
+
+
+def test_kv_heads_not_countable_not_written(tmp_path):
+    """The shrunk GQA model's one KV head is no unit: num_key_value_heads cannot be counted, so
+    the config is not written, and the note says why."""
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4, "hidden_size": 16}
+    path = save(tiny(GQA, zero=GROUP1), tmp_path / "in", {"config.json": config})
+    result = shrink(path, output=tmp_path / "out" / "model.onnx", validate=False)
+    assert not (tmp_path / "out" / "config.json").exists()
+    (note,) = result.runtime_configs
+    assert "num_key_value_heads: not countable in the shrunk model" in note["text"]

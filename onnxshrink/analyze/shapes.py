@@ -247,7 +247,8 @@ def sized_dims(
             if size is None and named is not None:  # the same dynamic size as that axis
                 x = ir.dims(node.inputs[0]) if broadcast else None
                 k = p - (len(new) - len(x)) if x is not None else -1
-                if not broadcast or k < 0 or x is not None and x[k] in (1, named):
+                # broadcast: the target's size where the input's is 1, the same, or absent
+                if not broadcast or x is not None and (k < 0 or x[k] in (1, named)):
                     new[p] = named
                 continue
         if broadcast and size is not None:

@@ -57,7 +57,8 @@ class Counts:
     quantities that differ between layers, and those not found, with why."""
 
     values: dict[str, int] = field(default_factory=dict)
-    uneven: dict[str, list[int]] = field(default_factory=dict)
+    uneven: dict[str, list[int | None]] = field(default_factory=dict)
+    unknown: set[str] = field(default_factory=set)  # found in some layer, not countable there
     layers: int | None = None  # attention layers counted
 
 
@@ -73,8 +74,8 @@ def count(model: onnx.ModelProto, base_dir: str | Path | None = None) -> Counts:
 
 def count_groups(gset: Any) -> Counts:
     """`count` from a model's coupled groups (prune.groups.GroupSet)."""
-    per: dict[str, list[int]] = {"heads": [], "kv_heads": [], "head_dim": [], "intermediate": []}
-    hidden: list[int] = []
+    per: dict[str, list[int | None]] = {"heads": [], "kv_heads": [], "head_dim": [], "intermediate": []}
+    hidden: list[int | None] = []
     for layer in gset.layers:
         groups = [gset.groups[i] for i in layer.groups]
         if not groups:
@@ -86,7 +87,11 @@ def count_groups(gset: Any) -> Counts:
             per["head_dim"].append(int(unit.head_dim or unit.channels))
         elif layer.kind == "head":
             per["heads"].append(len(groups))
-            per["kv_heads"].append(len(groups))
+            # each head owns its keys and values when the head's unit slices more than one
+            # projection's outputs; a query head alone reads shared ones (one KV head, or KV
+            # heads not found as units): not counted
+            outs = {m.tensor for m in groups[0].members if m.side == "out" and m.matrix}
+            per["kv_heads"].append(len(groups) if len(outs) > 1 else None)
             per["head_dim"].append(int(unit.head_dim or unit.channels))
         elif layer.kind == "gated_neuron" or (
             layer.kind == "neuron" and any(m.side == "in" and m.matrix for m in groups[0].members)
@@ -105,11 +110,15 @@ def count_groups(gset: Any) -> Counts:
     return out
 
 
-def _settle(out: Counts, key: str, vals: list[int]) -> None:
+def _settle(out: Counts, key: str, vals: list[int | None]) -> None:
     if not vals:
         return
-    if len(set(vals)) == 1:
-        out.values[key] = vals[0]
+    known = [v for v in vals if v is not None]
+    if len(known) < len(vals):
+        out.unknown.add(key)
+        return
+    if len(set(known)) == 1:
+        out.values[key] = known[0]
     else:
         out.uneven[key] = vals
 
@@ -128,7 +137,8 @@ def _fused_attention(model: onnx.ModelProto) -> Counts | None:
     ]
     if not nodes:
         return None
-    heads, kv = [], []
+    heads: list[int | None] = []
+    kv: list[int | None] = []
     for n in nodes:
         attrs = {a.name: a.i for a in n.attribute if a.type == onnx.AttributeProto.INT}
         if "num_heads" not in attrs:
@@ -247,6 +257,13 @@ def _update(
     for quantity, candidates in keys.items():
         key = next((k for k in candidates if k in section), None)
         old_b, new_a = before.values.get(quantity), after.values.get(quantity)
+        unknown = [label for label, c in (("input", before), ("shrunk model", after)) if quantity in c.unknown]
+        if unknown and (key is not None or old_b is not None or new_a is not None):
+            problems.append(
+                f"{key or quantity.replace('_', ' ')}: not countable in the {' and the '.join(unknown)} "
+                "(the attention's key/value heads are not units there)"
+            )
+            continue
         if quantity in after.uneven:
             problems.append(
                 f"{quantity.replace('_', ' ')} differs between layers in the shrunk model "
