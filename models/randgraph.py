@@ -26,6 +26,20 @@ branches, Split / Slice parts, and the forms that matter beside them:
   inference (as the dynamo exporter writes it) where some dims, Gemm's last one among them,
   are renamed to symbols; extra outputs (the map with symbolic dims, an ArgMax).
 
+Forms added for issue 19 (drawn from a second random stream, so that a seed that gets none of
+them is the graph it always was; `build(seed, extended=False)` leaves them all out):
+- EXTRA stages after a stage, each giving back a map of the shape it was given: learned scalars
+  (0-d initializers: Mul, Add, Div, a PRelu slope; sometimes masked to 0); Einsum with a masked
+  weight on C, H or W -> Slice with negative starts (out of range, reversed, INT64_MAX ends, on
+  one or two axes) -> a reduction over some axes, as a gate or concatenated; a constant weight
+  multiplying from the left (`MatMul(W, x)` over the channels of [N, C, HW] or over H, W with
+  a batch axis, Gemm with the weight as A);
+- H and W symbolic as well as N (dynamic sizes on the axes the masks and slices act on);
+- the masks given apart, as a pruner's file holds them ({initializer: 0/1 mask}, a Conv's
+  whole-filter masks sometimes as one flag per output channel, all-ones masks on others,
+  scalars among them), for the model as masked or, half the time, as exported before masking
+  (its masked entries hold other values): `check` applies them itself for the reference.
+
 Conditioning: outputs are compared within 1e-5 of their max magnitude, so the float32 reference
 must not be rounding noise. InstanceNorm of a constant channel is rounding amplified by
 1/sqrt(epsilon) in onnxruntime itself: its epsilon is 1e-2 and the BatchNorm shifts it sees as
@@ -35,11 +49,12 @@ remainders of cancellation. Where an output still is one (zeroed biases, constan
 error within 10x the two models' own float32 rounding of it, with the two in float64 as close,
 is rounding, not a wrong model (`rounding_only`); tools/sweep.py counts those apart.
 
-`info` holds the opset, the input's declared shape, the stage names and the output names.
+`info` holds the opset, the input's declared shape (and what its symbols H and W are), the
+stage names, the output names and, when given apart, the masks and `input_masked`.
 `python -m models.randgraph SEED` prints a graph in ONNX text form.
 
 `check(seed)` runs one seed the way tests/test_random_graphs.py and tools/sweep.py do: build,
-`shrink(model, validate=False)`, then an independent comparison in onnxruntime.
+`shrink(model[, masks], validate=False)`, then an independent comparison in onnxruntime.
 """
 
 from __future__ import annotations
@@ -48,6 +63,7 @@ import math
 import os
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,13 +91,20 @@ class X:
 class G:
     """The graph under construction, and the random choices of one seed."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, extended: bool = True):
         self.rng = np.random.default_rng(seed)
         r = self.rng
         self.opset = int(r.choice(OPSETS))
         self.dynamic = r.random() < 0.5
         self.p = float(r.choice([0.15, 0.3, 0.5]))  # how much is masked
         self.const_nodes = r.random() < 0.3  # int constants as Constant nodes (legacy exporter)
+        # The forms added later (EXTRA stages, dynamic H/W, masks given apart) draw from a second
+        # stream, so that a seed that gets none of them is the graph it always was.
+        self.xrng = np.random.default_rng((seed, 19))
+        self.extended = extended  # False: none of them (the graphs of the seeds pinned before)
+        self.dynamic_hw = self.dynamic and self.xrng.random() < 0.3 and extended  # H, W symbolic
+        self.in_extra = False
+        self.extra_tensors: set[str] = set()  # made by EXTRA stages (their value_info: xrng)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, np.ndarray] = {}
         self.shared: dict[tuple, str] = {}
@@ -91,6 +114,15 @@ class G:
         self.count = 0
 
     # ------------------------------------------------------------------ basics
+    @contextmanager
+    def extra(self):
+        """Draw from the second stream (see __init__) while building an EXTRA stage."""
+        saved, self.rng, self.in_extra = self.rng, self.xrng, True
+        try:
+            yield
+        finally:
+            self.rng, self.in_extra = saved, False
+
     def pick(self, options):
         return options[int(self.rng.integers(len(options)))]
 
@@ -105,6 +137,8 @@ class G:
         n = self.name(op_type.lower())
         outs = [f"{n}_o{k}" for k in range(n_out)] if n_out > 1 else [n]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=n, **attrs))
+        if self.in_extra:
+            self.extra_tensors.update(outs)
         return outs if n_out > 1 else outs[0]
 
     def weight(self, arr: np.ndarray, prefix: str) -> str:
@@ -317,12 +351,16 @@ class G:
         return X(self.op("Reshape", [y, t]), c, like.h, like.w)
 
     # ------------------------------------------------------------------ model
+    def input_shape(self, c0: int, h0: int, w0: int) -> list:
+        batch = "N" if self.dynamic else 1
+        return [batch, c0, "H", "W"] if self.dynamic_hw else [batch, c0, h0, w0]
+
     def model(self, c0: int, h0: int, w0: int) -> onnx.ModelProto:
         batch = "N" if self.dynamic else 1
         graph = helper.make_graph(
             self.nodes,
             "randgraph",
-            [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, c0, h0, w0])],
+            [helper.make_tensor_value_info("input", TensorProto.FLOAT, self.input_shape(c0, h0, w0))],
             [helper.make_tensor_value_info(n, t, [batch if d == "N" else d for d in dims])
              for n, t, dims in self.outputs],
             [numpy_helper.from_array(v, k) for k, v in self.inits.items()],
@@ -338,8 +376,9 @@ class G:
                     continue
                 dims = vi.type.tensor_type.shape.dim
                 last = vi.name in self.symbolic
-                if dims and (last or self.chance(0.15)):
-                    k = len(dims) - 1 if last else int(self.rng.integers(len(dims)))
+                r = self.xrng if vi.name in self.extra_tensors else self.rng
+                if dims and (last or r.random() < 0.15):
+                    k = len(dims) - 1 if last else int(r.integers(len(dims)))
                     dims[k].Clear()
                     dims[k].dim_param = f"s{self.count}_{k}"
                     self.count += 1
@@ -664,6 +703,140 @@ STAGES = {
 }
 
 
+# ====================================================================== extra stages
+# Forms found with random graphs after the first sweeps (issue 19). Each draws from the second
+# stream (G.extra) and returns a map of the shape it was given, so that the stages after it
+# draw what they always did.
+def xs_scalar(g: G, x: X) -> X:
+    """A learned scalar (a 0-d initializer: a layer scale, a shift, a PRelu slope), sometimes
+    masked to 0, after a map with constant channels."""
+    x = g.conv_block(x, x.c, force_const=True)
+    kind = g.pick(["mul", "add", "prelu", "div"])
+    g.stages[-1] += f":{kind}"
+    v = np.float32(g.rng.uniform(0.5, 1.5) * g.pick([-1, 1]))
+    if kind in ("add", "prelu") and g.chance(0.4) or kind == "mul" and g.chance(0.1):
+        v = np.float32(0.0)  # masked
+    s = g.weight(np.array(v, np.float32), "scalar")
+    if kind == "prelu":
+        return x.to(g.op("PRelu", [x.name, s]))
+    op = {"mul": "Mul", "add": "Add", "div": "Div"}[kind]
+    return x.to(g.op(op, [x.name, s] if g.chance(0.7) or kind == "div" else [s, x.name]))
+
+
+def _slice_bound(g: G, n: int) -> tuple[int, int, int, int]:
+    """(start, end, step, size) of a random Slice of an axis of n, with a negative start: the
+    bounds as exporters write them (from the end, INT64_MAX, out of range, reversed)."""
+    step = g.pick([1, 1, 1, -1])
+    start = -int(g.rng.integers(1, n + 1)) if g.chance(0.85) else -int(g.rng.integers(n + 1, n + 4))
+    if step > 0:
+        end = g.pick([2**62, n, -int(g.rng.integers(0, n)) or 2**62, n + 3])
+    else:
+        end = g.pick([-(2**62), -n - 1, -n - 5, -int(g.rng.integers(n, n + 2))])
+    # the size as ONNX defines it: negative bounds counted from the end, then clamped to [0, n]
+    # (step > 0), the start to [0, n - 1] and the end to [-1, n - 1] (step < 0; not numpy's)
+    s0, e0 = start + n if start < 0 else start, end + n if end < 0 else end
+    if step > 0:
+        s0, e0 = min(max(s0, 0), n), min(max(e0, 0), n)
+    else:
+        s0, e0 = min(max(s0, 0), n - 1), min(max(e0, -1), n - 1)
+    return start, end, step, len(range(s0, e0, step))
+
+
+def xs_einsum_slice(g: G, x: X) -> X:
+    """Einsum with a masked weight (zero channels, or zero rows along H or W) -> Slice with
+    negative starts (negative steps too) -> a reduction over some axes, its constant channels
+    among what it reduces, mixed back into the map (a gate, or concatenated)."""
+    x = g.conv_block(x, x.c, force_const=True)
+    on = g.pick(["c", "c", "h", "w"])
+    n_in = {"c": x.c, "h": x.h, "w": x.w}[on]
+    d = int(g.rng.integers(2, 7)) if on == "c" else n_in
+    w = g.randn(d, n_in, scale=n_in**-0.5)
+    g.mask_out(w, 0, None)
+    g.mask_in(w, 1)
+    eq, left = {
+        "c": g.pick([("bchw,dc->bdhw", False), ("bchw,cd->bdhw", False), ("dc,bchw->bdhw", True)]),
+        "h": g.pick([("bchw,gh->bcgw", False), ("gh,bchw->bcgw", True)]),
+        "w": g.pick([("bchw,vw->bchv", False), ("bchw,wv->bchv", False)]),
+    }[on]
+    wn = g.weight(w.T.copy() if eq in ("bchw,cd->bdhw", "bchw,wv->bchv") else w, "ein_w")
+    e = g.op("Einsum", [wn, x.name] if left else [x.name, wn], equation=eq)
+    g.stages[-1] += f":{on}"
+    sizes = {1: d if on == "c" else x.c, 2: x.h, 3: x.w}
+    axes, starts, ends, steps = [], [], [], []
+    for a in sorted(g.rng.choice([1, 2, 3], size=int(g.rng.integers(1, 3)), replace=False).tolist()):
+        if a != 1 and g.chance(0.5):
+            continue
+        st, en, sp, size = _slice_bound(g, sizes[a])
+        if size == 0:
+            continue
+        axes.append(a - 4 if g.chance(0.3) else a)
+        starts.append(st)
+        ends.append(en)
+        steps.append(sp)
+        sizes[a] = size
+    if not axes:
+        axes, starts, ends, steps = [1], [-1], [2**62], [1]
+        sizes[1] = 1
+    ins = [e, g.const(starts), g.const(ends), g.const(axes)]
+    sl = g.op("Slice", ins + ([g.const(steps)] if any(v != 1 for v in steps) or g.chance(0.3) else []))
+    red = sorted(g.rng.choice([1, 2, 3], size=int(g.rng.integers(1, 4)), replace=False).tolist())
+    red = sorted(set(red) | {a for a in (2, 3) if sizes[a] != (x.h, x.w)[a - 2]})
+    op = g.pick(["ReduceMean", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
+    r = g.reduce(op, sl, [a - 4 if g.chance(0.3) else a for a in red])  # keepdims
+    gate = g.op("Sigmoid", [r])
+    if 1 in red or sizes[1] == x.c:
+        return x.to(g.op("Mul", [x.name, gate]))
+    # [N, k, 1 or H, 1 or W]: expanded and concatenated with x, then a conv back to x's width
+    one_channel = g.op("Slice", [x.name, g.const([0]), g.const([1]), g.const([1])])
+    ones = g.op("Expand", [g.fconst(1.0), g.op("Shape", [one_channel])])  # [N, 1, H, W]
+    y = g.op("Concat", [x.name, g.op("Mul", [gate, ones])], axis=1)
+    return g.conv_block(X(y, x.c + sizes[1], x.h, x.w), x.c)
+
+
+def xs_matmul_left(g: G, x: X) -> X:
+    """A constant weight multiplying from the left, `MatMul(W, x)`: over the channels of
+    [N, C, HW] (a 1x1 conv written as a product), over H of the map, with a batch axis in W;
+    or Gemm with the weight as A on the transposed features (a gate)."""
+    x = g.conv_block(x, x.c, force_const=True)
+    kind = g.pick(["c", "c_batch", "h", "gemm"])
+    g.stages[-1] += f":{kind}"
+    if kind == "h":  # [H, H] @ [N, C, H, W]: mixes rows, each channel stays one channel
+        w = g.randn(x.h, x.h, scale=x.h**-0.5)
+        g.mask_in(w, 1)
+        return x.to(g.op("MatMul", [g.weight(w, "mml_w"), x.name]))
+    if kind == "gemm":  # gate = sigmoid(W @ f^T + b)^T, f = GAP(x) [N, C]
+        f = g.op("Flatten", [g.op("GlobalAveragePool", [x.name])])
+        w = g.randn(x.c, x.c, scale=x.c**-0.5)
+        b = g.randn(x.c, 1, scale=0.5)
+        g.mask_out(w, 0, b[:, 0])
+        g.mask_in(w, 1)
+        trans = g.chance(0.5)
+        a = g.weight(w.T.copy() if trans else w, "gemml_w")
+        y = g.op("Gemm", [a, g.op("Transpose", [f], perm=[1, 0]), g.weight(b, "gemml_b")], transA=int(trans))
+        s = g.op("Sigmoid", [g.op("Transpose", [y], perm=[1, 0])])
+        return x.to(g.op("Mul", [x.name, g.unsqueeze(s, [2, 3])]))
+    k = int(g.rng.integers(2, 7))
+    w = g.randn(k, x.c, scale=x.c**-0.5)
+    b = g.randn(k, 1, scale=0.5)
+    g.mask_out(w, 0, b[:, 0])
+    g.mask_in(w, 1)
+    t = g.to3d(x)  # [N, C, HW]
+    wn = g.weight(w[None] if kind == "c_batch" else w, "mml_w")
+    y = g.op("MatMul", [wn, t])  # [N, k, HW]
+    if g.chance(0.6):
+        y = g.op("Add", [y, g.weight(b, "mml_b")])
+    y = g.to4d(y, x, c=k)
+    return g.conv_block(g.act(y), x.c)
+
+
+EXTRA = {
+    "scalar": (xs_scalar, 2),
+    "einsum_slice": (xs_einsum_slice, 2),
+    "matmul_left": (xs_matmul_left, 2),
+}
+EXTRA_P = 0.25  # chance of an extra stage after each stage
+
+
 # ====================================================================== head
 def head(g: G, x: X) -> None:
     k = int(g.rng.integers(3, 7))
@@ -693,17 +866,27 @@ def head(g: G, x: X) -> None:
         g.outputs.append((g.op("ArgMax", [x.name], axis=1, keepdims=0), TensorProto.INT64, ["N", x.h, x.w]))
 
 
-def build(seed: int) -> tuple[onnx.ModelProto, dict]:
-    g = G(seed)
+def build(seed: int, extended: bool = True) -> tuple[onnx.ModelProto, dict]:
+    """The seed's model and its `info`; `extended` False: without the forms added for issue 19
+    (EXTRA stages, dynamic H/W, masks given apart), the graph the seed gave before them."""
+    g = G(seed, extended)
     c0, h0, w0 = (int(v) for v in (g.rng.integers(2, 6), g.rng.integers(3, 7), g.rng.integers(3, 7)))
     x = g.conv_block(X("input", c0, h0, w0), int(g.rng.integers(2, 8)))
     names, weights = list(STAGES), np.array([w for _, w in STAGES.values()], float)
+    extras, xweights = list(EXTRA), np.array([w for _, w in EXTRA.values()], float)
     for _ in range(int(g.rng.integers(1, 6))):
         kind = names[g.rng.choice(len(names), p=weights / weights.sum())]
         g.stages.append(kind)
         x = STAGES[kind][0](g, x)
         if x.c > 12 or x.c * x.h * x.w > 400:
             x = g.conv_block(x, int(g.rng.integers(2, 7)))
+        if g.xrng.random() < EXTRA_P and extended:
+            with g.extra():
+                kind = extras[g.rng.choice(len(extras), p=xweights / xweights.sum())]
+                g.stages.append("x:" + kind)
+                y = EXTRA[kind][0](g, x)
+            assert (y.c, y.h, y.w) == (x.c, x.h, x.w), f"extra stage {kind} changed the map's shape"
+            x = y
     head(g, x)
     model = g.model(c0, h0, w0)
     floats = [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims)]
@@ -715,11 +898,66 @@ def build(seed: int) -> tuple[onnx.ModelProto, dict]:
         "dynamic": g.dynamic,
         "mask_p": g.p,
         "constant_nodes": g.const_nodes,
-        "input_shape": ["N" if g.dynamic else 1, c0, h0, w0],
+        "input_shape": g.input_shape(c0, h0, w0),
+        "sizes": {"H": h0, "W": w0},  # what the symbolic H and W are in the draws
         "stages": g.stages,
         "outputs": [o[0] for o in g.outputs],
     }
+    if g.xrng.random() < MASKS_P and extended:
+        masks_apart(g, model, info)
     return model, info
+
+
+MASKS_P = 0.3  # chance that the masks are given apart (a dict, as a masks file holds them)
+
+
+def masks_apart(g: G, model: onnx.ModelProto, info: dict) -> None:
+    """Give the masks as a pruner's file would: {initializer: 0/1 mask} for every float
+    initializer holding zeros (the whole-filter zeros of a Conv weight sometimes as one flag per
+    output channel) and some others all ones, scalars among them. Half the time the model is
+    the one exported before masking: its masked entries are given other values (the masks
+    must be applied: `input_masked` False, or None for the tool to find out)."""
+    r = g.xrng
+    masks: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        if t.data_type != TensorProto.FLOAT:
+            continue
+        arr = numpy_helper.to_array(t)
+        zero = arr == 0
+        if not zero.any() and r.random() >= 0.2:
+            continue
+        mask = (~zero).astype(np.float32)  # of a scalar: a numpy scalar
+        if arr.ndim == 0 and r.random() < 0.5:
+            mask = np.asarray(mask)  # a 0-d array, as torch's .numpy() gives
+        rows = mask.reshape(len(mask), -1) if arr.ndim == 4 else None
+        if rows is not None and (rows.min(axis=1) == rows.max(axis=1)).all() and r.random() < 0.5:
+            mask = rows[:, 0].copy()  # one flag per output channel
+        masks[t.name] = mask
+    info["masks"] = masks
+    info["input_masked"] = None
+    if r.random() < 0.5:
+        info["input_masked"] = False if r.random() < 0.5 else None
+        for t in model.graph.initializer:
+            if t.name in masks:
+                arr = numpy_helper.to_array(t).copy()
+                hidden = arr == 0
+                arr[hidden] = r.standard_normal(int(hidden.sum())).astype(np.float32)
+                t.CopyFrom(numpy_helper.from_array(arr, t.name))
+        info["unmasked"] = True
+
+
+def apply_masks(model: onnx.ModelProto, masks: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The model with each mask multiplied into its initializer (a mask of one flag per output
+    channel along axis 0): the reference, computed here and not by onnxshrink."""
+    ref = onnx.ModelProto()
+    ref.CopyFrom(model)
+    for t in ref.graph.initializer:
+        if t.name in masks:
+            arr = numpy_helper.to_array(t)
+            m = masks[t.name]
+            m = m if m.shape == arr.shape else m.reshape((-1,) + (1,) * (arr.ndim - 1))
+            t.CopyFrom(numpy_helper.from_array(np.where(m != 0, arr, np.zeros((), arr.dtype)), t.name))
+    return ref
 
 
 # ====================================================================== the independent check
@@ -740,8 +978,9 @@ def feeds(info: dict, seed: int) -> list[dict[str, np.ndarray]]:
     """Two draws; a dynamic dim is 2 in the first and 3 in the second."""
     rng = np.random.default_rng(seed + 1_000_003)
     out = []
+    sizes = info.get("sizes", {})
     for n in BATCHES:
-        shape = [n if isinstance(d, str) else d for d in info["input_shape"]]
+        shape = [sizes.get(d, n) if isinstance(d, str) else d for d in info["input_shape"]]
         out.append({"input": rng.standard_normal(shape).astype(np.float32)})
     return out
 
@@ -803,7 +1042,8 @@ class Outcome:
     params_after: int = 0
     shrink_seconds: float = 0.0
     seconds: float = 0.0
-    model: onnx.ModelProto | None = field(default=None, repr=False)
+    model: onnx.ModelProto | None = field(default=None, repr=False)  # as given to shrink
+    reference: onnx.ModelProto | None = field(default=None, repr=False)  # with the masks applied
     shrunk: onnx.ModelProto | None = field(default=None, repr=False)
     rounding: list[tuple[int, str]] = field(default_factory=list)  # (draw, output) off by rounding only
 
@@ -829,17 +1069,21 @@ def _where(exc: BaseException) -> str:
     return f"{f.filename.split('/onnxshrink/')[-1]}:{f.lineno} in {f.name}"
 
 
-def check(seed: int) -> Outcome:
-    """Build, shrink (no validation), then compare in onnxruntime, independently of onnxshrink."""
+def check(seed: int, extended: bool = True) -> Outcome:
+    """Build (see `build`), shrink (no validation), then compare in onnxruntime, independently
+    of onnxshrink."""
     from onnxshrink import shrink
 
     t0 = time.perf_counter()
     out = Outcome(seed)
     try:
-        model, info = build(seed)
+        model, info = build(seed, extended)
         out.model, out.info = model, info
+        masks = info.get("masks")
+        reference = apply_masks(model, masks) if masks is not None else model
+        out.reference = reference
         draws = feeds(info, seed)
-        ref_sess = ort_session(model)
+        ref_sess = ort_session(reference)
         names = [o.name for o in ref_sess.get_outputs()]
         ref = [ref_sess.run(None, f) for f in draws]
     except Exception as exc:  # the generator's own fault
@@ -847,10 +1091,13 @@ def check(seed: int) -> Outcome:
         out.seconds = time.perf_counter() - t0
         return out
     before = model.SerializeToString()
-    shapes = {"input": [BATCHES[0] if isinstance(d, str) else d for d in info["input_shape"]]}
+    shapes = {"input": list(draws[0]["input"].shape)}
     t1 = time.perf_counter()
     try:
-        result = shrink(model, validate=False, input_shapes=shapes)
+        if masks is None:
+            result = shrink(model, validate=False, input_shapes=shapes)
+        else:
+            result = shrink(model, masks, validate=False, input_shapes=shapes, input_masked=info["input_masked"])
     except Exception as exc:
         out.shrink_seconds = time.perf_counter() - t1
         out.failure, out.detail = "exception in shrink", f"{_first_line(exc)} [at onnxshrink/{_where(exc)}]"
@@ -872,7 +1119,7 @@ def check(seed: int) -> Outcome:
     out.diffs = [compare_outputs(names, r, s) for r, s in zip(ref, got, strict=True)]
     bad = [(k, d) for k, draw in enumerate(out.diffs) for d in draw if not d.ok]
     if bad:  # judged again against the reference's own rounding on the draws that failed
-        rounding = {k: rounding_only(model, result.model, draws[k]) for k in {k for k, _ in bad}}
+        rounding = {k: rounding_only(reference, result.model, draws[k]) for k in {k for k, _ in bad}}
         out.rounding = [(k, d.name) for k, d in bad if d.name in rounding[k]]
         bad = [(k, d) for k, d in bad if d.name not in rounding[k]]
     if bad:
@@ -982,6 +1229,8 @@ def save_failure(out: Outcome, directory: str | None = None) -> str:
     path = os.path.join(directory, f"seed_{out.seed}.onnx")
     if out.model is not None:
         onnx.save(out.model, path)
+    if out.info.get("masks") is not None:  # given apart: shrink(model, masks, input_masked=...)
+        np.savez(path.replace(".onnx", ".masks.npz"), **out.info["masks"])
     if out.shrunk is not None:
         onnx.save(out.shrunk, path.replace(".onnx", ".shrunk.onnx"))
     return path

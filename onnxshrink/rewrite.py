@@ -91,6 +91,23 @@ class Rewriter:
         """Does a live node (or the interface) read `t`?"""
         return self.ks.is_read(t)
 
+    def kept_part(self, t: gs.Tensor, values: np.ndarray) -> np.ndarray:
+        """`values`, laid out as `t` was before the shrink (aligned to its last axes, each dim
+        t's size or 1, as ConstInfo arrays are), at t's kept indices: a constant computed from
+        the original tensors, made fit to add to the shrunk `t`."""
+        r = ir.rank(t)
+        off = (r if r is not None else values.ndim) - values.ndim
+        for a in range(values.ndim):
+            k = self.kept(t, a + off) if a + off >= 0 else None
+            if k is None or values.shape[a] == 1 or k.all():
+                continue
+            if values.shape[a] != len(k):
+                raise InternalError(
+                    f"{t.name!r} axis {a + off}: a constant of size {values.shape[a]} for an axis of {len(k)}"
+                )
+            values = np.compress(k, values, axis=a)
+        return values
+
     def kept_count(self, t: gs.Tensor, axis: int) -> int | None:
         k = self.kept(t, axis)
         return None if k is None else int(k.sum())

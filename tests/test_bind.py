@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import CONV2, init, params, tiny
+from conftest import CONV2, error_against, init, params, tiny
 
 from onnxshrink import shrink
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks
@@ -304,3 +304,39 @@ def test_masks_some_of_which_the_model_holds_and_some_not_are_refused():
     text = message(info)
     assert "1 mask(s) do not match the model: 'W2'" in text
     assert "already holds the zeros of 1 other mask(s)" in text
+
+
+# A learned scalar (a layer scale: a 0-d initializer) with a mask of its own shape, as a pruner
+# writes one for every parameter: the mask stays 0-d (it was made 1-d once, and checking it
+# against the model failed with "cannot broadcast a non-scalar to a scalar array", exit 3).
+SCALED = """
+g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float S, float[4,6,1,1] W2, float[4] B2)
+  => (float[1,4,8,8] y) {
+  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  s = Mul(h, S)
+  r = Relu(s)
+  y = Conv(r, W2, B2)
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "one", [np.array(1.0, np.float32), np.float32(1.0), np.array(True), 1.0], ids=["0-d", "numpy scalar", "bool", "float"]
+)
+def test_a_mask_on_a_scalar_initializer_binds_in_every_form(one):
+    zero = np.flatnonzero(FLAGS == 0)
+    model = tiny(SCALED, seed=31, zero={"W1": zero, "B1": zero}, values={"S": 1.5})
+    result = shrink(model, {"W1": w1_mask(), "B1": FLAGS, "S": one}, validate=False)
+    assert result.input_masked is True and result.reference is model
+    assert params(result.model) == params(model) - 2 * (27 + 1 + 4)
+    assert error_against(model, result.model) <= 1e-5
+
+
+def test_a_zero_mask_on_a_scalar_initializer_is_applied():
+    model = tiny(SCALED, seed=31, values={"S": 1.5})
+    result = shrink(model, {"S": np.array(0.0, np.float32)}, validate=False, input_masked=False)
+    assert init(result.reference, "S").shape == () and init(result.reference, "S") == 0
+    # y = W2 relu(0 * h) + B2 = B2: every channel of h is a constant (0), one is left (a tensor
+    # keeps one channel), with S, W2's column for it and B2
+    assert params(result.model) == (27 + 1) + 1 + 4 + 4
+    assert error_against(result.reference, result.model) == 0

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import error_against, tiny
+from conftest import error_against, output_error, params, run, tiny
 from onnx import helper
 from torch import nn
 
@@ -63,8 +63,7 @@ def reference_error(reference: onnx.ModelProto, shrunk: onnx.ModelProto) -> floa
             feeds[i.name] = rng.standard_normal(shape).astype(dtype)
         for a, b in zip(ReferenceEvaluator(reference).run(None, feeds), ReferenceEvaluator(shrunk).run(None, feeds), strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape
-            a, b = a.astype(np.float64), b.astype(np.float64)
-            worst = max(worst, float(np.abs(a - b).max() / np.abs(a).max()))
+            worst = max(worst, output_error(a.astype(np.float64), b.astype(np.float64)))  # NaN counts
     return worst
 
 
@@ -77,8 +76,9 @@ def test_shrinks_and_passes_the_proof_by_default(kind, dtype):
     assert v.passed and v.rtol == 10 * EPS[dtype] and v.dtype == dtype
     assert f"rtol {10 * EPS[dtype]:g} for {dtype} arithmetic" in v.detail
     assert ("bfloat16 arithmetic emulated in float32" in v.detail) == (dtype == "bfloat16")
-    # folding the constants into a bias rounds differently: an error, at the dtype's resolution
-    assert 0 < v.outputs[0].max_rel_error <= 4 * EPS[dtype]
+    # folding the constants into a bias rounds differently: an error (if any) at the dtype's
+    # resolution
+    assert 0 <= v.outputs[0].max_rel_error <= 4 * EPS[dtype]
     assert (result.before.params, result.after.params) == MODELS[kind][2]
     assert {t.data_type for t in result.model.graph.initializer} == {m.graph.initializer[0].data_type}
     # the shrunk model without the proof, checked independently
@@ -143,4 +143,10 @@ def test_export_and_shrink_of_a_half_precision_module(dtype):
     for v in (result.validation, result.torch_validation):
         assert v.passed and v.dtype == name and v.rtol == 10 * EPS[name]
         assert f"rtol {10 * EPS[name]:g} for {name} arithmetic" in v.detail
-    assert result.after.params == result.before.params - 2 * (27 + 1) - 2 * 4
+    assert params(result.model) == result.after.params == result.before.params - 2 * (27 + 1) - 2 * 4
+    if dtype == torch.float16:  # checked here too (onnxruntime has no bf16 kernels to run it)
+        x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
+        with torch.no_grad():
+            want = module(x).numpy()
+        got = run(result.model, {result.model.graph.input[0].name: x.numpy()})[0]
+        assert output_error(want, got) <= 4 * EPS["float16"]

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import params, run
+from conftest import output_error, params, run
 from torch import nn
 from torch.nn.utils import prune
 
@@ -12,6 +12,16 @@ from models.zoo import ZOO, choose_kept, export, native_widths, randomize, zero_
 from onnxshrink import ShrinkError, export_and_shrink
 
 X = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def torch_error(module: nn.Module | np.ndarray, x: torch.Tensor, model: onnx.ModelProto) -> float:
+    """The shrunk model against the masked module's own output (or that output, computed
+    before), both run here (not the tool's proofs): `output_error`, so NaN, shapes and dtypes
+    count."""
+    if isinstance(module, nn.Module):
+        with torch.no_grad():
+            module = module(x).numpy()
+    return output_error(module, run(model, {model.graph.input[0].name: x.numpy()})[0])
 
 
 def test_module_pruned_in_place_with_torch_nn_utils_prune(tmp_path):
@@ -25,10 +35,7 @@ def test_module_pruned_in_place_with_torch_nn_utils_prune(tmp_path):
     assert result.torch_validation.outputs[0].max_rel_error <= 1e-5
     assert result.after.params < 0.6 * result.before.params
     # the written model computes what the pruned module computes
-    with torch.no_grad():
-        want = model(X).numpy()
-    got = run(onnx.load(out), {"x": X.numpy()})[0]
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert torch_error(model, X, onnx.load(out)) <= 1e-5
     # the module itself is left pruned as it was
     assert all(hasattr(m, "weight_mask") for m in model.modules() if isinstance(m, nn.Conv2d))
 
@@ -40,11 +47,14 @@ def test_module_with_torch_ao_parametrizations_and_the_legacy_exporter():
     sparsifier = WeightNormSparsifier(sparsity_level=0.5, sparse_block_shape=(1, 384), zeros_per_block=384)
     sparsifier.prepare(model, config=[{"tensor_fqn": "fc1.weight"}])
     sparsifier.step()  # half of fc1's neurons (whole rows) zeroed
+    with torch.no_grad():
+        want = model(X).numpy()
     result = export_and_shrink(model, (X,), exporter="legacy")
     assert result.torch_validation.passed
     shapes = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
     assert shapes["fc1.weight"] == (16, 384)
     assert shapes["fc2.weight"] == (32, 16)
+    assert torch_error(want, X, result.model) <= 1e-5  # the parametrization masks fc1
 
 
 def test_masks_given_as_a_dict_reach_the_native_size(tmp_path):
@@ -56,9 +66,10 @@ def test_masks_given_as_a_dict_reach_the_native_size(tmp_path):
     result = export_and_shrink(model, (X,), masks)
     native = randomize(entry.build(native_widths(kept)), seed=3)
     export(native, tmp_path / "native.onnx", entry.input_shape)
-    assert result.after.params == params(onnx.load(tmp_path / "native.onnx"))
+    assert params(result.model) == result.after.params == params(onnx.load(tmp_path / "native.onnx"))
     assert result.torch_validation.passed
     assert result.masks_bound == len(masks)
+    assert torch_error(probe, X, result.model) <= 1e-5  # the module with the masks applied
 
 
 def test_dynamic_batch_export():
@@ -73,6 +84,7 @@ def test_dynamic_batch_export():
     assert result.torch_validation.passed
     batch = result.model.graph.input[0].type.tensor_type.shape.dim[0]
     assert batch.dim_param and not batch.HasField("dim_value")
+    assert torch_error(model, torch.randn(3, 3, 32, 32), result.model) <= 1e-5
 
 
 def test_unknown_mask_names_are_refused():

@@ -5,6 +5,7 @@ on multi-GB models."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import error_against
+from conftest import cli_on_terminal, error_against, params
 
 from models.llama import LlamaConfig, build
 from onnxshrink import api, shrink, validate
 from onnxshrink.cli import main
 
 TINY = LlamaConfig.preset("tiny", layers=2).half_masked()
+FP16_RTOL = 10 * 2.0**-10  # the proof's default for float16 arithmetic
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +59,14 @@ def test_shrinks_to_the_ideal_size_in_its_own_dtype(models, tmp_path, name, weig
     assert result.after.params == ideal
     assert result.before.params - ideal == TINY.removed_params() == 30720
     saved = onnx.load(out)
+    assert params(saved) == ideal  # counted here too
     assert _types(saved) == {weight_type}
-    assert error_against(path, saved, {"input_ids": [1, 12]}) == 0.0  # zero terms only removed
+    # zero terms only removed: at most the dtype's rounding of sums in another order
+    assert error_against(path, saved, {"input_ids": [1, 12]}) <= rtol
     proven = shrink(path, validate=True, input_shapes={"input_ids": [1, 12]})
     assert proven.validation.passed and proven.validation.kind == "full"
     assert proven.validation.rtol == pytest.approx(rtol)
-    assert max(o.max_rel_error for o in proven.validation.outputs) == 0.0
+    assert max(o.max_rel_error for o in proven.validation.outputs) <= rtol
 
 
 def test_weights_are_mapped_not_read(models):
@@ -100,12 +104,12 @@ def test_streamed_result_refers_to_its_data_file(models, tmp_path, monkeypatch):
     big = [t for t in result.model.graph.initializer if len(t.dims) == 2]
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in big)
     assert not list(tmp_path.glob(".onnxshrink-*"))  # the streamed file was moved into place
-    assert error_against(path, onnx.load(out), {"input_ids": [1, 12]}) == 0.0
+    assert error_against(path, onnx.load(out), {"input_ids": [1, 12]}) <= FP16_RTOL
     # without an output, the data live in a temporary file for as long as the result
     unsaved = shrink(path, validate=False)
     copy = tmp_path / "copy.onnx"
     unsaved.save(copy)
-    assert error_against(path, onnx.load(copy), {"input_ids": [1, 12]}) == 0.0
+    assert error_against(path, onnx.load(copy), {"input_ids": [1, 12]}) <= FP16_RTOL
     assert onnx.load(copy).graph.initializer and copy.with_name("copy.onnx.data").exists()
 
 
@@ -116,7 +120,9 @@ def test_proof_in_segments_and_of_the_first_blocks(models, monkeypatch):
     v = result.validation
     assert v.passed and v.kind == "full" and result.after.params == ideal
     assert "segments" in v.detail
-    assert max(o.max_rel_error for o in v.outputs) == 0.0
+    assert max(o.max_rel_error for o in v.outputs) <= 1e-5
+    # checked here, not by the proof: the shrunk model against the input (masked as built)
+    assert error_against(path, result.model, {"input_ids": [1, 10]}) <= 1e-5
     # the segments compute exactly what the whole model computes
     model = onnx.load(path)
     feeds = validate.make_inputs(model, {"input_ids": [1, 10]}, 2, seed=5)
@@ -127,6 +133,7 @@ def test_proof_in_segments_and_of_the_first_blocks(models, monkeypatch):
     first = shrink(path, input_shapes={"input_ids": [1, 10]}, validate_layers=1)
     assert first.validation.passed and first.validation.kind == "first 1 of 2 repeated blocks"
     assert first.after.params == ideal
+    assert error_against(path, first.model, {"input_ids": [1, 10]}) <= 1e-5
     # compared after block 1: the residual stream, and the rotary tables and mask every block reads
     compared = sorted(o.name.rsplit("_", 1)[0] for o in first.validation.outputs)
     assert compared == ["causal", "cos", "residual", "sin"]
@@ -142,14 +149,36 @@ def test_cli_validate_layers(models, tmp_path, capsys):
     assert main([str(path), "--validate-layers", "0"]) == 2
 
 
-def test_progress_bars_stay_out_of_the_way():
-    """--help does not import tqdm; without a terminal no bar is drawn."""
+def test_progress_bars_stay_out_of_the_way(monkeypatch):
+    """--help does not import tqdm; without a terminal no bar is drawn (stderr is made a
+    non-terminal here, whatever runs the tests)."""
     code = "import sys; from onnxshrink.cli import build_parser; build_parser(); print('tqdm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     from onnxshrink.progress import bar
 
-    with bar(10, "x", show=True) as b:  # stderr is not a terminal under pytest
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with bar(10, "x", show=True) as b:
         assert type(b).__name__ == "_Silent"
+    assert sys.stderr.getvalue() == ""
+
+
+def test_progress_bars_on_a_terminal_and_none_with_q(models, tmp_path):
+    """On a terminal each long phase shows a bar on stderr; with -q nothing at all is shown."""
+    path, ideal = models["fp32"]
+    out = tmp_path / "small.onnx"
+    code, printed, shown = cli_on_terminal(path, "-o", out, "--input-shapes", "input_ids:1,8", cwd=tmp_path)
+    assert code == 0, shown
+    # each bar starts at 0 of its total (and is cleared when done: leave=False): the model's
+    # 144 nodes, the 3 runs of each model in the proof (the reference twice: its own noise)
+    for phase in ("analysis: reading weights:   0%", "slicing and writing weights:   0%",
+                  "proof: reference:   0%", "proof: reference's noise:   0%", "proof: shrunk:   0%"):
+        assert phase in shown and phase not in printed
+    assert "| 0/144 [" in shown and shown.count("| 0/3 [") == 3
+    assert "PASSED" in printed and params(onnx.load(out)) == ideal
+    out.unlink()
+    code, printed, shown = cli_on_terminal(path, "-o", out, "--input-shapes", "input_ids:1,8", "-q", cwd=tmp_path)
+    assert (code, printed, shown) == (0, "", "")
+    assert params(onnx.load(out)) == ideal
 
 
 def test_a_failed_streamed_proof_leaves_nothing(models, tmp_path, monkeypatch):
@@ -201,4 +230,4 @@ def test_masks_applied_to_a_large_model_are_spilled(models, tmp_path, monkeypatc
     assert result.after.params == ideal
     spilled = [t for t in result.reference.graph.initializer if absolute(t) is not None]
     assert {t.name for t in spilled} == set(masks) and absolute(spilled[0]).exists()
-    assert error_against(masked_path, onnx.load(out), {"input_ids": [1, 8]}) == 0.0
+    assert error_against(masked_path, onnx.load(out), {"input_ids": [1, 8]}) <= 1e-5

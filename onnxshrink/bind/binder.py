@@ -58,7 +58,8 @@ class Binder:
         if layout is not None and layout.transposed and mask.ndim == 2:
             mask = mask.T
         if mask.shape == shape:  # a compacted mask stays a broadcast view of its flags
-            return mask if 0 in mask.strides else np.ascontiguousarray(mask)
+            # (np.ascontiguousarray would make a scalar's 0-d mask 1-d)
+            return mask if 0 in mask.strides else np.asarray(mask, order="C")
         if mask.ndim == 1 and shape:
             axis = 0 if len(shape) == 1 else (layout.out if layout is not None else None)
             if axis is None:

@@ -367,6 +367,8 @@ def as_leaf(v: Any) -> Leaf | None:
         return v
     if isinstance(v, np.ndarray):
         return Leaf(v.shape, v.dtype, lambda: v)
+    if isinstance(v, np.generic):  # a numpy scalar: what numpy gives for a 0-d mask's `w != 0`
+        return Leaf((), v.dtype, lambda: np.asarray(v))
     if hasattr(v, "detach") and hasattr(v, "numpy"):
         return Leaf(tuple(v.shape), _np_dtype(v), lambda: _tensor(v))
     if isinstance(v, int | float | bool):

@@ -229,6 +229,32 @@ class Split(Handler):
 
 
 # ------------------------------------------------------------------ Slice
+def clamped_bounds(n: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """(start, end) of a Slice of an axis of size n, as ONNX clamps them: negative ones count
+    from the end, then [0, n] with a positive step; with a negative one, the start to
+    [0, n - 1] and the end to [-1, n - 1] (numpy, and onnx's reference evaluator, take a start
+    before the first element as selecting nothing)."""
+    if step > 0:
+        return min(max(start + n if start < 0 else start, 0), n), min(max(end + n if end < 0 else end, 0), n)
+    return min(max(start + n if start < 0 else start, 0), n - 1), min(max(end + n if end < 0 else end, -1), n - 1)
+
+
+def sliced_size(n: int, start: int, end: int, step: int) -> int:
+    s, e = clamped_bounds(n, start, end, step)
+    return len(range(s, e, step))
+
+
+def size_varies(start: int, end: int, step: int) -> bool:
+    """Does a Slice's output size on an axis of dynamic size n vary with n (n >= 1)? The clamps
+    make it piecewise: x[-1:7] has 1 element up to n = 7 and none past it, so that two large
+    probe sizes agree on 0 (prepare.complete_shapes)."""
+    finite = [abs(v) for v in (start, end) if abs(v) < 2**62]
+    top = max(finite, default=0) + 2 * abs(step) + 2
+    # piecewise linear in n between the bounds' breakpoints: sizes around each, and past them
+    sizes = [*range(1, min(top, 64) + 1), *(v + d for v in finite for d in range(-3, 4)), top, 2 * top + 1]
+    return len({sliced_size(n, start, end, step) for n in sizes if n >= 1}) > 1
+
+
 def slice_ranges(
     node: gs.Node, reader: Reader, x: gs.Tensor
 ) -> dict[int, tuple[int, int, int, np.ndarray | None]] | None:
@@ -264,18 +290,17 @@ def slice_ranges(
         if n is None:
             out[a] = (s, e, st, None)
             continue
-        if st > 0:
-            s = min(max(s + n if s < 0 else s, 0), n)
-            e = min(max(e + n if e < 0 else e, 0), n)
-        else:
-            s = min(max(s + n if s < 0 else s, -1), n - 1)
-            e = min(max(e + n if e < 0 else e, -1), n - 1)
+        s, e = clamped_bounds(n, s, e, st)
         out[a] = (s, e, st, np.arange(s, e, st))
     return out
 
 
 @register("Slice")
 class Slice(Handler):
+    # onnx.reference slices as numpy does: with a negative step, a start before the first
+    # element selects nothing, where ONNX (and onnxruntime) clamp it to the first element
+    evaluate_with_ort = True
+
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
 

@@ -197,8 +197,8 @@ class Gemm(Handler):
         if b0 is None or ca is None:
             return
         b0 = self.oriented(node, b0)
-        ka = rw.kept_static(a_t, a_k)
-        if ka.all():
+        ka = rw.kept(a_t, a_k)
+        if ka is None or ka.all():  # a dynamic K (A is e.g. a constant of a dynamic size) keeps all
             return
         # An output axis declared dynamic has no kept set: keep() pinned B's columns with it.
         ky = rw.kept(y, 1)
@@ -212,7 +212,8 @@ class Gemm(Handler):
             am, av = am.T, av.T
         a_c = np.where(removed[None, :] & am, av, 0).astype(np.float64)
         alpha = float(node.attrs.get("alpha", 1.0))
-        delta = alpha * _times_rows(a_c, b0)[:, ky]  # [1 or M, kept N]
+        # [1 or M, N], then at Y's kept rows too (a constant A, W @ x, loses rows of W)
+        delta = rw.kept_part(y, alpha * _times_rows(a_c, b0))
         fold_into_c(rw, node, delta, int(removed.sum()))
 
 
@@ -382,10 +383,13 @@ class MatMul(Handler):
         am, av = const_or_live(rw, a_t, ra)
         a_c = np.where(am & removed.reshape((1,) * (ra - 1) + (-1,)), av, 0).astype(np.float64)
         if rb == 2:
-            delta = _times_rows(a_c, b0)[..., cols]
+            delta = _times_rows(a_c, b0)
         else:
-            bsel = b0.reshape(len(ka), -1) if rb == 1 else b0[..., cols]
+            bsel = b0.reshape(len(ka), -1) if rb == 1 else b0
             delta = np.matmul(a_c, bsel.astype(np.float64))
         if rb == 1:
             delta = delta[..., 0]
+        # Y's kept indices on every axis: its columns, and the rows and batch indices A's other
+        # axes lose (a constant A, W @ x, loses rows of W)
+        delta = rw.kept_part(y, delta)
         rw.add_constant(node, 0, delta.astype(b0.dtype), int(removed.sum()))

@@ -149,18 +149,29 @@ def _probe_shapes(model: onnx.ModelProto, pick) -> dict[str, list[int]]:
 def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Make static the dims that shape inference left symbolic although they do not depend on
     the dynamic input sizes (e.g. Reshape(x, Concat(Shape(x)[0], -1))): infer twice with two
-    different concrete input sizes; a dim equal in both runs is static."""
+    different concrete input sizes; a dim equal in both runs is static. Except where a Slice
+    of a dynamic axis clamps its bounds into sizes both runs agree on (x[-1:7] is empty at
+    both, not at a size under 7): a third run gives each such Slice another output size, and
+    the dims that follow it are not static."""
     dynamic = any(
         not d.HasField("dim_value") for i in model.graph.input for d in i.type.tensor_type.shape.dim
     )
     if not dynamic:
         return model
+    picks = (lambda k: 2 if k == 0 else 96, lambda k: 3 if k == 0 else 160)
     runs = []
-    for pick in (lambda k: 2 if k == 0 else 96, lambda k: 3 if k == 0 else 160):
+    for pick in picks:
         try:
             inferred = onnx.shape_inference.infer_shapes(
                 skeleton(model, _probe_shapes(model, pick)), data_prop=True
             )
+        except Exception:
+            return model
+        runs.append({vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]})
+    moved = _resized_slices(model, _probe_shapes(model, picks[0]), runs[0])
+    if moved is not None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(moved, data_prop=True)
         except Exception:
             return model
         runs.append({vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]})
@@ -171,6 +182,10 @@ def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         d2 = _dims(runs[1][name]) if name in runs[1] else None
         if name in keep_io or d1 is None or d2 is None or len(d1) != len(d2):
             continue
+        if len(runs) > 2:  # the same sizes, the clamped Slices' outputs resized: must agree
+            d3 = _dims(runs[2][name]) if name in runs[2] else None
+            d2 = d2 if d3 is not None and len(d3) == len(d2) else [None] * len(d2)
+            d2 = [b if a == c else None for a, b, c in zip(d1, d2, d3 or d2, strict=True)]
         vi = known.get(name)
         base = _dims(vi) if vi is not None else [None] * len(d1)
         if base is None or len(base) != len(d1):
@@ -190,6 +205,54 @@ def complete_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
             elif isinstance(base[k], str):
                 dim.dim_param = base[k]
     return model
+
+
+def _resized_slices(
+    model: onnx.ModelProto, probe_sizes: dict[str, list[int]], probed: dict[str, onnx.ValueInfoProto]
+) -> onnx.ModelProto | None:
+    """The skeleton at `probe_sizes` (`probed`: its inferred shapes) with each Slice of an axis
+    that is dynamic in `model`, whose output size varies with that size (ops.concat.size_varies),
+    made to output one element more (or fewer) there; None when the model has none."""
+    from onnxshrink.ops.concat import size_varies, sliced_size
+
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    dims = {vi.name: _dims(vi) for vi in [*model.graph.input, *model.graph.value_info]}
+    resized: dict[int, list[list[int]]] = {}  # node index -> its starts, ends, axes, steps
+    for k, node in enumerate(model.graph.node):
+        # (opset < 10 gives the bounds as attributes: rare enough to leave to the two probes)
+        if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+            continue
+        ins = list(node.input) + [""] * (5 - len(node.input))
+        if any(i and i not in consts for i in ins[1:]):
+            continue
+        starts, ends = (consts[i].reshape(-1).tolist() for i in ins[1:3])
+        axes = consts[ins[3]].reshape(-1).tolist() if ins[3] else list(range(len(starts)))
+        steps = consts[ins[4]].reshape(-1).tolist() if ins[4] else [1] * len(starts)
+        base = dims.get(node.input[0])
+        now = _dims(probed[node.input[0]]) if node.input[0] in probed else None
+        if base is None or now is None or len(base) != len(now):
+            continue
+        bounds = [list(starts), list(ends), axes, list(steps)]
+        for j, (a, st, en, sp) in enumerate(zip(axes, starts, ends, steps, strict=True)):
+            size = now[a + len(base) if a < 0 else a]
+            if isinstance(base[a], int) or not isinstance(size, int) or size < 1 or not size_varies(st, en, sp):
+                continue
+            c = sliced_size(size, st, en, sp)
+            bounds[0][j], bounds[1][j], bounds[3][j] = 0, c + 1 if c < size else c - 1, 1
+            resized[k] = bounds
+    if not resized:
+        return None
+    probe = skeleton(model, probe_sizes)
+    for k, bounds in resized.items():
+        node = probe.graph.node[k]  # the skeleton keeps the nodes in order
+        del node.input[1:]
+        for label, values in zip(("starts", "ends", "axes", "steps"), bounds, strict=True):
+            node.input.append(f"{node.name or node.output[0]}__probe_{label}")
+            probe.graph.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), node.input[-1]))
+    return probe
 
 
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not weights

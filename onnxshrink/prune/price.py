@@ -49,7 +49,9 @@ class Price:
                 f"    latency {self.latency_before_ms:.2f} ms -> {self.latency_after_ms:.2f} ms "
                 f"({ratio:.2f}x; onnxruntime, all optimizations, {threads}, on this machine)"
             )
-            if ratio > 1.0 or (self.macs_ratio is not None and ratio > 1.5 * self.macs_ratio):
+            # only when the prune took MACs out (an unchanged model's ratio is the timer's noise)
+            pruned = self.macs_ratio is None or self.macs_ratio < 1.0
+            if pruned and (ratio > 1.0 or (self.macs_ratio is not None and ratio > 1.5 * self.macs_ratio)):
                 macs = f" with {self.macs_ratio:.2f}x its MACs" if self.macs_ratio is not None else ""
                 out.append(
                     f"    it runs at {ratio:.2f}x the input's latency{macs}: runtimes keep their fast "

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 from conftest import init, shapes, shrink_checked, tiny
 
+from onnxshrink.prepare import inferred_shapes
+
 CONCAT = """
 agraph (float[1, 3, 4, 4] x, float[4, 3, 1, 1] Wa, float[4] Ba, float[3, 3, 3, 3] Wb, float[3] Bb, float[2, 7, 1, 1] W2) => (float[1, 2, 4, 4] y)
 {
@@ -99,6 +101,64 @@ agraph (float[1, T, 8] x, float[8, 6] W1, float[6, 4] W2, int64[1] Zero, int64[1
     assert not result.barriers
     assert shapes(result.model)["W1"] == (8, 4)
     assert shapes(result.model)["W2"] == (4, 4)
+
+
+# A Slice with a negative step and a start before the first element starts at the first element
+# in ONNX (and onnxruntime): x[-10:-100:-1] of 2 channels is channel 0. onnx's reference
+# evaluator (numpy's slicing) selects nothing; the constant s was folded with 0 channels and the
+# Conv reading the Concat failed ("could not be broadcast ... (1,0,4,4) ... (1,1,4,4)").
+REVERSED_FROM_BEFORE_THE_START = """
+agraph (float[1, 3, 4, 4] x, float[3, 3, 1, 1] W1, float[3] B1, float[2, 3, 1, 1] Wz, float[2] Bz,
+        int64[1] S, int64[1] E, int64[1] A, int64[1] P, float[2, 4, 1, 1] W2, float[2] B2)
+  => (float[1, 2, 4, 4] y)
+{
+  c = Conv (x, W1, B1)
+  k = Conv (x, Wz, Bz)
+  s = Slice (k, S, E, A, P)
+  t = Concat <axis = 1> (c, s)
+  y = Conv (t, W2, B2)
+}
+"""
+
+
+def test_a_slice_with_a_negative_step_from_before_the_start_takes_the_first_element():
+    values = {"S": [-10], "E": [-100], "A": [1], "P": [-1], "Bz": [0.5, -1.5]}
+    model = tiny(REVERSED_FROM_BEFORE_THE_START, values=values, zero={"Wz": np.s_[:], "W1": np.s_[1], "B1": np.s_[1]})
+    result = shrink_checked(model)
+    # the zero channel of c goes; s (channel 0 of k: Bz[0] everywhere) is folded into B2
+    assert shapes(result.model) == {"W1": (2, 3, 1, 1), "B1": (2,), "W2": (2, 2, 1, 1), "B2": (2,)}
+    w2 = init(model, "W2")[:, 3, 0, 0]
+    assert np.allclose(init(result.model, "B2"), init(model, "B2") + 0.5 * w2, rtol=1e-6)
+
+
+# x[-1:7] along a dynamic H has 1 row while H <= 7 and none past it. The dims that do not
+# depend on the input sizes are found by inferring shapes at two large sizes, where this slice
+# is empty at both: it was taken as a static 0, the Slice (of nothing) was dropped and the
+# ReduceSum reading it was left without an input ("Nodes in a graph must be topologically
+# sorted").
+CLAMPED_ON_A_DYNAMIC_AXIS = """
+agraph (float[N, 3, H, W] x, float[3, 3, 1, 1] W1, float[3] B1, int64[1] S, int64[1] E, int64[1] A,
+        int64[1] R, float[2, 3, 1, 1] W2, float[2] B2) => (float[N, 2, H, W] y)
+{
+  c = Conv (x, W1, B1)
+  s = Slice (c, S, E, A)
+  r = ReduceSum (s, R)
+  g = Sigmoid (r)
+  m = Mul (c, g)
+  y = Conv (m, W2, B2)
+}
+"""
+
+
+def test_a_slice_clamped_on_a_dynamic_axis_has_a_dynamic_size():
+    values = {"S": [-1], "E": [7], "A": [2], "R": [2]}
+    model = tiny(CLAMPED_ON_A_DYNAMIC_AXIS, values=values, zero={"W1": np.s_[[1]]})
+    for h in (5, 9):  # a row, and none
+        result = shrink_checked(model, input_shapes={"x": [2, 3, h, 4]})
+        assert shapes(result.model)["W1"] == (3, 3, 1, 1)
+    inferred = {vi.name: vi.type.tensor_type.shape.dim for vi in inferred_shapes(model)}
+    assert not inferred["s"][2].HasField("dim_value") and inferred["s"][1].dim_value == 3
+    assert not inferred["r"][2].HasField("dim_value") or inferred["r"][2].dim_value == 1
 
 
 GATHER = """

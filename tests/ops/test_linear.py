@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 from conftest import init, shapes, shrink_checked, tiny
 
 GEMM = """
@@ -139,3 +140,66 @@ def test_gemm_whose_declared_output_has_a_symbolic_last_dim():
     assert shapes(result.model)["W1"] == (6, 6)
     assert shapes(result.model)["W2"] == (4, 6)
     assert [f.into for f in result.folds] == ["bias"]
+
+
+# A constant weight multiplying from the left (W @ x, Gemm's A) whose input is a constant
+# (a zeroed conv's bias, pooled): the weight's columns are absorbed as constant features and
+# its row 0 goes (W3 reads nothing of channel 0 of m). The folded constant is A's columns times
+# t for the KEPT rows only; it once kept every row and made Gemm's C, or the MatMul's new Add,
+# the size of the unshrunk output (onnxruntime: "Invalid bias shape for broadcast").
+LEFT_CONSTANT = """
+agraph (float[1, 3, 4, 4] x, float[2, 3, 1, 1] W1, float[2] B1, float[2, 2] A, {c}
+        int64[2] Axes, float[2, 3, 1, 1] W2, float[2] B2, float[3, 2, 1, 1] W3, float[3] B3)
+  => (float[1, 3, 4, 4] y)
+{{
+  c = Conv (x, W1, B1)
+  p = GlobalAveragePool (c)
+  f = Flatten (p)
+  t = Transpose <perm = [1, 0]> (f)
+  z = {op}
+  s = Transpose <perm = [1, 0]> (z)
+  u = Unsqueeze (s, Axes)
+  d = Conv (x, W2, B2)
+  m = Mul (d, u)
+  y = Conv (m, W3, B3)
+}}
+"""
+
+
+@pytest.mark.parametrize("op", ["Gemm <transA = 1> (A, t, C)", "Gemm (A, t, C)", "MatMul (A, t)"])
+def test_a_constant_folded_through_a_left_multiplying_weight_keeps_only_the_kept_rows(op):
+    text = LEFT_CONSTANT.format(c="" if op.startswith("MatMul") else "float[2, 1] C,", op=op)
+    model = tiny(text, values={"Axes": [2, 3]}, zero={"W1": np.s_[:], "W3": np.s_[:, 0]}, seed=5)
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["A"] == (1, 1)
+    assert s.get("C", s.get("onnxshrink__folded")) == (1, 1)
+    assert s["W2"] == (1, 3, 1, 1) and s["W3"] == (3, 1, 1, 1)
+    assert [(f.op, f.into) for f in result.folds] == [(op.split()[0], "bias")]
+
+
+# Gemm's A is a constant along an axis of dynamic size (H and W are symbols): that axis has no
+# kept set (nothing along it can go), so there is nothing to fold; the rewrite once asked for
+# its kept set and failed ("axis 1: no kept set (a dynamic size)", exit 3).
+DYNAMIC_CONSTANT_A = """
+agraph (float[N, 3, H, W] x, float[2, 3, 1, 1] W1, float[2] B1, float[1, 1] K, float[4, 32] W2{c})
+  => (float[N, 4] y)
+{{
+  h = Conv (x, W1, B1)
+  f = Flatten (h)
+  s = Shape (f)
+  e = Expand (K, s)
+  a = Mul (f, e)
+  y = Gemm <transB = 1> ({inputs})
+}}
+"""
+
+
+@pytest.mark.parametrize("with_c", [True, False])
+def test_gemm_of_a_constant_whose_features_axis_is_dynamic(with_c):
+    text = DYNAMIC_CONSTANT_A.format(c=", float[4] B2" if with_c else "", inputs="a, W2, B2" if with_c else "a, W2")
+    model = tiny(text, values={"K": [[0.0]]} if with_c else {"K": [[0.5]]})
+    result = shrink_checked(model, input_shapes={"x": [2, 3, 4, 4]})
+    s = shapes(result.model)
+    assert s["W2"] == (4, 32) and s["W1"] == (2, 3, 1, 1)
+    assert not result.folds

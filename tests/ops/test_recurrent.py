@@ -4,7 +4,7 @@ states and outputs; hidden_size rewritten; a unit a kept unit reads through R st
 import numpy as np
 import onnx
 import pytest
-from conftest import export_cached, half_masked, params, shapes, shrink_checked, tiny
+from conftest import export_cached, half_masked, init, params, shapes, shrink_checked, tiny
 
 from models.recurrent import RECURRENT
 
@@ -42,7 +42,11 @@ def test_units_no_output_reads_go_with_their_rows_and_r_columns(op):
     assert s["V"] == (4, 4)
     [node] = [n for n in result.model.graph.node if n.op_type == op]
     assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["hidden_size"] == 4
-    assert rows  # (documentation: the rows the units own)
+    # exactly the units' rows went (one per gate), and their R columns and B entries (two halves)
+    got = {n: init(result.model, n) for n in ("W", "R", "B")}
+    np.testing.assert_array_equal(got["W"], np.delete(init(model, "W"), rows, axis=1))
+    np.testing.assert_array_equal(got["R"], np.delete(np.delete(init(model, "R"), rows, axis=1), DEAD, axis=2))
+    np.testing.assert_array_equal(got["B"], np.delete(init(model, "B"), unit_rows(DEAD, 2 * gates), axis=1))
 
 
 @pytest.mark.parametrize("op", ["GRU", "LSTM"])
@@ -92,7 +96,11 @@ def test_bidirectional_lstm_with_peepholes_and_initial_states():
     s = shapes(result.model)
     assert s["W"] == (2, 16, 3) and s["R"] == (2, 16, 4) and s["B"] == (2, 32) and s["P"] == (2, 12)
     assert s["H0"] == s["C0"] == (2, 2, 4) and s["V"] == (8, 4)
-    assert rows
+    # in both directions: the units' gate rows, peepholes and initial states; V's rows for them
+    np.testing.assert_array_equal(init(result.model, "W"), np.delete(init(model, "W"), rows, axis=1))
+    np.testing.assert_array_equal(init(result.model, "P"), np.delete(init(model, "P"), unit_rows(DEAD, 3), axis=1))
+    np.testing.assert_array_equal(init(result.model, "H0"), np.delete(init(model, "H0"), DEAD, axis=2))
+    np.testing.assert_array_equal(init(result.model, "V"), np.delete(init(model, "V"), cols, axis=0))
 
 
 def test_batch_first_layout_maps_the_axes():
@@ -126,6 +134,38 @@ def test_lstm_bilstm_gru_model_reaches_the_native_size(zoo_dir, dynamo):
     masked = export_cached(zoo_dir, ("rnn", "masked", dynamo), half_masked(RECURRENT, "masked", dynamo=dynamo))
     native = export_cached(zoo_dir, ("rnn", "native", dynamo), half_masked(RECURRENT, "native", dynamo=dynamo))
     result = shrink_checked(masked)
-    assert result.after.params == params(onnx.load(native))
+    assert params(result.model) == result.after.params == params(onnx.load(native))
     assert result.after.params < 0.4 * result.before.params
     assert not result.barriers and not result.kept_zeroed
+
+
+LSTM_BI_PLAIN = """
+g (float[5, 2, 3] x, float[2, 24, 3] W, float[2, 24, 6] R, float[2, 48] B, float[12, 4] V) => (float[5, 2, 4] y) {
+  s, hn, cn = LSTM <hidden_size = 6, direction = "bidirectional"> (x, W, R, B)
+  t = Transpose <perm = [0, 2, 1, 3]> (s)
+  shape = Constant <value = int64[3] {5, 2, 12}> ()
+  f = Reshape (t, shape)
+  y = MatMul (f, V)
+}"""
+
+
+def test_masks_that_differ_per_direction_keep_their_union():
+    """hidden_size is one attribute for both directions: a unit goes only when it is zero in
+    both. Masks (a dict, applied to the unmasked model) make units 1, 4 zero forward and 1, 2
+    backward: unit 1 goes, 2 and 4 stay in both directions."""
+    model = tiny(LSTM_BI_PLAIN, seed=3)
+    masks = {n: np.ones(init(model, n).shape, np.float32) for n in ("W", "R", "B")}
+    for d, units in enumerate([[1, 4], [1, 2]]):
+        masks["W"][d, unit_rows(units, 4)] = 0
+        masks["R"][d, unit_rows(units, 4)] = 0
+        masks["B"][d, unit_rows(units, 8)] = 0
+    result = shrink_checked(model, masks=masks)  # against the model with the masks applied here
+    assert result.input_masked is False
+    s = shapes(result.model)
+    assert s["W"] == (2, 20, 3) and s["R"] == (2, 20, 5) and s["B"] == (2, 40) and s["V"] == (10, 4)
+    [node] = [n for n in result.model.graph.node if n.op_type == "LSTM"]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["hidden_size"] == 5
+    # unit 1's rows went from both directions; the rows zero in one direction only stayed, zero
+    w = init(model, "W") * masks["W"]
+    np.testing.assert_array_equal(init(result.model, "W"), np.delete(w, unit_rows([1], 4), axis=1))
+    assert (params(model), params(result.model)) == (576, 2 * 20 * 3 + 2 * 20 * 5 + 2 * 40 + 10 * 4)

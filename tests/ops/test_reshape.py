@@ -179,3 +179,29 @@ agraph (float[1, T, 8] x, float[8, 6] W1, float[6, 4] W2, int64 Zero, int64 One,
     assert not result.barriers
     assert shapes(result.model)["W1"] == (8, 4)
     assert shapes(result.model)["W2"] == (4, 4)
+
+
+# A Reshape whose target is the shape of another tensor (`Reshape(m, Shape(h))`, as exporters
+# write a view back to the map it came from) ties its output's axes to h's. h gains channels
+# after the Reshape was visited (here once the MatMul, live only when the closure keeps one
+# channel of b, reads both of r's rows): the Reshape's rule must run again, or b keeps fewer
+# channels than Shape(h) says at run time ("The input tensor cannot be reshaped").
+SHAPE_OF_ANOTHER = """
+agraph (float[N, 3, 4, 4] x, float[2, 3, 1, 1] W1, float[2] B1, int64[3] T, float[2, 2] W,
+        float[3, 2, 1, 1] W3, float[3] B3) => (float[N, 3, 4, 4] y)
+{
+  h = Conv (x, W1, B1)
+  r = Reshape (h, T)
+  m = MatMul (W, r)
+  s = Shape (h)
+  b = Reshape (m, s)
+  y = Conv (b, W3, B3)
+}
+"""
+
+
+def test_a_reshape_to_the_shape_of_another_tensor_follows_that_tensor_to_the_end():
+    model = tiny(SHAPE_OF_ANOTHER, values={"T": [0, 2, -1]}, zero={"W3": np.s_[:]})
+    result = shrink_checked(model, input_shapes={"x": [2, 3, 4, 4]})
+    s = shapes(result.model)
+    assert s["W1"] == (2, 3, 1, 1) and s["W"] == (2, 2) and s["W3"] == (3, 2, 1, 1)
