@@ -629,19 +629,20 @@ def save(result: ShrinkResult, source: Source, output: str | Path, opts: ShrinkO
 def write_runtime_configs(
     result: ShrinkResult,
     input_path: str | Path,
-    before: onnx.ModelProto | Any,
+    before: onnx.ModelProto,
     before_dir: str | None,
     output: str | Path,
+    groups: Any = None,
 ) -> None:
     """Updated copies of the runtimes' configs beside the input (genai_config.json,
     config.json), written beside the output; what was done in `result.runtime_configs`.
-    `before`: the input model, or its coupled groups (a prune has found them)."""
-    from onnxshrink.io.runtime_config import count, count_groups, write_configs
+    `before`: the input model (`groups`: its coupled groups, when a prune has found them)."""
+    from onnxshrink.io.runtime_config import count, write_configs
 
     notes = write_configs(
         input_path,
         output,
-        lambda: count(before, before_dir) if isinstance(before, onnx.ModelProto) else count_groups(before),
+        lambda: count(before, before_dir, groups),
         lambda: count(result.model, str(Path(output).absolute().parent)),
     )
     result.runtime_configs = [n.to_dict() for n in notes]

@@ -270,6 +270,8 @@ def test_fused_attention_heads_from_attributes(op):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     counts = count(model)
     assert counts.values == {"heads": 6, "kv_heads": 2}
+    # a prune passes the groups it found: the fused node's attributes still count the heads
+    assert count(model, groups=object()).values == {"heads": 6, "kv_heads": 2}
 
 
 def test_prune_removes_a_cached_head(tmp_path):

@@ -62,14 +62,15 @@ class Counts:
     layers: int | None = None  # attention layers counted
 
 
-def count(model: onnx.ModelProto, base_dir: str | Path | None = None) -> Counts:
-    """Heads, KV heads, head size, MLP neurons and hidden size of `model`, counted in its graph."""
+def count(model: onnx.ModelProto, base_dir: str | Path | None = None, groups: Any = None) -> Counts:
+    """Heads, KV heads, head size, MLP neurons and hidden size of `model`, counted in its graph
+    (`groups`: its coupled groups, when already found)."""
     fused = _fused_attention(model)
     if fused is not None:
         return fused
     from onnxshrink.prune.groups import find_groups
 
-    return count_groups(find_groups(model, base_dir, verify=False))
+    return count_groups(groups if groups is not None else find_groups(model, base_dir, verify=False))
 
 
 def count_groups(gset: Any) -> Counts:

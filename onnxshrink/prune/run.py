@@ -366,7 +366,7 @@ def prune(
             t0 = time.perf_counter()
             save(result, Source(result.reference), output, shrink_opts)
             if source.path is not None:
-                write_runtime_configs(result, source.path, gset, None, output)
+                write_runtime_configs(result, source.path, proto, None, output, gset)
             result.timings["save"] = time.perf_counter() - t0
         for path, tmp in staged.items():
             with file_access(path):
