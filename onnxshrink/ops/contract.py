@@ -266,6 +266,18 @@ class Quantized:
     axis: int
 
 
+@dataclass(frozen=True)
+class HeadAxis:
+    """Where a fused attention op's query heads are (for the coupled groups, which cannot see
+    heads packed inside the op): output `output`'s axis `axis` holds them in consecutive blocks
+    of `size`; a head's query and key dims number `head_dim`."""
+
+    output: int
+    axis: int
+    size: int
+    head_dim: int
+
+
 # ---------------------------------------------------------------------- the handler
 class Handler:
     """One op family. Subclasses override what differs from "a barrier that folds nothing"."""
@@ -389,3 +401,9 @@ class Handler:
         """That value as a tensor named `name` (Constant: the node's own tensor, not a copy)."""
         value = self.constant_value(node)
         return None if value is None else onnx.numpy_helper.from_array(np.asarray(value), name)
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        """For a fused attention op whose keep closure ties each head's (or K/V head's) slices
+        together: where its query heads are, so a group holding them is a head (or a K/V
+        group with its query heads), of the right head_dim."""
+        return None

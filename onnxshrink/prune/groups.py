@@ -263,6 +263,7 @@ class _Finder:
         self.dequant: dict[str, Dequant] = {}
         self.quant_params: set[str] = set()
         self.listed: set[int] = set()  # the components that are groups (`build`)
+        self.heads = self._fused_heads()
 
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
@@ -525,11 +526,32 @@ class _Finder:
                 count += 1
         return count
 
+    def _fused_heads(self) -> dict[int, tuple[int, int]]:
+        """Per component holding a fused attention op's query heads (`Handler.head_axis`): its
+        head_dim and how many query heads it holds (one: a head; more: a K/V head's group)."""
+        out: dict[int, tuple[int, int]] = {}
+        for node in self.analysis.graph.nodes:
+            handler = self.analysis.handler_for(node)
+            at = handler.head_axis(node) if handler is not None else None
+            if at is None or at.output >= len(node.outputs):
+                continue
+            key = (node.outputs[at.output].name, at.axis)
+            if key not in self.part.offsets:
+                continue
+            for comp, idx in _split(self.part.of(key)):
+                out[comp] = (at.head_dim, len(idx) // at.size)
+        return out
+
     def _unit(self, comp: int, members: list[Member]) -> Unit:
         """What the group is, from its members: the layers producing it (weight matrices read
         along their output axis) own one channel each (a channel; a neuron when they are all
         linear layers, gated when an elementwise product combines them), or blocks of
         channels (a head of head_dim channels; a K/V head, whose query heads own more)."""
+        if comp in self.heads:  # heads packed in a fused op's weights: the op says where
+            d, query_heads = self.heads[comp]
+            if query_heads > 1:
+                return Unit("kv_group", d, head_dim=d, query_heads=query_heads)
+            return Unit("head", d, head_dim=d)
         producers = [m for m in members if m.side == "out" and m.matrix]
         counts = sorted({len(m.indices) for m in producers}) or [1]
         families = {m.family for m in producers}
