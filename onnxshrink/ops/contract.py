@@ -259,11 +259,15 @@ class Quantized:
     """How an op reads an integer input as real numbers: (q - zero point) * scale. The scale is
     the product of the inputs at `scales` (none: the op applies no scale of its own: the graph
     may, after it), the zero point the input at `zero_point` (None: 0); each a scalar, or a
-    vector along `axis` of the input."""
+    vector along `axis` of the input. Block-wise (`block` > 0: MatMulNBits): the input is
+    [rows, blocks, bytes] of codes packed `bits` to a byte, a scale and zero point per (row,
+    block), the zero points packed alike."""
 
     scales: tuple[int, ...]
     zero_point: int | None
     axis: int
+    bits: int = 0
+    block: int = 0
 
 
 @dataclass(frozen=True)
