@@ -40,9 +40,11 @@ from onnxshrink.prepare.computed import fold_computed_weights, has_computed_weig
 from onnxshrink.progress import PhaseClock, bar
 from onnxshrink.recover import Attempt, Recovery, recover
 from onnxshrink.report import (
+    InterfaceChange,
     KeptGroup,
     ModelStats,
     Sparsity,
+    interface_changes,
     model_stats,
     sparsity_left,
     to_jsonable,
@@ -101,6 +103,10 @@ class ShrinkResult:
     kept_after_failed_proof: list[dict[str, Any]] = field(default_factory=list)
     data_file: Path | None = None  # where `model`'s external weights are, when not in memory
     renamed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (shared name, new name)
+    # graph inputs and outputs whose shape changed (a KV cache's heads removed), old -> new
+    interface_changes: list[InterfaceChange] = field(default_factory=list)
+    # runtime configs written beside the output (genai_config.json, config.json), and notes
+    runtime_configs: list[dict[str, Any]] = field(default_factory=list)
     _scratch: Any = field(default=None, repr=False)  # keeps an unsaved data file alive
     # A shrink that removed nothing from the model file as given: saved as a copy of the file
     _unchanged: Any = field(default=None, repr=False)
@@ -130,6 +136,8 @@ class ShrinkResult:
         "first_failure",
         "kept_after_failed_proof",
         "renamed_nodes",
+        "interface_changes",
+        "runtime_configs",
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -320,10 +328,13 @@ def shrink(
         result.data_file, result._scratch = rewritten.data_file, scratch
     for m in {id(result.model): result.model, id(reference): reference}.values():
         dims.restore(m)  # the input's interface as it was declared (see io.dims)
+    result.interface_changes = interface_changes(reference, result.model)
     if unchanged and reference is source.proto and source.as_given and source.path is not None:
         result._unchanged = source
     if output is not None and (result.passed or opts.keep_failed):
         save(result, source, output, opts)
+        if source.path is not None:
+            write_runtime_configs(result, source.path, reference, source.base_dir, output)
         clock.lap("save")
     if result.data_file is not None and result.data_file.stat().st_size < IN_MEMORY_BYTES:
         load_external(result.model, result.data_file.parent, "the shrunk model")
@@ -543,6 +554,14 @@ def prove(
         quiet = opts.but(progress=False, log=None)
         return rewrite(analyze_model(wide, None, quiet, pins), wide, None, quiet).model
 
+    if rewritten.interface:  # a KV cache lost heads: the reference called as the shrunk model is
+        from onnxshrink.analyze.cache import sliced_feeds, sliced_interface, sliced_shapes
+
+        reference = sliced_interface(reference, rewritten.interface)
+        opts = opts.but(
+            input_shapes=sliced_shapes(opts.input_shapes, rewritten.interface),
+            inputs=sliced_feeds(opts.inputs, rewritten.interface),
+        )
     return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir, twin, judge_macs)
 
 
@@ -605,6 +624,31 @@ def save(result: ShrinkResult, source: Source, output: str | Path, opts: ShrinkO
         written = save_model(result.model, output, external=external, protect=protect)
     result.written = [str(p) for p in written]
     result.after.file_bytes = sum(p.stat().st_size for p in written)
+
+
+def write_runtime_configs(
+    result: ShrinkResult,
+    input_path: str | Path,
+    before: onnx.ModelProto,
+    before_dir: str | None,
+    output: str | Path,
+    groups: Any = None,
+) -> None:
+    """Updated copies of the runtimes' configs beside the input (genai_config.json,
+    config.json), written beside the output; what was done in `result.runtime_configs`.
+    `before`: the input model (`groups`: its coupled groups, when a prune has found them)."""
+    from onnxshrink.io.runtime_config import count, write_configs
+
+    notes = write_configs(
+        input_path,
+        output,
+        lambda: count(before, before_dir, groups),
+        lambda: count(result.model, str(Path(output).absolute().parent)),
+    )
+    result.runtime_configs = [n.to_dict() for n in notes]
+    for n in notes:  # printed with the result (cli)
+        if n.written:
+            result.written.append(str(Path(output).absolute().parent / n.file))
 
 
 def _log_binding(opts: ShrinkOptions, maskset: MaskSet | None, bound: BoundMasks, held: bool) -> None:

@@ -640,6 +640,16 @@ def _print_result(result, args, say) -> None:
     for line in stats_table(result.before, result.after, result.timings):
         say(line)
     say(f"[I] {summary(result.before, result.after, Counter(f.into for f in result.folds))}")
+    if result.interface_changes:
+        say(
+            f"[W] {len(result.interface_changes)} graph input(s)/output(s) changed shape (a state "
+            "the runtime feeds back, e.g. a KV cache whose heads were removed): the runtime must "
+            "feed the new shapes"
+        )
+        for change in result.interface_changes:
+            say(f"[W]     {change.text()}")
+    for note in result.runtime_configs:
+        say(f"[{'I' if note.get('written') else 'W'}] {note['text']}")
     if result.kept_after_failed_proof:
         kept = result.kept_after_failed_proof
         say(

@@ -109,6 +109,49 @@ def node_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> dic
     return macs
 
 
+# ------------------------------------------------------------------ interface
+@dataclass
+class InterfaceChange:
+    """A graph input or output whose declared shape changed (a KV cache whose heads went): what
+    the runtime that feeds the model must know."""
+
+    name: str
+    kind: str  # "input" | "output"
+    before: list[int | str]
+    after: list[int | str]
+
+    def text(self) -> str:
+        def dims(d: list[int | str]) -> str:
+            return "[" + ",".join(str(x) for x in d) + "]"
+
+        return f"{self.kind} {self.name} {dims(self.before)} -> {dims(self.after)}"
+
+
+def declared_dims(vi: onnx.ValueInfoProto) -> list[int | str] | None:
+    """A graph input's or output's dims as declared: a size, a symbol, or "?" (none given)."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+        for d in vi.type.tensor_type.shape.dim
+    ]
+
+
+def interface_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[InterfaceChange]:
+    """Every graph input and output of `after` whose declared shape differs from `before`'s."""
+    out = []
+    for kind, old, new in (
+        ("input", before.graph.input, after.graph.input),
+        ("output", before.graph.output, after.graph.output),
+    ):
+        was = {vi.name: declared_dims(vi) for vi in old}
+        for vi in new:
+            b, a = was.get(vi.name), declared_dims(vi)
+            if b is not None and a is not None and a != b:
+                out.append(InterfaceChange(vi.name, kind, b, a))
+    return out
+
+
 # ------------------------------------------------------------------ explanations
 @dataclass
 class KeptGroup:

@@ -47,6 +47,8 @@ class RewriteResult:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     data_file: Path | None = None  # that file
     inserted: set[str] = field(default_factory=set)  # initializers the rewrite added (not the model's)
+    # graph inputs and outputs that lost indices (a KV cache's heads): {name: {axis: kept}}
+    interface: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
 
 
 class Rewriter:
@@ -391,6 +393,10 @@ def apply(
         node.inputs.clear()
         node.outputs.clear()
     io = {t.name for t in [*graph.inputs, *graph.outputs]}
+    interface = _interface_kept(graph, ks)
+    for t in [*graph.inputs, *graph.outputs]:  # a state (KV cache) whose heads went
+        if t.name in interface and isinstance(t, gs.Variable):
+            t.shape = _shrunk_dims(t, ks)
     bodies = [g for g in list(ir.scopes(graph))[1:] if id(g) not in frozen]
     bounds = {t.name: t for g in bodies for t in [*g.inputs, *g.outputs]}
     for t in bounds.values():  # a body's inputs and outputs declare their shrunk shapes
@@ -406,7 +412,20 @@ def apply(
     arrays = _externalize(graph, writer) if writer is not None else {}
     result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
     result.inserted = rw.inserted
+    result.interface = interface
     return result
+
+
+def _interface_kept(graph: gs.Graph, ks) -> dict[str, dict[int, np.ndarray]]:
+    """Graph input or output name -> {axis: the indices kept}, for those that lose some (only
+    a state the runtime feeds back may: see analyze.cache)."""
+    out: dict[str, dict[int, np.ndarray]] = {}
+    for t in [*graph.inputs, *graph.outputs]:
+        for a in range(len(t.shape or [])):
+            k = ks.kept(t, a)
+            if k is not None and not k.all():
+                out.setdefault(t.name, {})[a] = np.flatnonzero(k)
+    return out
 
 
 def _splice(rw: Rewriter) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
+from onnxshrink.analyze.cache import free_axes
 from onnxshrink.analyze.constants import ConstContext, ConstInfo
 from onnxshrink.analyze.replay import Replayed, ReplayError, reaches, replay
 from onnxshrink.analyze.shapes import SymValue
@@ -413,16 +414,25 @@ class KeepState:
                 continue
             self.pin_refs(s, reason or Reason("shape", node.name, node.op))
 
+    def _pin_interface(self, t: gs.Tensor, free: set[int]) -> None:
+        if not free:
+            self.pin(t, reason=INTERFACE)
+            return
+        for a in range(len(self._state(t))):
+            if a not in free:
+                self.pin(t, a, INTERFACE)
+
     # ---------------------------------------------------------------- fixpoint
     def run(self) -> None:
+        free = free_axes(self.graph, self.handler_for)  # a state (KV cache) input and the output fed back into it
         for t in self.graph.outputs:
             self.demand(t, pin=False)
-            self.pin(t, reason=INTERFACE)
+            self._pin_interface(t, free.get(t.name, set()))
             s = self.sym(t)
             if s is not None:
                 self.pin_refs(s, INTERFACE)
         for t in self.graph.inputs if not self.free_inputs else ():
-            self.pin(t, reason=INTERFACE)
+            self._pin_interface(t, free.get(t.name, set()))
         for name, axis in sorted(self.pins):
             t = self.tensors.get(name)
             if t is not None:

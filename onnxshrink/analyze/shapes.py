@@ -243,6 +243,14 @@ def sized_dims(
             size = it
         elif isinstance(it, DimRef) and it.tensor in view.tensors:
             size = ir.static_dim(view.tensors[it.tensor], it.axis)
+            named = _dim_name(view.tensors[it.tensor], it.axis)
+            if size is None and named is not None:  # the same dynamic size as that axis
+                x = ir.dims(node.inputs[0]) if broadcast else None
+                k = p - (len(new) - len(x)) if x is not None else -1
+                # broadcast: the target's size where the input's is 1, the same, or absent
+                if not broadcast or x is not None and (k < 0 or x[k] in (1, named)):
+                    new[p] = named
+                continue
         if broadcast and size is not None:
             x = ir.dims(node.inputs[0])
             k = p - (len(new) - len(x)) if x is not None else -1
@@ -257,7 +265,35 @@ def sized_dims(
             size = None
         if size is not None:
             new[p] = size
+    if zero_copies and items.count(-1) == 1 and not isinstance(new[items.index(-1)], int):
+        inferred = _inferred_dim(ir.dims(node.inputs[0]), [d for k, d in enumerate(new) if items[k] != -1])
+        if inferred is not None:
+            new[items.index(-1)] = inferred
     return new
+
+
+def _inferred_dim(x: list | None, rest: list) -> int | None:
+    """A Reshape's -1 dim: x's element count over the other output dims', when the dynamic
+    dims cancel by name (shape inference leaves it unknown inside an If branch)."""
+    if x is None:
+        return None
+    left, right = list(x), list(rest)
+    for d in list(left):
+        if isinstance(d, str) and d in right:
+            left.remove(d)
+            right.remove(d)
+    if not all(isinstance(d, int) and d > 0 for d in [*left, *right]):
+        return None
+    num, den = int(np.prod(left, dtype=np.int64)), int(np.prod(right, dtype=np.int64))
+    return num // den if den and num % den == 0 else None
+
+
+def _dim_name(t: gs.Tensor, axis: int) -> str | None:
+    """The symbolic name of a dynamic dim (shape inference's own `unk__` names excepted: they
+    are unique per tensor, not a size shared)."""
+    d = ir.dims(t)
+    v = d[axis] if d is not None and 0 <= axis < len(d) else None
+    return v if isinstance(v, str) and v and not v.startswith("unk__") else None
 
 
 def elementwise_dims(node: gs.Node, same_shape: bool) -> list | None:

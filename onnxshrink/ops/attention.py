@@ -520,6 +520,10 @@ class MultiHeadAttention(_PackedHeads):
         heads = int(node.attrs.get("num_heads", 0))
         return (heads, heads) if heads > 0 else None
 
+    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
+        """present_key/value: past_key/value [B, heads, P, d] extended along the sequence."""
+        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
+
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         got = self.kept_heads(node, rw)
         if got is not None:
@@ -540,6 +544,11 @@ class GroupQueryAttention(_PackedHeads):
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
         return (hq, hkv) if hq > 0 and hkv > 0 else None
+
+    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
+        """present_key/value: past_key/value [B, kv heads, P, d] extended along the sequence (or
+        written into the shared buffer's next positions)."""
+        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         got = self.kept_heads(node, rw)

@@ -57,6 +57,10 @@ class Concat(Handler):
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return tuple(range(len(node.inputs)))
 
+    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
+        """The output is the first input extended along the axis (a KV cache's Concat(past, new))."""
+        return {0: (0, int(node.attrs.get("axis", 0)))} if len(node.inputs) > 1 else {}
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         y = node.outputs[0]
         r = ir.rank(y)

@@ -375,6 +375,14 @@ class Handler:
         repeated: Reshape, Gather's data, Concat), to follow a graph input to what compares it."""
         return ()
 
+    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
+        """Outputs that are an input extended along an axis, the rest of it unchanged (a KV
+        cache's present from its past: Concat(past, new) on the sequence axis, a fused attention's
+        present_key from past_key): output index -> (input index, axis). A graph input and the
+        graph output that extends it are one state the runtime feeds back, which may lose indices
+        on its other axes (analyze/cache.py)."""
+        return {}
+
     def compares(self, node: OpNode) -> bool:
         """Output 0 compares inputs 0 and 1 elementwise (Equal, Less, ...): a constant an
         integer input is compared with is a value to draw for it (validate.compared_values)."""

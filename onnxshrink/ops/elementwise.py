@@ -178,9 +178,10 @@ class Elementwise(Handler):
             if vals is None:
                 return None
             cols = broadcast_items(*vals)
-            if cols is None or not vals[0].literal:
+            if cols is None:
                 return opaque_value(node, view)
-            return SymValue(tuple(p if c else q for c, p, q in cols))
+            # an element whose condition is known picks its operand; another is opaque
+            return SymValue(tuple((p if c else q) if isinstance(c, int) else opaque(c, p, q) for c, p, q in cols))
         if op not in _SHAPE_ARITH and op != "Equal":
             return opaque_value(node, view) if shape_operands(node, view, range(len(node.inputs))) else None
         vals = shape_operands(node, view, [0, 1])
@@ -191,11 +192,9 @@ class Elementwise(Handler):
             return opaque_value(node, view)
         out: list[Item] = []
         for p, q in cols:
-            if op == "Equal":
+            if op == "Equal":  # element by element: the unknown ones opaque
                 known = items_equal(p, q)
-                if known is None:
-                    return opaque_value(node, view)
-                out.append(int(known))
+                out.append(opaque(p, q) if known is None else int(known))
             elif isinstance(p, int) and isinstance(q, int):
                 out.append(int(_SHAPE_ARITH[op](p, q)))
             else:

@@ -138,10 +138,15 @@ def size_items(node: gs.Node, reader: Reader, i: int) -> list | None:
     return list(s.items) if s is not None else None
 
 
-def tie_size_items(ks: KeepView, node: gs.Node, items: list, y: gs.Tensor) -> None:
+def tie_size_items(
+    ks: KeepView, node: gs.Node, items: list, y: gs.Tensor, inferred: int | None = None
+) -> None:
     """Output axis p has the size given by items[p]: a referenced axis keeps the same indices;
-    an opaque size cannot change, so the axis and what it was computed from keep everything."""
+    an opaque size cannot change, so the axis and what it was computed from keep everything
+    (but at `inferred`, a Reshape's size the rewrite makes -1: see `inferred_item`)."""
     for p, it in enumerate(items):
+        if p == inferred:
+            continue
         if isinstance(it, DimRef):
             t = ks.tensors.get(it.tensor)
             if t is not None:
@@ -157,12 +162,34 @@ def tie_size_items(ks: KeepView, node: gs.Node, items: list, y: gs.Tensor) -> No
                     ks.pin(t, ref.axis, why)
 
 
+def inferred_item(items: list) -> int | None:
+    """The position of a Reshape target's one opaque size (e.g. `Shape(v)[1] * 2`, a repeat of KV
+    heads), when every other size is a literal other than -1 or a tensor's dim: the element count
+    then fixes it (the reshape's axis groups tie that axis to the input's), so the rewrite can
+    write it as the literal kept count of a pruned static axis (or -1); None otherwise."""
+    opaque = [p for p, it in enumerate(items) if isinstance(it, Opaque)]
+    if len(opaque) != 1 or any(isinstance(it, int) and it < 0 for it in items):
+        return None
+    return opaque[0]
+
+
 def rewrite_size_input(
-    rw: RewriteView, node: gs.Node, i: int, items: list, y: gs.Tensor, x: gs.Tensor | None = None
+    rw: RewriteView,
+    node: gs.Node,
+    i: int,
+    items: list,
+    y: gs.Tensor,
+    x: gs.Tensor | None = None,
+    inferred: int | None = None,
 ) -> None:
-    """Replace literal sizes of pruned output axes in shape input i."""
+    """Replace literal sizes of pruned output axes in shape input i (and the size at
+    `inferred`, an opaque one, by its kept count when its axis is pruned)."""
     allowzero = bool(int(node.attrs.get("allowzero", 0)))
     new = list(items)
+    if inferred is not None:
+        after = rw.kept_count(y, inferred)
+        if after is not None and after != ir.static_dim(y, inferred):
+            new[inferred] = after
     for p, it in enumerate(items):
         if not isinstance(it, int):
             continue
@@ -356,8 +383,9 @@ class Reshape(Handler):
                 node, Reason("shape", node.name, node.op, "the target shape is not understood")
             )
             return
-        keep_groups(ks, node, x, y, _reshape_grouping(node, ks, x, y))
-        tie_size_items(ks, node, items, y)
+        groups = _reshape_grouping(node, ks, x, y)
+        keep_groups(ks, node, x, y, groups)
+        tie_size_items(ks, node, items, y, inferred_item(items) if groups is not None else None)
         allowzero = bool(int(node.attrs.get("allowzero", 0)))
         for p, it in enumerate(items):
             if it == 0 and not allowzero:
@@ -366,7 +394,9 @@ class Reshape(Handler):
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         items = size_items(node, rw, 1)
         if items is not None:  # keep() made a Reshape of an unknown target a barrier
-            rewrite_size_input(rw, node, 1, items, node.outputs[0], node.inputs[0])
+            x, y = node.inputs[0], node.outputs[0]
+            inferred = inferred_item(items) if _reshape_grouping(node, rw, x, y) is not None else None
+            rewrite_size_input(rw, node, 1, items, y, x, inferred)
 
 
 @register("Flatten")

@@ -435,4 +435,74 @@ def inferred_shapes(model: onnx.ModelProto, subgraphs: bool = False) -> list[onn
     inner = [
         vi for g in list(all_graphs(inferred.graph))[1:] for vi in [*g.input, *g.value_info, *g.output]
     ] if subgraphs else []  # fmt: skip
+    if subgraphs:
+        inner += _branch_shapes(model, inferred)
     return [*inferred.graph.value_info, *folded, *inner]
+
+
+def _branch_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The shapes inside each top-level If branch, inferred with the branch as a model of its own
+    (its outer reads its inputs, typed as the whole model's inference found them): onnx's shape
+    inference propagates no values inside a subgraph, so a branch's Reshape to a computed
+    target (an optimum merged decoder's attention heads) is left without dims. Later entries
+    win (see prepare.graph), so these come after the subgraph's own."""
+    types = {vi.name: vi for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
+    # the model's weights, and the constants folded in its skeleton (Constant nodes among them)
+    inits = {t.name: t for t in [*model.graph.initializer, *inferred.graph.initializer]}
+    out: list[onnx.ValueInfoProto] = []
+    for node in model.graph.node:
+        if node.op_type != "If":
+            continue
+        for attr in node.attribute:
+            if attr.type != onnx.AttributeProto.GRAPH or attr.g.input:
+                continue
+            branch = _branch_model(model, attr.g, types, inits)
+            if branch is not None:
+                outer = {i.name for i in branch.graph.input} | {t.name for t in branch.graph.initializer}
+                out += [vi for vi in inferred_shapes(branch, subgraphs=True) if vi.name not in outer]
+                out += [vi for vi in _outputs_inferred(branch) if vi.name not in outer]
+    return out
+
+
+def _branch_model(
+    model: onnx.ModelProto,
+    body: onnx.GraphProto,
+    types: dict[str, onnx.ValueInfoProto],
+    inits: dict[str, onnx.TensorProto],
+) -> onnx.ModelProto | None:
+    """`body` as a model: what it reads from outside as inputs (small constants as
+    initializers); None when the type of something it reads is unknown."""
+    produced = {o for g in all_graphs(body) for n in g.node for o in n.output}
+    produced |= {t.name for g in all_graphs(body) for t in g.initializer}
+    produced |= {i.name for g in list(all_graphs(body))[1:] for i in g.input}
+    read = [i for g in all_graphs(body) for n in g.node for i in n.input if i and i not in produced]
+    branch = onnx.ModelProto()
+    branch.ir_version = model.ir_version
+    branch.opset_import.extend(model.opset_import)
+    branch.functions.extend(model.functions)
+    g = branch.graph
+    g.name = body.name or "branch"
+    g.node.extend(body.node)
+    g.initializer.extend(body.initializer)
+    g.output.extend(body.output)
+    for name in dict.fromkeys(read):
+        if name in inits:
+            t = inits[name]
+            if _heavy(t):
+                g.input.append(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
+            else:
+                g.initializer.append(t)
+        elif name in types and types[name].type.tensor_type.elem_type:
+            g.input.append(types[name])
+        else:
+            return None
+    return branch
+
+
+def _outputs_inferred(branch: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The branch's outputs with the dims its inference gives them."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fold_shape_arithmetic(skeleton(branch)), data_prop=True)
+    except Exception:
+        return []
+    return list(inferred.graph.output)

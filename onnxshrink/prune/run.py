@@ -30,6 +30,7 @@ from onnxshrink.api import (
     read_model,
     save,
     shrink,
+    write_runtime_configs,
 )
 from onnxshrink.errors import NotShrunk, ShrinkError, ValidationFailed, file_access, first_line
 from onnxshrink.io.model import check_output, load_external
@@ -364,6 +365,8 @@ def prune(
         if output is not None:
             t0 = time.perf_counter()
             save(result, Source(result.reference), output, shrink_opts)
+            if source.path is not None:
+                write_runtime_configs(result, source.path, proto, None, output, gset)
             result.timings["save"] = time.perf_counter() - t0
         for path, tmp in staged.items():
             with file_access(path):

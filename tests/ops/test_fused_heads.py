@@ -294,12 +294,13 @@ g (float[1, 1, 16] x, float[1, 2, 4, 8] past_k, float[1, 2, 4, 8] past_v, float[
 }"""
 
 
-def test_group_query_attention_a_kv_cache_in_the_interface_holds_its_groups():
-    # The cache inputs and outputs are the model's interface: their K/V heads cannot go, and
-    # the groups say why (the runtime feeding the cache would have to know).
+def test_group_query_attention_a_kv_cache_in_the_interface_goes_with_its_groups():
+    # The present outputs extend the past inputs (GroupQueryAttention.extends): one state the
+    # runtime feeds back, whose K/V heads go with their groups (analyze/cache.py); the shrunk
+    # model's cache shapes say so (tests/test_kv_cache.py checks such models run exactly).
     groups = [g for g in find_groups(tiny(GQA_PAST)).groups if g.unit.kind == "kv_group"]
-    assert len(groups) == 2 and not any(g.exact for g in groups)
-    assert all("graph input or output" in (g.reason or "") for g in groups)
+    assert len(groups) == 2 and all(g.exact for g in groups)
+    assert all(g.unit.query_heads == 2 for g in groups)
 
 
 def test_group_query_attention_a_cache_computed_in_the_graph_goes_with_its_kv_head():
