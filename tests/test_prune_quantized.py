@@ -420,6 +420,29 @@ def test_hidden_width_goes_through_integer_embedding_tables(form, default_init):
     assert s["G0"] == s["B1"] == (4,)
 
 
+
+def test_a_dynamically_quantized_block_goes_with_its_integer_weights():
+    """A block group holds its branch's integer weights (zeroed to their zero points) and float
+    bias: MatMulInteger of zero-point weights is 0, so is its Cast and its product with the
+    scale, and the residual Add goes with the branch."""
+    import onnxshrink
+    from onnxshrink.testing import model_from_text
+
+    model = model_from_text(DYNAMIC_WIDTH, values=width_values("dynamic", True, seed=7))
+    gset = find_groups(model)
+    [block] = [gset.groups[i] for layer in gset.layers if layer.kind == "block" for i in layer.groups]
+    assert block.exact and {(m.initializer, m.axis, len(m.indices)) for m in block.members} == {
+        ("Wq", 1, 8),
+        ("Wb", 0, 8),
+    }
+    reference = zeroed_by_hand(model, [(m.initializer, m.axis, m.indices) for m in block.members])
+    result = onnxshrink.shrink(reference, validate=False)
+    rng = np.random.default_rng(4)
+    same_outputs(reference, result.model, [{"ids": rng.integers(0, 10, (1, 4))} for _ in range(3)])
+    assert params(result.model) == params(model) - 8 * 8 - 8 - 2  # Wq, Wb, Ws and Wz
+    assert [n.op_type for n in result.model.graph.node].count("MatMulInteger") == 1
+
+
 # ------------------------------------------------------------------ onnxruntime.quantization
 class _Calibration:
     def __init__(self, path):
