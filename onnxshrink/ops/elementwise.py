@@ -163,7 +163,8 @@ def zero_or_nan(ctx: ConstView, t: gs.Tensor, r: int, depth: int = 0) -> np.ndar
     if src is None or depth >= 8 or (src.domain or "") not in ("", "ai.onnx") or not src.outputs or src.outputs[0] is not t:
         return at if at.any() else None
     x = src.inputs[0] if src.inputs else None
-    if src.op == "Div" and x is not None and ir.rank(x) is not None and ir.rank(x) <= r:
+    rx = ir.rank(x) if x is not None else None
+    if src.op == "Div" and x is not None and rx is not None and rx <= r:
         mx, vx = const_or_live(ctx, x, r)
         at = at | (mx & (vx == 0))
     elif x is not None and (
