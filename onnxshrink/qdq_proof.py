@@ -278,3 +278,30 @@ def integer_products(
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(g.added)
     return out
+
+
+def float_activations(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of `model` whose MatMulNBits nodes multiply in float32 (`accuracy_level` 0), or None
+    when none asks for another arithmetic. At accuracy_level 4 onnxruntime quantizes A to int8 per
+    block at run time: a value that float rounding moves by an ulp (a normalization's statistics
+    kept over fewer channels) can round to the next integer, and the step grows through the layers
+    after it, as a QuantizeLinear's does (see the module docstring). Both models are run alike.
+    (onnxruntime's own fusion of a block-wise int4 DequantizeLinear into a MatMul is told the same
+    by the proof's sessions: `validate.session`.)"""
+    nodes = [
+        n
+        for n in model.graph.node
+        if n.op_type == "MatMulNBits"
+        and n.domain == "com.microsoft"
+        and any(a.name == "accuracy_level" and a.i != 0 for a in n.attribute)
+    ]
+    if not nodes:
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for n in out.graph.node:
+        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
+            for a in n.attribute:
+                if a.name == "accuracy_level":
+                    a.i = 0
+    return out

@@ -501,7 +501,7 @@ def _externalize(graph: gs.Graph, writer: DataWriter) -> dict[str, np.ndarray]:
         if not isinstance(t, gs.Constant) or not isinstance(t._values, np.ndarray):
             continue
         arr = t._values
-        if arr.nbytes < STREAM_BYTES:
+        if arr.nbytes < STREAM_BYTES or _four_bit(arr):  # (4-bit: packed by `export`)
             continue
         where = writer.store.location(arr)
         if where is None or where.path != writer.path:
@@ -513,7 +513,15 @@ def _externalize(graph: gs.Graph, writer: DataWriter) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _four_bit(arr: np.ndarray) -> bool:
+    return arr.dtype.name in ("int4", "uint4")
+
+
 def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
+    for t in ir.all_tensors(graph).values():
+        # onnx-graphsurgeon writes an int4 array one byte an element; onnx packs two a byte
+        if isinstance(t, gs.Constant) and isinstance(t._values, np.ndarray) and _four_bit(t._values):
+            t._values = LazyValues(onnx.numpy_helper.from_array(t._values, t.name))
     model = gs.export_onnx(graph, do_type_check=False)
     model.ir_version = original.ir_version
     del model.opset_import[:]

@@ -49,7 +49,9 @@ def first_proof(model, info) -> tuple[str, str]:
     from onnxshrink import ValidationFailed, shrink
     from onnxshrink.validate import make_inputs, resolve_shapes
 
-    shapes = {"input": [BATCHES[0] if isinstance(d, str) else d for d in info["input_shape"]]}
+    # the first draw's sizes, as the independent check's: symbolic H and W have their own
+    sizes = info.get("sizes", {})
+    shapes = {"input": [sizes.get(d, BATCHES[0]) if isinstance(d, str) else d for d in info["input_shape"]]}
     try:
         result = shrink(model, input_shapes=shapes, recover=False)
     except ValidationFailed as exc:

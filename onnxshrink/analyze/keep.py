@@ -534,13 +534,18 @@ class KeepState:
                 if c is not None:
                     fixed[i] = (c.mask, c.value)
         axes: dict[int, list[int]] = {}
+        # Slices kept already stay kept whatever the replay finds (sets only grow): not probed.
+        known: dict[tuple[int, int], np.ndarray] = {}
         for i, a in wanted:
             if live[i]:
                 axes.setdefault(i, []).append(a)
+                k = self.kept(node.inputs[i], a)
+                if k is not None:
+                    known[(i, a)] = k.copy()
         try:
             found = replay(
                 node, inputs, live, axes, self.opset, fixed=fixed,
-                enough=lambda i, a, rows: reaches(rows, kept),
+                enough=lambda i, a, rows: reaches(rows, kept), known=known, whole=False,
             )  # fmt: skip
         except ReplayError as exc:
             return str(exc)

@@ -21,8 +21,12 @@ the flat regions where a gradient is zero.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -134,19 +138,41 @@ class Replayed:
         return None if best is None else best[1:]
 
 
-def _model(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> onnx.ModelProto:
-    names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]
-    outs = [f"o{k}" for k in range(len(node.outputs))]
+def _model(
+    node: gs.Node,
+    inputs: Sequence[np.ndarray | None],
+    live: Sequence[bool],
+    opset: int,
+    copies: int = 1,
+) -> onnx.ModelProto:
+    """The node alone, or `copies` copies of it side by side (each its own live inputs
+    `i{k}.{c}` and outputs `o{k}.{c}`): the inputs that are not live are initializers, shared,
+    which kernels prepack once (a weight fed anew at every run is repacked at every run:
+    MatMulNBits' int4 weights cost 7x the product itself)."""
     domain = node.domain or ""
-    onode = helper.make_node(node.op, names, outs, domain=domain, **_attrs(node))
-    graph_inputs = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-        for n, a in zip(names, inputs, strict=True)
-        if a is not None
+    attrs = _attrs(node)
+    nodes, graph_inputs = [], []
+    for c in range(copies):
+        names = [
+            "" if a is None else f"i{k}.{c}" if v else f"i{k}"
+            for k, (a, v) in enumerate(zip(inputs, live, strict=True))
+        ]
+        outs = [f"o{k}.{c}" for k in range(len(node.outputs))]
+        nodes.append(helper.make_node(node.op, names, outs, domain=domain, **attrs))
+        graph_inputs += [
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+            for n, a, v in zip(names, inputs, live, strict=True)
+            if a is not None and v
+        ]
+    initializers = [
+        onnx.numpy_helper.from_array(np.asarray(a), f"i{k}")
+        for k, (a, v) in enumerate(zip(inputs, live, strict=True))
+        if a is not None and not v
     ]
-    graph = helper.make_graph(
-        [onode], "replay", graph_inputs, [onnx.ValueInfoProto(name=n) for n in outs]
-    )
+    outputs = [
+        onnx.ValueInfoProto(name=f"o{k}.{c}") for c in range(copies) for k in range(len(node.outputs))
+    ]
+    graph = helper.make_graph(nodes, "replay", graph_inputs, outputs, initializers)
     imports = [helper.make_opsetid("", opset)]
     if domain not in ("", "ai.onnx"):
         imports.append(helper.make_opsetid(domain, 1))
@@ -160,28 +186,161 @@ def _session(model: onnx.ModelProto):
     so.log_severity_level = 4
     so.intra_op_num_threads = so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # The op's own kernel, as the model defines it: no rewrite (a fusion, a layout change).
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-class NodeRunner:
-    """The node in a session of its own: in float64 when onnxruntime runs it so, else as given."""
+def _digest(node: gs.Node, inputs: Sequence[np.ndarray | None], live: Sequence[bool], opset: int) -> bytes:
+    """What a node's session depends on: op, domain, attributes, opset, every input's shape and
+    type, and the bytes of the inputs that are not live (they are the session's initializers)."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(helper.make_node(node.op, [], [], domain=node.domain or "", **_attrs(node)).SerializeToString())
+    h.update(f"{opset}|{len(node.outputs)}".encode())
+    for a, v in zip(inputs, live, strict=True):
+        if a is None:
+            h.update(b"|none")
+            continue
+        h.update(f"|{a.dtype.str}{a.shape}{bool(v)}".encode())
+        if not v:
+            h.update(np.ascontiguousarray(a).data)
+    return h.digest()
 
-    def __init__(self, node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int):
+
+class NodeRunner:
+    """The node in a session of its own: in float64 when onnxruntime runs it so, else as given.
+    `live`: the inputs fed at each run (the others, fixed, are the session's initializers).
+    Sessions are built once per node and form (`NodeRunner.of`). A node that runs in little
+    time also gets a session of several copies of it (`run_many`): one call runs many probes,
+    each copy the same kernel on its own inputs."""
+
+    def __init__(
+        self,
+        node: gs.Node,
+        inputs: Sequence[np.ndarray | None],
+        opset: int,
+        live: Sequence[bool] | None = None,
+    ):
+        # The op alone (not the graph's node: a cached runner must not hold the graph alive).
+        self.node = gs.Node(
+            node.op, domain=node.domain, attrs=dict(node.attrs),
+            outputs=[gs.Variable(f"o{k}") for k in range(len(node.outputs))],
+        )  # fmt: skip
+        self.opset = opset
+        self.live = list(live) if live is not None else [a is not None for a in inputs]
+        self.copies = 1
+        self._many: Any = None
+        self.key = b""
         failure: Exception | None = None
-        for arrays in ([_widen(a) for a in inputs], list(inputs)):
+        widened = [_widen(a) for a in inputs]
+        for arrays in (widened, list(inputs)) if _kernel(node, widened, opset) else (list(inputs),):
             try:
-                self.session = _session(_model(node, arrays, opset))
+                self.session = _session(_model(node, arrays, self.live, opset))
                 self.templates = arrays
                 self.run(arrays)
-                return
+                start = time.perf_counter()
+                outputs = self.run(arrays)
+                seconds = time.perf_counter() - start
+                break
             except Exception as exc:  # no kernel for these types: try the next
                 failure = exc
-        raise ReplayError(f"onnxruntime cannot run it ({first_line(failure or Exception())})")
+        else:
+            raise ReplayError(f"onnxruntime cannot run it ({first_line(failure or Exception())})")
+        # What the session holds (its initializers; copies may prepack their own).
+        self.nbytes = sum(a.nbytes for a in self.templates if a is not None)
+        if seconds < _BATCH_BELOW:
+            # Copies share the initializers, but each kernel may prepack its own copy of them.
+            each = sum(a.nbytes for a in self.templates if a is not None) + sum(o.nbytes for o in outputs)
+            self.copies = int(max(1, min(_COPIES, _BATCH_BYTES // max(each, 1))))
+            self.nbytes += self.copies * each if self.copies > 1 else 0
+
+    @classmethod
+    def of(
+        cls,
+        node: gs.Node,
+        inputs: Sequence[np.ndarray | None],
+        opset: int,
+        live: Sequence[bool] | None = None,
+    ) -> NodeRunner:
+        """The runner of this node and form, built once (nodes alike share it: a model's repeated
+        blocks are replayed with one session per form)."""
+        live = list(live) if live is not None else [a is not None for a in inputs]
+        key = _digest(node, inputs, live, opset)
+        runner = _RUNNERS.get(key)
+        if runner is None:
+            try:
+                runner = cls(node, inputs, opset, live)
+                runner.key = key
+            except ReplayError as exc:
+                runner = ReplayError(str(exc))  # (no traceback: its frames hold the graph)
+            _RUNNERS[key] = runner
+            held = sum(r.nbytes for r in _RUNNERS.values() if isinstance(r, NodeRunner))
+            while len(_RUNNERS) > 1 and (len(_RUNNERS) > _RUNNERS_KEPT or held > _RUNNERS_BYTES):
+                gone = _RUNNERS.popitem(last=False)[1]
+                held -= gone.nbytes if isinstance(gone, NodeRunner) else 0
+        else:
+            _RUNNERS.move_to_end(key)
+        if isinstance(runner, ReplayError):
+            raise ReplayError(str(runner))
+        return runner
+
+    def _feeds(self, inputs: Sequence[np.ndarray | None], c: int = 0) -> dict[str, np.ndarray]:
+        return {
+            f"i{k}.{c}": np.asarray(a, order="C")
+            for k, (a, v) in enumerate(zip(inputs, self.live, strict=True))
+            if a is not None and v
+        }
 
     def run(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        feeds = {f"i{k}": np.asarray(a, order="C") for k, a in enumerate(inputs) if a is not None}
-        return [np.asarray(o) for o in self.session.run(None, feeds)]
+        return [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
+
+    def run_many(self, probes: Sequence[Sequence[np.ndarray | None]]) -> list[list[np.ndarray]]:
+        """`run` of each of `probes`: groups of `copies` of them in one call each (a session of
+        copies pays off over full groups only), the rest one by one."""
+        full = len(probes) - len(probes) % self.copies if self.copies > 1 else 0
+        if full and self._many is None:
+            try:
+                model = _model(self.node, self.templates, self.live, self.opset, self.copies)
+                self._many = _session(model)
+            except Exception:  # a session of copies is only faster: run them one by one
+                self.copies, full = 1, 0
+        n = len(self.node.outputs)
+        out: list[list[np.ndarray]] = []
+        for start in range(0, full, self.copies):
+            feeds: dict[str, np.ndarray] = {}
+            for c in range(self.copies):
+                feeds.update(self._feeds(probes[start + c], c))
+            got = self._many.run(None, feeds)
+            out += [[np.asarray(o) for o in got[c * n : (c + 1) * n]] for c in range(self.copies)]
+        return out + [self.run(p) for p in probes[full:]]
+
+
+def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> bool:
+    """False if onnxruntime has no kernel for the node with inputs of these types (checked with
+    every input fed, so that no weight is copied into a model only to be refused)."""
+    if sum(a.nbytes for a in inputs if a is not None) < _CHECK_ABOVE:
+        return True  # small: the session itself is the check
+    try:
+        _session(_model(node, inputs, [a is not None for a in inputs], opset))
+    except Exception as exc:
+        return "NOT_IMPLEMENTED" not in str(exc)
+    return True
+
+
+_CHECK_ABOVE = 1 << 20
+
+
+# Sessions (or why a node cannot run) by _digest, least recently used first, up to
+# _RUNNERS_KEPT of them and _RUNNERS_BYTES of inputs: a replay and the checks after it
+# (commutes, a second analysis) reuse the node's session.
+_RUNNERS: OrderedDict[bytes, NodeRunner | ReplayError] = OrderedDict()
+_RUNNERS_KEPT = 8
+_RUNNERS_BYTES = 1 << 28
+# A node whose run takes less than this gets a session of copies, up to _COPIES of them and
+# _BATCH_BYTES of inputs and outputs (the per-call cost is then shared).
+_BATCH_BELOW = 5e-4
+_COPIES = 32
+_BATCH_BYTES = 1 << 26
 
 
 def _widen(a: np.ndarray | None) -> np.ndarray | None:
@@ -191,21 +350,26 @@ def _widen(a: np.ndarray | None) -> np.ndarray | None:
 
 
 def _changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Elements that differ by more than rounding. (A kernel may round an element differently
-    when another element of the tensor changes: onnxruntime's vectorized float64 Cos does, by
-    an ulp. A change that small is no dependence the proof could see.)"""
-    if a.shape != b.shape:
-        raise ReplayError(
-            f"its output shape changed with its input values ({a.shape} vs {b.shape})"
-        )
+    """Elements that differ by more than rounding; `b` may stack several runs' outputs along a
+    leading axis, each compared with `a`. (A kernel may round an element differently when
+    another element of the tensor changes: onnxruntime's vectorized float64 Cos does, by an ulp.
+    A change that small is no dependence the proof could see.)"""
     if not np.issubdtype(a.dtype, np.floating):
         return a != b
-    changed = a != b
-    if not changed.any():
-        return changed
-    x, y = a[changed], b[changed]  # the elements that differ at all: usually few, or all
+    if not b.ndim:  # a scalar: numpy's operators would give scalars, not arrays
+        return _changed(a.reshape(1), b.reshape(1)).reshape(())
     rel = 1e-9 if a.dtype == np.float64 else 1e-5
     with np.errstate(all="ignore"):
+        diff = np.subtract(b, a)
+        np.abs(diff, out=diff)
+        if np.isfinite(diff).all():  # both sides finite: the usual case, on whole arrays
+            scale = np.abs(b)
+            np.maximum(scale, np.abs(a), out=scale)
+            scale *= rel
+            return diff > scale
+        changed = a != b
+        a = np.broadcast_to(a, b.shape)
+        x, y = a[changed], b[changed]  # the elements that differ at all
         big = np.abs(x - y) > rel * np.maximum(np.abs(x), np.abs(y))
     nan_x, nan_y, inf_x, inf_y = np.isnan(x), np.isnan(y), np.isinf(x), np.isinf(y)
     # NaN on one side only, or an infinity on one side or of the other sign, is a change too.
@@ -213,6 +377,17 @@ def _changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         (big & ~(nan_x | nan_y)) | (nan_x != nan_y) | (inf_x | inf_y) & ~(nan_x & nan_y)
     )
     return changed
+
+
+def _same_shape(a: np.ndarray, b: np.ndarray) -> None:
+    if a.shape != b.shape:
+        raise ReplayError(
+            f"its output shape changed with its input values ({a.shape} vs {b.shape})"
+        )
+
+
+# Probes whose outputs are compared together (bytes of one output, stacked): bounds the memory.
+_STACK_BYTES = 1 << 25
 
 
 def replay(
@@ -224,6 +399,8 @@ def replay(
     seed: int = 0,
     fixed: Mapping[int, tuple[np.ndarray, np.ndarray]] | None = None,
     enough: Enough | None = None,
+    known: Mapping[tuple[int, int], np.ndarray] | None = None,
+    whole: bool = True,
 ) -> Replayed:
     """Replay `node`. `inputs`: an array per input (its value for constant inputs, any array of
     the right shape and type for live ones; None for absent ones); `live`: which inputs are live
@@ -233,76 +410,218 @@ def replay(
     is what slice j of input i along `axis` was found to change (`rows[o][b]`: the indices of
     output o along axis b) all the caller needs to know? Its later draws are then skipped (a
     caller asking which slices reach kept outputs stops at the first that does); `depends` and
-    the relation are then partial for that slice."""
+    the relation are then partial for that slice. `known[(i, axis)]`: slices the caller needs
+    no finding about (they are kept already): not probed, their relation rows stay empty.
+    `whole`: also redraw each live input whole, for `depends`; without, `depends` holds what
+    the slices' probes changed only, and a draw's base runs only when a probe needs it.
+
+    The probes are run draw by draw: draw d of every slice the earlier draws did not settle,
+    each slice redrawn alone (its values from one fresh draw of the whole input), the outputs
+    compared with the draw's base run together."""
     fixed = fixed or {}
     for i, given in enumerate(inputs):
         if live[i] and (given is None or not np.issubdtype(given.dtype, np.floating)):
             raise ReplayError(
                 f"input {i} is live and not floating point: its values cannot be drawn"
             )
-    runner = NodeRunner(node, inputs, opset)
+    runner = NodeRunner.of(node, inputs, opset, live)
+    key = None
+    if enough is None and known is None and whole:  # a whole replay: the same node and form, the same one
+        h = hashlib.blake2b(runner.key, digest_size=20)
+        h.update(repr((seed, sorted((i, list(a)) for i, a in axes.items()))).encode())
+        for i, (mask, value) in sorted(fixed.items()):
+            for a in (np.asarray(mask), np.asarray(value)):
+                h.update(f"|{i}{a.dtype.str}{a.shape}".encode())
+                h.update(np.ascontiguousarray(a).data)
+        key = h.digest()
+        if key in _REPLAYS:
+            _REPLAYS.move_to_end(key)
+            return _REPLAYS[key]
+    found = _replay(runner, inputs, live, axes, seed, fixed, enough, known, whole)
+    if key is not None:
+        _REPLAYS[key] = found
+        held = sum(_nbytes(r) for r in _REPLAYS.values())
+        while len(_REPLAYS) > 1 and held > _REPLAYS_BYTES:
+            held -= _nbytes(_REPLAYS.popitem(last=False)[1])
+    return found
+
+
+def _nbytes(found: Replayed) -> int:
+    arrays = [*found.outputs, *found.depends]
+    arrays += [r for axes in found.relation.values() for per_output in axes for r in per_output]
+    return sum(a.nbytes for a in arrays)
+
+
+# Whole replays (no `enough`, no `known`) by node, form and what is probed, least recently
+# used first, up to _REPLAYS_BYTES: the constants' walk and the keep closure replay a node with
+# no rule alike, and a prune analyzes the model twice.
+_REPLAYS: OrderedDict[bytes, Replayed] = OrderedDict()
+_REPLAYS_BYTES = 1 << 26
+
+
+def _replay(
+    runner: NodeRunner,
+    inputs: Sequence[np.ndarray | None],
+    live: Sequence[bool],
+    axes: Mapping[int, Sequence[int]],
+    seed: int,
+    fixed: Mapping[int, tuple[np.ndarray, np.ndarray]],
+    enough: Enough | None,
+    known: Mapping[tuple[int, int], np.ndarray] | None,
+    whole: bool,
+) -> Replayed:
     rng = np.random.default_rng(seed)
     live_inputs = [k for k, is_live in enumerate(live) if is_live]
-    bases: list[list[np.ndarray | None]] = []
-    outs: list[list[np.ndarray]] = []
     depends: list[np.ndarray] = []
-    for (base_scale, base_sign), (new_scale, new_sign) in DRAWS:
+    bases: list[list[np.ndarray | None]] = []
+    outs: list[list[np.ndarray] | None] = []
+    for d, ((base_scale, base_sign), (new_scale, new_sign)) in enumerate(DRAWS):
         base = [
             _fix(_draw(rng, a, base_scale, base_sign), fixed.get(i))
             if live[i] and a is not None
             else a
             for i, a in enumerate(runner.templates)
         ]
-        out = runner.run(base)
         bases.append(base)
-        outs.append(out)
-        depends = depends or [np.zeros(o.shape, dtype=bool) for o in out]
+        outs.append(runner.run(base) if whole or not d else None)  # else run when probed
+        if not d:
+            depends = [np.zeros(o.shape, dtype=bool) for o in outs[0]]  # type: ignore[union-attr]
         for i in live_inputs:
             # The whole input redrawn: every element it reaches (a scalar input too).
-            whole = list(base)
-            whole[i] = _fix(_draw(rng, base[i], new_scale, new_sign), fixed.get(i))  # type: ignore[arg-type]
-            for o, after in enumerate(runner.run(whole)):
+            values = _draw(rng, base[i], new_scale, new_sign)  # type: ignore[arg-type]
+            if not whole:
+                continue  # drawn all the same: the next draws' bases are the usual ones
+            out = outs[d]
+            assert out is not None
+            redrawn = list(base)
+            redrawn[i] = _fix(values, fixed.get(i))
+            for o, after in enumerate(runner.run(redrawn)):
+                _same_shape(out[o], after)
                 depends[o] |= _changed(out[o], after)
+    first = outs[0]
+    assert first is not None
     relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
     for i in live_inputs:
         shape = bases[0][i].shape  # type: ignore[union-attr]
         for axis in axes.get(i, ()):
             rel = relation.setdefault(
-                (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in outs[0]]
+                (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in first]
             )
-            settled = _settled(fixed.get(i), shape, axis)
-            parts: list[np.ndarray | None] = [None] * len(DRAWS)  # base copies, one slice redrawn
-            for j in range(shape[axis]):
-                if settled[j]:
-                    continue  # a slice of constants: never redrawn
-                index = (slice(None),) * axis + (j,)
-                for d, (_, (new_scale, new_sign)) in enumerate(DRAWS):
-                    rows = [[r[j] for r in rel_o] for rel_o in rel]
-                    # Nothing left to show: changes that reach every index of every output axis
-                    # (the relation is a union over draws), or all the caller asks.
-                    if all(row.all() for rows_o in rows for row in rows_o) or (
-                        enough is not None and enough(i, axis, rows)
-                    ):
-                        break
-                    x = bases[d][i]
-                    assert x is not None
-                    part = parts[d]
-                    if part is None:
-                        part = parts[d] = x.copy()
-                    part[index] = _fix_slice(
-                        _draw(rng, x[index], new_scale, new_sign), fixed.get(i), index, shape
-                    )
-                    redrawn = list(bases[d])
-                    redrawn[i] = part
-                    for o, after in enumerate(runner.run(redrawn)):
-                        changed = _changed(outs[d][o], after)
-                        depends[o] |= changed
-                        for b in range(changed.ndim):
-                            other = tuple(k for k in range(changed.ndim) if k != b)
-                            rel[o][b][j] |= changed.any(axis=other) if other else changed
-                    part[index] = x[index]  # restored for the next slice
-    first = outs[0]
+            pending = ~_settled(fixed.get(i), shape, axis)  # a slice of constants: never redrawn
+            if known is not None and (i, axis) in known:
+                pending &= ~np.asarray(known[(i, axis)], bool)
+            for d, (_, (new_scale, new_sign)) in enumerate(DRAWS):
+                # Nothing left to show: changes that reach every index of every output axis
+                # (the relation is a union over draws), or all the caller asks.
+                full = np.ones(shape[axis], bool)
+                for rel_o in rel:
+                    for r in rel_o:
+                        full &= r.all(axis=1)
+                pending &= ~full
+                if enough is not None:
+                    for j in np.flatnonzero(pending):
+                        if enough(i, axis, [[r[j] for r in rel_o] for rel_o in rel]):
+                            pending[j] = False
+                todo = np.flatnonzero(pending)
+                if not len(todo):
+                    break
+                x = bases[d][i]
+                assert x is not None
+                # The new values of the slices to probe (slice k: slice todo[k] of the input).
+                fresh = _draw(rng, np.take(x, todo, axis=axis), new_scale, new_sign)
+                if i in fixed:
+                    mask, value = (np.take(np.broadcast_to(f, shape), todo, axis=axis) for f in fixed[i])
+                    fresh = np.where(mask, value, fresh).astype(fresh.dtype)
+                out = outs[d]
+                if out is None:
+                    out = outs[d] = runner.run(bases[d])
+                    for o, after in enumerate(out):
+                        _same_shape(first[o], after)
+                _probe(runner, bases[d], out, i, axis, todo, fresh, rel, depends)
     return Replayed(relation, depends, first)
+
+
+def _probe(
+    runner: NodeRunner,
+    base: list[np.ndarray | None],
+    out: list[np.ndarray],
+    i: int,
+    axis: int,
+    todo: np.ndarray,
+    fresh: np.ndarray,
+    rel: list[list[np.ndarray]],
+    depends: list[np.ndarray],
+) -> None:
+    """Run `base` with slice j of input i along `axis` from `fresh`, for each j of `todo`; what
+    each changes joins the relation (its rows j) and `depends`."""
+    x = base[i]
+    assert x is not None
+    size = max((o.nbytes for o in out), default=1) + x.nbytes
+    step = max(1, _STACK_BYTES // max(size, 1))
+    for start in range(0, len(todo), step):
+        chunk = todo[start : start + step]
+        got = [np.empty((len(chunk), *o.shape), o.dtype) for o in out]
+        for k, outputs in enumerate(_runs(runner, base, i, axis, chunk, fresh, start)):
+            for o, after in enumerate(outputs):
+                _same_shape(out[o], after)
+                got[o][k] = after
+        for o, stacked in enumerate(got):
+            changed = _changed(out[o], stacked)
+            if not out[o].size:
+                continue  # nothing to change
+            if not out[o].ndim:
+                depends[o] |= changed.any()
+                continue
+            # Probes that change every element (a dense op's, often all): their rows are full.
+            every = changed.reshape(len(chunk), -1).all(axis=1)
+            if every.any():
+                depends[o][...] = True
+            else:
+                depends[o] |= changed.any(axis=0)
+            for b in range(out[o].ndim):
+                rel[o][b][chunk[every]] = True
+            if every.all():
+                continue
+            some = changed[~every]
+            for b in range(out[o].ndim):
+                other = tuple(k + 1 for k in range(out[o].ndim) if k != b)
+                rel[o][b][chunk[~every]] |= some.any(axis=other)
+
+
+def _runs(
+    runner: NodeRunner,
+    base: list[np.ndarray | None],
+    i: int,
+    axis: int,
+    chunk: np.ndarray,
+    fresh: np.ndarray,
+    first: int,
+) -> Iterator[list[np.ndarray]]:
+    """The outputs of `base` with slice j of input i along `axis` replaced, for each j of
+    `chunk` in order, by slice first + k of `fresh` (k: j's place in `chunk`): one input buffer
+    changed and restored, or a copy per probe when the runner runs several in one call."""
+    x = base[i]
+    assert x is not None
+
+    def index(j: int) -> tuple[slice | int, ...]:
+        return (slice(None),) * axis + (j,)
+
+    if runner.copies < 2:
+        part = x.copy()
+        redrawn = list(base)
+        redrawn[i] = part
+        for k, j in enumerate(chunk):
+            part[index(int(j))] = fresh[index(first + k)]
+            yield runner.run(redrawn)
+            part[index(int(j))] = x[index(int(j))]  # restored for the next slice
+        return
+    for start in range(0, len(chunk), runner.copies):
+        probes = []
+        for k, j in enumerate(chunk[start : start + runner.copies], first + start):
+            part = x.copy()
+            part[index(int(j))] = fresh[index(k)]
+            probes.append([part if n == i else a for n, a in enumerate(base)])
+        yield from runner.run_many(probes)
 
 
 def commutes(
@@ -318,11 +637,31 @@ def commutes(
     output, and change nothing else? The op then treats those indices as channels on their own
     (as an activation does); one that splits the axis into groups or heads does not. Checked
     for a few subsets (the first index, a random half), on random values for the live inputs."""
+    key = _digest(node, inputs, live, opset) + repr((list(sliced), axis, seed)).encode()
+    if key not in _COMMUTES:
+        _COMMUTES[key] = _commutes(node, inputs, live, sliced, axis, opset, seed)
+        while len(_COMMUTES) > 4096:
+            _COMMUTES.popitem(last=False)
+    return _COMMUTES[key]
+
+
+_COMMUTES: OrderedDict[bytes, bool] = OrderedDict()
+
+
+def _commutes(
+    node: gs.Node,
+    inputs: Sequence[np.ndarray | None],
+    live: Sequence[bool],
+    sliced: Sequence[int],
+    axis: int,
+    opset: int,
+    seed: int,
+) -> bool:
     rng = np.random.default_rng(seed)
     n = inputs[sliced[0]].shape[axis]  # type: ignore[union-attr]
     subsets = [np.arange(1, n), np.sort(rng.choice(n, size=max(1, n // 2), replace=False))]
     try:
-        full = NodeRunner(node, inputs, opset)
+        full = NodeRunner.of(node, inputs, opset, live)
         values = [
             _draw(rng, a, 1.0, 0) if live[i] and a is not None else a
             for i, a in enumerate(full.templates)
@@ -333,7 +672,7 @@ def commutes(
                 np.take(v, keep, axis=axis) if i in sliced and v is not None else v
                 for i, v in enumerate(values)
             ]
-            got = NodeRunner(node, part, opset).run(part)
+            got = NodeRunner.of(node, part, opset, live).run(part)
             for w, g in zip(whole, got, strict=True):
                 want = np.take(w, keep, axis=axis)
                 if want.shape != g.shape or not np.allclose(
@@ -353,19 +692,6 @@ def _fix(values: np.ndarray, fixed: tuple[np.ndarray, np.ndarray] | None) -> np.
     return np.where(
         np.broadcast_to(mask, values.shape), np.broadcast_to(value, values.shape), values
     ).astype(values.dtype)
-
-
-def _fix_slice(
-    values: np.ndarray,
-    fixed: tuple[np.ndarray, np.ndarray] | None,
-    index: tuple[slice | int, ...],
-    shape: tuple[int, ...],
-) -> np.ndarray:
-    """`values`, the slice `index` of a tensor of `shape`, with its constant elements set."""
-    if fixed is None:
-        return values
-    mask, value = (np.broadcast_to(f, shape)[index] for f in fixed)
-    return np.where(mask, value, values).astype(values.dtype)
 
 
 def _settled(

@@ -13,9 +13,11 @@ key/value head serves `rep` query heads; the kept query heads are a product (kep
 heads, and a K/V head goes with all its query heads. `num_heads`-style attributes are
 rewritten; the initializers (packed QKV weights and biases) are sliced by the kept sets.
 
-Past key/value inputs and attention biases carry every head: when a model has them as inputs
-(the interface), every head stays, exactly; rotary embeddings act within a head and need
-nothing.
+Past key/value inputs, present outputs and attention biases with a head axis are sliced with
+the heads they hold (a K/V head's cache, a query head's bias); when they are graph inputs or
+outputs (the interface), their heads stay, exactly. Rotary embeddings act within a head and
+need nothing. For `--groups` and `--prune` each op ties what goes with a head (or a K/V head
+with its query heads) together (`KeepView.unit`) and says where its heads are (`head_axis`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,16 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    HeadAxis,
+    KeepView,
+    OpNode,
+    Reader,
+    RewriteView,
+    WeightAxes,
+)
 from onnxshrink.ops.fused_activation import MS
 from onnxshrink.ops.registry import register
 
@@ -92,6 +103,37 @@ def keep_head_axis(
         ks.pin(t, 3)
 
 
+def tie_heads(ks: KeepView, y: gs.Tensor, size: int, rep: int) -> np.ndarray:
+    """Records (for the coupled groups) that y's axis 2 holds query heads of `size` channels,
+    `rep` of them to a K/V head, which go together; returns the y index each K/V head's
+    group is tied at (its first channel), to tie the group's other slices to."""
+    n = int(ks.size(y, 2) or 0)
+    anchor = np.arange(n // (size * rep)) * size * rep
+    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)])
+    return anchor
+
+
+def every_head(ks: KeepView, node: gs.Node, y: gs.Tensor, what: str) -> None:
+    """`what` carries every head: none can go (said on the output's heads, for the groups)."""
+    ks.pin(y, 2, Reason("structure", node.name, node.op, f"{what} carries every head"))
+
+
+def mask_heads(mask: gs.Tensor) -> int:
+    """The heads' axis of an attention mask or bias [.., heads, S, T] (rank 3 or more)."""
+    return (ir.rank(mask) or 3) - 3
+
+
+def pin_but_heads(ks: KeepView, node: gs.Node, mask: gs.Tensor | None) -> None:
+    """A per-head attention mask or bias [.., heads, S, T]: every axis but the heads' is read
+    whole."""
+    r = ir.rank(mask) if mask is not None else None
+    if mask is None or r is None:
+        return
+    for a in range(r):
+        if a != r - 3:
+            ks.pin(mask, a, Reason("structure", node.name, node.op, "a mask's positions are read whole"))
+
+
 def set_attr(node: gs.Node, name: str, old: int, new: int) -> None:
     if new != old:
         node.attrs[name] = int(new)
@@ -112,6 +154,23 @@ class ContribAttention(Handler):
             return 0
         b, s = x[0], x[1]
         return b * s * int(np.prod(w)) + 2 * b * s * s * (w[1] // 3)
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        """The packed Q|K|V weight [in, q + k + v] (a linear layer's, stored [in, out]) and bias."""
+        if i == 1 and rank == 2:
+            return WeightAxes(1, 0, "linear")
+        return WeightAxes(0, None, "vector") if i == 2 and rank == 1 else None
+
+    def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> dict[str, int]:
+        return {"weight": 1, "bias": 2}
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        wt = node.inputs[1] if len(node.inputs) > 1 else None
+        got = self.sizes(node, np.asarray(wt.values) if isinstance(wt, gs.Constant) else None)
+        if got is None:
+            return None
+        heads, q, _, v = got
+        return HeadAxis(0, 2, v // heads, q // heads)
 
     def sizes(self, node: gs.Node, w: np.ndarray | None) -> tuple[int, int, int, int] | None:
         """(heads, q, k, v) hidden sizes, from qkv_hidden_sizes or equal thirds."""
@@ -148,32 +207,76 @@ class ContribAttention(Handler):
             return
         heads, q, k, v = got
         bias = ir.present(node, 2)
+        caches = self.caches(node, ks, heads)
+        ab = ir.present(node, 5)  # attention_bias [B or 1, heads or 1, S, T]
+        mask = ab if ab is not None and heads > 1 and ir.rank(ab) == 4 and ir.static_dim(ab, 1) == heads else None
+        ours = [*(caches or ()), *([mask] if mask is not None else [])]
         ks.demand(x, pin=False)
         ks.demand(wt, pin=False)
         ks.demand(bias, pin=False)
         for t in node.inputs[3:]:
-            ks.demand(t if t is not None and t.name else None)
+            if t is not None and t.name and any(t is c for c in ours):
+                ks.demand(t, pin=False)
+            else:
+                ks.demand(t if t is not None and t.name else None)
         ks.couple(x, 0, y, 0)
         ks.couple(x, 1, y, 1)
         why = Reason("structure", node.name, node.op, "a head's dims go together")
         ks.pin(x, 1, Reason("structure", node.name, node.op, "every position is a key"))
+        if caches is None:
+            every_head(ks, node, y, "a past/present not [2, B, heads, T, d] or an attention bias not [B, heads or 1, S, T]")
+        pin_but_heads(ks, node, mask)
+        for t in caches or ():  # [2 (key, value), B, heads, positions, d]
+            ks.couple(t, 1, y, 0)
+            for a, what in ((0, "key and value"), (3, "every position is a key"), (4, "a head's dims go together")):
+                ks.pin(t, a, Reason("structure", node.name, node.op, what))
         need = heads_read(ks.kept(y, 2), heads)
-        if any(ir.present(node, i) is not None for i in (4, 5)) or any(
-            ks.is_read(t) for t in node.outputs[1:]
-        ):
-            need[:] = True  # past/present and attention biases carry every head
+        for t in caches or ():
+            need |= heads_read(ks.kept(t, 2), heads)
+        if mask is not None:
+            need |= heads_read(ks.kept(mask, 1), heads)
         kept = np.flatnonzero(need)
         cols = np.zeros(q + k + v, bool)
+        head_of = np.zeros(q + k + v, np.int64)  # the head of each packed column
         for off, size in ((0, q), (q, k), (q + k, v)):
             cols[blocks(kept, size // heads, off)] = True
+            head_of[off : off + size] = np.arange(size) // (size // heads)
+        anchor = tie_heads(ks, y, v // heads, 1)
+        if len(anchor) == heads:
+            ks.unit(wt, 1, np.arange(q + k + v), y, 2, anchor[head_of])
+            for t in caches or ():
+                ks.unit(t, 2, np.arange(heads), y, 2, anchor)
+            if mask is not None:
+                ks.unit(mask, 1, np.arange(heads), y, 2, anchor)
         keep_blocks(ks, y, 2, np.repeat(need, v // heads), why)
+        for t in caches or ():
+            keep_blocks(ks, t, 2, need, why)
+        if mask is not None:
+            keep_blocks(ks, mask, 1, need, why)
         if bias is not None:
             ks.couple(wt, 1, bias, 0)
         ks.keep(wt, 1, cols, why)
         ks.couple(x, 2, wt, 0)
         ks.need(x, 2, (w[:, cols] != 0).any(axis=1))
         for t in node.outputs[1:]:
-            ks.pin(t)
+            if not any(t is c for c in caches or ()):
+                ks.pin(t)
+
+    def caches(self, node: gs.Node, ks: KeepView, heads: int) -> list[gs.Tensor] | None:
+        """The past input and the present output when read, each [2, B, heads, T, d]: a head's
+        slice of the cache goes with it. None when something carries every head: a cache of
+        another layout, an attention bias whose head axis is not the heads, another output read."""
+        ab = ir.present(node, 5)
+        if ab is not None and (ir.rank(ab) != 4 or ir.static_dim(ab, 1) not in (1, heads)):
+            return None
+        past = ir.present(node, 4)
+        found = [past] if past is not None else []
+        found += [t for t in node.outputs[1:2] if ks.is_read(t)]
+        if any(ks.is_read(t) for t in node.outputs[2:]):
+            return None
+        if any(ir.rank(t) != 5 or ir.static_dim(t, 2) != heads for t in found):
+            return None
+        return found
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         w = rw.original(node.inputs[1])
@@ -199,8 +302,10 @@ class _PackedHeads(Handler):
     evaluate_with_ort = True
     #: input slots: query, key, value, packed bias (None: no bias input)
     slots: tuple[int, int, int, int | None] = (0, 1, 2, 3)
-    #: inputs that carry every head when present (past key/value, per-head biases)
+    #: inputs that carry every head when present (per-head biases)
     all_heads_inputs: tuple[int, ...] = ()
+    #: past key/value inputs ([B, kv heads, P, d]): each K/V head's cache goes with it
+    past_slots: tuple[int, ...] = ()
     #: an attention mask that may have a head axis ([.., heads or 1, q, k])
     mask_slot: int | None = None
 
@@ -263,18 +368,29 @@ class _PackedHeads(Handler):
         q = node.inputs[qi]
         kv_ins = [] if packed else [node.inputs[ki], node.inputs[vi]]
         bias = ir.present(node, bi) if bi is not None else None
-        for t in [q, *kv_ins, bias]:
+        pasts = self.pasts(node, hkv)
+        mask = self.head_mask(node, hq)
+        ours = [*pasts, mask] if mask is not None else pasts
+        for t in [q, *kv_ins, bias, *ours]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
-            if i not in (qi, ki, vi, bi):
+            if i not in (qi, ki, vi, bi) and not any(t is o for o in ours):
                 ks.demand(t if t is not None and t.name else None)
         ks.couple(q, 0, y, 0)
         ks.couple(q, 1, y, 1)
+        key = Reason("structure", node.name, node.op, "every position is a key")
         for t in kv_ins:
             ks.couple(t, 0, y, 0)
-            ks.pin(t, 1, Reason("structure", node.name, node.op, "every position is a key"))
+            ks.pin(t, 1, key)
         if packed:
-            ks.pin(q, 1, Reason("structure", node.name, node.op, "every position is a key"))
+            ks.pin(q, 1, key)
+        for t in pasts:  # [B, kv heads, past positions, d]: a K/V head's slice of the cache
+            ks.couple(t, 0, y, 0)
+            ks.pin(t, 2, key)
+            ks.pin(t, 3, Reason("structure", node.name, node.op, "a head's dims go together"))
+        pin_but_heads(ks, node, mask)
+        if self.every_head(node, ks, node.outputs[3:], hq, hkv):
+            every_head(ks, node, y, "a per-head input or output")
         need_q = heads_read(ks.kept(y, 2), hq)
         need_kv = np.zeros(hkv, bool)
         # What other readers keep of the inputs stays too, and only as whole heads.
@@ -287,11 +403,13 @@ class _PackedHeads(Handler):
         else:
             need_q |= heads_read(kq, hq)
             need_kv |= heads_read(ks.kept(kv_ins[0], 2), hkv) | heads_read(ks.kept(kv_ins[1], 2), hkv)
+        for t in pasts:
+            need_kv |= heads_read(ks.kept(t, 1), hkv)
+        if mask is not None:
+            need_q |= heads_read(ks.kept(mask, mask_heads(mask)), hq)
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
-        if self.every_head(node, ks, node.outputs[3:]):
-            need_q[:], need_kv[:] = True, True  # they carry every head
         q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
         why = Reason("structure", node.name, node.op, "a head's dims go together")
         keep_blocks(ks, y, 2, np.repeat(q_heads, dv), why)
@@ -305,20 +423,79 @@ class _PackedHeads(Handler):
             keep_blocks(ks, kv_ins[1], 2, vcols, why)
         if bias is not None:
             keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
+        for t in pasts:
+            keep_blocks(ks, t, 1, kv_heads, why)
+        if mask is not None:
+            keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
         for out in node.outputs[1:3]:
             keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
             ks.pin(out)
+        self.tie(ks, node, got, pasts, mask)
 
-    def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor]) -> bool:
-        """Inputs that carry every head (past key/value, per-head biases, a mask with a head
-        axis) or other outputs that are read with one (the scores): no head can go."""
+    def tie(
+        self,
+        ks: KeepView,
+        node: gs.Node,
+        got: tuple[int, int, int, int, bool],
+        pasts: list[gs.Tensor],
+        mask: gs.Tensor | None,
+    ) -> None:
+        """Records (for the coupled groups) what goes with a K/V head: its query heads' output
+        channels, query, key and value dims (and bias), its slice of the cache, and its query
+        heads' slices of a per-head attention bias."""
+        hq, hkv, d, dv, packed = got
+        rep = hq // hkv
+        y = node.outputs[0]
+        anchor = tie_heads(ks, y, dv, rep)
+        if len(anchor) != hkv:
+            return
+        qg, kg, vg = np.arange(hq * d) // (d * rep), np.arange(hkv * d) // d, np.arange(hkv * dv) // dv
+        qi, ki, vi, bi = self.slots
+        parts = [(node.inputs[qi], np.concatenate([qg, kg, vg]) if packed else qg)]
+        if not packed:
+            parts += [(node.inputs[ki], kg), (node.inputs[vi], vg)]
+        bias = ir.present(node, bi) if bi is not None else None
+        for t, groups_of in parts:
+            if ks.size(t, 2) == len(groups_of):
+                ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
+        if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
+            ks.unit(bias, 0, np.arange(len(qg) + len(kg) + len(vg)), y, 2, anchor[np.concatenate([qg, kg, vg])])
+        for t in [*pasts, *node.outputs[1:3]]:
+            if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
+                ks.unit(t, 1, np.arange(hkv), y, 2, anchor)
+        if mask is not None:
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+
+    def head_mask(self, node: gs.Node, hq: int) -> gs.Tensor | None:
+        """The attention mask or bias when it has an axis of the `hq` query heads ([.., hq, S, T]):
+        a query head's slice of it goes with the head."""
+        m = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
+        if m is None or (ir.rank(m) or 0) < 3 or hq == 1 or ir.static_dim(m, -3) != hq:
+            return None
+        return m
+
+    def pasts(self, node: gs.Node, hkv: int) -> list[gs.Tensor]:
+        """The past key/value inputs present, when they are [B, `hkv` heads, P, d]."""
+        found = [ir.present(node, i) for i in self.past_slots]
+        return [t for t in found if t is not None and ir.rank(t) == 4 and ir.static_dim(t, 1) == hkv]
+
+    def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor], hq: int, hkv: int) -> bool:
+        """Inputs that carry every head (a head sink, a mask or a cache whose head axis is not
+        the heads) or other outputs that are read with one (the scores): no head can go."""
         if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
+            return True
+        present = [i for i in self.past_slots if ir.present(node, i) is not None]
+        if len(self.pasts(node, hkv)) != len(present):
             return True
         mask = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
         if mask is not None and (ir.rank(mask) or 0) >= 3 and ir.static_dim(mask, -3) != 1:
-            return True
+            return self.head_mask(node, hq) is None
         return any(ks.is_read(t) for t in outputs)
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        got = self.layout(node)
+        return None if got is None else HeadAxis(0, 2, got[3], got[2])
 
     def kept_heads(self, node: gs.Node, rw: RewriteView) -> tuple[int, int] | None:
         got = self.layout(node)
@@ -336,7 +513,8 @@ class MultiHeadAttention(_PackedHeads):
     """query, key, value, bias, key_padding_mask, attention_bias, past_key, past_value, ..."""
 
     slots = (0, 1, 2, 3)
-    all_heads_inputs = (5, 6, 7)
+    past_slots = (6, 7)
+    mask_slot = 5  # attention_bias
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         heads = int(node.attrs.get("num_heads", 0))
@@ -355,7 +533,9 @@ class GroupQueryAttention(_PackedHeads):
     num_heads / kv_num_heads query heads."""
 
     slots = (0, 1, 2, None)
-    all_heads_inputs = (3, 4, 10, 11)
+    all_heads_inputs = (11,)  # head_sink
+    past_slots = (3, 4)
+    mask_slot = 10  # attention_bias
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
@@ -376,7 +556,7 @@ class OnnxAttention(_PackedHeads):
     axis; 3-D inputs pack them ([B, seq, heads * head_dim], with q_num_heads/kv_num_heads)."""
 
     slots = (0, 1, 2, None)
-    all_heads_inputs = (4, 5)
+    past_slots = (4, 5)
     mask_slot = 3
 
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
@@ -422,10 +602,14 @@ class OnnxAttention(_PackedHeads):
             ks.barrier(node, Reason("barrier", node.name, node.op, "head counts unknown"))
             return
         hq, hkv = got
-        for t in (q, k, v):
+        pasts = self.pasts(node, hkv)
+        mask = self.head_mask(node, hq)
+        ours = [*pasts, mask] if mask is not None else pasts
+        for t in (q, k, v, *ours):
             ks.demand(t, pin=False)
         for t in node.inputs[3:]:
-            ks.demand(t if t is not None and t.name else None)
+            if not any(t is o for o in ours):
+                ks.demand(t if t is not None and t.name else None)
         key = Reason("structure", node.name, node.op, "every position is a key")
         dims = Reason("structure", node.name, node.op, "query and key dims are contracted")
         ks.couple(q, 0, y, 0)
@@ -436,26 +620,54 @@ class OnnxAttention(_PackedHeads):
             ks.pin(t, 2, key)
         ks.pin(q, 3, dims)
         ks.pin(k, 3, dims)
+        for t in pasts:  # [B, kv heads, past positions, d]
+            ks.couple(t, 0, y, 0)
+            ks.pin(t, 2, key)
+            ks.pin(t, 3, dims)
+        pin_but_heads(ks, node, mask)
         need_q = heads_read(ks.kept(y, 1), hq) | heads_read(ks.kept(q, 1), hq)
         need_kv = heads_read(ks.kept(k, 1), hkv) | heads_read(ks.kept(v, 1), hkv)
+        for t in pasts:
+            need_kv |= heads_read(ks.kept(t, 1), hkv)
+        if mask is not None:
+            need_q |= heads_read(ks.kept(mask, mask_heads(mask)), hq)
         for out in node.outputs[1:3]:
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
         qk = node.outputs[3] if len(node.outputs) > 3 else None
         if qk is not None and ks.is_read(qk):
             need_q |= heads_read(ks.kept(qk, 1), hq) if ir.rank(qk) == 4 else True
-        if self.every_head(node, ks, ()):
+        if self.every_head(node, ks, (), hq, hkv):
             need_q[:], need_kv[:] = True, True
         q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
         why = Reason("structure", node.name, node.op, "a head's query, key and value go together")
         for t in (q, y):
             keep_blocks(ks, t, 1, q_heads, why)
-        for t in (k, v):
+        for t in (k, v, *pasts):
             keep_blocks(ks, t, 1, kv_heads, why)
+        if mask is not None:
+            keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
         for j, out in enumerate(node.outputs[1:3]):
             keep_head_axis(ks, out, kv_heads, y, why, last=v if j == 1 else None)
         if qk is not None:
             keep_head_axis(ks, qk, q_heads, y, why)
+        # for the coupled groups: a K/V head goes with its query heads (and their scores)
+        rep = hq // hkv
+        group = np.arange(hq) // rep * rep  # each query head's group, by its first query head
+        for t in (q, y, qk):
+            if t is not None and ir.rank(t) == 4 and ks.size(t, 1) == hq:
+                ks.unit(t, 1, np.arange(hq), y, 1, group)
+        if mask is not None:
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 1, group)
+        for t in (k, v, *pasts, *node.outputs[1:3]):
+            if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
+                ks.unit(t, 1, np.arange(hkv), y, 1, np.arange(hkv) * rep)
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        if ir.rank(node.inputs[0]) == 3:
+            return super().head_axis(node)
+        d = ir.static_dim(node.inputs[0], 3)
+        return HeadAxis(0, 1, 1, d) if self.four_d(node) is not None and d else None
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         if ir.rank(node.inputs[0]) != 3:

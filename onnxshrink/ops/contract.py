@@ -259,11 +259,27 @@ class Quantized:
     """How an op reads an integer input as real numbers: (q - zero point) * scale. The scale is
     the product of the inputs at `scales` (none: the op applies no scale of its own: the graph
     may, after it), the zero point the input at `zero_point` (None: 0); each a scalar, or a
-    vector along `axis` of the input."""
+    vector along `axis` of the input. Block-wise (`block` > 0: MatMulNBits): the input is
+    [rows, blocks, bytes] of codes packed `bits` to a byte, a scale and zero point per (row,
+    block), the zero points packed alike."""
 
     scales: tuple[int, ...]
     zero_point: int | None
     axis: int
+    bits: int = 0
+    block: int = 0
+
+
+@dataclass(frozen=True)
+class HeadAxis:
+    """Where a fused attention op's query heads are (for the coupled groups, which cannot see
+    heads packed inside the op): output `output`'s axis `axis` holds them in consecutive blocks
+    of `size`; a head's query and key dims number `head_dim`."""
+
+    output: int
+    axis: int
+    size: int
+    head_dim: int
 
 
 # ---------------------------------------------------------------------- the handler
@@ -381,3 +397,9 @@ class Handler:
         """That value as a tensor named `name` (Constant: the node's own tensor, not a copy)."""
         value = self.constant_value(node)
         return None if value is None else onnx.numpy_helper.from_array(np.asarray(value), name)
+
+    def head_axis(self, node: gs.Node) -> HeadAxis | None:
+        """For a fused attention op whose keep closure ties each head's (or K/V head's) slices
+        together: where its query heads are, so a group holding them is a head (or a K/V
+        group with its query heads), of the right head_dim."""
+        return None

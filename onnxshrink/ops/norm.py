@@ -251,8 +251,13 @@ class StatNormalization(AxisNormalization):
         if not summed or summed[0] is not node.inputs[0]:
             return None
         for t in summed:
-            rt = ir.rank(t)
-            if rt is None or rt < 1 or rt > r or ir.static_dim(t, rt - 1) != d:
+            # a constant summand (the Skip ops' bias) by its original value: in the rewrite it
+            # is sliced already, while the output still has the width the statistics saw
+            v = reader.value(t) if isinstance(t, gs.Constant) else None
+            shape = np.shape(v) if v is not None else None
+            rt = len(shape) if shape is not None else ir.rank(t)
+            last = shape[-1] if shape else (ir.static_dim(t, rt - 1) if rt else None)
+            if rt is None or rt < 1 or rt > r or last != d:
                 return None
         scale = ir.present(node, self.scale_slot)
         shift = ir.present(node, self.shift_slot) if self.shift_slot is not None else None

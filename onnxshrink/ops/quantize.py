@@ -92,6 +92,11 @@ def tie_params(ks: KeepView, node: gs.Node, slots: tuple[int, ...], y: gs.Tensor
 _PLAIN_INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32))
 
 
+def _is_integer(dtype: np.dtype) -> bool:
+    """Plain integers, or onnx's 4-bit ones (ml_dtypes int4/uint4 arrays)."""
+    return dtype in _PLAIN_INTEGERS or dtype.name in ("int4", "uint4")
+
+
 @register("QuantizeLinear", "DequantizeLinear", since=10)
 class QuantizeDequantize(Handler):
     """y = saturate(round(x / scale) + zp), or y = (x - zp) * scale: elementwise, the scale
@@ -106,11 +111,13 @@ class QuantizeDequantize(Handler):
         return WeightAxes(0, None, "vector") if i in (1, 2) and rank == 1 else None
 
     def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
-        """DequantizeLinear's input: (x - zero point) * scale, per tensor or along `axis`."""
-        if node.op != "DequantizeLinear" or i != 0 or self.blocked(node):
+        """DequantizeLinear's input: (x - zero point) * scale, per tensor or along `axis` (in
+        blocks of `block_size` along it: one scale and zero point per block)."""
+        if node.op != "DequantizeLinear" or i != 0:
             return None
         zp = 2 if node.has_input(2) else None
-        return Quantized((1,), zp, ir.norm_axis(int(node.attrs.get("axis", 1)), max(rank, 1)))
+        axis = ir.norm_axis(int(node.attrs.get("axis", 1)), max(rank, 1))
+        return Quantized((1,), zp, axis, block=int(node.attrs.get("block_size", 0)))
 
     def blocked(self, node: gs.Node | OpNode) -> bool:
         return int(node.attrs.get("block_size", 0)) != 0
@@ -118,8 +125,10 @@ class QuantizeDequantize(Handler):
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x, y = node.inputs[0], node.outputs[0]
         c, r = ctx.const(x), ir.rank(y)
-        if c is None or r is None or self.blocked(node):
+        if c is None or r is None:
             return None
+        if self.blocked(node):
+            return self.blocked_constants(node, ctx, r)
         params = [ctx.value(ir.present(node, i)) for i in (1, 2)]
         if params[0] is None or (ir.present(node, 2) is not None and params[1] is None):
             return None
@@ -140,6 +149,29 @@ class QuantizeDequantize(Handler):
         m, out = np.broadcast_arrays(m, out)
         return [compress(np.array(m), np.array(out))]
 
+    def blocked_constants(self, node: gs.Node, ctx: ConstView, r: int) -> list[ConstInfo | None] | None:
+        """A block-wise DequantizeLinear of a constant (an int4 weight): its parameters repeated
+        over their blocks, then as per axis (where x is constant whole; else unknown)."""
+        x = node.inputs[0]
+        v = ctx.value(x)
+        params = [ctx.value(ir.present(node, i)) for i in (1, 2)]
+        if v is None or params[0] is None or (ir.present(node, 2) is not None and params[1] is None):
+            return None
+        axis = ir.norm_axis(int(node.attrs.get("axis", 1)), r)
+        bs, n = self.blocked_size(node), v.shape[axis]
+        full = [
+            None if p is None else np.repeat(p, bs, axis=axis).take(np.arange(n), axis=axis)
+            for p in params
+        ]
+        out = self.dequantized(node, v, full, None, r)
+        if out is None:
+            return None
+        return [compress(np.ones((1,) * r, bool), out)]
+
+    @staticmethod
+    def blocked_size(node: gs.Node | OpNode) -> int:
+        return int(node.attrs.get("block_size", 0))
+
     @staticmethod
     def dequantized(
         node: gs.Node, v: np.ndarray, params: list[np.ndarray | None], axis: int | None, r: int
@@ -150,14 +182,14 @@ class QuantizeDequantize(Handler):
         scale, zp = params
         if (
             node.op != "DequantizeLinear"
-            or v.dtype not in _PLAIN_INTEGERS
+            or not _is_integer(v.dtype)
             or scale is None
             or scale.dtype != np.float32
             or (zp is not None and zp.dtype != v.dtype)
         ):
             return None
 
-        def shaped(p: np.ndarray) -> np.ndarray:
+        def shaped(p: np.ndarray) -> np.ndarray:  # (axis None: p broadcasts as it is)
             return p.reshape([-1 if a == axis else 1 for a in range(r)]) if axis is not None else p
 
         centered = v.astype(np.int64) - (shaped(zp).astype(np.int64) if zp is not None else 0)
@@ -166,18 +198,43 @@ class QuantizeDequantize(Handler):
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(y)
-        if r is None or ir.rank(x) != r or self.blocked(node):
-            why = "block quantization" if self.blocked(node) else "shapes unknown"
-            ks.barrier(node, Reason("barrier", node.name, node.op, why))
+        if r is None or ir.rank(x) != r:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "shapes unknown"))
             return
         ks.demand(x, pin=False)
         couple_same(ks, node, x, y)
+        if self.blocked(node):
+            self.keep_blocks(node, ks, y, r)
+            return
         axis = per_axis(node, ks, 1, r)
         if axis is None:
             for t in node.inputs[1:]:
                 ks.demand(t if t is not None and t.name else None)
         else:
             tie_params(ks, node, (1, 2), y, axis)
+
+
+    def keep_blocks(self, node: gs.Node, ks: KeepView, y: gs.Tensor, r: int) -> None:
+        """Block-wise parameters (opset 21: x's shape, ceil(n / block_size) along `axis`): index j
+        along `axis` is in block j // block_size, whose parameter slice goes only when all of it
+        does (the others' blocks stay aligned); the other axes slice with y's."""
+        axis = ir.norm_axis(int(node.attrs.get("axis", 1)), r)
+        n, bs = ks.size(y, axis), self.blocked_size(node)
+        for slot in (1, 2):
+            p = ir.present(node, slot)
+            if p is None:
+                continue
+            nb = ks.size(p, axis) if ir.rank(p) == r else None
+            if n is None or bs <= 0 or nb != -(-n // bs):
+                ks.demand(p)
+                ks.pin(y, axis, Reason("barrier", node.name, node.op, "block parameters unknown"))
+                continue
+            ks.demand(p, pin=False)
+            for a in range(r):
+                if a == axis:
+                    ks.couple_map(y, a, p, a, np.arange(n) // bs)
+                else:
+                    ks.couple(p, a, y, a)
 
 
 @register("QuantizeLinear", "DequantizeLinear", domain="com.microsoft")

@@ -166,6 +166,16 @@ class Dequant:
 
     zero: np.ndarray
     scale: np.ndarray | None
+    bits: int = 0  # block-wise (MatMulNBits): codes packed `bits` to a byte, zero and scale per block
+
+
+def _packed_fill(zero: np.ndarray, bits: int) -> np.ndarray:
+    """The byte every code of which is the zero point (a packed weight's "zero")."""
+    z = zero.astype(np.uint8)
+    byte = np.zeros_like(z)
+    for j in range(8 // bits):
+        byte |= z << np.uint8(j * bits)
+    return byte
 
 
 @dataclass
@@ -205,6 +215,8 @@ class GroupSet:
     def zero_of(self, tensor: str) -> np.ndarray | None:
         """What "zero" is for a member tensor: its zero point when it is quantized, else None (0)."""
         d = self.dequant.get(tensor)
+        if d is not None and d.bits:
+            return _packed_fill(d.zero, d.bits)
         return d.zero if d is not None else None
 
     def real(self, tensor: str) -> np.ndarray:
@@ -213,6 +225,10 @@ class GroupSet:
         d = self.dequant.get(tensor)
         if d is None:
             return values
+        if d.bits:  # [rows, blocks, block_size]: the codes unpacked, per-block zero and scale
+            from onnxshrink.ops.matmul_nbits import unpack
+
+            values = unpack(values, d.bits)
         real = values.astype(np.float64) - d.zero
         return real * d.scale if d.scale is not None else real
 
@@ -263,6 +279,7 @@ class _Finder:
         self.dequant: dict[str, Dequant] = {}
         self.quant_params: set[str] = set()
         self.listed: set[int] = set()  # the components that are groups (`build`)
+        self.heads = self._fused_heads()
 
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
@@ -416,6 +433,8 @@ class _Finder:
             params.add(p.name)
             return v.reshape([-1 if a == q.axis else 1 for a in range(len(shape))])
 
+        if q.block:
+            return _block_dequant(node, q, shape, params)
         zero = np.zeros((), np.int64)
         if q.zero_point is not None and ir.present(node, q.zero_point) is not None:
             z = shaped(q.zero_point)
@@ -555,31 +574,59 @@ class _Finder:
                 count += 1
         return count
 
+    def _fused_heads(self) -> dict[int, tuple[int, int]]:
+        """Per component holding a fused attention op's query heads (`Handler.head_axis`): its
+        head_dim and how many query heads it holds (one: a head; more: a K/V head's group)."""
+        out: dict[int, tuple[int, int]] = {}
+        for node in self.analysis.graph.nodes:
+            handler = self.analysis.handler_for(node)
+            at = handler.head_axis(node) if handler is not None else None
+            if at is None or at.output >= len(node.outputs):
+                continue
+            key = (node.outputs[at.output].name, at.axis)
+            if key not in self.part.offsets:
+                continue
+            for comp, idx in _split(self.part.of(key)):
+                out[comp] = (at.head_dim, len(idx) // at.size)
+        return out
+
     def _unit(self, comp: int, members: list[Member]) -> Unit:
         """What the group is, from its members: the layers producing it (weight matrices read
         along their output axis) own one channel each (a channel; a neuron when they are all
         linear layers, gated when an elementwise product combines them), or blocks of
         channels (a head of head_dim channels; a K/V head, whose query heads own more)."""
+        if comp in self.heads:  # heads packed in a fused op's weights: the op says where
+            d, query_heads = self.heads[comp]
+            if query_heads > 1:
+                return Unit("kv_group", d, head_dim=d, query_heads=query_heads)
+            return Unit("head", d, head_dim=d)
         producers = [m for m in members if m.side == "out" and m.matrix]
         counts = sorted({len(m.indices) for m in producers}) or [1]
         families = {m.family for m in producers}
+        handlers = [self.analysis.handler_for(n) for n in self.part.meets.get(comp, [])]
+        if counts[-1] > 1 and comp in self.part.normalized and families <= {"linear", "embedding"}:
+            return Unit("width", counts[0])  # a quantization block of the width (MatMulNBits)
         if counts[-1] > 1 and families != {"linear"}:  # a grouped conv's group
             return Unit("conv_group", counts[0])
         if counts[-1] > 1:
             d = counts[0]
             if counts[-1] != d:
                 return Unit("kv_group", d, head_dim=d, query_heads=counts[-1] // d)
+            if self._gated(comp, handlers):  # a quantization block of gated neurons (MatMulNBits)
+                return Unit("gated_neuron", d)
             return Unit("head", d, head_dim=d)
         if comp in self.part.normalized:
             return Unit("width", 1)
-        handlers = [self.analysis.handler_for(n) for n in self.part.meets.get(comp, [])]
         if producers and families == {"linear"}:
-            gated = any(
-                h is not None and h.multiplies(OpNode.of(n)) and self._carriers(comp, n) >= 2
-                for h, n in zip(handlers, self.part.meets.get(comp, []), strict=True)
-            )
-            return Unit("gated_neuron" if gated else "neuron", 1)
+            return Unit("gated_neuron" if self._gated(comp, handlers) else "neuron", 1)
         return Unit("channel", 1)
+
+    def _gated(self, comp: int, handlers: list) -> bool:
+        """Does an elementwise product of two operands carrying the component combine it?"""
+        return any(
+            h is not None and h.multiplies(OpNode.of(n)) and self._carriers(comp, n) >= 2
+            for h, n in zip(handlers, self.part.meets.get(comp, []), strict=True)
+        )
 
 
     # ------------------------------------------------------------------ blocks
@@ -637,13 +684,15 @@ class _Finder:
             for i, t in enumerate(node.inputs):
                 if not isinstance(t, gs.Constant) or handler is None:
                     continue
-                if not (_is_float(t) or self._quantized(t)):
+                if not _is_float(t) and t.name not in self.dequant:  # quantized weights too
                     continue
-                wa = handler.weight_axes(op, i, len(t.shape))
+                wa, via = handler.weight_axes(op, i, len(t.shape)), node
+                if wa is None and t.name in self.dequant:  # dequantized for the op reading it
+                    via, _, wa, _ = self._read_as(node, i, len(t.shape))
                 if wa is None:
                     continue
                 for m, (reader, _) in self._members(t, wa.out):
-                    if reader is node:
+                    if reader is via:
                         out.append(_with(m, np.arange(int(t.shape[wa.out]))))
         return out
 
@@ -721,6 +770,8 @@ def _reads_matrix(node: gs.Node, handler_for: Any) -> bool:
             wa = handler.weight_axes(op, i, len(t.shape))
             if wa is not None and wa.inp is not None and wa.family in ("linear", "conv"):
                 return True
+            if wa is None and handler.quantized_input(op, i, len(t.shape)) is not None:
+                return True  # a quantized matrix dequantized for the op after (QDQ)
     return False
 
 
@@ -755,6 +806,71 @@ def _along_axis(v: np.ndarray | None, axis: int, shape: tuple[int, ...]) -> np.n
     if v.ndim != 1 or not 0 <= axis < len(shape) or v.shape[0] != shape[axis]:
         return None
     return v.reshape([-1 if a == axis else 1 for a in range(len(shape))])
+
+
+def _block_dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
+    """A block-wise quantized weight [rows, blocks, bytes] (`Quantized.block`): its zero point and
+    scale per (row, block), [rows, blocks, 1], the zero points unpacked to codes (absent: the
+    middle code); None when one is not a constant of that size."""
+    from onnxshrink.ops.matmul_nbits import unpack
+
+    if not q.bits:
+        return _blocked_along(node, q, shape, params)
+    if len(shape) != 3 or q.bits not in (2, 4, 8):
+        return None
+    rows, blocks = shape[0], shape[1]
+    zero = np.full((rows, blocks, 1), 1 << (q.bits - 1), np.int64)
+    zp = ir.present(node, q.zero_point) if q.zero_point is not None else None
+    if zp is not None:
+        if not isinstance(zp, gs.Constant):
+            return None
+        z = np.asarray(zp.values)
+        per_row = -(-blocks * q.bits // 8)
+        if z.dtype != np.uint8 or z.size != rows * per_row:
+            return None
+        zero = unpack(z.reshape(rows, per_row), q.bits)[:, :blocks, None].astype(np.int64)
+        params.add(zp.name)
+    scale: np.ndarray | None = None
+    for slot in q.scales:
+        p = ir.present(node, slot)
+        if not isinstance(p, gs.Constant) or np.asarray(p.values).size != rows * blocks:
+            return None
+        params.add(p.name)
+        v = np.asarray(p.values, dtype=np.float64).reshape(rows, blocks, 1)
+        scale = v if scale is None else scale * v
+    return Dequant(zero, scale, q.bits)
+
+
+def _blocked_along(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
+    """A block-wise DequantizeLinear's input (one integer an element; its parameters of its shape
+    but ceil(n / block) along `axis`): zero point and scale repeated over their blocks, of the
+    input's shape; None when one is not a constant of that shape."""
+    if not 0 <= q.axis < len(shape):
+        return None
+    n = shape[q.axis]
+    want = tuple(-(-n // q.block) if a == q.axis else d for a, d in enumerate(shape))
+
+    def full(slot: int | None) -> np.ndarray | None:
+        p = ir.present(node, slot) if slot is not None else None
+        if not isinstance(p, gs.Constant) or tuple(np.shape(p.values)) != want:
+            return None
+        params.add(p.name)
+        v = np.asarray(p.values)
+        return np.repeat(v, q.block, axis=q.axis).take(np.arange(n), axis=q.axis)
+
+    zero = np.zeros((), np.int64)
+    if q.zero_point is not None and ir.present(node, q.zero_point) is not None:
+        z = full(q.zero_point)
+        if z is None:
+            return None
+        zero = z.astype(np.int64)
+    scale: np.ndarray | None = None
+    for slot in q.scales:
+        v = full(slot)
+        if v is None:
+            return None
+        scale = v.astype(np.float64) if scale is None else scale * v
+    return Dequant(zero, scale)
 
 
 def _is_float(t: gs.Constant) -> bool:

@@ -144,3 +144,85 @@ def test_replay_mode_explains_a_kept_channel_by_the_output_that_needs_it():
     assert why[0].startswith("replaying an unnamed Conv node shows that a kept output depends on it: ")
     assert why[0].endswith("index 0 (axis 1) depends on it")  # output channel 0 of y reads it
     assert bench.why("a", 1)[4] is None
+
+
+# ------------------------------------------------------------------ the replay's cost
+def test_a_scalar_output_is_replayed():
+    # Every element of x reaches the sum; the output has no axis for the relation to project on.
+    x, y = gs.Variable("x", np.float32, [1, 3, 2]), gs.Variable("y", np.float32, [])
+    node = gs.Node("ReduceSum", attrs={"keepdims": 0}, inputs=[x], outputs=[y])
+    found = replay(node, [np.zeros((1, 3, 2), np.float32)], [True], {0: [1, 2]}, 17)
+    assert found.depends[0].shape == () and bool(found.depends[0])
+    assert found.relation[(0, 1)] == [[]] and found.relation[(0, 2)] == [[]]
+
+
+def test_a_scalar_output_with_no_rule_keeps_the_channels_it_sums():
+    text = BETWEEN.replace("float[1, 4, 6, 6] y", "float y").replace(
+        "y = Conv (s, W2, B2)", "y = ReduceSum <keepdims = 0> (s)"
+    )
+    with without_rule("ReduceSum"):
+        result = shrink_checked(tiny(text.format(op="Relu"), zero=DEAD))
+    # The sum mixes every channel: the replay finds no axis it passes through.
+    assert shapes(result.model)["W1"] == (6, 3, 3, 3)
+    [found] = result.replayed
+    assert found["op"] == "ReduceSum" and "it mixes every axis; kept whole" in found["finding"]
+
+
+def test_copies_in_one_session_find_what_single_runs_find(monkeypatch):
+    # The same node replayed with one run per probe and with up to 32 probes per run (copies
+    # of the node side by side): the same relation, the same outputs.
+    from onnxshrink.analyze import replay as engine
+
+    node = lone("LpNormalization", shape=(1, 80, 3, 2), axis=1)
+    mask = np.zeros((1, 80, 1, 1), bool)
+    mask[0, ::3] = True
+    fixed = {0: (mask, np.full(mask.shape, 0.25, np.float32))}
+    x = np.zeros((1, 80, 3, 2), np.float32)
+    found = {}
+    for below in (0.0, 1.0):  # runs under `below` seconds get copies: never, always
+        monkeypatch.setattr(engine, "_BATCH_BELOW", below)
+        monkeypatch.setattr(engine, "_RUNNERS", engine.OrderedDict())
+        monkeypatch.setattr(engine, "_REPLAYS", engine.OrderedDict())
+        found[below] = replay(node, [x], [True], {0: [1, 2, 3]}, 17, fixed=fixed)
+        [runner] = engine._RUNNERS.values()
+        assert runner.copies == (1 if below == 0.0 else 32)
+        assert (runner._many is not None) == (below == 1.0)  # 53 probes a draw: one group
+    for key, rel in found[0.0].relation.items():
+        for per_output, again in zip(rel, found[1.0].relation[key], strict=True):
+            for r, s in zip(per_output, again, strict=True):
+                np.testing.assert_array_equal(r, s)
+    np.testing.assert_array_equal(found[0.0].depends[0], found[1.0].depends[0])
+    np.testing.assert_array_equal(found[0.0].outputs[0], found[1.0].outputs[0])
+    assert not found[0.0].relation[(0, 1)][0][1][::3].any()  # constant channels: never redrawn
+    assert found[0.0].relation[(0, 1)][0][1][1].all()  # the norm: every channel on every other
+
+
+def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypatch):
+    from onnxshrink.analyze import replay as engine
+
+    monkeypatch.setattr(engine, "_RUNNERS", engine.OrderedDict())
+    monkeypatch.setattr(engine, "_REPLAYS", engine.OrderedDict())
+    sessions, runs = [], [0]
+    make, run = engine._session, engine.NodeRunner.run
+    monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
+
+    def counted(self, inputs):
+        runs[0] += 1
+        return run(self, inputs)
+
+    monkeypatch.setattr(engine.NodeRunner, "run", counted)
+    node = lone("Softsign", shape=(1, 5, 2, 2))
+    x = np.zeros((1, 5, 2, 2), np.float32)
+    first = replay(node, [x], [True], {0: [1]}, 17)
+    built, ran = len(sessions), runs[0]
+    # Softsign has no float64 kernel: that session fails; then the float32 one (5 probes a
+    # draw: too few for a session of copies).
+    assert built == 2 and ran > 0
+    again = replay(lone("Softsign", shape=(1, 5, 2, 2)), [x], [True], {0: [1]}, 17)
+    assert again is first and len(sessions) == built and runs[0] == ran
+    # Known slices are not probed: their rows stay empty; the others are as before.
+    known = np.array([True, False, True, False, False])
+    part = replay(node, [x], [True], {0: [1]}, 17, enough=lambda *_: False, known={(0, 1): known})
+    assert len(sessions) == built
+    np.testing.assert_array_equal(part.relation[(0, 1)][0][1], np.diag(~known))
+    np.testing.assert_array_equal(first.relation[(0, 1)][0][1], np.eye(5, dtype=bool))

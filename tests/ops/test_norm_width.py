@@ -223,3 +223,33 @@ def test_a_zero_group_leaves_a_group_norm_whole():
     [gn] = [n for n in result.model.graph.node if n.op_type == "GroupNormalization"]
     assert next(a.i for a in gn.attribute if a.name == "num_groups") == 3
     assert params(result.model) == params(model) - 2 * (3 + 1 + 1 + 1 + 2) + 2  # W2's new bias
+
+
+SKIP_WITH_BIAS = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[2, 4, 6] x, float[6, 8] We, float[8, 8] W1, float[8, 8] W3, float[8] G, float[8] Bt,
+   float[8] G2, float[8] Bt2, float[8] Bd, float[8, 3] W2) => (float[2, 4, 3] out) {
+  e = MatMul (x, We)
+  a = MatMul (e, W1)
+  y0, m, iv, s = com.microsoft.SkipLayerNormalization <epsilon = 1e-5> (a, e, G, Bt)
+  c = MatMul (y0, W3)
+  y1, m2, iv2, s2 = com.microsoft.SkipLayerNormalization <epsilon = 1e-5> (c, s, G2, Bt2, Bd)
+  out = MatMul (y1, W2)
+}"""
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_a_skip_layernorm_with_its_bias_input_keeps_the_statistics_of_its_width(init):
+    """The fifth input (a bias added before normalizing) is a summand: once sliced, the norm must
+    still be padded back to its original width (it was left unpadded: error 0.58)."""
+    values = {}
+    if init == "default":  # unit scales, zero biases
+        values = {"G": np.ones(8, np.float32), "G2": np.ones(8, np.float32)}
+        values |= {n: np.zeros(8, np.float32) for n in ("Bt", "Bt2", "Bd")}
+    zero = {"We": np.s_[:, CUT], "W1": np.s_[:, CUT], "W3": np.s_[:, CUT]}
+    zero |= {n: np.s_[CUT] for n in ("G", "Bt", "G2", "Bt2", "Bd")}
+    model = tiny(SKIP_WITH_BIAS, zero=zero, values=values)
+    result = shrink(model, validate=False)
+    assert error_against(model, result.model) <= 1e-5
+    s = shapes(result.model)
+    assert s["We"] == (6, 6) and s["W1"] == (6, 6) and s["W3"] == (6, 6) and s["W2"] == (6, 3)
+    assert s["Bd"] == (6,) and s["G2"] == (6,)
