@@ -13,7 +13,6 @@ from onnx import helper, numpy_helper
 from models.transformers import TRANSFORMERS
 from models.zoo import ZOO, randomize
 from onnxshrink.prune import find_groups, prune
-from onnxshrink.prune.groups import DEFAULT_UNITS
 from onnxshrink.prune.importance import magnitude
 
 # Where an op reads a quantized input's zero point, and along which axis a vector one runs
@@ -56,6 +55,10 @@ def zeroed_by_hand(
     for name, axis, idx in slices:
         v = values[name]
         node, slot = next((n, list(n.input).index(name)) for n in out.graph.node if name in n.input)
+        if node.op_type == "Gather" and slot == 0:  # an integer table: dequantized after the Gather
+            node, slot = next(
+                (n, list(n.input).index(node.output[0])) for n in out.graph.node if node.output[0] in n.input
+            )
         if (node.op_type, slot) in SCALES:
             continue
         index = [slice(None)] * v.ndim
@@ -308,6 +311,138 @@ def test_dynamic_quantization_neurons_go_with_their_float_bias():
     assert s["Uq"] == (8, 8) and s["Ub"] == (8,) and s["Dq"] == (8, 8)
 
 
+# The hidden width of a transformer whose embedding tables are integers a Gather reads (the
+# dynamic and QOperator forms of onnxruntime.quantization): each table is dequantized after the
+# Gather (DequantizeLinear; QLinearAdd with the position table), per tensor, so its columns are
+# width members zeroed to that zero point. Library-default init: zero biases, unit norm scales.
+DYNAMIC_WIDTH = """<ir_version: 8, opset_import: ["" : 17]>
+g (int64[1, 4] ids, uint8[10, 8] Tq, float Ts, uint8 Tz, uint8[4, 8] Pq, float Ps, uint8 Pz,
+   int64[4] Pos, float[8] G0, float[8] B0, int8[8, 8] Wq, float Ws, int8 Wz, float[8] Wb,
+   float[8] G1, float[8] B1, int8[8, 3] Hq, float Hs, int8 Hz) => (float[1, 4, 3] y) {
+  te = Gather (Tq, ids)
+  t = DequantizeLinear (te, Ts, Tz)
+  pe = Gather (Pq, Pos)
+  p = DequantizeLinear (pe, Ps, Pz)
+  e = Add (t, p)
+  h0 = LayerNormalization (e, G0, B0)
+  q0, q0s, q0z = DynamicQuantizeLinear (h0)
+  m = MatMulInteger (q0, Wq, q0z, Wz)
+  mf = Cast <to = 1> (m)
+  ms = Mul (q0s, Ws)
+  mm = Mul (mf, ms)
+  o = Add (mm, Wb)
+  r = Add (h0, o)
+  h1 = LayerNormalization (r, G1, B1)
+  q1, q1s, q1z = DynamicQuantizeLinear (h1)
+  k = MatMulInteger (q1, Hq, q1z, Hz)
+  kf = Cast <to = 1> (k)
+  ks = Mul (q1s, Hs)
+  y = Mul (kf, ks)
+}"""
+
+QOP_WIDTH = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (int64[1, 4] ids, uint8[10, 8] Tq, float Ts, uint8 Tz, uint8[4, 8] Pq, float Ps, uint8 Pz,
+   int64[4] Pos, float Es, uint8 Ez, float[8] G0, float[8] B0, float Hs, uint8 Hz,
+   uint8[8, 8] Wq, float Ws, uint8 Wz, float Ms, uint8 Mz, uint8[8] Bq, float Bs, uint8 Bz,
+   float Os, uint8 Oz, float Rs, uint8 Rz, float[8] G1, float[8] B1, float Ks, uint8 Kz,
+   uint8[8, 3] Kq, float Kws, uint8 Kwz, float Ys, uint8 Yz) => (float[1, 4, 3] y) {
+  te = Gather (Tq, ids)
+  pe = Gather (Pq, Pos)
+  e = com.microsoft.QLinearAdd (te, Ts, Tz, pe, Ps, Pz, Es, Ez)
+  ed = DequantizeLinear (e, Es, Ez)
+  h0 = LayerNormalization (ed, G0, B0)
+  hq = QuantizeLinear (h0, Hs, Hz)
+  m = QLinearMatMul (hq, Hs, Hz, Wq, Ws, Wz, Ms, Mz)
+  o = com.microsoft.QLinearAdd (m, Ms, Mz, Bq, Bs, Bz, Os, Oz)
+  r = com.microsoft.QLinearAdd (hq, Hs, Hz, o, Os, Oz, Rs, Rz)
+  rd = DequantizeLinear (r, Rs, Rz)
+  h1 = LayerNormalization (rd, G1, B1)
+  h1q = QuantizeLinear (h1, Ks, Kz)
+  y8 = QLinearMatMul (h1q, Ks, Kz, Kq, Kws, Kwz, Ys, Yz)
+  y = DequantizeLinear (y8, Ys, Yz)
+}"""
+
+
+def width_values(form: str, default_init: bool, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    hidden = 8
+    if default_init:  # zero biases (quantized: at their zero point), unit norm scales
+        norms = {"G0": np.ones(hidden), "B0": np.zeros(hidden), "G1": np.ones(hidden), "B1": np.zeros(hidden)}
+    else:
+        norms = {n: rng.uniform(0.5, 1.5, hidden) for n in ("G0", "G1")} | {
+            n: rng.uniform(-0.3, 0.3, hidden) for n in ("B0", "B1")
+        }
+    values = {
+        "Tq": rng.integers(0, 256, (10, hidden)), "Ts": 0.02, "Tz": int(rng.integers(100, 156)),
+        "Pq": rng.integers(0, 256, (4, hidden)), "Ps": 0.01, "Pz": int(rng.integers(100, 156)),
+        "Pos": np.arange(4), **norms,
+    }  # fmt: skip
+    if form == "dynamic":
+        values |= {
+            "Wq": rng.integers(-100, 100, (hidden, hidden)), "Ws": 0.02, "Wz": int(rng.integers(-4, 4)),
+            "Wb": np.zeros(hidden) if default_init else rng.uniform(-0.3, 0.3, hidden),
+            "Hq": rng.integers(-100, 100, (hidden, 3)), "Hs": 0.03, "Hz": int(rng.integers(-4, 4)),
+        }  # fmt: skip
+    else:
+        bz = int(rng.integers(120, 136))
+        values |= {
+            "Es": 0.03, "Ez": 128, "Hs": 0.04, "Hz": 127, "Wq": rng.integers(0, 256, (hidden, hidden)),
+            "Ws": 0.01, "Wz": int(rng.integers(120, 136)), "Ms": 0.1, "Mz": 129,
+            "Bq": np.full(hidden, bz) if default_init else rng.integers(0, 256, hidden), "Bs": 0.002,
+            "Bz": bz, "Os": 0.1, "Oz": 126, "Rs": 0.08, "Rz": 130, "Ks": 0.04, "Kz": 125,
+            "Kq": rng.integers(0, 256, (hidden, 3)), "Kws": 0.01, "Kwz": 128, "Ys": 0.1, "Yz": 128,
+        }  # fmt: skip
+    return values
+
+
+@pytest.mark.parametrize("form", ["dynamic", "qop"])
+@pytest.mark.parametrize("default_init", [False, True])
+def test_hidden_width_goes_through_integer_embedding_tables(form, default_init):
+    from onnxshrink.testing import model_from_text
+
+    text = DYNAMIC_WIDTH if form == "dynamic" else QOP_WIDTH
+    model = model_from_text(text, values=width_values(form, default_init, seed=7))
+    gset = find_groups(model)
+    [layer] = [layer for layer in gset.layers if layer.kind == "width"]
+    assert len(layer.groups) == 8 and all(gset.groups[i].exact for i in layer.groups)
+    tables = {(m.initializer, m.axis) for i in layer.groups[:1] for m in gset.groups[i].members}
+    assert {("Tq", 1), ("Pq", 1)} <= tables
+    assert int(gset.zero_of("Tq")) == width_values(form, default_init, seed=7)["Tz"]
+    result = prune(model, 0.5, validate=False, units=["width"])
+    assert len(result.removed()) == 4
+    reference = zeroed_by_hand(model, chosen_slices(result))
+    rng = np.random.default_rng(3)
+    same_outputs(reference, result.model, [{"ids": rng.integers(0, 10, (1, 4))} for _ in range(3)])
+    s = {t.name: tuple(t.dims) for t in result.model.graph.initializer}
+    w = "Wq"
+    head = "Hq" if form == "dynamic" else "Kq"
+    assert s["Tq"] == (10, 4) and s["Pq"] == (4, 4) and s[w] == (4, 4) and s[head] == (4, 3)
+    assert s["G0"] == s["B1"] == (4,)
+
+
+
+def test_a_dynamically_quantized_block_goes_with_its_integer_weights():
+    """A block group holds its branch's integer weights (zeroed to their zero points) and float
+    bias: MatMulInteger of zero-point weights is 0, so is its Cast and its product with the
+    scale, and the residual Add goes with the branch."""
+    import onnxshrink
+    from onnxshrink.testing import model_from_text
+
+    model = model_from_text(DYNAMIC_WIDTH, values=width_values("dynamic", True, seed=7))
+    gset = find_groups(model)
+    [block] = [gset.groups[i] for layer in gset.layers if layer.kind == "block" for i in layer.groups]
+    assert block.exact and {(m.initializer, m.axis, len(m.indices)) for m in block.members} == {
+        ("Wq", 1, 8),
+        ("Wb", 0, 8),
+    }
+    reference = zeroed_by_hand(model, [(m.initializer, m.axis, m.indices) for m in block.members])
+    result = onnxshrink.shrink(reference, validate=False)
+    rng = np.random.default_rng(4)
+    same_outputs(reference, result.model, [{"ids": rng.integers(0, 10, (1, 4))} for _ in range(3)])
+    assert params(result.model) == params(model) - 8 * 8 - 8 - 2  # Wq, Wb, Ws and Wz
+    assert [n.op_type for n in result.model.graph.node].count("MatMulInteger") == 1
+
+
 # ------------------------------------------------------------------ onnxruntime.quantization
 class _Calibration:
     def __init__(self, path):
@@ -360,11 +495,11 @@ def quantized(zoo_dir, name: str, form: str):
 def test_onnxruntime_quantized_zoo_models_prune_as_their_float_model(zoo_dir, name, form):
     path = quantized(zoo_dir, name, form)
     model = onnx.load(path)
-    # The hidden width through LayerNorm (unit "width") is found in the float model only: the
-    # quantized forms' residual stream is re-quantized per tensor between blocks (left for later).
-    units = [u for u in DEFAULT_UNITS if u != "width"]
-    float_result = prune(quantized(zoo_dir, name, "float"), 0.5, validate=False, units=units)
-    result = prune(model, 0.5, validate=False, units=units)
+    # The default units, the hidden width through LayerNorm too (every form's embedding tables
+    # are its members: integers a Gather reads, dequantized after it, in the dynamic and
+    # QOperator forms).
+    float_result = prune(quantized(zoo_dir, name, "float"), 0.5, validate=False)
+    result = prune(model, 0.5, validate=False)
     reference = zeroed_by_hand(model, chosen_slices(result))
     same_outputs(reference, result.model, feeds(model, 2))
     removed = params(model) - params(result.model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
@@ -147,6 +148,35 @@ _SHAPE_UNARY: dict[str, Callable[[int], int]] = {"Neg": lambda p: -p, "Abs": abs
 SAME_SHAPE = {*UNARY, "Clip", "PRelu", "Dropout", "CastLike"}
 
 
+#: f(±0) is ±0 and f(NaN) is NaN: they keep a value that is 0 or NaN so
+_ZERO_NAN_KEEPING = ("Identity", "Floor", "Ceil", "Round", "Neg")
+
+
+def zero_or_nan(ctx: ConstView, t: gs.Tensor, r: int, depth: int = 0) -> np.ndarray | None:
+    """Where `t` is ±0 or NaN whatever the inputs (a mask aligned to rank r; None: nowhere): a
+    constant zero; 0 / d for any d (±0, or NaN where d is 0 or NaN: no assumption on d, a run-time
+    scale that can underflow to 0 among them); and Floor, Ceil, Round, Neg or a float Cast of
+    such a value."""
+    m, v = const_or_live(ctx, t, r)
+    at = m & (v == 0)
+    src = ir.producer(t)
+    if src is None or depth >= 8 or (src.domain or "") not in ("", "ai.onnx") or not src.outputs or src.outputs[0] is not t:
+        return at if at.any() else None
+    x = src.inputs[0] if src.inputs else None
+    rx = ir.rank(x) if x is not None else None
+    if src.op == "Div" and x is not None and rx is not None and rx <= r:
+        mx, vx = const_or_live(ctx, x, r)
+        at = at | (mx & (vx == 0))
+    elif x is not None and (
+        src.op in _ZERO_NAN_KEEPING
+        or (src.op == "Cast" and np.issubdtype(dtype_of(t), np.floating) and np.issubdtype(dtype_of(x), np.floating))
+    ):
+        inner = zero_or_nan(ctx, x, r, depth + 1)
+        if inner is not None:
+            at = at | inner
+    return at if at.any() else None
+
+
 @register(*[op for op in UNARY if op != "Identity"], *NARY)
 class Elementwise(Handler):
     """y[i] depends on each operand at the broadcast position i only."""
@@ -205,6 +235,39 @@ class Elementwise(Handler):
         return elementwise_dims(node, same_shape=node.op in SAME_SHAPE)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        y = node.outputs[0]
+        r = ir.rank(y)
+        if node.op == "Cast" and r is not None:
+            return self.cast_constants(node, ctx, r)
+        return self.computed_constants(node, ctx)
+
+    def cast_constants(self, node: gs.Node, ctx: ConstView, r: int) -> list[ConstInfo | None] | None:
+        """A Cast from floating point to an integer type is 0 wherever its input is 0 or NaN
+        (`zero_or_nan`): ONNX leaves the cast of a value out of the type's range, NaN among them,
+        undefined, so 0 is the cast wherever it is defined (quantize_dynamic's old form rounds
+        its bias into the accumulator as Cast(Floor(bias / scale)), and a zeroed bias over a
+        scale of 0 is NaN there)."""
+        found = self.computed_constants(node, ctx)
+        x, to = node.inputs[0], node.attrs.get("to")
+        if to is None or not np.issubdtype(dtype_of(x), np.floating):
+            return found
+        target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
+        if not np.issubdtype(target, np.integer):
+            return found
+        zero = zero_or_nan(ctx, x, r)
+        if zero is None:
+            return found
+        mask, value = np.zeros((1,) * r, bool), np.zeros((1,) * r, target)
+        if found and found[0] is not None:
+            mask, value = found[0].mask, found[0].value
+            mask = mask.reshape((1,) * (r - mask.ndim) + mask.shape)
+            value = value.reshape((1,) * (r - value.ndim) + value.shape)
+        mask, value, zero = np.broadcast_arrays(mask, value, zero)
+        return [compress(np.array(mask | zero), np.where(zero, 0, value).astype(target))]
+
+    def computed_constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        """The elements every operand holds constant (for a product, also where one operand is
+        an exact zero), evaluated."""
         y = node.outputs[0]
         r = ir.rank(y)
         ops = self.operands(node)

@@ -553,7 +553,8 @@ class MatMulInteger(_IntegerProduct):
             self.keep_activations(node, ks)
             return
         if w is None or w.ndim != 2 or ra is None or ra < 2 or ry != ra:
-            ks.barrier(node, Reason("barrier", node.name, node.op, "weights not a constant matrix"))
+            why = "weights not a constant matrix" if w is None or w.ndim != 2 else "shapes unknown"
+            ks.barrier(node, Reason("barrier", node.name, node.op, why))
             return
         ks.demand(a, pin=False)
         ks.demand(b, pin=False)

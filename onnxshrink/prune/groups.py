@@ -363,21 +363,13 @@ class _Finder:
             return True
         found: list[Dequant] = []
         params: set[str] = set()
-        rank = len(t.shape)
+        shape = tuple(int(n) for n in t.shape)
         for node in t.outputs:
-            handler = self.analysis.handler_for(node)
-            op = OpNode.of(node)
             i = next(k for k, x in enumerate(node.inputs) if x is t)
-            q = handler.quantized_input(op, i, rank) if handler is not None else None
-            if q is None:
+            ds = self._dequant_reads(node, i, shape, params)
+            if ds is None:
                 return False
-            d = self._dequant(node, q, tuple(int(n) for n in t.shape), params)
-            if d is not None and not q.scales and handler is not None:
-                shape = tuple(int(n) for n in t.shape)
-                d.scale = _along_axis(handler.applied_scale(node, i), q.axis, shape)
-            if d is None:
-                return False
-            found.append(d)
+            found.extend(ds)
         if not found or any(
             d.zero.shape != found[0].zero.shape or not np.array_equal(d.zero, found[0].zero) for d in found
         ):
@@ -385,6 +377,44 @@ class _Finder:
         self.dequant[t.name] = found[0]
         self.quant_params |= params
         return True
+
+    def _dequant_reads(
+        self, node: gs.Node, i: int, shape: tuple[int, ...], params: set[str], depth: int = 0
+    ) -> list[Dequant] | None:
+        """How input i of `node` (a constant of `shape`) is dequantized: by `node` itself, or,
+        where `node` only moves its values (a Gather of an integer embedding table, a Reshape),
+        by every reader of what it moves them to (quantize_dynamic's and the QOperator form's
+        embeddings: Gather, then DequantizeLinear or QLinearAdd). Through such a move only a
+        per-tensor zero point and scale hold: they are every element's wherever it goes. None:
+        not read as quantized."""
+        handler = self.analysis.handler_for(node)
+        if handler is None:
+            return None
+        op = OpNode.of(node)
+        q = handler.quantized_input(op, i, len(shape))
+        if q is not None:
+            d = self._dequant(node, q, shape, params)
+            if d is not None and not q.scales:
+                d.scale = _along_axis(handler.applied_scale(node, i), q.axis, shape)
+            return [d] if d is not None else None
+        y = node.outputs[0] if len(node.outputs) == 1 else None
+        x = node.inputs[i]
+        if depth >= 8 or i not in handler.moves_values(op) or y is None or not y.outputs:
+            return None
+        if y.dtype != x.dtype or ir.dims(y) is None or any(y is o for o in self.analysis.graph.outputs):
+            return None  # a Cast that changes the values' type, or a value the graph gives out
+        found: list[Dequant] = []
+        moved: set[str] = set()
+        for reader in y.outputs:
+            k = next(j for j, v in enumerate(reader.inputs) if v is y)
+            dims = tuple(d if isinstance(d, int) else -1 for d in ir.dims(y) or [])
+            ds = self._dequant_reads(reader, k, dims, moved, depth + 1)
+            if ds is None or moved or any(
+                d.zero.size != 1 or (d.scale is not None and d.scale.size != 1) for d in ds
+            ):
+                return None
+            found.extend(ds)
+        return found
 
     @staticmethod
     def _dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:

@@ -282,3 +282,97 @@ def test_a_depthwise_qlinearconv_loses_the_channels_at_their_zero_point():
     assert [a.i for a in depthwise.attribute if a.name == "group"] == [3]
     feed = {"x": rng.integers(0, 255, (1, 3, 6, 6)).astype(np.uint8)}
     assert np.array_equal(run(model, feed)[0], run(result.model, feed)[0])  # integer output: equal
+
+
+# onnxruntime's older dynamic quantizer (ddddocr's common_old.onnx): the float bias is rounded
+# into ConvInteger's int32 accumulator at run time, Cast(Floor(bias / (x_scale * w_scale))), and
+# the sum is scaled back by the same product. A filter at its zero point with a zero bias adds 0 /
+# scale there: 0, or NaN where the scale is 0 (an input whose range underflows it), which the
+# cast to int32 leaves undefined: 0 wherever it is defined. So the channel is 0 and goes.
+OLD_DYNAMIC = """<ir_version: 8, opset_import: ["" : 13]>
+g (float[1, 3, 6, 6] x, uint8[8, 3, 3, 3] Wq, float Ws, uint8 Wz, float[8] Wb, int64[4] Shape,
+   uint8[4, 8, 1, 1] Vq, float Vs, uint8 Vz, float[4] Vb) => (float[1, 4, 6, 6] y) {
+  xq, xs, xz = DynamicQuantizeLinear (x)
+  bs = Mul (xs, Ws)
+  bd = Div (Wb, bs)
+  bf = Floor (bd)
+  bi = Cast <to = 6> (bf)
+  br = Reshape (bi, Shape)
+  acc = ConvInteger <pads = [1, 1, 1, 1]> (xq, Wq, xz, Wz)
+  a = Add (acc, br)
+  af = Cast <to = 1> (a)
+  os = Mul (xs, Ws)
+  h = Mul (af, os)
+  r = Relu (h)
+  rq, rs, rz = DynamicQuantizeLinear (r)
+  cs = Mul (rs, Vs)
+  cd = Div (Vb, cs)
+  cf = Floor (cd)
+  ci = Cast <to = 6> (cf)
+  cr = Reshape (ci, Shape)
+  acc2 = ConvInteger (rq, Vq, rz, Vz)
+  a2 = Add (acc2, cr)
+  af2 = Cast <to = 1> (a2)
+  os2 = Mul (rs, Vs)
+  y = Mul (af2, os2)
+}"""
+
+
+def old_dynamic_values(zero_bias: bool, dead: list[int]) -> dict:
+    rng = np.random.default_rng(10)
+    wq = rng.integers(0, 256, (8, 3, 3, 3))
+    wb = np.zeros(8) if zero_bias else rng.uniform(-0.5, 0.5, 8)
+    wq[dead], wb[dead] = 131, 0  # masked: the weight zero point, the bias 0
+    return {
+        "Wq": wq, "Ws": 0.004, "Wz": 131, "Wb": wb, "Shape": [1, -1, 1, 1],
+        "Vq": rng.integers(0, 256, (4, 8, 1, 1)), "Vs": 0.003, "Vz": 126,
+        "Vb": np.zeros(4) if zero_bias else rng.uniform(-0.5, 0.5, 4),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("zero_bias", [False, True])
+def test_a_bias_rounded_into_the_accumulator_at_run_time_goes_with_its_filter(zero_bias):
+    model = tiny(OLD_DYNAMIC, values=old_dynamic_values(zero_bias, dead=[1, 4, 6]))
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["Wq"] == (5, 3, 3, 3) and s["Vq"] == (4, 5, 1, 1)
+    if zero_bias:  # every bias 0: each rounded bias is 0 where defined, and its Add goes
+        assert "Wb" not in s and "Vb" not in s
+        assert [n.op_type for n in result.model.graph.node].count("Add") == 0
+        assert params(result.model) == params(model) - 3 * (27 + 4) - 8 - 4
+    else:
+        assert s["Wb"] == (5,) and s["Vb"] == (4,)
+        assert params(result.model) == params(model) - 3 * (27 + 1 + 4)
+    # An input whose range underflows the scale to 0 (onnxruntime gives 0 for 1e-45 / 255): the
+    # masked channels' biases are 0 / 0 = NaN in the input model, its cast to int32 undefined,
+    # and every channel is then multiplied by that zero scale: the outputs agree still.
+    tiny_x = np.zeros((1, 3, 6, 6), np.float32)
+    tiny_x[0, 1, 2, 3] = 1e-45
+    a, b = run(model, {"x": tiny_x})[0], run(result.model, {"x": tiny_x})[0]
+    assert np.isfinite(a).all() and np.array_equal(a, b)
+
+
+def test_only_a_cast_to_integers_of_zero_over_a_run_time_value_is_zero():
+    """0 / d is 0 or NaN whatever d is: its cast to an integer type is 0 where defined, while the
+    float itself (NaN where d is 0) and a non-zero numerator over d are not constants."""
+    from onnxshrink.analyze import analyze
+    from onnxshrink.ops import lookup
+    from onnxshrink.prepare import prepare
+
+    text = """<ir_version: 8, opset_import: ["" : 13]>
+    g (float[4] d, float[4] N) => (int32[4] i, float[4] f, int32[4] j) {
+      q = Div (N, d)
+      f = Neg (q)
+      g2 = Floor (f)
+      i = Cast <to = 6> (g2)
+      j = Cast <to = 6> (d)
+    }"""
+    model = tiny(text, values={"N": [0.0, 1.5, 0.0, -2.0]})
+    graph, _ = prepare(model)
+    consts = analyze(graph, 13, lookup(13)).consts
+    tensors = {t.name: t for n in graph.nodes for t in n.outputs}
+    i = consts.const(tensors["i"])
+    assert i is not None
+    mask, value = np.broadcast_arrays(i.mask, i.value)
+    assert mask.tolist() == [True, False, True, False] and value[mask].tolist() == [0, 0]
+    assert consts.const(tensors["f"]) is None and consts.const(tensors["j"]) is None
