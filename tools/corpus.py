@@ -375,11 +375,11 @@ def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> 
                     # float64, onnxshrink's judge widening both) or another function
                     from onnxshrink.judge import float64_outputs
 
-                    onnx_feeds = [dict(feeds)]
-                    names = [o.name for o in _load(by_hand).graph.output]
+                    hand_model = _load(by_hand)
+                    names = [o.name for o in hand_model.graph.output]
                     row["hand_error64"] = _max_rel_error(
-                        float64_outputs(_load(by_hand), onnx_feeds, names)[0],
-                        float64_outputs(_load(out), onnx_feeds, names)[0],
+                        float64_outputs(hand_model, [dict(feeds)], names)[0],
+                        float64_outputs(_load(out), [dict(feeds)], names)[0],
                     )
         except Exception as e:
             row["hand_exception"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"

@@ -208,19 +208,7 @@ class _ConvBase(Handler):
             return
         g, ci, co = self.layout(node, w)
         if g > 1:
-            self.keep_groups(node, ks, node.inputs[0], node.outputs[0], g, ci // g, co // g)
-
-    def keep_groups(
-        self,
-        node: gs.Node,
-        ks: KeepView,
-        x: gs.Tensor,
-        y: gs.Tensor,
-        g: int,
-        cin: int,
-        cout: int,
-    ) -> None:
-        keep_groups(node, ks, x, y, g, cin, cout)
+            keep_groups(node, ks, node.inputs[0], node.outputs[0], g, ci // g, co // g)
 
     # -------------------------------------------------------------- rewrite
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
@@ -355,7 +343,7 @@ class ConvTranspose(_ConvBase):
 
 
 def keep_groups(
-node: gs.Node,
+    node: gs.Node,
     ks: KeepView,
     x: gs.Tensor,
     y: gs.Tensor,

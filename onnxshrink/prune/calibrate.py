@@ -87,6 +87,17 @@ def run_feeds(sess, feeds: Sequence[Mapping[str, np.ndarray]], names: list[str],
         yield dict(zip(names, ran, strict=True))
 
 
+def probe_model(model: onnx.ModelProto, wanted: Iterable[str]) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of `model` that also gives out the `wanted` tensors, and all its output names."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in model.graph.output}
+    for name in wanted:
+        if name not in present:
+            probe.graph.output.append(onnx.ValueInfoProto(name=name))
+    return probe, [o.name for o in probe.graph.output]
+
+
 def collect(
     model: onnx.ModelProto,
     activations: Mapping[str, int],
@@ -106,13 +117,8 @@ def collect(
     # no statistics (the criteria fall back to its magnitude; it is not compensated)
     visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     activations = {k: v for k, v in activations.items() if k in visible}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
     outputs = [o.name for o in model.graph.output]
-    for name in activations:
-        if name not in outputs:
-            probe.graph.output.append(onnx.ValueInfoProto(name=name))
-    names = [o.name for o in probe.graph.output]
+    probe, names = probe_model(model, activations)
     sess = session(probe, provider)
     rng = np.random.default_rng(seed)
     stats: dict[str, ChannelStats] = {}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -435,19 +435,8 @@ class _Finder:
 
         if q.block:
             return _block_dequant(node, q, shape, params)
-        zero = np.zeros((), np.int64)
-        if q.zero_point is not None and ir.present(node, q.zero_point) is not None:
-            z = shaped(q.zero_point)
-            if z is None:
-                return None
-            zero = z.astype(np.int64)
-        scale: np.ndarray | None = None
-        for slot in q.scales:
-            v = shaped(slot)
-            if v is None:  # a scale computed at run time: the magnitude is taken in integer units
-                return Dequant(zero, None)
-            scale = v.astype(np.float64) if scale is None else scale * v
-        return Dequant(zero, scale)
+        # a scale computed at run time: the magnitude is taken in integer units
+        return _zero_and_scale(node, q, shaped, run_time_scale=True)
 
     def _read_as(
         self, node: gs.Node, i: int, rank: int, depth: int = 0
@@ -858,17 +847,26 @@ def _blocked_along(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -
         v = np.asarray(p.values)
         return np.repeat(v, q.block, axis=q.axis).take(np.arange(n), axis=q.axis)
 
+    return _zero_and_scale(node, q, full, run_time_scale=False)
+
+
+def _zero_and_scale(
+    node: gs.Node, q, read: Callable[[int], np.ndarray | None], run_time_scale: bool
+) -> Dequant | None:
+    """The Dequant of `q`'s zero point and scales on `node`, each read by `read` (None: not a
+    constant of the form it wants). A scale that is not: Dequant(zero, None) with
+    `run_time_scale`, else None (no member)."""
     zero = np.zeros((), np.int64)
     if q.zero_point is not None and ir.present(node, q.zero_point) is not None:
-        z = full(q.zero_point)
+        z = read(q.zero_point)
         if z is None:
             return None
         zero = z.astype(np.int64)
     scale: np.ndarray | None = None
     for slot in q.scales:
-        v = full(slot)
+        v = read(slot)
         if v is None:
-            return None
+            return Dequant(zero, None) if run_time_scale else None
         scale = v.astype(np.float64) if scale is None else scale * v
     return Dequant(zero, scale)
 

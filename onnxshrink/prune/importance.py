@@ -32,7 +32,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.errors import ShrinkError
 from onnxshrink.prune.calibrate import Calibration, collect
 from onnxshrink.prune.groups import Group, GroupSet, Member
 
@@ -75,7 +75,7 @@ def scores(
                     f"--criterion {criterion} ranks groups by their activations on your inputs: "
                     "give them with --inputs data.npz (one array per model input)."
                 )
-            calibration = collect(model, activations(exact, model), inputs)
+            calibration = collect(model, activations(exact), inputs)
         per_channel = {
             "activation": lambda s: s.mean_abs,
             "wanda": lambda s: s.rms,
@@ -188,43 +188,22 @@ def block_influence(
     return {i: 1.0 - c for i, c in cos.items()}
 
 
-def _runs(model: onnx.ModelProto, wanted: set[str] | dict[str, int], inputs: list[Mapping[str, np.ndarray]]):
+def _runs(model: onnx.ModelProto, wanted: set[str], inputs: list[Mapping[str, np.ndarray]]):
     """The model run on each of `inputs` with onnxruntime, the `wanted` tensors among its
     outputs: {name: array} per run."""
+    from onnxshrink.prune.calibrate import probe_model, run_feeds
     from onnxshrink.validate import check_inputs, session
 
     check_inputs(model, inputs)  # names, dtypes and shapes, as for the proof (each named)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    present = {o.name for o in probe.graph.output}
-    for name in wanted:
-        if name not in present:
-            probe.graph.output.append(onnx.ValueInfoProto(name=name))
-    names = [o.name for o in probe.graph.output]
-    sess = session(probe, "cpu")
-    feed_names = {i.name for i in sess.get_inputs()}
-    for feed in inputs:
-        try:
-            ran = sess.run(None, {k: v for k, v in feed.items() if k in feed_names})
-        except Exception as exc:  # onnxruntime on the user's values: a token id out of range, ...
-            raise ShrinkError(
-                f"{getattr(feed, 'source', '--inputs')}: the model fails to run on these inputs in "
-                f"onnxruntime ({first_line(exc)}). Check the arrays' values against the model's "
-                "inputs (e.g. token ids below the vocabulary size)."
-            ) from exc
-        yield dict(zip(names, ran, strict=True))
+    probe, names = probe_model(model, wanted)
+    return run_feeds(session(probe, "cpu"), inputs, names, "--inputs")
 
 
-def activations(groups: list[Group], model: onnx.ModelProto | None = None) -> dict[str, int]:
-    """Every activation the groups' input-side weights read: {tensor: channel axis}; with
-    `model`, only its main graph's (inside an If/Loop/Scan body, none can be an output: those
-    groups are ranked by their magnitude)."""
-    visible = None
-    if model is not None:
-        visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+def activations(groups: list[Group]) -> dict[str, int]:
+    """Every activation the groups' input-side weights read: {tensor: channel axis}."""
     out: dict[str, int] = {}
     for g in groups:
         for m in g.members:
-            if m.data is not None and (visible is None or m.data[0] in visible):
+            if m.data is not None:
                 out[m.data[0]] = m.data[1]
     return out

@@ -241,7 +241,7 @@ def prune(
         opts.say(f"running the model on the calibration inputs ({len(data or [])} feed(s)) ...")
         calibration = collect(
             proto,
-            activations(gset.exact(), proto),
+            activations(gset.exact()),
             data or [],
             samples=compensate == "refit",
             seed=opts.seed,
