@@ -51,7 +51,8 @@ def model_stats(
 ) -> ModelStats:
     from onnxshrink.ops import facts
 
-    ops = Counter(n.op_type for n in model.graph.node)
+    # Nodes of every graph the file holds (an If-wrapped model is all branches)
+    ops = Counter(n.op_type for g in ir.all_graphs(model.graph) for n in g.node)
     # Float constants, whether stored as initializers or Constant nodes (onnxshrink turns the
     # latter into the former, which must not change the count), in subgraphs too (a weight only
     # a Loop body reads may be stored there).
@@ -68,7 +69,7 @@ def model_stats(
                 params += int(value.size)
     return ModelStats(
         dict(sorted(ops.items())),
-        len(model.graph.node),
+        sum(ops.values()),
         params,
         count_macs(model, input_shapes or {}),
         file_bytes,

@@ -272,12 +272,16 @@ g (float[5,1,3] x, float[1,6] h0, float[3,4] Win, float[4,6] Wx, float[6,6] U, f
 
 
 def test_macs_count_an_if_as_its_costlier_branch_and_its_nodes_by_name():
-    from onnxshrink.report import count_macs, node_macs
+    from onnxshrink.report import count_macs, model_stats, node_macs
 
     model = tiny(IF_MACS.replace("e = Tile (e1, reps)", "reps = Constant <value = int64[2] {1, 8}> ()\n      e = Tile (e1, reps)"))
     # main 8*3; then 8*16 = 128; else 8*4 + 4*2 = 40: the then branch is what a run can cost
     assert count_macs(model, {"x": [1, 8]}) == 24 + 128
     assert node_macs(model, {"x": [1, 8]}) == {"y": 24, "t": 128, "e0": 32, "e1": 8}
+    # the ops table and the node count hold the branches' nodes too
+    stats = model_stats(model, {"x": [1, 8]})
+    assert stats.ops == {"Constant": 1, "If": 1, "MatMul": 4, "Tile": 1} and stats.nodes == 7
+    assert stats.macs == 24 + 128
 
 
 def test_macs_count_a_loop_body_per_iteration_when_the_graph_fixes_the_trip_count():
