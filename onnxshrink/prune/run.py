@@ -181,7 +181,7 @@ def prune(
     from onnxshrink.prune import allocate as alloc
     from onnxshrink.prune import compensate as comp_mod
     from onnxshrink.prune.calibrate import collect
-    from onnxshrink.prune.importance import DATA_CRITERIA, activations
+    from onnxshrink.prune.importance import DATA_CRITERIA, activations, block_streams
     from onnxshrink.prune.targets import Costs, LatencyMeter
 
     units = tuple(DEFAULT_UNITS if units is None else units)
@@ -244,6 +244,7 @@ def prune(
             activations(gset.exact()),
             data or [],
             samples=compensate == "refit",
+            streams=block_streams(gset, gset.exact()),
             seed=opts.seed,
             provider=opts.provider,
         )
