@@ -561,7 +561,16 @@ def retie_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> None:
             kept[original] = [(original, numpy_helper.to_array(inits[original][1]))]
         g, t = inits[name]
         v = numpy_helper.to_array(t)
-        same = next((k for k, w in kept[original] if w.dtype == v.dtype and np.array_equal(w, v)), None)
+        # the original (stored where all its readers see it) or a copy beside this one: a copy
+        # in a sibling body is out of this reader's scope
+        same = next(
+            (
+                k
+                for k, w in kept[original]
+                if (k == original or inits[k][0] is g) and w.dtype == v.dtype and np.array_equal(w, v)
+            ),
+            None,
+        )
         if same is None:
             kept[original].append((name, v))
             continue
