@@ -480,3 +480,37 @@ def test_the_past_of_a_multi_head_attention_takes_the_key_and_value_head_sizes()
     chosen = resolve_shapes(tiny(text), {})
     assert chosen["past_k"] == [2, 2, 16, 8]
     assert chosen["past_v"] == [2, 2, 16, 4]
+
+
+def test_a_state_nothing_else_reads_keeps_one_head_of_its_output():
+    """A second attention whose output nothing reads (a builder that wired the LM head to an
+    earlier layer writes such): its cache is a state only its own present extends, so every
+    index of its heads and head dims could go, but a graph output exists: it keeps one of each
+    (index 0), the first proof passes, and the outputs are the model's (fed the whole cache) there."""
+    text = (
+        "g (float[B,S,12] x, float[B,3,P,4] past, float[B,3,P,4] past2, float[12,12] Wq, float[12,12] Wk,"
+        " float[12,12] Wo, float[12,12] Wq2, float[12,12] Wk2, float[12,12] Wo2)"
+        " => (float[B,S,12] y, float[B,3,T,4] present, float[B,3,T,4] present2) {"
+        + SHAPES
+        + attention("present", "past", "y")
+        + attention("present2", "past2", "y2", p="b_", w="2")
+        + "}"
+    )
+    model = tiny(text, seed=2)
+    result = shrink(model)
+    assert result.validation is not None and result.validation.passed
+    assert not result.kept_after_failed_proof
+    assert [(c.name, c.after) for c in result.interface_changes] == [
+        ("past2", ["B", 1, "P", 1]),
+        ("present2", ["B", 1, "T", 1]),
+    ]
+    sizes = {t.name: list(t.dims) for t in result.model.graph.initializer if t.name.startswith("W")}
+    assert sizes == {"Wq": [12, 12], "Wk": [12, 12], "Wo": [12, 12], "Wk2": [12, 1]}
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 12)).astype(np.float32)
+    past, past2 = (rng.standard_normal((2, 3, 4, 4)).astype(np.float32) for _ in range(2))
+    ref = run(model, {"x": x, "past": past, "past2": past2})
+    got = run(result.model, {"x": x, "past": past, "past2": past2[:, :1, :, :1]})
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[2], ref[2][:, :1, :, :1], rtol=1e-5, atol=1e-6)
