@@ -307,7 +307,9 @@ def resolve_shapes(
     model: onnx.ModelProto, given: Mapping[str, list[int]]
 ) -> dict[str, list[int]]:
     """Concrete shapes for every graph input: given ones, static dims, and sizes chosen for the
-    dynamic ones (one value per dim name): 2 for a leading batch axis; for the others, 16 when
+    dynamic ones (one value per dim name): those the ops reading the input require of it
+    (`Handler.input_dims`: a fused attention's cache has its head size); 2 for a leading batch
+    axis; for the others, 16 when
     the model's shapes infer at 16, else the smallest size its own downsampling survives (see
     `survived_size`)."""
     inputs = _graph_inputs(model)
