@@ -557,9 +557,13 @@ def prove(
     if rewritten.interface:  # a KV cache lost heads: the reference called as the shrunk model is
         from onnxshrink.analyze.cache import sliced_feeds, sliced_interface, sliced_shapes
 
+        # the dims chosen for the user's model (what its ops require of them: a fused
+        # attention's cache has its head size), then sliced: the Pad and Gather in front of the
+        # sliced reference hide from the ops the inputs they constrain
+        whole = resolve_shapes(reference, opts.input_shapes or {})
         reference = sliced_interface(reference, rewritten.interface)
         opts = opts.but(
-            input_shapes=sliced_shapes(opts.input_shapes, rewritten.interface),
+            input_shapes=sliced_shapes(whole, rewritten.interface),
             inputs=sliced_feeds(opts.inputs, rewritten.interface),
         )
     return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir, twin, judge_macs)

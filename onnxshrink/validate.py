@@ -307,7 +307,9 @@ def resolve_shapes(
     model: onnx.ModelProto, given: Mapping[str, list[int]]
 ) -> dict[str, list[int]]:
     """Concrete shapes for every graph input: given ones, static dims, and sizes chosen for the
-    dynamic ones (one value per dim name): 2 for a leading batch axis; for the others, 16 when
+    dynamic ones (one value per dim name): those the ops reading the input require of it
+    (`Handler.input_dims`: a fused attention's cache has its head size); 2 for a leading batch
+    axis; for the others, 16 when
     the model's shapes infer at 16, else the smallest size its own downsampling survives (see
     `survived_size`)."""
     inputs = _graph_inputs(model)
@@ -335,6 +337,12 @@ def resolve_shapes(
                 if d.HasField("dim_param"):
                     symbols.setdefault(d.dim_param, v)
             shapes[inp.name] = shape
+    required = _required_dims(model, [i for i in inputs if i.name not in shapes])
+    for inp in inputs:
+        for k, d in enumerate(inp.type.tensor_type.shape.dim):
+            size = required.get(inp.name, {}).get(k)
+            if size is not None and d.HasField("dim_param") and d.dim_param:
+                symbols.setdefault(d.dim_param, size)
     free = [
         inp
         for inp in inputs
@@ -354,6 +362,8 @@ def resolve_shapes(
             for k, d in enumerate(inp.type.tensor_type.shape.dim):
                 if d.HasField("dim_value"):
                     shape.append(d.dim_value)
+                elif k in required.get(inp.name, {}) and not d.dim_param:
+                    shape.append(required[inp.name][k])
                 else:
                     default = 2 if k == 0 else size
                     shape.append(named.setdefault(d.dim_param, default) if d.dim_param else default)
@@ -364,6 +374,45 @@ def resolve_shapes(
         return at(DEFAULT_SIZE)
     size = survived_size(model, at)
     return at(size if size is not None else DEFAULT_SIZE)
+
+
+def _required_dims(model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto]) -> dict[str, dict[int, int]]:
+    """The sizes the ops reading these graph inputs require of their dynamic axes (each handler's
+    `input_dims`: a fused attention's past cache has the query's head size), read from the
+    static dims of the ops' other inputs; inferred only when some op reads such an input."""
+    from onnxshrink.ops import facts
+    from onnxshrink.prepare import default_opset
+    from onnxshrink.prepare.shapes import inferred_shapes
+
+    dynamic = {
+        i.name: {k for k, d in enumerate(i.type.tensor_type.shape.dim) if not d.HasField("dim_value")}
+        for i in inputs
+    }
+    dynamic = {name: axes for name, axes in dynamic.items() if axes}
+    known: dict[str, list[int | None]] | None = None
+
+    def dims(name: str) -> list[int | None] | None:
+        nonlocal known
+        if known is None:
+            known = {t.name: list(t.dims) for t in model.graph.initializer}
+            for vi in [*model.graph.input, *model.graph.value_info, *inferred_shapes(model)]:
+                t = vi.type.tensor_type
+                if vi.type.HasField("tensor_type") and t.HasField("shape"):
+                    known[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        return known.get(name)
+
+    opset = default_opset(model)
+    required: dict[str, dict[int, int]] = {}
+    for n in model.graph.node:
+        if not any(x in dynamic for x in n.input):
+            continue
+        handler, op = facts(n, opset)
+        for i, axes in (handler.input_dims(op, dims) if handler else {}).items():
+            name = n.input[i] if i < len(n.input) else ""
+            for k, size in axes.items():
+                if k in dynamic.get(name, ()):
+                    required.setdefault(name, {})[k] = size
+    return required
 
 
 # The size of a dynamic dim (other than a leading batch axis) when the model's shapes infer at it.

@@ -402,3 +402,115 @@ def test_kv_heads_not_countable_not_written(tmp_path):
     assert not (tmp_path / "out" / "config.json").exists()
     (note,) = result.runtime_configs
     assert "num_key_value_heads: not countable in the shrunk model" in note["text"]
+
+
+# onnxruntime-genai's builder form: Q, K and V packed in one projection read by a
+# GroupQueryAttention with a cache whose head size is a dim symbol, as the builder declares it
+# ([batch, kv heads, past, kv_cache_dim]); the sequence lengths computed from the attention mask.
+# 4 query heads over 2 K/V heads of 32 (onnxruntime's CPU kernel takes no head size under 16).
+GENAI = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[batch,seq,16] x, int64[batch,total] mask, float[batch,2,past,kv_cache_dim] past_k,
+   float[batch,2,past,kv_cache_dim] past_v, float[16,256] W, float[128,16] Wo)
+  => (float[batch,seq,16] y, float[batch,2,total,kv_cache_dim] present_k, float[batch,2,total,kv_cache_dim] present_v) {
+  one = Constant<value=int64[1] {1}>()
+  one_ = Constant<value=int64 {1}>()
+  summed = ReduceSum<keepdims=0>(mask, one)
+  last = Sub(summed, one_)
+  seqlens = Cast<to=6>(last)
+  shape = Shape(mask)
+  width = Gather<axis=0>(shape, one_)
+  total_len = Cast<to=6>(width)
+  qkv = MatMul(x, W)
+  a, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads=4, kv_num_heads=2>(qkv, , , past_k, past_v, seqlens, total_len)
+  y = MatMul(a, Wo)
+}
+"""
+# K/V group 1: query heads 2 and 3, K head 1, V head 1 of the packed projection; their rows of Wo.
+GENAI_GROUP1 = {"W": np.s_[:, np.r_[64:128, 160:192, 224:256]], "Wo": np.s_[64:128, :]}
+
+
+def test_a_packed_gqa_cache_of_a_symbolic_head_size_is_proven_at_its_head_size(tmp_path):
+    """The proof draws the cache at the head size the query gives (32), not at the size chosen
+    for other dynamic dims (16, which onnxruntime refuses): the shrink passes its proof, and
+    runs as the input with the group zeroed, fed the whole cache, on the kept K/V head."""
+    from onnxshrink.validate import resolve_shapes
+
+    model = tiny(GENAI, zero=GENAI_GROUP1, seed=3)
+    chosen = resolve_shapes(model, {})
+    assert chosen["past_k"] == chosen["past_v"] == [2, 2, 16, 32]
+    result = shrink(model, output=tmp_path / "small.onnx")
+    assert result.validation is not None and result.validation.passed
+    assert [(c.name, c.after) for c in result.interface_changes] == [
+        ("past_k", ["batch", 1, "past", "kv_cache_dim"]),
+        ("past_v", ["batch", 1, "past", "kv_cache_dim"]),
+        ("present_k", ["batch", 1, "total", "kv_cache_dim"]),
+        ("present_v", ["batch", 1, "total", "kv_cache_dim"]),
+    ]
+    shrunk = onnx.load(tmp_path / "small.onnx")
+    assert {t.name: list(t.dims) for t in shrunk.graph.initializer if t.name.startswith("W")} == {
+        "W": [16, 128],
+        "Wo": [64, 16],
+    }
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 3, 16)).astype(np.float32)
+    past_k, past_v = (rng.standard_normal((1, 2, 5, 32)).astype(np.float32) for _ in range(2))
+    mask = np.ones((1, 8), np.int64)
+    ref = run(model, {"x": x, "mask": mask, "past_k": past_k, "past_v": past_v})
+    got = run(shrunk, {"x": x, "mask": mask, "past_k": past_k[:, :1], "past_v": past_v[:, :1]})
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], ref[1][:, :1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[2], ref[2][:, :1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_past_of_a_multi_head_attention_takes_the_key_and_value_head_sizes():
+    """MultiHeadAttention's past key and value: the query's head size (16 / 2 heads) and the
+    value's (8 / 2), each its own dim symbol."""
+    from onnxshrink.validate import resolve_shapes
+
+    text = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[batch,seq,16] x, float[batch,2,past,dk] past_k, float[batch,2,past,dv] past_v,
+       float[16,16] Wq, float[16,16] Wk, float[16,8] Wv, float[8,16] Wo) => (float[batch,seq,16] y) {
+      q = MatMul(x, Wq)
+      k = MatMul(x, Wk)
+      v = MatMul(x, Wv)
+      a, pk, pv = com.microsoft.MultiHeadAttention<num_heads=2>(q, k, v, , , , past_k, past_v)
+      y = MatMul(a, Wo)
+    }
+    """
+    chosen = resolve_shapes(tiny(text), {})
+    assert chosen["past_k"] == [2, 2, 16, 8]
+    assert chosen["past_v"] == [2, 2, 16, 4]
+
+
+def test_a_state_nothing_else_reads_keeps_one_head_of_its_output():
+    """A second attention whose output nothing reads (a builder that wired the LM head to an
+    earlier layer writes such): its cache is a state only its own present extends, so every
+    index of its heads and head dims could go, but a graph output exists: it keeps one of each
+    (index 0), the first proof passes, and the outputs are the model's (fed the whole cache) there."""
+    text = (
+        "g (float[B,S,12] x, float[B,3,P,4] past, float[B,3,P,4] past2, float[12,12] Wq, float[12,12] Wk,"
+        " float[12,12] Wo, float[12,12] Wq2, float[12,12] Wk2, float[12,12] Wo2)"
+        " => (float[B,S,12] y, float[B,3,T,4] present, float[B,3,T,4] present2) {"
+        + SHAPES
+        + attention("present", "past", "y")
+        + attention("present2", "past2", "y2", p="b_", w="2")
+        + "}"
+    )
+    model = tiny(text, seed=2)
+    result = shrink(model)
+    assert result.validation is not None and result.validation.passed
+    assert not result.kept_after_failed_proof
+    assert [(c.name, c.after) for c in result.interface_changes] == [
+        ("past2", ["B", 1, "P", 1]),
+        ("present2", ["B", 1, "T", 1]),
+    ]
+    sizes = {t.name: list(t.dims) for t in result.model.graph.initializer if t.name.startswith("W")}
+    assert sizes == {"Wq": [12, 12], "Wk": [12, 12], "Wo": [12, 12], "Wk2": [12, 1]}
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 12)).astype(np.float32)
+    past, past2 = (rng.standard_normal((2, 3, 4, 4)).astype(np.float32) for _ in range(2))
+    ref = run(model, {"x": x, "past": past, "past2": past2})
+    got = run(result.model, {"x": x, "past": past, "past2": past2[:, :1, :, :1]})
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[2], ref[2][:, :1, :, :1], rtol=1e-5, atol=1e-6)

@@ -593,4 +593,10 @@ class KeepState:
                                 "an input needs at least one channel",
                             ),
                         )
+        for t in self.graph.outputs:  # a graph output exists, even a state no other output reads
+            if t.name not in self.demanded:
+                continue
+            for a, k in enumerate(self._state(t)):
+                if k is not None and len(k) and not k.any():
+                    self.keep(t, a, [0], Reason("interface", detail="a graph output keeps at least one index of each axis"))
         return self._changes != before

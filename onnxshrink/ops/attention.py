@@ -22,7 +22,7 @@ with its query heads) together (`KeepView.unit`) and says where its heads are (`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -309,7 +309,7 @@ class _PackedHeads(Handler):
     #: an attention mask that may have a head axis ([.., heads or 1, q, k])
     mask_slot: int | None = None
 
-    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+    def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         """(query heads, key/value heads)."""
         raise NotImplementedError
 
@@ -467,6 +467,37 @@ class _PackedHeads(Handler):
         if mask is not None:
             ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
 
+    def input_dims(
+        self, node: OpNode, dims: Callable[[str], Sequence[int | None] | None]
+    ) -> Mapping[int, Mapping[int, int]]:
+        """The past key and value [B, kv heads, P, head size]: their K/V head count, and their
+        head sizes from the static hidden sizes of the query (packed QKV: (heads + 2 kv heads)
+        x head size, the value's the same) and of the value; nothing where those are unknown or
+        do not divide."""
+        counts = self.head_counts(node)
+        qi, ki, vi, _ = self.slots
+        if counts is None or not any(node.has_input(i) for i in self.past_slots):
+            return {}
+        hq, hkv = counts
+
+        def hidden(i: int) -> int | None:
+            d = dims(node.inputs[i]) if node.has_input(i) else None
+            return d[2] if d is not None and len(d) == 3 else None
+
+        q = hidden(qi)
+        if not node.has_input(ki) and not node.has_input(vi):  # packed QKV
+            d = q // (hq + 2 * hkv) if q is not None and q % (hq + 2 * hkv) == 0 else None
+            sizes = [d, d]
+        else:
+            v = hidden(vi)
+            sizes = [q // hq if q is not None and q % hq == 0 else None,
+                     v // hkv if v is not None and v % hkv == 0 else None]  # fmt: skip
+        out: dict[int, dict[int, int]] = {}
+        for i, size in zip(self.past_slots, sizes, strict=True):
+            if node.has_input(i):
+                out[i] = {1: hkv} if size is None else {1: hkv, 3: size}
+        return out
+
     def head_mask(self, node: gs.Node, hq: int) -> gs.Tensor | None:
         """The attention mask or bias when it has an axis of the `hq` query heads ([.., hq, S, T]):
         a query head's slice of it goes with the head."""
@@ -516,7 +547,7 @@ class MultiHeadAttention(_PackedHeads):
     past_slots = (6, 7)
     mask_slot = 5  # attention_bias
 
-    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+    def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         heads = int(node.attrs.get("num_heads", 0))
         return (heads, heads) if heads > 0 else None
 
@@ -541,7 +572,7 @@ class GroupQueryAttention(_PackedHeads):
     past_slots = (3, 4)
     mask_slot = 10  # attention_bias
 
-    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+    def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
         return (hq, hkv) if hq > 0 and hkv > 0 else None
 
@@ -568,7 +599,7 @@ class OnnxAttention(_PackedHeads):
     past_slots = (4, 5)
     mask_slot = 3
 
-    def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
+    def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
         return (hq, hkv) if hq > 0 and hkv > 0 else None
 

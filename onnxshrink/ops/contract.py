@@ -370,6 +370,15 @@ class Handler:
         """Inputs that hold indices into another: {index input: (table input, axis)}."""
         return {}
 
+    def input_dims(
+        self, node: OpNode, dims: Callable[[str], Sequence[int | None] | None]
+    ) -> Mapping[int, Mapping[int, int]]:
+        """Sizes the op requires of its inputs' axes, derived from its attributes and the static
+        dims of its other inputs (`dims`: a tensor's dims by name, None where unknown):
+        {input index: {axis: size}}. The sizes chosen for a model's dynamic input dims follow
+        them (a fused attention's past cache: its head size is the query's)."""
+        return {}
+
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         """Inputs whose elements output 0 holds with their values unchanged (moved, selected or
         repeated: Reshape, Gather's data, Concat), to follow a graph input to what compares it."""
