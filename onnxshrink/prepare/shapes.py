@@ -403,7 +403,37 @@ def _quantized_rules(infer) -> dict:
         out[axis] = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
         put(node, out, dtype(node.input[1]))
 
+    def pool(node: onnx.NodeProto) -> None:
+        """QLinearAveragePool: onnx's AveragePool inference on X's shape (channels first)."""
+        x = infer._get_shape(node, 0)
+        last = attr(node, "channels_last", 0)
+        if x is None or not all(isinstance(d, int) for d in x):
+            return
+        first = [x[0], x[-1], *x[1:-1]] if last else list(x)
+        attrs = [a for a in node.attribute if a.name != "channels_last"]
+        avg = helper.make_node("AveragePool", ["x"], ["y"])
+        avg.attribute.extend(attrs)
+        graph = helper.make_graph(
+            [avg], "pool", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, first)],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+        y = _dims(onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0])
+        if y is not None:
+            put(node, [y[0], *y[2:], y[1]] if last else y, dtype(node.input[0]))
+
+    def lstm(node: onnx.NodeProto) -> None:  # DynamicQuantizeLSTM: X [seq, batch, in], W [dirs, ...]
+        x, w = infer._get_shape(node, 0), infer._get_shape(node, 1)
+        h = attr(node, "hidden_size", 0)
+        shapes = ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])
+        for name, shape in zip(node.output, shapes, strict=False):
+            if name:
+                vi = helper.make_tensor_value_info(name, dtype(node.input[0]), shape)
+                infer.known_vi_[name].CopyFrom(vi)
+
     return {
+        "QLinearAveragePool": pool,
+        "DynamicQuantizeLSTM": lstm,
         "QLinearSoftmax": same,
         "QLinearSigmoid": same,
         "QLinearLeakyRelu": same,
