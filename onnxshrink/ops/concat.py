@@ -52,9 +52,12 @@ def _joined_uniform(ctx, inputs, axis: int, r: int) -> ConstInfo | None:
     return compress(same, np.where(same, v0, 0).astype(v0.dtype)) if same.any() else None
 
 
-def joined(parts: Sequence[tuple[np.ndarray, np.ndarray]], sizes: Sequence[int], axis: int) -> ConstInfo:
+def joined(parts: Sequence[tuple[np.ndarray, np.ndarray]], sizes: Sequence[int], axis: int) -> ConstInfo | None:
     """The constants of a join along `axis` of parts (mask, value) of static sizes there."""
-    full = [_expand_axis(*np.broadcast_arrays(m, v), axis, n) for (m, v), n in zip(parts, sizes, strict=True)]
+    full = []
+    for (m, v), n in zip(parts, sizes, strict=True):
+        m, v = np.broadcast_arrays(m, v)
+        full.append(_expand_axis(m, v, axis, n))
     common = [max(p[0].shape[a] for p in full) for a in range(full[0][0].ndim)]
     ms, vs = [], []
     for m, v in full:

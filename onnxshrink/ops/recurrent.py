@@ -257,7 +257,7 @@ class DynamicQuantizeLSTM(_Recurrent):
             return None
         zp = zp.astype(np.int64)
         shaped = zp.reshape(-1, 1, 1) if zp.ndim == 1 else zp.reshape(zp.shape[0], 1, -1)
-        return np.asarray(w.astype(np.int64) != (shaped if zp.ndim else zp))
+        return np.asarray(np.not_equal(w.astype(np.int64), shaped if zp.ndim else zp))
 
     def zero_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
         got = self.weights(node, reader)
@@ -282,7 +282,7 @@ class DynamicQuantizeLSTM(_Recurrent):
             if t is not None:
                 c = reader.const(t)
                 zero &= c.slice_zero(2, h) if c is not None else False
-        return zero
+        return np.asarray(zero, bool)
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         got, zero = self.weights(node, ks), self.zero_units(node, ks)
