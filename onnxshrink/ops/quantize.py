@@ -65,6 +65,7 @@ from onnxshrink.ops.contract import (
     WeightAxes,
 )
 from onnxshrink.ops.conv import keep_groups, regroup
+from onnxshrink.ops.pool import _no_padding
 from onnxshrink.ops.registry import register
 
 
@@ -858,11 +859,33 @@ class QLinearGlobalAveragePool(Handler):
     def channel_axis(self, node: gs.Node, r: int) -> int:
         return r - 1 if int(node.attrs.get("channels_last", 0)) else 1
 
+    def window(self, node: gs.Node, r: int) -> list[int] | None:
+        """The smallest spatial extent with one output: the kernel's (1 for a global pool); None
+        when a uniform input channel does not pool to its own value (padding counted in)."""
+        return [1] * (r - 2)
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
-        r = ir.rank(node.inputs[0])
+        x = node.inputs[0]
+        r = ir.rank(x)
         if r is None:
             return None
-        return channelwise_constants(ctx, node, invariant=False, channel_axis=self.channel_axis(node, r))
+        c = self.channel_axis(node, r)
+        out = channelwise_constants(ctx, node, invariant=False, channel_axis=c)
+        cx, n, window = ctx.const(x), ir.static_dim(x, c), self.window(node, r)
+        if out is not None or cx is None or n is None or window is None:
+            return out
+        # Dynamic spatial dims: a channel uniform over them pools to its value, requantized as
+        # the op requantizes it on one window of it.
+        uniform = cx.slice_uniform(c, n)
+        params = [ctx.value(t) if t is not None and t.name else None for t in node.inputs]
+        if not uniform.any() or any(v is None and ir.present(node, i) is not None for i, v in enumerate(params) if i):
+            return None
+        shape = [1, *window]
+        shape.insert(c, n)
+        values = along(cx.slice_values(c, n), c, r)
+        pooled = ctx.evaluate(node, [np.ascontiguousarray(np.broadcast_to(values, shape)), *params[1:]])[0]
+        per = np.moveaxis(pooled, c, 0).reshape(n, -1)[:, 0]
+        return [ConstInfo(along(uniform, c, r), along(np.where(uniform, per, 0).astype(per.dtype), c, r))]
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -886,6 +909,12 @@ class QLinearGlobalAveragePool(Handler):
 class QLinearAveragePool(QLinearGlobalAveragePool):
     """X, x_scale, x_zp, y_scale, y_zp; AveragePool's attributes and channels_last: each
     channel's windows averaged in float, requantized (per-tensor parameters)."""
+
+    def window(self, node: gs.Node, r: int) -> list[int] | None:
+        if not _no_padding(node) and int(node.attrs.get("count_include_pad", 0)):
+            return None
+        kernel = [int(k) for k in node.attrs.get("kernel_shape", [])]
+        return kernel if len(kernel) == r - 2 else None
 
 
 @register("QLinearSigmoid", "QLinearLeakyRelu", domain=MS)

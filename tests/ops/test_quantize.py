@@ -453,3 +453,34 @@ def test_qlinear_concat_part_removed_whole_leaves_with_its_parameters():
     assert "Vq" not in shapes(result.model) and shapes(result.model)["Fq"] == (3, 6, 1, 1)
     feed = {"x": rng.integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)}
     assert np.array_equal(run(model, feed)[0], run(result.model, feed)[0])
+
+
+POOLED_QOP_DYNAMIC = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (uint8[1, 3, 6, width] x, int8[8, 3, 3, 3] Wq, float[8] Ws, int8[8] Wz, int32[8] Wb,
+   int8[4, 8, 1, 1] Fq, float[4] Fs, int8[4] Fz, int32[4] Fb, float Xs, uint8 Xz, float As,
+   uint8 Az, float Ps, uint8 Pz, float Os, uint8 Oz) => (uint8[1, 4, 3, pooled] y) {
+  a = QLinearConv <pads = [1, 1, 1, 1]> (x, Xs, Xz, Wq, Ws, Wz, As, Az, Wb)
+  p = com.microsoft.QLinearAveragePool <kernel_shape = [2, 2], strides = [2, 2]> (a, As, Az, Ps, Pz)
+  y = QLinearConv (p, Ps, Pz, Fq, Fs, Fz, Os, Oz, Fb)
+}"""
+
+
+def test_qlinear_conv_and_pool_shapes_are_known_with_a_dynamic_width():
+    """onnx's QLinearConv inference gives nothing when a spatial dim is symbolic (an OCR model's
+    width), and onnxruntime's symbolic inference has no rule for it or for QLinearAveragePool:
+    their shapes are Conv's and AveragePool's, else every channel after them is kept."""
+    rng = np.random.default_rng(14)
+    wz, wq = rng.integers(-3, 3, 8), rng.integers(-60, 60, (8, 3, 3, 3))
+    wb = rng.integers(-300, 300, 8)
+    wq[[0, 6]], wb[[0, 6]] = wz[[0, 6], None, None, None], 0
+    values = {"Wq": wq, "Ws": rng.uniform(0.005, 0.01, 8), "Wz": wz, "Wb": wb, "Fq": rng.integers(-60, 60, (4, 8, 1, 1)),
+              "Fs": rng.uniform(0.005, 0.01, 4), "Fz": rng.integers(-3, 3, 4), "Fb": rng.integers(-300, 300, 4),
+              "Xs": 0.02, "Xz": 120, "As": 0.05, "Az": 128, "Ps": 0.04, "Pz": 125, "Os": 0.1, "Oz": 100}  # fmt: skip
+    model = tiny(POOLED_QOP_DYNAMIC, values=values)
+    result = shrink_checked(model, input_shapes={"x": [1, 3, 6, 10]})
+    s = shapes(result.model)
+    assert s["Wq"] == (6, 3, 3, 3) and s["Wb"] == (6,) and s["Fq"] == (4, 6, 1, 1)
+    assert not result.barriers
+    for width in (6, 9):
+        feed = {"x": rng.integers(0, 256, (1, 3, 6, width)).astype(np.uint8)}
+        assert np.array_equal(run(model, feed)[0], run(result.model, feed)[0])
