@@ -233,3 +233,29 @@ def test_dynamic_quantize_lstm_a_live_unit_no_one_reads_stays():
     model = qlstm(False, False, dead_units=(), dead_features=(), live_unread=(0, 3))
     result = shrink_checked(model)
     assert shapes(result.model)["Rq"] == (2, 6, 24)
+
+
+def test_quantize_dynamic_lstm_model_reaches_the_quantized_native_size(zoo_dir):
+    """The zoo's recurrent model with half its units masked, quantized by quantize_dynamic (its
+    LSTMs become DynamicQuantizeLSTM, int8 weights symmetric: a masked unit's columns are their
+    zero point 0), shrinks to the parameters of the natively smaller model quantized alike."""
+    import logging
+
+    from onnxruntime.quantization import quantize_dynamic
+
+    paths = {}
+    for which in ("masked", "native"):
+        path = export_cached(zoo_dir, ("rnn", which, False), half_masked(RECURRENT, which, dynamo=False))
+        paths[which] = path.with_name(f"{path.stem}_dynamic.onnx")
+        if not paths[which].exists():
+            logging.disable(logging.WARNING)
+            try:
+                quantize_dynamic(path, paths[which])
+            finally:
+                logging.disable(logging.NOTSET)
+    masked = onnx.load(paths["masked"])
+    assert sum(n.op_type == "DynamicQuantizeLSTM" for n in masked.graph.node) == 2
+    result = shrink_checked(paths["masked"])
+    assert params(result.model) == result.after.params == params(onnx.load(paths["native"]))
+    assert result.after.params < 0.4 * result.before.params
+    assert not result.barriers
