@@ -52,6 +52,40 @@ def _joined_uniform(ctx, inputs, axis: int, r: int) -> ConstInfo | None:
     return compress(same, np.where(same, v0, 0).astype(v0.dtype)) if same.any() else None
 
 
+def joined(parts: Sequence[tuple[np.ndarray, np.ndarray]], sizes: Sequence[int], axis: int) -> ConstInfo | None:
+    """The constants of a join along `axis` of parts (mask, value) of static sizes there."""
+    full = []
+    for (m, v), n in zip(parts, sizes, strict=True):
+        m, v = np.broadcast_arrays(m, v)
+        full.append(_expand_axis(m, v, axis, n))
+    common = [max(p[0].shape[a] for p in full) for a in range(full[0][0].ndim)]
+    ms, vs = [], []
+    for m, v in full:
+        target = list(common)
+        target[axis] = m.shape[axis]
+        ms.append(np.broadcast_to(m, target))
+        vs.append(np.broadcast_to(v, target))
+    return compress(np.concatenate(ms, axis), np.concatenate(vs, axis))
+
+
+def keep_joined(ks: KeepView, inputs: Sequence[gs.Tensor], y: gs.Tensor, axis: int) -> None:
+    """y is `inputs` joined along `axis`: each input's indices there are a range of y's (its
+    offset: the sizes before it), the other axes are y's."""
+    off = 0
+    for t in inputs:
+        ks.demand(t, pin=False)
+        for a in range(ir.known_rank(y)):
+            if a != axis:
+                ks.couple(t, a, y, a)
+        n = ks.size(t, axis)
+        if n is None or ks.size(y, axis) is None:
+            ks.pin(t, axis)
+            ks.pin(y, axis)
+            continue
+        ks.couple_map(t, axis, y, axis, np.arange(n) + off)
+        off += n
+
+
 @register("Concat")
 class Concat(Handler):
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
@@ -71,18 +105,8 @@ class Concat(Handler):
             return None
         if any(ir.static_dim(t, axis) is None for t in node.inputs):
             return [_joined_uniform(ctx, node.inputs, axis, r)]
-        parts = []
-        for t in node.inputs:
-            m, v = np.broadcast_arrays(*const_or_live(ctx, t, r))
-            parts.append(_expand_axis(m, v, axis, ir.static_dim(t, axis) or 0))
-        common = [max(p[0].shape[a] for p in parts) for a in range(r)]
-        ms, vs = [], []
-        for m, v in parts:
-            target = list(common)
-            target[axis] = m.shape[axis]
-            ms.append(np.broadcast_to(m, target))
-            vs.append(np.broadcast_to(v, target))
-        return [compress(np.concatenate(ms, axis), np.concatenate(vs, axis))]
+        parts = [const_or_live(ctx, t, r) for t in node.inputs]
+        return [joined(parts, [ir.static_dim(t, axis) or 0 for t in node.inputs], axis)]
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         y = node.outputs[0]
@@ -90,20 +114,7 @@ class Concat(Handler):
         if r is None:
             ks.barrier(node)
             return
-        axis = ir.norm_axis(int(node.attrs["axis"]), r)
-        off = 0
-        for t in node.inputs:
-            ks.demand(t, pin=False)
-            for a in range(r):
-                if a != axis:
-                    ks.couple(t, a, y, a)
-            n = ks.size(t, axis)
-            if n is None or ks.size(y, axis) is None:
-                ks.pin(t, axis)
-                ks.pin(y, axis)
-                continue
-            ks.couple_map(t, axis, y, axis, np.arange(n) + off)
-            off += n
+        keep_joined(ks, list(node.inputs), y, ir.norm_axis(int(node.attrs["axis"]), r))
 
     def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
         return tuple(range(len(node.inputs)))

@@ -1,7 +1,8 @@
 """Quantized models: QDQ (`QuantizeLinear`/`DequantizeLinear` around float ops), dynamic
 quantization (`DynamicQuantizeLinear` feeding `MatMulInteger`/`ConvInteger`) and the operator
 form (`QLinearMatMul`, `QLinearConv`, and onnxruntime's `QGemm`, `QLinearAdd`, `QLinearMul`,
-`QLinearSoftmax`, `QLinearGlobalAveragePool`).
+`QLinearSoftmax`, `QLinearGlobalAveragePool`, `QLinearAveragePool`, `QLinearConcat`,
+`QLinearSigmoid`, `QLinearLeakyRelu`).
 
 The reference is the quantized model as given: a masked weight quantizes to its zero point, so
 an integer weight "is zero" where it equals its zero point, and DequantizeLinear of it is
@@ -27,7 +28,11 @@ channel; per-tensor ones (scalars) stay. Each op says how it dequantizes its int
   activations (attention) is a batched product: its output is the output zero point where a row
   or column of an operand sits at its zero point.
 - QLinearAdd/QLinearMul are elementwise with broadcasting (per-tensor parameters), QLinearSoftmax
-  normalizes over its axis, QLinearGlobalAveragePool pools each channel.
+  normalizes over its axis, QLinearGlobalAveragePool and QLinearAveragePool pool each channel,
+  QLinearSigmoid and QLinearLeakyRelu are elementwise; QLinearConcat joins its parts as Concat
+  does, each requantized elementwise with its own per-tensor scale and zero point (a part
+  removed whole leaves with them). Each maps an input at its zero point to the output's zero
+  point (the dequantized 0), so what a masked channel feeds stays unread downstream.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from onnxshrink.ops.common import (
     couple_same,
     dtype_of,
 )
+from onnxshrink.ops.concat import joined, keep_joined
 from onnxshrink.ops.contract import (
     ConstView,
     Handler,
@@ -59,6 +65,7 @@ from onnxshrink.ops.contract import (
     WeightAxes,
 )
 from onnxshrink.ops.conv import keep_groups, regroup
+from onnxshrink.ops.pool import _no_padding
 from onnxshrink.ops.registry import register
 
 
@@ -852,11 +859,33 @@ class QLinearGlobalAveragePool(Handler):
     def channel_axis(self, node: gs.Node, r: int) -> int:
         return r - 1 if int(node.attrs.get("channels_last", 0)) else 1
 
+    def window(self, node: gs.Node, r: int) -> list[int] | None:
+        """The smallest spatial extent with one output: the kernel's (1 for a global pool); None
+        when a uniform input channel does not pool to its own value (padding counted in)."""
+        return [1] * (r - 2)
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
-        r = ir.rank(node.inputs[0])
+        x = node.inputs[0]
+        r = ir.rank(x)
         if r is None:
             return None
-        return channelwise_constants(ctx, node, invariant=False, channel_axis=self.channel_axis(node, r))
+        c = self.channel_axis(node, r)
+        out = channelwise_constants(ctx, node, invariant=False, channel_axis=c)
+        cx, n, window = ctx.const(x), ir.static_dim(x, c), self.window(node, r)
+        if out is not None or cx is None or n is None or window is None:
+            return out
+        # Dynamic spatial dims: a channel uniform over them pools to its value, requantized as
+        # the op requantizes it on one window of it.
+        uniform = cx.slice_uniform(c, n)
+        params = [ctx.value(t) if t is not None and t.name else None for t in node.inputs]
+        if not uniform.any() or any(v is None and ir.present(node, i) is not None for i, v in enumerate(params) if i):
+            return None
+        shape = [1, *window]
+        shape.insert(c, n)
+        values = along(cx.slice_values(c, n), c, r)
+        pooled = ctx.evaluate(node, [np.ascontiguousarray(np.broadcast_to(values, shape)), *params[1:]])[0]
+        per = np.moveaxis(pooled, c, 0).reshape(n, -1)[:, 0]
+        return [ConstInfo(along(uniform, c, r), along(np.where(uniform, per, 0).astype(per.dtype), c, r))]
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -874,3 +903,101 @@ class QLinearGlobalAveragePool(Handler):
                 ks.pin(y, a)
         for t in node.inputs[1:]:
             ks.demand(t if t is not None and t.name else None)
+
+
+@register("QLinearAveragePool", domain=MS)
+class QLinearAveragePool(QLinearGlobalAveragePool):
+    """X, x_scale, x_zp, y_scale, y_zp; AveragePool's attributes and channels_last: each
+    channel's windows averaged in float, requantized (per-tensor parameters)."""
+
+    def window(self, node: gs.Node, r: int) -> list[int] | None:
+        if not _no_padding(node) and int(node.attrs.get("count_include_pad", 0)):
+            return None
+        kernel = [int(k) for k in node.attrs.get("kernel_shape", [])]
+        return kernel if len(kernel) == r - 2 else None
+
+
+@register("QLinearSigmoid", "QLinearLeakyRelu", domain=MS)
+class QLinearUnary(Handler):
+    """X, X_scale, X_zp, Y_scale, Y_zp (per tensor): quantize(f(dequantize(x))), elementwise."""
+
+    evaluate_with_ort = True
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        x, r = node.inputs[0], ir.rank(node.outputs[0])
+        params = [ctx.value(t) if t is not None and t.name else None for t in node.inputs]
+        if r is None or ctx.const(x) is None:
+            return None
+        if any(v is None and i > 0 and ir.present(node, i) is not None for i, v in enumerate(params)):
+            return None
+        m, v = const_or_live(ctx, x, r)
+        out = ctx.evaluate(node, [np.ascontiguousarray(v), *params[1:]])[0]
+        m, out = np.broadcast_arrays(m, out)
+        return [compress(np.array(m), np.array(out))]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        ks.demand(x, pin=False)
+        couple_same(ks, node, x, y)
+        for t in node.inputs[1:]:
+            ks.demand(t if t is not None and t.name else None)
+
+
+@register("QLinearConcat", domain=MS)
+class QLinearConcat(Handler):
+    """Y_scale, Y_zp, then (X, X_scale, X_zp) per part; axis: each part requantized to Y's
+    scale and zero point (all per tensor), elementwise, then joined as Concat joins."""
+
+    evaluate_with_ort = True
+
+    @staticmethod
+    def part_slots(node: gs.Node | OpNode) -> range:
+        return range(2, len(node.inputs), 3)
+
+    def may_drop_inputs(self, node: gs.Node) -> tuple[int, ...]:
+        return tuple(self.part_slots(node))
+
+    def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
+        """Each part's constants requantized on their own (a one-part QLinearConcat evaluated),
+        joined where every part's size along the axis is static."""
+        y = node.outputs[0]
+        r = ir.rank(y)
+        parts = [node.inputs[i] for i in self.part_slots(node)]
+        if r is None or any(ir.rank(t) != r for t in parts) or all(ctx.const(t) is None for t in parts):
+            return None
+        axis = ir.norm_axis(int(node.attrs["axis"]), r)
+        sizes = [ir.static_dim(t, axis) for t in parts]
+        params = [ctx.value(t) if i not in self.part_slots(node) else None for i, t in enumerate(node.inputs)]
+        if any(n is None for n in sizes) or any(
+            v is None and i not in self.part_slots(node) for i, v in enumerate(params)
+        ):
+            return None
+        pieces = []
+        for i, t in zip(self.part_slots(node), parts, strict=True):
+            m, v = const_or_live(ctx, t, r)
+            if m.any():
+                v = ctx.evaluate(node, [params[0], params[1], np.ascontiguousarray(v), *params[i + 1 : i + 3]])[0]
+            pieces.append((m, v))
+        return [joined(pieces, [int(n) for n in sizes if n is not None], axis)]
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        y = node.outputs[0]
+        r = ir.rank(y)
+        if r is None:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "shapes unknown"))
+            return
+        slots = self.part_slots(node)
+        keep_joined(ks, [node.inputs[i] for i in slots], y, ir.norm_axis(int(node.attrs["axis"]), r))
+        for i, t in enumerate(node.inputs):
+            if i not in slots:
+                ks.demand(t if t is not None and t.name else None)  # per-tensor parameters
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        """A part that lost every index leaves with its scale and zero point."""
+        axis = ir.norm_axis(int(node.attrs["axis"]), ir.known_rank(node.outputs[0]))
+        kept = list(node.inputs[:2])
+        for i in self.part_slots(node):
+            if rw.kept_count(node.inputs[i], axis) != 0:
+                kept.extend(node.inputs[i : i + 3])
+        node.inputs.clear()
+        node.inputs.extend(kept)

@@ -215,3 +215,151 @@ class GRU(_Recurrent):
 @register("RNN")
 class RNN(_Recurrent):
     gates = 1
+
+
+@register("DynamicQuantizeLSTM", domain="com.microsoft")
+class DynamicQuantizeLSTM(_Recurrent):
+    """onnxruntime's LSTM on integer weights (quantize_dynamic writes it for LSTM): X, W [dirs,
+    input, 4 * hidden] and R [dirs, hidden, 4 * hidden] (integers, transposed from LSTM's), B,
+    sequence_lens, initial_h, initial_c, P, then W's and R's scale and zero point ([dirs] per
+    tensor, or [dirs, 4 * hidden] per column). Gates i, o, f, c as LSTM's.
+
+    At run time the kernel quantizes X (each direction's whole sequence) and every step's hidden
+    state with a scale and zero point from their minimum and maximum (0 always in the range), so
+    every element of them counts: a unit goes only when it is zero at every step (its W and R
+    columns at their zero points, B, P and initial states 0: then each product adds nothing and
+    its gates are those of the float LSTM's zero unit), and an input feature only where X is
+    zero (a live unit, or a nonzero feature, no kept unit reads would still move the range)."""
+
+    gates = 4
+    peepholes = True
+    state_inputs = (5, 6)
+    param_slots = (8, 9, 10, 11)
+
+    def weights(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
+        w, r = reader.value(node.inputs[1]), reader.value(node.inputs[2])
+        b_t = ir.present(node, 3)
+        b = reader.value(b_t) if b_t is not None else None
+        h = int(node.attrs.get("hidden_size", 0))
+        if w is None or r is None or (b_t is not None and b is None) or h <= 0:
+            return None
+        if w.ndim != 3 or w.shape[2] != 4 * h or r.shape != (w.shape[0], h, 4 * h):
+            return None
+        if b is not None and b.shape != (w.shape[0], 8 * h):
+            return None
+        return w, r, b, h
+
+    def live(self, node: gs.Node, reader: Reader, slot: int, zp_slot: int) -> np.ndarray | None:
+        """[dirs, rows, 4 * hidden]: where the integer weight at `slot` is off its zero point."""
+        w, t = reader.value(node.inputs[slot]), ir.present(node, zp_slot)
+        zp = reader.value(t) if t is not None else np.zeros((), np.int64)
+        if w is None or zp is None:
+            return None
+        zp = zp.astype(np.int64)
+        shaped = zp.reshape(-1, 1, 1) if zp.ndim == 1 else zp.reshape(zp.shape[0], 1, -1)
+        return np.asarray(np.not_equal(w.astype(np.int64), shaped if zp.ndim else zp))
+
+    def zero_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        got = self.weights(node, reader)
+        w_live, r_live = self.live(node, reader, 1, 9), self.live(node, reader, 2, 11)
+        if got is None or w_live is None or r_live is None:
+            return None
+        _, _, b, h = got
+        if not self.default_activations(node) or int(node.attrs.get("input_forget", 0)):
+            return np.zeros(h, bool)
+        zero = ~w_live.any(axis=(0, 1)).reshape(4, h).any(axis=0)
+        zero &= ~r_live.any(axis=(0, 1)).reshape(4, h).any(axis=0)
+        if b is not None:
+            zero &= ~(b != 0).reshape(-1, 8, h).any(axis=(0, 1))
+        p_t = ir.present(node, 7)
+        if p_t is not None:
+            p = reader.value(p_t)
+            if p is None:
+                return np.zeros(h, bool)
+            zero &= ~(p != 0).reshape(-1, 3, h).any(axis=(0, 1))
+        for i in self.state_inputs:
+            t = ir.present(node, i)
+            if t is not None:
+                c = reader.const(t)
+                zero &= c.slice_zero(2, h) if c is not None else False
+        return np.asarray(zero, bool)
+
+    def keep(self, node: gs.Node, ks: KeepView) -> None:
+        got, zero = self.weights(node, ks), self.zero_units(node, ks)
+        x = node.inputs[0]
+        if got is None or zero is None or ir.rank(x) != 3:
+            ks.barrier(node, Reason("barrier", node.name, node.op, "weights or shapes unknown"))
+            return
+        w, _, _, h = got
+        wt, rt, bt, p_t = node.inputs[1], node.inputs[2], ir.present(node, 3), ir.present(node, 7)
+        states = [ir.present(node, i) for i in self.state_inputs]
+        for t in (x, wt, rt, bt, p_t, *states):
+            ks.demand(t, pin=False)
+        time = Reason("structure", node.name, node.op, "every step feeds the next")
+        ks.pin(x, 0, time)
+        for t in (wt, rt, bt, p_t):
+            if t is not None:
+                ks.pin(t, 0)  # directions
+        for k, t in enumerate(node.outputs):
+            r = ir.rank(t)
+            if r != (4 if k == 0 else 3):
+                ks.pin(t)
+                continue
+            ks.couple(x, 1, t, r - 2)  # batch
+            ks.pin(t, r - 3)  # directions
+            if k == 0:
+                ks.pin(t, 0, time)
+        for t in states:
+            if t is not None and ir.rank(t) == 3:
+                ks.couple(x, 1, t, 1)
+                ks.pin(t, 0)
+            elif t is not None:
+                ks.pin(t)
+        ks.demand(ir.present(node, 4))  # sequence_lens
+        why = Reason(
+            "normalization", node.name, node.op,
+            "its hidden state is quantized at every step with a range from every unit (only units "
+            "zero at every step do not count)",
+        )  # fmt: skip
+        need = ~zero
+        for k, t in enumerate(node.outputs):  # and the zero units a kept output reads whole
+            kept = ks.kept(t, ir.known_rank(t) - 1) if ir.rank(t) == (4 if k == 0 else 3) else None
+            if kept is not None and len(kept) == h:
+                need |= kept
+            elif ks.is_read(t):
+                need[:] = True
+        rows = self.rows(need, self.gates)
+        for k, t in enumerate(node.outputs):
+            if ir.rank(t) == (4 if k == 0 else 3):
+                ks.keep(t, ir.known_rank(t) - 1, need, why)
+        ks.keep(wt, 2, rows, why)
+        ks.keep(rt, 2, rows, why)
+        ks.keep(rt, 1, need, why)
+        if bt is not None:
+            ks.keep(bt, 1, self.rows(need, 2 * self.gates), why)
+        if p_t is not None:
+            ks.keep(p_t, 1, self.rows(need, 3), why)
+        for t in states:
+            if t is not None and ir.rank(t) == 3:
+                ks.keep(t, 2, need, why)
+        for slot in self.param_slots:  # per column: [dirs, 4 * hidden], sliced with the rows
+            t = ir.present(node, slot)
+            if t is not None and ir.rank(t) == 2 and ks.size(t, 1) == 4 * h:
+                ks.demand(t, pin=False)
+                ks.pin(t, 0)
+                ks.keep(t, 1, rows, why)
+            else:
+                ks.demand(t)
+        ks.couple(x, 2, wt, 1)
+        cx = ks.const(x)
+        silent = cx.slice_zero(2, w.shape[1]) if cx is not None else np.zeros(w.shape[1], bool)
+        ks.keep(
+            x, 2, ~silent,
+            Reason("normalization", node.name, node.op, "X is quantized with a range from every "
+                   "element (only zeros do not count)"),
+        )  # fmt: skip
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        k = rw.kept(node.inputs[2], 1)
+        if k is not None:
+            node.attrs["hidden_size"] = int(k.sum())

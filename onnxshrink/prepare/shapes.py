@@ -367,6 +367,8 @@ def _quantized_rules(infer) -> dict:
     """Shape rules for onnxruntime's quantized contrib ops (the QOperator form
     onnxruntime.quantization writes) that its symbolic shape inference lacks: each has the
     shapes of its float op. `infer` is a SymbolicShapeInference."""
+    import sys
+
     from onnx import helper
 
     def attr(node: onnx.NodeProto, name: str, default: int) -> int:
@@ -403,7 +405,54 @@ def _quantized_rules(infer) -> dict:
         out[axis] = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
         put(node, out, dtype(node.input[1]))
 
+    def as_float_op(node: onnx.NodeProto, op: str, inputs: list[str], channels_last: bool) -> None:
+        """The shape of `op` (Conv, AveragePool) on `inputs` with node's attributes: its rule for
+        symbolic spatial dims, onnx's inference (already run on `node`, or on the float op
+        here) for static ones; node's type. Left unknown where neither knows."""
+        like = helper.make_node(op, inputs, list(node.output[:1]))
+        like.attribute.extend(a for a in node.attribute if a.name != "channels_last")
+        x = infer._get_shape(node, 0)
+        if x is None:
+            return
+        if all(isinstance(d, int) for d in x):
+            if op == "Conv":  # onnx's QLinearConv inference knows static shapes
+                return
+            first = [x[0], x[-1], *x[1:-1]] if channels_last else list(x)
+            graph = helper.make_graph(
+                [like], "pool", [helper.make_tensor_value_info(inputs[0], onnx.TensorProto.FLOAT, first)],
+                [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
+            )
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+            y = _dims(onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0])
+            if y is not None:
+                put(node, [y[0], *y[2:], y[1]] if channels_last else y, dtype(node.input[0]))
+            return
+        shape = infer._compute_conv_pool_shape(like, channels_last)
+        infer._update_computed_dims(shape)
+        put(node, sys.modules[type(infer).__module__].get_shape_from_sympy_shape(shape), dtype(node.input[0]))
+
+    def pool(node: onnx.NodeProto) -> None:  # QLinearAveragePool: AveragePool on X
+        as_float_op(node, "AveragePool", [node.input[0]], bool(attr(node, "channels_last", 0)))
+
+    def conv(node: onnx.NodeProto) -> None:  # QLinearConv: Conv of x and w, y_zero_point's type
+        as_float_op(node, "Conv", [node.input[0], node.input[3]], False)
+        if len(node.input) > 7 and node.input[7]:
+            vi = infer.known_vi_[node.output[0]]
+            vi.type.tensor_type.elem_type = dtype(node.input[7])
+
+    def lstm(node: onnx.NodeProto) -> None:  # DynamicQuantizeLSTM: X [seq, batch, in], W [dirs, ...]
+        x, w = infer._get_shape(node, 0), infer._get_shape(node, 1)
+        h = attr(node, "hidden_size", 0)
+        shapes = ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])
+        for name, shape in zip(node.output, shapes, strict=False):
+            if name:
+                vi = helper.make_tensor_value_info(name, dtype(node.input[0]), shape)
+                infer.known_vi_[name].CopyFrom(vi)
+
     return {
+        "QLinearAveragePool": pool,
+        "QLinearConv": conv,
+        "DynamicQuantizeLSTM": lstm,
         "QLinearSoftmax": same,
         "QLinearSigmoid": same,
         "QLinearLeakyRelu": same,

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import onnx
 import pytest
-from conftest import export_cached, half_masked, params, run, shapes, shrink_checked, tiny
+from conftest import export_cached, half_masked, init, params, run, shapes, shrink_checked, tiny
 
 from models.transformers import TRANSFORMERS
 from models.zoo import ZOO
@@ -376,3 +376,111 @@ def test_only_a_cast_to_integers_of_zero_over_a_run_time_value_is_zero():
     mask, value = np.broadcast_arrays(i.mask, i.value)
     assert mask.tolist() == [True, False, True, False] and value[mask].tolist() == [0, 0]
     assert consts.const(tensors["f"]) is None and consts.const(tensors["j"]) is None
+
+
+# ------------------------------------------------------------------ QOperator ops that join and map
+# channels: onnxruntime.quantization's QLinearConcat (DenseNet, Inception), QLinearAveragePool,
+# QLinearSigmoid (squeeze-excitation) and QLinearLeakyRelu; each maps a channel at its zero point
+# to the output's zero point, so the next integer product does not read it.
+JOINED_QOP = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (uint8[1, 3, 6, 6] x, int8[8, 3, 3, 3] Wq, float[8] Ws, int8[8] Wz, int32[8] Wb,
+   int8[4, 3, 1, 1] Vq, float[4] Vs, int8[4] Vz, int32[4] Vb, int8[3, 12, 1, 1] Fq, float[3] Fs,
+   int8[3] Fz, int32[3] Fb, float Xs, uint8 Xz, float As, uint8 Az, float Bs, uint8 Bz, float Cs,
+   uint8 Cz, float Ps, uint8 Pz, float Ls, uint8 Lz, float Gs, uint8 Gz, float Ms, uint8 Mz,
+   float Os, uint8 Oz) => (uint8[1, 3, 4, 4] y) {
+  a = QLinearConv <pads = [1, 1, 1, 1]> (x, Xs, Xz, Wq, Ws, Wz, As, Az, Wb)
+  b = QLinearConv (x, Xs, Xz, Vq, Vs, Vz, Bs, Bz, Vb)
+  c = com.microsoft.QLinearConcat <axis = 1> (Cs, Cz, a, As, Az, b, Bs, Bz)
+  p = com.microsoft.QLinearAveragePool <kernel_shape = [2, 2], strides = [2, 2], pads = [1, 1, 1, 1]> (c, Cs, Cz, Ps, Pz)
+  l = com.microsoft.QLinearLeakyRelu <alpha = 0.1> (p, Ps, Pz, Ls, Lz)
+  s = com.microsoft.QLinearSigmoid (l, Ls, Lz, Gs, Gz)
+  m = com.microsoft.QLinearMul (l, Ls, Lz, s, Gs, Gz, Ms, Mz)
+  y = QLinearConv (m, Ms, Mz, Fq, Fs, Fz, Os, Oz, Fb)
+}"""
+
+
+def joined_qop(default: bool):
+    """Filters 2 and 5 of W and 1 of V at their zero points with no bias (channels 2, 5 and 9
+    of the join). `default`: zero points 0 and unit scales wherever onnxruntime allows them."""
+    rng = np.random.default_rng(11)
+
+    def conv(name: str, shape: tuple, dead: list[int]) -> dict:
+        n = shape[0]
+        z = np.zeros(n, np.int64) if default else rng.integers(-3, 3, n)
+        q = rng.integers(-60, 60, shape)
+        q[dead] = z[dead].reshape(-1, *[1] * (len(shape) - 1))
+        b = np.zeros(n, np.int64) if default else rng.integers(-300, 300, n)
+        b[dead] = 0
+        s = np.ones(n) * 0.01 if default else rng.uniform(0.005, 0.01, n)
+        return {f"{name}q": q, f"{name}s": s, f"{name}z": z, f"{name}b": b}
+
+    act = {k: (1.0 if default else rng.uniform(0.02, 0.1), 0 if default else int(rng.integers(100, 150)))
+           for k in "XABCPLGMO"}  # fmt: skip
+    values = {**conv("W", (8, 3, 3, 3), [2, 5]), **conv("V", (4, 3, 1, 1), [1]), **conv("F", (3, 12, 1, 1), [])}
+    for k, (s, z) in act.items():
+        values[f"{k}s"], values[f"{k}z"] = s, z
+    return tiny(JOINED_QOP, values=values)
+
+
+@pytest.mark.parametrize("default", [False, True])
+def test_qlinear_concat_pool_and_activations_pass_channels_at_their_zero_point(default):
+    model = joined_qop(default)
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["Wq"] == (6, 3, 3, 3) and s["Ws"] == s["Wz"] == s["Wb"] == (6,)
+    assert s["Vq"] == (3, 3, 1, 1) and s["Vs"] == s["Vz"] == s["Vb"] == (3,)
+    assert s["Fq"] == (3, 9, 1, 1) and s["Fs"] == (3,)
+    assert s["Cs"] == s["Cz"] == s["As"] == ()  # per-tensor parameters stay whole
+    assert params(result.model) == params(model) - 2 * (27 + 3) - (3 + 3) - 3 * 3
+    assert not result.barriers
+    rng = np.random.default_rng(12)
+    for _ in range(3):
+        feed = {"x": rng.integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)}
+        assert np.array_equal(run(model, feed)[0], run(result.model, feed)[0])
+
+
+def test_qlinear_concat_part_removed_whole_leaves_with_its_parameters():
+    rng = np.random.default_rng(13)
+    model = joined_qop(False)
+    vq, vz = init(model, "Vq").copy(), init(model, "Vz")
+    vq[:] = vz.reshape(-1, 1, 1, 1)  # every filter of V at its zero point, no bias
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    values |= {"Vq": vq, "Vb": np.zeros(4, np.int32)}
+    model = tiny(JOINED_QOP, values=values)
+    result = shrink_checked(model)
+    [join] = [n for n in result.model.graph.node if n.op_type == "QLinearConcat"]
+    assert list(join.input) == ["Cs", "Cz", "a", "As", "Az"]
+    assert "Vq" not in shapes(result.model) and shapes(result.model)["Fq"] == (3, 6, 1, 1)
+    feed = {"x": rng.integers(0, 256, (1, 3, 6, 6)).astype(np.uint8)}
+    assert np.array_equal(run(model, feed)[0], run(result.model, feed)[0])
+
+
+POOLED_QOP_DYNAMIC = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (uint8[1, 3, 6, width] x, int8[8, 3, 3, 3] Wq, float[8] Ws, int8[8] Wz, int32[8] Wb,
+   int8[4, 8, 1, 1] Fq, float[4] Fs, int8[4] Fz, int32[4] Fb, float Xs, uint8 Xz, float As,
+   uint8 Az, float Ps, uint8 Pz, float Os, uint8 Oz) => (uint8[1, 4, 3, pooled] y) {
+  a = QLinearConv <pads = [1, 1, 1, 1]> (x, Xs, Xz, Wq, Ws, Wz, As, Az, Wb)
+  p = com.microsoft.QLinearAveragePool <kernel_shape = [2, 2], strides = [2, 2]> (a, As, Az, Ps, Pz)
+  y = QLinearConv (p, Ps, Pz, Fq, Fs, Fz, Os, Oz, Fb)
+}"""
+
+
+def test_qlinear_conv_and_pool_shapes_are_known_with_a_dynamic_width():
+    """onnx's QLinearConv inference gives nothing when a spatial dim is symbolic (an OCR model's
+    width), and onnxruntime's symbolic inference has no rule for it or for QLinearAveragePool:
+    their shapes are Conv's and AveragePool's, else every channel after them is kept."""
+    rng = np.random.default_rng(14)
+    wz, wq = rng.integers(-3, 3, 8), rng.integers(-60, 60, (8, 3, 3, 3))
+    wb = rng.integers(-300, 300, 8)
+    wq[[0, 6]], wb[[0, 6]] = wz[[0, 6], None, None, None], 0
+    values = {"Wq": wq, "Ws": rng.uniform(0.005, 0.01, 8), "Wz": wz, "Wb": wb, "Fq": rng.integers(-60, 60, (4, 8, 1, 1)),
+              "Fs": rng.uniform(0.005, 0.01, 4), "Fz": rng.integers(-3, 3, 4), "Fb": rng.integers(-300, 300, 4),
+              "Xs": 0.02, "Xz": 120, "As": 0.05, "Az": 128, "Ps": 0.04, "Pz": 125, "Os": 0.1, "Oz": 100}  # fmt: skip
+    model = tiny(POOLED_QOP_DYNAMIC, values=values)
+    result = shrink_checked(model, input_shapes={"x": [1, 3, 6, 10]})
+    s = shapes(result.model)
+    assert s["Wq"] == (6, 3, 3, 3) and s["Wb"] == (6,) and s["Fq"] == (4, 6, 1, 1)
+    assert not result.barriers
+    for width in (6, 9):
+        feed = {"x": rng.integers(0, 256, (1, 3, 6, width)).astype(np.uint8)}
+        assert np.array_equal(run(model, feed)[0], run(result.model, feed)[0])

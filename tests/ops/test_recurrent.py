@@ -169,3 +169,93 @@ def test_masks_that_differ_per_direction_keep_their_union():
     w = init(model, "W") * masks["W"]
     np.testing.assert_array_equal(init(result.model, "W"), np.delete(w, unit_rows([1], 4), axis=1))
     assert (params(model), params(result.model)) == (576, 2 * 20 * 3 + 2 * 20 * 5 + 2 * 40 + 10 * 4)
+
+
+# ------------------------------------------------------------------ DynamicQuantizeLSTM
+# onnxruntime.quantization's quantize_dynamic writes it for LSTM (ddddocr's common_old.onnx):
+# integer W [dirs, input, 4h] and R [dirs, h, 4h], their scale and zero point per direction or
+# per column. The kernel quantizes X and every step's hidden state from their ranges, so only
+# units zero at every step and input features that are zero go.
+QLSTM = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[5, 2, 4] x, float[4, 3] U, int8[2, 3, 24] Wq, {ps} Ws, {pz} Wz, int8[2, 6, 24] Rq, {ps} Rs,
+   {pz} Rz, float[2, 48] B, float[6, 4] V) => (float[5, 2, 2, 4] y) {{
+  u = MatMul (x, U)
+  s, yh, yc = com.microsoft.DynamicQuantizeLSTM <hidden_size = 6, direction = "bidirectional">
+      (u, Wq, Rq, B, , , , , Ws, Wz, Rs, Rz)
+  y = MatMul (s, V)
+}}"""
+
+
+def qlstm(per_column: bool, default: bool, dead_units=(1, 4), dead_features=(2,), live_unread=()):
+    """Units `dead_units` at their zero points (W and R columns, B 0): zero at every step; U's
+    columns `dead_features` zero (X's features there are 0); `live_unread`: units V does not read
+    (its rows zero) but live."""
+    rng = np.random.default_rng(21)
+    shape = (2, 24) if per_column else (2,)
+    # onnxruntime takes per-column zero points only when they are 0 (symmetric int8)
+    zw = np.zeros(shape, np.int64) if default or per_column else rng.integers(-4, 4, shape)
+    zr = np.zeros(shape, np.int64) if default or per_column else rng.integers(-4, 4, shape)
+    wq, rq = rng.integers(-100, 100, (2, 3, 24)), rng.integers(-100, 100, (2, 6, 24))
+    b = np.zeros((2, 48)) if default else rng.uniform(-0.5, 0.5, (2, 48))
+    cols, bcols = unit_rows(list(dead_units), 4), unit_rows(list(dead_units), 8)
+    for q, z in ((wq, zw), (rq, zr)):
+        q[:, :, cols] = z[:, None, cols] if per_column else z[:, None, None]
+    b[:, bcols] = 0
+    u = rng.normal(size=(4, 3))
+    u[:, list(dead_features)] = 0
+    v = rng.normal(size=(6, 4))
+    v[list(live_unread)] = 0
+    scale = (lambda: np.ones(shape)) if default else (lambda: rng.uniform(0.002, 0.01, shape))
+    values = {"U": u, "Wq": wq, "Ws": scale(), "Wz": zw, "Rq": rq, "Rs": scale(), "Rz": zr, "B": b, "V": v}
+    text = QLSTM.format(ps=f"float[{', '.join(map(str, shape))}]", pz=f"int8[{', '.join(map(str, shape))}]")
+    return tiny(text, values=values)
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("default", [False, True])
+def test_dynamic_quantize_lstm_zero_units_and_zero_features_go(per_column, default):
+    model = qlstm(per_column, default)
+    result = shrink_checked(model)
+    s = shapes(result.model)
+    assert s["Wq"] == (2, 2, 16) and s["Rq"] == (2, 4, 16) and s["B"] == (2, 32)
+    assert s["U"] == (4, 2) and s["V"] == (4, 4)
+    assert s["Ws"] == s["Wz"] == s["Rs"] == s["Rz"] == ((2, 16) if per_column else (2,))
+    [node] = [n for n in result.model.graph.node if n.op_type == "DynamicQuantizeLSTM"]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["hidden_size"] == 4
+    # W, R, B, U's column, V's rows, and per column the four scales' and zero points' columns
+    removed = (144 - 64) + (288 - 128) + (96 - 64) + 4 + 8 + (4 * (48 - 32) if per_column else 0)
+    assert params(result.model) == params(model) - removed
+    assert not result.barriers
+
+
+def test_dynamic_quantize_lstm_a_live_unit_no_one_reads_stays():
+    """Its value moves the range the hidden state is quantized with at every step."""
+    model = qlstm(False, False, dead_units=(), dead_features=(), live_unread=(0, 3))
+    result = shrink_checked(model)
+    assert shapes(result.model)["Rq"] == (2, 6, 24)
+
+
+def test_quantize_dynamic_lstm_model_reaches_the_quantized_native_size(zoo_dir):
+    """The zoo's recurrent model with half its units masked, quantized by quantize_dynamic (its
+    LSTMs become DynamicQuantizeLSTM, int8 weights symmetric: a masked unit's columns are their
+    zero point 0), shrinks to the parameters of the natively smaller model quantized alike."""
+    import logging
+
+    from onnxruntime.quantization import quantize_dynamic
+
+    paths = {}
+    for which in ("masked", "native"):
+        path = export_cached(zoo_dir, ("rnn", which, False), half_masked(RECURRENT, which, dynamo=False))
+        paths[which] = path.with_name(f"{path.stem}_dynamic.onnx")
+        if not paths[which].exists():
+            logging.disable(logging.WARNING)
+            try:
+                quantize_dynamic(path, paths[which])
+            finally:
+                logging.disable(logging.NOTSET)
+    masked = onnx.load(paths["masked"])
+    assert sum(n.op_type == "DynamicQuantizeLSTM" for n in masked.graph.node) == 2
+    result = shrink_checked(paths["masked"])
+    assert params(result.model) == result.after.params == params(onnx.load(paths["native"]))
+    assert result.after.params < 0.4 * result.before.params
+    assert not result.barriers
