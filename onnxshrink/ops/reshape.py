@@ -191,10 +191,11 @@ def _untied(it) -> bool:
 
 def inferred_item(items: list, merged: frozenset[int] = frozenset()) -> int | None:
     """The position of a Reshape target's one opaque size (e.g. `Shape(v)[1] * 2`, a repeat of KV
-    heads), when every other size is a literal other than -1 or a tensor's dim: the element count
-    then fixes it (the reshape's axis groups tie that axis to the input's), so the rewrite can
-    write it as the literal kept count of a pruned static axis (or -1); None otherwise."""
-    opaque = [p for p, it in enumerate(items) if _untied(it) and p not in merged]
+    heads; or the larger of two sizes), when every other size is a literal other than -1, a
+    tensor's dim or a product of the input's axes it merges (`merged`): the element count then
+    fixes it (the reshape's axis groups tie that axis to the input's), so the rewrite can write
+    it as the literal kept count of a pruned static axis (or -1); None otherwise."""
+    opaque = [p for p, it in enumerate(items) if (_untied(it) or isinstance(it, MaxOf)) and p not in merged]
     if len(opaque) != 1 or any(isinstance(it, int) and it < 0 for it in items):
         return None
     return opaque[0]
