@@ -15,10 +15,12 @@ by the same exporter (float and 8-bit tensors, initializers and Constant nodes, 
 tests/test_exporters.py shrinks each fixture with validation off, checks its outputs in
 onnxruntime against the fixture as given, and its parameter count against `native_params`.
 Not stored: the attention model from tf2onnx and from Keras's export (`--only tf2onnx keras
---arch attention --out DIR` writes them). tf2onnx lowers Keras's attention einsums to Reshapes
-whose merged sizes are ReduceProd/Max of Shape gathers (batch x heads): the analysis treats a
-product of sizes as opaque, so the head axis is pinned and the masked head stays (the FFN
-neurons go); the shrunk model is exact but keeps 9857 parameters, the native one has 8809.
+--arch attention --out DIR` writes them). Both lower Keras's attention einsums to Reshapes whose
+merged sizes are ReduceProd/Max of Shape gathers ((batch, heads) merged for a batched MatMul and
+split back): the analysis reads them as products and maxima of dims (analyze/shapes.py Prod,
+MaxOf), so the masked head goes too and the shrunk model has the native 8809 float parameters
+(10182 before); but onnxshrink's report counts their int32 shape constants (5 elements) as
+parameters (8814), which tests/test_exporters.py's check of the report would refuse.
 
 Architectures (the same in every framework; "zero" = filter/neuron and its bias zeroed, "const" =
 weights zeroed with the bias left, a constant channel the consumer's bias absorbs):

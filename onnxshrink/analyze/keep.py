@@ -99,6 +99,9 @@ class KeepState:
         self.syms = syms
         self.handler_for = handler_for
         self._kept: dict[str, list[np.ndarray | None]] = {}
+        # Dynamic axes kept by a period (see `adopt`), and dynamic axes pinned (never adopt one).
+        self._periodic: set[AxisKey] = set()
+        self._whole: set[AxisKey] = set()
         self._why: dict[str, list[np.ndarray | None]] = {}
         self.demanded: set[str] = set()
         self.reasons: list[Reason] = []
@@ -169,6 +172,29 @@ class KeepState:
             self._readers.setdefault(t.name, {})[id(self._visiting)] = self._visiting
         st = self._state(t)
         return st[axis] if axis < len(st) else None
+
+    def periodic(self, t: gs.Tensor, axis: int) -> bool:
+        """Is this dynamic axis kept by a period (`adopt`)?"""
+        return (t.name, axis) in self._periodic
+
+    def adopt(self, t: gs.Tensor, axis: int, n: int) -> bool:
+        """Dynamic axis `axis` of `t` is indexed outer * n + inner, a dynamic size merged with
+        static ones row-major (the (batch, heads) axis of an einsum lowering's batched MatMul):
+        its kept set is then that of the inner index, the same for every outer one, a mask of
+        size n. True when it is kept so (now or before, by the same period); False when it is a
+        static axis, has another period, or was pinned whole."""
+        st = self._state(t)
+        d = ir.dims(t)
+        if axis >= len(st) or d is None or isinstance(d[axis], int) or (t.name, axis) in self._whole:
+            return False
+        if st[axis] is not None:
+            return self.periodic(t, axis) and len(st[axis]) == n  # type: ignore[arg-type]
+        st[axis] = np.zeros(n, dtype=bool)
+        self._why[t.name][axis] = np.full(n, -1, np.int32)
+        self._periodic.add((t.name, axis))
+        self._changes += 1
+        self._touch(t)
+        return True
 
     def _reasons(self, t: gs.Tensor, axis: int) -> np.ndarray:
         """Reason ids of the kept indices of a prunable axis (-1: not kept)."""
@@ -294,6 +320,8 @@ class KeepState:
             k = st[a] if a < len(st) else None
             if k is not None:
                 self.keep(t, a, np.ones(k.shape, dtype=bool), reason)
+            elif a < len(st):
+                self._whole.add((t.name, a))  # a dynamic axis: never kept by a period
 
     def couple(
         self, t1: gs.Tensor, a1: int, t2: gs.Tensor, a2: int, meet: gs.Node | None = None
@@ -304,6 +332,11 @@ class KeepState:
         k1, k2 = self.kept(t1, a1), self.kept(t2, a2)
         if k1 is None and k2 is None:
             return
+        # a dynamic axis indexed like one kept by a period is kept by that period too
+        if k1 is None and k2 is not None and self.periodic(t2, a2) and self.adopt(t1, a1, len(k2)):
+            k1 = self.kept(t1, a1)
+        elif k2 is None and k1 is not None and self.periodic(t1, a1) and self.adopt(t2, a2, len(k1)):
+            k2 = self.kept(t2, a2)
         if k1 is None or k2 is None or k1.shape != k2.shape:
             self.pin(t1, a1)
             self.pin(t2, a2)

@@ -36,7 +36,38 @@ class Opaque:
     deps: frozenset[DimRef]
 
 
-Item = int | DimRef | Opaque
+@dataclass(frozen=True)
+class Prod:
+    """The product of these sizes, in this order (ReduceProd of gathered dims: einsum lowerings
+    merge (batch, heads) into one axis this way). Its own axes, consecutive, as a Reshape's
+    target size: those axes merged into one, row-major."""
+
+    refs: tuple[DimRef, ...]
+
+
+@dataclass(frozen=True)
+class MaxOf:
+    """The larger of these sizes (Max of two shape values, as a batched MatMul's broadcast batch
+    size is computed). Its consumer ties every one to where it is used as a size, so that they
+    keep the same count and the larger stays the one kept; it never assumes them equal."""
+
+    args: frozenset[DimRef | Prod]
+
+
+Item = int | DimRef | Opaque | Prod | MaxOf
+
+
+def item_deps(it: Item) -> set[DimRef]:
+    """The tensor axes an item's value is computed from."""
+    if isinstance(it, DimRef):
+        return {it}
+    if isinstance(it, Opaque):
+        return set(it.deps)
+    if isinstance(it, Prod):
+        return set(it.refs)
+    if isinstance(it, MaxOf):
+        return {d for a in it.args for d in item_deps(a)}
+    return set()
 
 
 @dataclass(frozen=True)
@@ -47,10 +78,7 @@ class SymValue:
     def deps(self) -> set[DimRef]:
         out: set[DimRef] = set()
         for it in self.items:
-            if isinstance(it, DimRef):
-                out.add(it)
-            elif isinstance(it, Opaque):
-                out |= it.deps
+            out |= item_deps(it)
         return out
 
     @property
@@ -67,13 +95,47 @@ def opaque(*vals: SymValue | Item) -> Opaque:
     """An item computed from these values in a way not modelled: it depends on all their axes."""
     deps: set[DimRef] = set()
     for v in vals:
-        if isinstance(v, SymValue):
-            deps |= v.deps()
-        elif isinstance(v, DimRef):
-            deps.add(v)
-        elif isinstance(v, Opaque):
-            deps |= v.deps
+        deps |= v.deps() if isinstance(v, SymValue) else item_deps(v)
     return Opaque(frozenset(deps))
+
+
+def product_item(items: tuple[Item, ...]) -> Item:
+    """The product of shape items: literal when all are, the one size when the others are 1s,
+    a `Prod` of tensor dims, else opaque."""
+    refs: list[DimRef] = []
+    lit = 1
+    for it in items:
+        if isinstance(it, int):
+            lit *= it
+        elif isinstance(it, DimRef):
+            refs.append(it)
+        elif isinstance(it, Prod):
+            refs.extend(it.refs)
+        else:
+            return opaque(*items)
+    if not refs:
+        return lit
+    if lit != 1:
+        return opaque(*items)
+    return refs[0] if len(refs) == 1 else Prod(tuple(refs))
+
+
+def max_item(p: Item, q: Item) -> Item:
+    """The larger of two shape items: literal when both are, either one when they are the same
+    symbol, a `MaxOf` of tensor sizes, else opaque."""
+    if isinstance(p, int) and isinstance(q, int):
+        return max(p, q)
+    if p == q:
+        return p
+    args: set[DimRef | Prod] = set()
+    for it in (p, q):
+        if isinstance(it, DimRef | Prod):
+            args.add(it)
+        elif isinstance(it, MaxOf):
+            args |= it.args
+        else:
+            return opaque(p, q)
+    return MaxOf(frozenset(args))
 
 
 def items_equal(p: Item, q: Item) -> bool | None:
@@ -83,7 +145,7 @@ def items_equal(p: Item, q: Item) -> bool | None:
         return p == q
     if isinstance(p, DimRef) and isinstance(q, int) or isinstance(q, DimRef) and isinstance(p, int):
         return False if min(x for x in (p, q) if isinstance(x, int)) < 0 else None
-    if isinstance(p, DimRef) and p == q:
+    if isinstance(p, DimRef | Prod | MaxOf) and p == q:
         return True
     return None
 
@@ -251,6 +313,8 @@ def sized_dims(
                 if not broadcast or x is not None and (k < 0 or x[k] in (1, named)):
                     new[p] = named
                 continue
+        elif isinstance(it, Prod | MaxOf):
+            size = item_size(it, view.tensors)
         if broadcast and size is not None:
             x = ir.dims(node.inputs[0])
             k = p - (len(new) - len(x)) if x is not None else -1
@@ -266,10 +330,41 @@ def sized_dims(
         if size is not None:
             new[p] = size
     if zero_copies and items.count(-1) == 1 and not isinstance(new[items.index(-1)], int):
-        inferred = _inferred_dim(ir.dims(node.inputs[0]), [d for k, d in enumerate(new) if items[k] != -1])
+        x_dims, rest = ir.dims(node.inputs[0]), [d for k, d in enumerate(new) if items[k] != -1]
+        merged = [set(a) for a in (own_axes(it, node.inputs[0]) for it in items) if a]
+        if x_dims and merged and sum(len(a) for a in merged) == len(set().union(*merged)):
+            # a size that is the product of input axes cancels them, whatever their sizes
+            x_dims = [d for k, d in enumerate(x_dims) if not any(k in a for a in merged)]
+            rest = [d for k, d in enumerate(new) if items[k] != -1 and not own_axes(items[k], node.inputs[0])]
+        inferred = _inferred_dim(x_dims, rest)
         if inferred is not None:
             new[items.index(-1)] = inferred
     return new
+
+
+def item_size(it: Item, tensors: Mapping[str, gs.Tensor]) -> int | None:
+    """The static size an item stands for, when the dims it refers to are static."""
+    if isinstance(it, int):
+        return it if it >= 0 else None
+    if isinstance(it, DimRef):
+        t = tensors.get(it.tensor)
+        return ir.static_dim(t, it.axis) if t is not None else None
+    if isinstance(it, Prod | MaxOf):
+        sizes = [item_size(a, tensors) for a in (it.refs if isinstance(it, Prod) else it.args)]
+        if any(v is None for v in sizes):
+            return None
+        known = [v for v in sizes if v is not None]
+        return int(np.prod(known, dtype=np.int64)) if isinstance(it, Prod) else max(known)
+    return None
+
+
+def own_axes(it: Item, x: gs.Tensor) -> list[int] | None:
+    """The axes of `x` a `Prod` item multiplies, when they are x's own consecutive axes in
+    order (a Reshape of x to this size merges them); None otherwise."""
+    if not isinstance(it, Prod) or any(r.tensor != x.name for r in it.refs):
+        return None
+    axes = [r.axis for r in it.refs]
+    return axes if axes == list(range(axes[0], axes[0] + len(axes))) else None
 
 
 def _inferred_dim(x: list | None, rest: list) -> int | None:

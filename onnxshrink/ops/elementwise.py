@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import reduce
 
 import numpy as np
 import onnx
@@ -16,8 +17,10 @@ from onnxshrink.analyze.shapes import (
     broadcast_items,
     elementwise_dims,
     items_equal,
+    max_item,
     opaque,
     opaque_value,
+    product_item,
     shape_operands,
 )
 from onnxshrink.ops.common import const_or_live, couple_broadcast, dtype_of
@@ -214,6 +217,14 @@ class Elementwise(Handler):
             return SymValue(tuple((p if c else q) if isinstance(c, int) else opaque(c, p, q) for c, p, q in cols))
         if op not in _SHAPE_ARITH and op != "Equal":
             return opaque_value(node, view) if shape_operands(node, view, range(len(node.inputs))) else None
+        if op == "Max":  # variadic: the larger size, element by element (`max_item`)
+            vals = shape_operands(node, view, range(len(node.inputs)))
+            if vals is None:
+                return None
+            cols = broadcast_items(*vals)
+            if cols is None:
+                return opaque_value(node, view)
+            return SymValue(tuple(reduce(max_item, col) for col in cols), scalar=all(v.scalar for v in vals))
         vals = shape_operands(node, view, [0, 1])
         if vals is None:
             return None
@@ -222,7 +233,9 @@ class Elementwise(Handler):
             return opaque_value(node, view)
         out: list[Item] = []
         for p, q in cols:
-            if op == "Equal":  # element by element: the unknown ones opaque
+            if op == "Mul":  # a product of sizes stays one (`product_item`)
+                out.append(product_item((p, q)))
+            elif op == "Equal":  # element by element: the unknown ones opaque
                 known = items_equal(p, q)
                 out.append(opaque(p, q) if known is None else int(known))
             elif isinstance(p, int) and isinstance(q, int):

@@ -17,7 +17,15 @@ from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.nonzero import pattern
 from onnxshrink.ops.common import const_or_live, couple_broadcast
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, RewriteView, WeightAxes
+from onnxshrink.ops.contract import (
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    RewriteView,
+    ShapeView,
+    WeightAxes,
+)
 from onnxshrink.ops.registry import register
 
 
@@ -289,6 +297,29 @@ class MatMul(Handler):
         if const.ndim != ry:
             return None
         return [compress(const, out)]
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        """Y's M and N from A's rows and B's columns, its batch dims broadcast from theirs (the
+        batched MatMuls of an einsum lowering, whose operands' dims only the shape values tell)."""
+        a, b, yd = ir.dims(node.inputs[0]), ir.dims(node.inputs[1]), ir.dims(node.outputs[0])
+        if a is None or b is None or yd is None or len(a) < 2 or len(b) < 2 or len(yd) != max(len(a), len(b)):
+            return None
+        new = list(yd)
+        for k, d in ((len(yd) - 2, a[-2]), (len(yd) - 1, b[-1])):
+            if not isinstance(new[k], int) and d is not None:
+                new[k] = d
+        for k in range(len(yd) - 2):
+            if isinstance(new[k], int):
+                continue
+            at = [t[k - len(yd) + len(t)] if k - len(yd) + len(t) >= 0 else 1 for t in (a, b)]
+            big = {v for v in at if isinstance(v, int) and v != 1}
+            if len(big) == 1:  # whatever the other is, they broadcast to it
+                new[k] = big.pop()
+            elif all(v == 1 for v in at):
+                new[k] = 1
+            elif at[0] == at[1] and isinstance(at[0], str):
+                new[k] = at[0]
+        return new
 
     def roles(self, node: gs.Node) -> tuple[int, int, int, int | None, int | None] | None:
         """(rank A, rank B, rank Y, Y's M axis, Y's N axis)."""

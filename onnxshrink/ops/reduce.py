@@ -20,7 +20,15 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
-from onnxshrink.analyze.shapes import Item, SymValue, opaque, opaque_value, shape_operands
+from onnxshrink.analyze.shapes import (
+    Item,
+    SymValue,
+    max_item,
+    opaque,
+    opaque_value,
+    product_item,
+    shape_operands,
+)
 from onnxshrink.ops.common import dtype_of, ints
 from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, RewriteView, ShapeView
 from onnxshrink.ops.norm import rescale_rms, rms_chain
@@ -122,7 +130,8 @@ def _vector_axes(node: gs.Node, view: ShapeView) -> list[int] | None:
 class Reduce(Handler):
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         """A shape vector reduced to one item: literal sizes are computed, a single item is itself
-        (the product of one size is that size), several symbolic ones are opaque."""
+        (the product of one size is that size), a product or maximum of sizes is one
+        (`product_item`, `max_item`), other reductions of several symbolic ones are opaque."""
         vals = shape_operands(node, view, [0])
         if vals is None:
             return None
@@ -141,6 +150,10 @@ class Reduce(Handler):
             item = reduce(_SHAPE_REDUCE[node.op], lits)
         elif len(a.items) == 1:
             item = a.items[0]
+        elif node.op == "ReduceProd":
+            item = product_item(a.items)
+        elif node.op == "ReduceMax":
+            item = reduce(max_item, a.items)
         else:
             item = opaque(a)
         return SymValue((item,), scalar=not keepdims)

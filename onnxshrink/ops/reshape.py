@@ -17,7 +17,17 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstInfo, compress
 from onnxshrink.analyze.keep import Reason
-from onnxshrink.analyze.shapes import DimRef, Opaque, SymValue, opaque_value, sized_dims
+from onnxshrink.analyze.shapes import (
+    DimRef,
+    MaxOf,
+    Prod,
+    SymValue,
+    item_deps,
+    item_size,
+    opaque_value,
+    own_axes,
+    sized_dims,
+)
 from onnxshrink.ops.common import couple_broadcast, ints
 from onnxshrink.ops.contract import (
     ConstView,
@@ -127,7 +137,7 @@ def _pair_leftovers(a: list, b: list) -> tuple[list, list]:
 
 
 def size_items(node: gs.Node, reader: Reader, i: int) -> list | None:
-    """Elements of a shape-valued input: ints, DimRef or Opaque items; None if not known."""
+    """Elements of a shape-valued input: ints or symbolic items; None if not known."""
     t = ir.present(node, i)
     if t is None:
         return None
@@ -139,35 +149,53 @@ def size_items(node: gs.Node, reader: Reader, i: int) -> list | None:
 
 
 def tie_size_items(
-    ks: KeepView, node: gs.Node, items: list, y: gs.Tensor, inferred: int | None = None
+    ks: KeepView,
+    node: gs.Node,
+    items: list,
+    y: gs.Tensor,
+    inferred: int | None = None,
+    merged: frozenset[int] = frozenset(),
 ) -> None:
-    """Output axis p has the size given by items[p]: a referenced axis keeps the same indices;
-    an opaque size cannot change, so the axis and what it was computed from keep everything
-    (but at `inferred`, a Reshape's size the rewrite makes -1: see `inferred_item`)."""
+    """Output axis p has the size given by items[p]: a referenced axis keeps the same indices
+    (each of a `MaxOf`'s: equal counts, so the larger is the kept count); an opaque size cannot
+    change, so the axis and what it was computed from keep everything (but at `inferred`, a
+    Reshape's size the rewrite makes -1: see `inferred_item`; at `merged`, a Reshape's product
+    of its input's own axes: its axis groups keep the product set, and the product computed at
+    run time from the shrunk input is its size)."""
     for p, it in enumerate(items):
-        if p == inferred:
+        if p == inferred or p in merged:
             continue
-        if isinstance(it, DimRef):
-            t = ks.tensors.get(it.tensor)
-            if t is not None:
-                ks.couple(t, it.axis, y, p)
-        elif isinstance(it, Opaque):
+        if isinstance(it, DimRef | MaxOf) and not _untied(it):
+            for ref in sorted(item_deps(it), key=str):
+                t = ks.tensors.get(ref.tensor)
+                if t is not None:
+                    ks.couple(t, ref.axis, y, p)
+        elif _untied(it):
             why = Reason(
                 "shape", node.name, node.op, "the target size is computed from other sizes"
             )
             ks.pin(y, p, why)
-            for ref in it.deps:
+            for ref in item_deps(it):
                 t = ks.tensors.get(ref.tensor)
                 if t is not None:
                     ks.pin(t, ref.axis, why)
 
 
-def inferred_item(items: list) -> int | None:
+def _untied(it) -> bool:
+    """A size that tying axes cannot keep right: not a literal, a tensor's dim, or the larger of
+    dims (an opaque expression, a product)."""
+    if isinstance(it, MaxOf):
+        return not all(isinstance(a, DimRef) for a in it.args)
+    return not isinstance(it, int | DimRef)
+
+
+def inferred_item(items: list, merged: frozenset[int] = frozenset()) -> int | None:
     """The position of a Reshape target's one opaque size (e.g. `Shape(v)[1] * 2`, a repeat of KV
-    heads), when every other size is a literal other than -1 or a tensor's dim: the element count
-    then fixes it (the reshape's axis groups tie that axis to the input's), so the rewrite can
-    write it as the literal kept count of a pruned static axis (or -1); None otherwise."""
-    opaque = [p for p, it in enumerate(items) if isinstance(it, Opaque)]
+    heads; or the larger of two sizes), when every other size is a literal other than -1, a
+    tensor's dim or a product of the input's axes it merges (`merged`): the element count then
+    fixes it (the reshape's axis groups tie that axis to the input's), so the rewrite can write
+    it as the literal kept count of a pruned static axis (or -1); None otherwise."""
+    opaque = [p for p, it in enumerate(items) if (_untied(it) or isinstance(it, MaxOf)) and p not in merged]
     if len(opaque) != 1 or any(isinstance(it, int) and it < 0 for it in items):
         return None
     return opaque[0]
@@ -237,20 +265,34 @@ def _close_product(
     out_axes: list[int],
     site: gs.Node,
 ) -> None:
-    """Kept elements of a merged/split block form one set seen from both sides."""
+    """Kept elements of a merged/split block form one set seen from both sides. Dynamic sizes
+    may lead the block on both sides (e.g. (batch, heads) merged for a batched MatMul): every
+    index of them is kept, and a single dynamic axis on one side is then kept by the period of
+    the static sizes that follow them on the other (`KeepView.adopt`: index b * heads + h)."""
     ks.block(x, in_axes, y, out_axes, site)
-    got_a = [ks.kept(x, a) for a in in_axes]
-    got_b = [ks.kept(y, b) for b in out_axes]
-    ka = [k for k in got_a if k is not None]
-    kb = [k for k in got_b if k is not None]
-    if len(ka) < len(got_a) or len(kb) < len(got_b):
-        for a in in_axes:
-            ks.pin(x, a)
-        for b in out_axes:
-            ks.pin(y, b)
+    side_a, side_b = _static_tail(ks, x, in_axes), _static_tail(ks, y, out_axes)
+    for t, axes, mine, theirs in ((x, in_axes, side_a, side_b), (y, out_axes, side_b, side_a)):
+        lone_dynamic = len(axes) == 1 and mine is not None and mine[0] and not mine[1]
+        if lone_dynamic and theirs is not None and theirs[1]:
+            period = int(np.prod([len(k) for _, k in theirs[1]], dtype=np.int64))
+            if ks.adopt(t, axes[0], period):
+                side_a, side_b = _static_tail(ks, x, in_axes), _static_tail(ks, y, out_axes)
+            break
+    if side_a is None or side_b is None or side_a[0] != side_b[0]:
+        _pin_block(ks, x, in_axes, y, out_axes)
+        return
+    in_axes, ka = [a for a, _ in side_a[1]], [k for _, k in side_a[1]]
+    out_axes, kb = [b for b, _ in side_b[1]], [k for _, k in side_b[1]]
+    if not ka and not kb:
+        return
+    if not ka or not kb:
+        _pin_block(ks, x, in_axes, y, out_axes)
         return
     fa = reduce(np.logical_and.outer, ka).reshape(-1)
     fb = reduce(np.logical_and.outer, kb).reshape(-1)
+    if len(fa) != len(fb):
+        _pin_block(ks, x, in_axes, y, out_axes)
+        return
     if np.array_equal(fa, fb):
         return
     f = fa | fb
@@ -268,6 +310,34 @@ def _close_product(
         for n, a in enumerate(axes):
             other = tuple(m for m in range(len(axes)) if m != n)
             ks.keep(side, a, shaped.any(axis=other) if other else shaped, why)
+
+
+def _pin_block(ks: KeepView, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int]) -> None:
+    for a in in_axes:
+        ks.pin(x, a)
+    for b in out_axes:
+        ks.pin(y, b)
+
+
+def _static_tail(
+    ks: KeepView, t: gs.Tensor, axes: list[int]
+) -> tuple[bool, list[tuple[int, np.ndarray]]] | None:
+    """A block's side as (whether dynamic sizes lead it, its (axis, kept) of static sizes, in
+    order): a periodic axis is a dynamic size then its period. None when a dynamic size follows
+    a static one (not a leading batch) or the rank is unknown."""
+    d = ir.dims(t)
+    if d is None:
+        return None
+    lead, tail = False, list[tuple[int, np.ndarray]]()
+    for a in axes:
+        k = ks.kept(t, a)
+        if k is None or ks.periodic(t, a):
+            if tail or a >= len(d) or isinstance(d[a], int):
+                return None
+            lead = True
+        if k is not None:
+            tail.append((a, k))
+    return lead, tail
 
 
 def keep_groups(
@@ -328,6 +398,46 @@ def _reshape_grouping(node: gs.Node, reader: Reader, x: gs.Tensor, y: gs.Tensor)
     if a is None or b is None:
         return None
     items = size_items(node, reader, 1)
+    merges = _merges(items, x) if items is not None and len(items) == len(b) else []
+    if merges:  # target sizes that are products of x's own axes: those axes merge into them
+        spans = {axes[0]: (axes, p) for p, axes in merges}
+        short: list = []
+        back: list[list[int]] = []
+        k = 0
+        while k < len(a):
+            if k in spans:
+                axes, p = spans[k]
+                short.append(("merged", x.name, k))
+                b[p] = short[-1]
+                back.append(axes)
+                k = axes[-1] + 1
+            else:
+                short.append(a[k])
+                back.append([k])
+                k += 1
+        groups = _size_groups(node, reader, short, b, items)
+        if groups is None:
+            return None
+        return [([k for i in ga for k in back[i]], gb) for ga, gb in groups]
+    return _size_groups(node, reader, a, b, items)
+
+
+def _merges(items: list, x: gs.Tensor) -> list[tuple[int, list[int]]]:
+    """(output position, input axes) of each target size that is the product of consecutive
+    axes of x itself (`own_axes`), when no input axis is in two."""
+    out = [(p, axes) for p, axes in ((p, own_axes(it, x)) for p, it in enumerate(items)) if axes]
+    used = [a for _, axes in out for a in axes]
+    return out if len(used) == len(set(used)) else []
+
+
+def merged_positions(node: gs.Node, reader: Reader, items: list, groups: list[Group] | None) -> frozenset[int]:
+    """The target positions whose product of input axes the axis groups merge into them."""
+    if groups is None:
+        return frozenset()
+    return frozenset(p for p, axes in _merges(items, node.inputs[0]) if (axes, [p]) in groups)
+
+
+def _size_groups(node: gs.Node, reader: Reader, a: list, b: list, items: list | None) -> list[Group] | None:
     allowzero = bool(int(node.attrs.get("allowzero", 0)))
     if items is not None and len(items) == len(b):
         for p, it in enumerate(items):
@@ -342,6 +452,10 @@ def _reshape_grouping(node: gs.Node, reader: Reader, x: gs.Tensor, y: gs.Tensor)
                 d = ir.dims(t) if t is not None else None
                 if d is not None and it.axis < len(d):
                     b[p] = d[it.axis] if d[it.axis] is not None else ("ref", it.tensor, it.axis)
+            elif isinstance(it, Prod | MaxOf):
+                size = item_size(it, reader.tensors)
+                if size is not None:
+                    b[p] = size
     a, b = _pair_leftovers(a, b)
     return reshape_groups(a, b)
 
@@ -385,7 +499,9 @@ class Reshape(Handler):
             return
         groups = _reshape_grouping(node, ks, x, y)
         keep_groups(ks, node, x, y, groups)
-        tie_size_items(ks, node, items, y, inferred_item(items) if groups is not None else None)
+        merged = merged_positions(node, ks, items, groups)
+        inferred = inferred_item(items, merged) if groups is not None else None
+        tie_size_items(ks, node, items, y, inferred, merged)
         allowzero = bool(int(node.attrs.get("allowzero", 0)))
         for p, it in enumerate(items):
             if it == 0 and not allowzero:
@@ -395,7 +511,9 @@ class Reshape(Handler):
         items = size_items(node, rw, 1)
         if items is not None:  # keep() made a Reshape of an unknown target a barrier
             x, y = node.inputs[0], node.outputs[0]
-            inferred = inferred_item(items) if _reshape_grouping(node, rw, x, y) is not None else None
+            groups = _reshape_grouping(node, rw, x, y)
+            merged = merged_positions(node, rw, items, groups)
+            inferred = inferred_item(items, merged) if groups is not None else None
             rewrite_size_input(rw, node, 1, items, y, x, inferred)
 
 
@@ -435,6 +553,12 @@ class Transpose(Handler):
 
     def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
         return self.perm(node, rank) if i == 0 else None
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        x, yd = ir.dims(node.inputs[0]), ir.dims(node.outputs[0])
+        if x is None or yd is None or len(x) != len(yd):
+            return None
+        return [d if isinstance(d, int) else x[a] for d, a in zip(yd, self.perm(node, len(x)), strict=True)]
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, r = ctx.const(node.inputs[0]), ir.rank(node.inputs[0])
@@ -482,6 +606,14 @@ class Squeeze(Handler):
             return SymValue(a.items, scalar=True)
         return opaque_value(node, view)
 
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        x, yd = ir.dims(node.inputs[0]), ir.dims(node.outputs[0])
+        axes = _squeeze_axes(node, consts, node.inputs[0])
+        if x is None or yd is None or axes is None or len(x) - len(axes) != len(yd):
+            return None
+        rest = [d for a, d in enumerate(x) if a not in axes]
+        return [d if isinstance(d, int) else r for d, r in zip(yd, rest, strict=True)]
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c = ctx.const(node.inputs[0])
         axes = _squeeze_axes(node, ctx, node.inputs[0])
@@ -525,6 +657,17 @@ class Unsqueeze(Handler):
         r = ir.rank(node.outputs[0])
         axes = ints(node, reader, "axes", 1)
         return None if axes is None or r is None else ir.norm_axes(axes, r)
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+        x, yd, axes = ir.dims(node.inputs[0]), ir.dims(node.outputs[0]), self.axes(node, consts)
+        if x is None or yd is None or axes is None or len(x) + len(axes) != len(yd):
+            return None
+        rest = iter(x)
+        new = []
+        for b, d in enumerate(yd):
+            src = 1 if b in axes else next(rest)
+            new.append(d if isinstance(d, int) else src)
+        return new
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, axes = ctx.const(node.inputs[0]), self.axes(node, ctx)
