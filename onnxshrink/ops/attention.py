@@ -15,7 +15,9 @@ rewritten; the initializers (packed QKV weights and biases) are sliced by the ke
 
 Past key/value inputs, present outputs and attention biases with a head axis are sliced with
 the heads they hold (a K/V head's cache, a query head's bias); when they are graph inputs or
-outputs (the interface), their heads stay, exactly. Rotary embeddings act within a head and
+outputs (the interface), their heads stay, exactly, except a KV cache: a present output that
+extends its past input (`extends`) is one state the runtime feeds back, whose K/V heads go with
+their groups (analyze/cache.py). Rotary embeddings act within a head and
 need nothing. For `--groups` and `--prune` each op ties what goes with a head (or a K/V head
 with its query heads) together (`KeepView.unit`) and says where its heads are (`head_axis`).
 """
@@ -571,6 +573,11 @@ class OnnxAttention(_PackedHeads):
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
         return (hq, hkv) if hq > 0 and hkv > 0 else None
+
+    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
+        """present_key/value: past_key/value [B, kv heads, P, d] (in the 3-D form too) with this
+        step's keys/values appended along the sequence."""
+        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
 
     def four_d(self, node: gs.Node) -> tuple[int, int] | None:
         """(query heads, K/V heads) of the 4-D form, when static."""

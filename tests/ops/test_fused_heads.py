@@ -501,3 +501,95 @@ def test_onnx_attention_4d_a_past_computed_in_the_graph_goes_with_its_kv_head():
     for w in ("Wk", "Wv", "Wpk", "Wpv"):
         assert dead(masks[w], 1) == blocks([j], 2)
     assert shapes(result.model)["Wpk"] == (8, 2) and shapes(result.model)["Wq"] == (8, 4)
+
+
+# ------------------------------------------------------------------ KV caches in the interface
+def check_cache(model: onnx.ModelProto, result, feeds: dict, pasts: tuple[str, ...], kept: list[int]) -> None:
+    """The input with the masks applied here, fed the whole cache (random in the removed K/V
+    heads too), against the shrunk model fed the kept K/V heads, with onnxruntime: the output
+    equal, each present equal on the kept heads."""
+    shrunk_feeds = {k: (v[:, kept] if k in pasts else v) for k, v in feeds.items()}
+    want = run(zeroed(model, result.masks), feeds)
+    got = run(result.model, shrunk_feeds)
+    assert got[0].shape == want[0].shape
+    assert np.abs(got[0] - want[0]).max() <= 1e-5 * np.abs(want[0]).max()
+    for a, b in zip(want[1:], got[1:], strict=True):
+        assert b.shape == a[:, kept].shape
+        assert np.abs(a[:, kept] - b).max() <= 1e-5 * np.abs(a).max()
+
+
+ONNX_CACHE_3D = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[1, 2, 8] x, float[1, 2, 3, 2] past_k, float[1, 2, 3, 2] past_v, float[8, 8] Wq, float[8, 4] Wk, float[8, 4] Wv, float[8] Bv, float[8, 8] Wo) => (float[1, 2, 8] y, float[1, 2, 5, 2] pk, float[1, 2, 5, 2] pv) {
+  q = MatMul (x, Wq)
+  k = MatMul (x, Wk)
+  v0 = MatMul (x, Wv)
+  v = Add (v0, Bv)
+  a, pk, pv = Attention <q_num_heads = 4, kv_num_heads = 2> (q, k, v, , past_k, past_v)
+  y = MatMul (a, Wo)
+}""".replace("float[8] Bv", "float[4] Bv")
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_onnx_attention_3d_a_kv_cache_in_the_interface_goes_with_its_groups(init):
+    # Attention.extends: present_key/value extend past_key/value along the sequence, one state
+    # the runtime feeds back; a K/V group takes its slice of both (analyze/cache.py).
+    model = tiny(ONNX_CACHE_3D, values={"Bv": np.zeros(4)} if init == "default" else None)
+    groups = [g for g in find_groups(model).groups if g.unit.kind == "kv_group"]
+    assert len(groups) == 2 and all(g.exact and g.unit.query_heads == 2 for g in groups)
+    result = prune(model, 0.5, validate=False, price=False)
+    masks = result.masks
+    [j] = kv_gone(masks, d=2)
+    feeds = {"x": x(1, 2, 8), "past_k": x(1, 2, 3, 2), "past_v": x(1, 2, 3, 2)}
+    check_cache(model, result, feeds, ("past_k", "past_v"), [1 - j])
+    assert dead(masks["Wq"], 1) == blocks(range(2 * j, 2 * j + 2), 2)
+    assert dead(masks["Wk"], 1) == dead(masks["Wv"], 1) == dead(masks["Bv"], 0) == blocks([j], 2)
+    s = shapes(result.model)
+    assert s["Wq"] == (8, 4) and s["Wk"] == s["Wv"] == (8, 2) and s["Bv"] == (2,) and s["Wo"] == (4, 8)
+    a = attrs(result.model, "Attention")
+    assert a["q_num_heads"] == 2 and a["kv_num_heads"] == 1
+    assert result.shrink.before.params - result.shrink.after.params == 8 * 4 + 2 * 8 * 2 + 2 + 4 * 8
+    assert [c.text() for c in result.shrink.interface_changes] == [
+        "input past_k [1,2,3,2] -> [1,1,3,2]",
+        "input past_v [1,2,3,2] -> [1,1,3,2]",
+        "output pk [1,2,5,2] -> [1,1,5,2]",
+        "output pv [1,2,5,2] -> [1,1,5,2]",
+    ]
+
+
+ONNX_CACHE_4D = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[1, 2, 8] x, float[1, 2, 3, 2] past_k, float[1, 2, 3, 2] past_v, float[8, 8] Wq, float[8, 4] Wk, float[8, 4] Wv, float[8, 8] Wo) => (float[1, 2, 8] y, float[1, 2, 5, 2] pk, float[1, 2, 5, 2] pv) {
+  q = MatMul (x, Wq)
+  k = MatMul (x, Wk)
+  v = MatMul (x, Wv)
+  qs = Constant <value = int64[4] {1, 2, 4, 2}> ()
+  ks = Constant <value = int64[4] {1, 2, 2, 2}> ()
+  back = Constant <value = int64[3] {1, 2, 8}> ()
+  q4 = Reshape (q, qs)
+  k4 = Reshape (k, ks)
+  v4 = Reshape (v, ks)
+  qt = Transpose <perm = [0, 2, 1, 3]> (q4)
+  kt = Transpose <perm = [0, 2, 1, 3]> (k4)
+  vt = Transpose <perm = [0, 2, 1, 3]> (v4)
+  a, pk, pv = Attention (qt, kt, vt, , past_k, past_v)
+  at = Transpose <perm = [0, 2, 1, 3]> (a)
+  a3 = Reshape (at, back)
+  y = MatMul (a3, Wo)
+}"""
+
+
+def test_onnx_attention_4d_a_kv_cache_in_the_interface_goes_with_its_groups():
+    model = tiny(ONNX_CACHE_4D)
+    groups = [g for g in find_groups(model).groups if g.unit.kind == "kv_group"]
+    assert len(groups) == 2 and all(g.exact and g.unit.query_heads == 2 for g in groups)
+    result = prune(model, 0.5, validate=False, price=False)
+    [j] = kv_gone(result.masks, d=2)
+    feeds = {"x": x(1, 2, 8), "past_k": x(1, 2, 3, 2), "past_v": x(1, 2, 3, 2)}
+    check_cache(model, result, feeds, ("past_k", "past_v"), [1 - j])
+    assert dead(result.masks["Wk"], 1) == dead(result.masks["Wv"], 1) == blocks([j], 2)
+    s = shapes(result.model)
+    assert s["Wq"] == (8, 4) and s["Wk"] == s["Wv"] == (8, 2) and s["Wo"] == (4, 8)
+    assert result.shrink.before.params - result.shrink.after.params == 8 * 4 + 2 * 8 * 2 + 4 * 8
+    assert [c.text() for c in result.shrink.interface_changes][::2] == [
+        "input past_k [1,2,3,2] -> [1,1,3,2]",
+        "output pk [1,2,5,2] -> [1,1,5,2]",
+    ]
