@@ -304,8 +304,10 @@ class _PackedHeads(Handler):
     evaluate_with_ort = True
     #: input slots: query, key, value, packed bias (None: no bias input)
     slots: tuple[int, int, int, int | None] = (0, 1, 2, 3)
-    #: inputs that carry every head when present (per-head biases)
+    #: inputs that carry every head when present and not one value (a quantized cache's scales)
     all_heads_inputs: tuple[int, ...] = ()
+    #: 1-D inputs of one value per query head ([heads]: a head sink): a head's value goes with it
+    per_head_slots: tuple[int, ...] = ()
     #: past key/value inputs ([B, kv heads, P, d]): each K/V head's cache goes with it
     past_slots: tuple[int, ...] = ()
     #: an attention mask that may have a head axis ([.., heads or 1, q, k])
@@ -372,7 +374,8 @@ class _PackedHeads(Handler):
         bias = ir.present(node, bi) if bi is not None else None
         pasts = self.pasts(node, hkv)
         mask = self.head_mask(node, hq)
-        ours = [*pasts, mask] if mask is not None else pasts
+        per_head = self.per_head(node, hq)
+        ours = [*pasts, *per_head, *([mask] if mask is not None else [])]
         for t in [q, *kv_ins, bias, *ours]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
@@ -409,6 +412,8 @@ class _PackedHeads(Handler):
             need_kv |= heads_read(ks.kept(t, 1), hkv)
         if mask is not None:
             need_q |= heads_read(ks.kept(mask, mask_heads(mask)), hq)
+        for t in per_head:
+            need_q |= heads_read(ks.kept(t, 0), hq)
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
@@ -429,6 +434,8 @@ class _PackedHeads(Handler):
             keep_blocks(ks, t, 1, kv_heads, why)
         if mask is not None:
             keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
+        for t in per_head:
+            keep_blocks(ks, t, 0, q_heads, why)
         for out in node.outputs[1:3]:
             keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
@@ -445,7 +452,7 @@ class _PackedHeads(Handler):
     ) -> None:
         """Records (for the coupled groups) what goes with a K/V head: its query heads' output
         channels, query, key and value dims (and bias), its slice of the cache, and its query
-        heads' slices of a per-head attention bias."""
+        heads' slices of a per-head attention bias and of per-head inputs (a head sink)."""
         hq, hkv, d, dv, packed = got
         rep = hq // hkv
         y = node.outputs[0]
@@ -468,6 +475,13 @@ class _PackedHeads(Handler):
                 ks.unit(t, 1, np.arange(hkv), y, 2, anchor)
         if mask is not None:
             ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+        for t in self.per_head(node, hq):
+            ks.unit(t, 0, np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+
+    def per_head(self, node: gs.Node, hq: int) -> list[gs.Tensor]:
+        """The per-query-head inputs present, when they are [`hq`]."""
+        found = [ir.present(node, i) for i in self.per_head_slots]
+        return [t for t in found if t is not None and ir.rank(t) == 1 and ir.static_dim(t, 0) == hq]
 
     def head_mask(self, node: gs.Node, hq: int) -> gs.Tensor | None:
         """The attention mask or bias when it has an axis of the `hq` query heads ([.., hq, S, T]):
@@ -483,12 +497,17 @@ class _PackedHeads(Handler):
         return [t for t in found if t is not None and ir.rank(t) == 4 and ir.static_dim(t, 1) == hkv]
 
     def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor], hq: int, hkv: int) -> bool:
-        """Inputs that carry every head (a head sink, a mask or a cache whose head axis is not
-        the heads) or other outputs that are read with one (the scores): no head can go."""
-        if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
-            return True
+        """Inputs that carry every head (a quantized cache's scales, a head sink, mask or cache
+        whose head axis is not the heads) or other outputs that are read with one (the scores):
+        no head can go."""
+        for i in self.all_heads_inputs:
+            t = ir.present(node, i)
+            if t is not None and any(d != 1 for d in ir.dims(t) or [None]):
+                return True
         present = [i for i in self.past_slots if ir.present(node, i) is not None]
         if len(self.pasts(node, hkv)) != len(present):
+            return True
+        if len(self.per_head(node, hq)) != sum(ir.present(node, i) is not None for i in self.per_head_slots):
             return True
         mask = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
         if mask is not None and (ir.rank(mask) or 0) >= 3 and ir.static_dim(mask, -3) != 1:
@@ -535,11 +554,13 @@ class MultiHeadAttention(_PackedHeads):
 @register("GroupQueryAttention", domain=MS)
 class GroupQueryAttention(_PackedHeads):
     """query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
-    sin_cache, position_ids, attention_bias, head_sink; a K/V head serves
-    num_heads / kv_num_heads query heads."""
+    sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+    k_norm_weight, query_seqlens; a K/V head serves num_heads / kv_num_heads query heads.
+    The Q/K norm weights are [head_size], shared by the heads."""
 
     slots = (0, 1, 2, None)
-    all_heads_inputs = (11,)  # head_sink
+    per_head_slots = (11,)  # head_sink [num_heads]
+    all_heads_inputs = (12, 13)  # k_scale, v_scale of a quantized cache (per channel: unread here)
     past_slots = (3, 4)
     mask_slot = 10  # attention_bias
 

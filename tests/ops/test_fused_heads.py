@@ -593,3 +593,43 @@ def test_onnx_attention_4d_a_kv_cache_in_the_interface_goes_with_its_groups():
         "input past_k [1,2,3,2] -> [1,1,3,2]",
         "output pk [1,2,5,2] -> [1,1,5,2]",
     ]
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_group_query_attention_a_head_sink_goes_with_its_heads(init):
+    # head_sink [num_heads] (one softmax sink a query head, onnxruntime's GQA input 11): a
+    # query head's value goes with it, and the sinks of its K/V group's heads with the group
+    text = GQA.replace("int32 total)", "int32 total, float[4] Sink)").replace(
+        "(q, k, v, , , seqlens, total)", "(q, k, v, , , seqlens, total, , , , , Sink)"
+    )
+    model = tiny(text, values={"Sink": np.zeros(4)} if init == "default" else None)
+    groups = [g for g in find_groups(model).groups if g.unit.kind == "kv_group"]
+    assert len(groups) == 2 and all(g.exact for g in groups)
+    assert {g.params for g in groups} == {16 * 16 + 2 * 16 * 8 + 16 * 16 + 2}
+    result, masks = pruned(model, {"x": x(1, 5, 16), **GQA_FEEDS})
+    [j] = kv_gone(masks)
+    assert dead(masks["Sink"], 0) == [2 * j, 2 * j + 1]
+    s = shapes(result.model)
+    assert s["Sink"] == (2,) and s["Wq"] == (16, 16) and s["Wk"] == s["Wv"] == (16, 8)
+    assert result.shrink.before.params - result.shrink.after.params == 16 * 16 + 2 * 16 * 8 + 16 * 16 + 2
+    assert {k: v for k, v in attrs(result.model, "GroupQueryAttention").items() if "heads" in k} == {
+        "num_heads": 2,
+        "kv_num_heads": 1,
+    }
+
+
+def test_group_query_attention_a_head_sink_on_query_ranks():
+    # Masks on query heads 1 and 3 (rank 1 of both groups): their sinks go, the K/V heads stay
+    text = GQA.replace("int32 total)", "int32 total, float[4] Sink)").replace(
+        "(q, k, v, , , seqlens, total)", "(q, k, v, , , seqlens, total, , , , , Sink)"
+    )
+    model = tiny(text, zero={"Wo": np.s_[[*range(8, 16), *range(24, 32)]]})
+    result = shrink(model, validate=False)
+    s = shapes(result.model)
+    assert s["Sink"] == (2,) and s["Wq"] == (16, 16) and s["Wk"] == (16, 16)
+    got_sink = onnx.numpy_helper.to_array(next(t for t in result.model.graph.initializer if t.name == "Sink"))
+    want_sink = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "Sink"))[[0, 2]]
+    assert np.array_equal(got_sink, want_sink)
+    feeds = {"x": x(1, 5, 16), **GQA_FEEDS}
+    for want, got in zip(run(model, feeds), run(result.model, feeds), strict=True):
+        assert np.abs(want - got).max() <= 1e-5 * np.abs(want).max()
