@@ -280,7 +280,7 @@ def test_onnx_attention_heads_from_attributes():
     graph = helper.make_graph(
         [node],
         "g",
-        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 3, w]) for n, w in zip("qkv", (24, 8, 8))],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 3, w]) for n, w in zip("qkv", (24, 8, 8), strict=True)],
         [helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, [1, 3, 24])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])

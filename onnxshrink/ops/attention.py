@@ -5,7 +5,8 @@ A head is a unit: its query, key and value dims are read together (the scores co
 query and key dims; softmax mixes the key positions), so a head goes whole or stays whole.
 Heads are either an axis of their own (opset 23's 4-D form, [batch, heads, seq, head_dim]) or
 blocks of head_dim along a packed hidden axis ([batch, seq, heads * head_dim], the contrib ops
-and opset 23's 3-D form). A head goes when no kept output reads it: its output block is
+and opset 23's 3-D form), or an axis of a packed input (MultiHeadAttention's QKV
+[batch, seq, heads, 3, head_dim] or KV [batch, seq, heads, 2, head_dim]). A head goes when no kept output reads it: its output block is
 unread (the output projection's columns are masked) or constant zero (its value projection is
 masked: softmax(scores) @ 0 = 0, which the consumer absorbs). With grouped-query attention a
 key/value head serves `rep` query heads; the kept query heads are a product (kept K/V heads) x
@@ -342,7 +343,7 @@ class _PackedHeads(Handler):
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         got = self.layout(node)
-        if got is None or got[4]:
+        if got is None or got[4] or self.stacked(node):
             return None
         hq, hkv, d, dv, _ = got
         _, _, vi, bi = self.slots
@@ -370,13 +371,16 @@ class _PackedHeads(Handler):
         hq, hkv, d, dv, packed = got
         qi, ki, vi, bi = self.slots
         q = node.inputs[qi]
-        kv_ins = [] if packed else [node.inputs[ki], node.inputs[vi]]
+        stacked = self.stacked(node)
+        q_stacked = any(q is t for t in stacked)
+        kv_ins = [] if packed else [ir.present(node, ki), ir.present(node, vi)]
+        kv_ins = [t for t in kv_ins if t is not None and not any(t is u for u in stacked)]
         bias = ir.present(node, bi) if bi is not None else None
         pasts = self.pasts(node, hkv)
         mask = self.head_mask(node, hq)
         per_head = self.per_head(node, hq)
         ours = [*pasts, *per_head, *([mask] if mask is not None else [])]
-        for t in [q, *kv_ins, bias, *ours]:
+        for t in [q, *kv_ins, *stacked, bias, *ours]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
             if i not in (qi, ki, vi, bi) and not any(t is o for o in ours):
@@ -387,8 +391,13 @@ class _PackedHeads(Handler):
         for t in kv_ins:
             ks.couple(t, 0, y, 0)
             ks.pin(t, 1, key)
-        if packed:
+        if packed or q_stacked:
             ks.pin(q, 1, key)
+        for t in stacked:  # [B, S, heads, parts (Q, K, V or K, V), d]: heads an axis
+            ks.couple(t, 0, y, 0)
+            ks.pin(t, 1, key)
+            ks.pin(t, 3, Reason("structure", node.name, node.op, "a head's query, key and value go together"))
+            ks.pin(t, 4, Reason("structure", node.name, node.op, "a head's dims go together"))
         for t in pasts:  # [B, kv heads, past positions, d]: a K/V head's slice of the cache
             ks.couple(t, 0, y, 0)
             ks.pin(t, 2, key)
@@ -407,7 +416,10 @@ class _PackedHeads(Handler):
             need_kv |= heads_read(kq[(hq + hkv) * d :], hkv)
         else:
             need_q |= heads_read(kq, hq)
-            need_kv |= heads_read(ks.kept(kv_ins[0], 2), hkv) | heads_read(ks.kept(kv_ins[1], 2), hkv)
+            for t in kv_ins:
+                need_kv |= heads_read(ks.kept(t, 2), hkv)
+        for t in stacked:  # its query heads are its K/V heads (layout: hq == hkv)
+            need_kv |= heads_read(ks.kept(t, 2), hkv)
         for t in pasts:
             need_kv |= heads_read(ks.kept(t, 1), hkv)
         if mask is not None:
@@ -424,10 +436,12 @@ class _PackedHeads(Handler):
         kcols, vcols = np.repeat(kv_heads, d), np.repeat(kv_heads, dv)
         if packed:
             keep_blocks(ks, q, 2, np.concatenate([qcols, kcols, vcols]), why)
-        else:
+        elif not q_stacked:
             keep_blocks(ks, q, 2, qcols, why)
-            keep_blocks(ks, kv_ins[0], 2, kcols, why)
-            keep_blocks(ks, kv_ins[1], 2, vcols, why)
+        for t, cols in zip(kv_ins, (kcols, vcols), strict=False):
+            keep_blocks(ks, t, 2, cols, why)
+        for t in stacked:
+            keep_blocks(ks, t, 2, q_heads if t is q else kv_heads, why)
         if bias is not None:
             keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
         for t in pasts:
@@ -463,11 +477,15 @@ class _PackedHeads(Handler):
         qi, ki, vi, bi = self.slots
         parts = [(node.inputs[qi], np.concatenate([qg, kg, vg]) if packed else qg)]
         if not packed:
-            parts += [(node.inputs[ki], kg), (node.inputs[vi], vg)]
+            parts += [(ir.present(node, ki), kg), (ir.present(node, vi), vg)]
         bias = ir.present(node, bi) if bi is not None else None
+        stacked = self.stacked(node)
         for t, groups_of in parts:
-            if ks.size(t, 2) == len(groups_of):
+            if t is not None and not any(t is u for u in stacked) and ks.size(t, 2) == len(groups_of):
                 ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
+        for t in stacked:  # heads an axis: query heads (of their K/V heads) or K/V heads
+            groups_of = np.arange(hq) // rep if t is node.inputs[qi] else np.arange(hkv)
+            ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
         if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
             ks.unit(bias, 0, np.arange(len(qg) + len(kg) + len(vg)), y, 2, anchor[np.concatenate([qg, kg, vg])])
         for t in [*pasts, *node.outputs[1:3]]:
@@ -477,6 +495,11 @@ class _PackedHeads(Handler):
             ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
         for t in self.per_head(node, hq):
             ks.unit(t, 0, np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+
+    def stacked(self, node: gs.Node) -> list[gs.Tensor]:
+        """5-D inputs with the heads an axis: [B, S, heads, parts, head_dim] (MultiHeadAttention's
+        packed QKV or KV), as `layout` accepted them."""
+        return []
 
     def per_head(self, node: gs.Node, hq: int) -> list[gs.Tensor]:
         """The per-query-head inputs present, when they are [`hq`]."""
@@ -540,6 +563,30 @@ class MultiHeadAttention(_PackedHeads):
     def head_counts(self, node: gs.Node) -> tuple[int, int] | None:
         heads = int(node.attrs.get("num_heads", 0))
         return (heads, heads) if heads > 0 else None
+
+    def layout(self, node: gs.Node) -> tuple[int, int, int, int, bool] | None:
+        """Also the packed forms: QKV in the query, [B, S, heads, 3, d] (key and value absent),
+        or KV in the key, [B, L, heads, 2, d] (value absent); the heads are their axis 2."""
+        q, k, v = (ir.present(node, i) for i in (0, 1, 2))
+        if q is None or not (ir.rank(q) == 5 or (k is not None and ir.rank(k) == 5)):
+            return super().layout(node)
+        counts = self.head_counts(node)
+        five = q if ir.rank(q) == 5 else k
+        assert five is not None
+        parts = 3 if five is q else 2
+        if counts is None or v is not None or (five is q and k is not None):
+            return None
+        heads, d = counts[0], ir.static_dim(five, 4)
+        if ir.static_dim(five, 2) != heads or ir.static_dim(five, 3) != parts or not d:
+            return None
+        if five is k and (ir.rank(q) != 3 or ir.static_dim(q, 2) != heads * d):
+            return None
+        return heads, heads, d, d, False
+
+    def stacked(self, node: gs.Node) -> list[gs.Tensor]:
+        if self.layout(node) is None:
+            return []
+        return [t for t in node.inputs[:2] if t is not None and t.name and ir.rank(t) == 5]
 
     def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
         """present_key/value: past_key/value [B, heads, P, d] extended along the sequence."""

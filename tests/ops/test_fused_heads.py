@@ -633,3 +633,94 @@ def test_group_query_attention_a_head_sink_on_query_ranks():
     feeds = {"x": x(1, 5, 16), **GQA_FEEDS}
     for want, got in zip(run(model, feeds), run(result.model, feeds), strict=True):
         assert np.abs(want - got).max() <= 1e-5 * np.abs(want).max()
+
+
+# ------------------------------------------------------------------ MultiHeadAttention, packed
+def unpacked(model: onnx.ModelProto, slot: int, parts: int) -> onnx.ModelProto:
+    """The model with MultiHeadAttention's packed input `slot` ([B, S, heads, parts, d]: QKV in
+    the query, KV in the key) given as its 3-D parts, [B, S, heads * d] each (the spec's layout),
+    which onnxruntime's CPU kernel runs (it has no packed forms): both sides of a comparison are
+    made so here, the same way."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    [k] = [i for i, n in enumerate(g.node) if n.op_type == "MultiHeadAttention"]
+    node = g.node[k]
+    packed = node.input[slot]
+    g.initializer.append(onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64), "flat3"))
+    made, names = [], []
+    for p in range(parts):
+        g.initializer.append(onnx.numpy_helper.from_array(np.array(p, np.int64), f"part{p}"))
+        made.append(onnx.helper.make_node("Gather", [packed, f"part{p}"], [f"{packed}_{p}4"], axis=3))
+        made.append(onnx.helper.make_node("Reshape", [f"{packed}_{p}4", "flat3"], [f"{packed}_{p}"]))
+        names.append(f"{packed}_{p}")
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    inputs[slot : slot + parts] = names
+    node.ClearField("input")
+    node.input.extend(inputs)
+    for n in reversed(made):
+        g.node.insert(k, n)
+    return out
+
+
+MHA_QKV5 = MS + """
+g (float[1, 5, 8] x, float[8, 24] W, float[24] B, float[8, 8] Wo) => (float[1, 5, 8] y) {
+  p = MatMul (x, W)
+  s5 = Constant <value = int64[5] {1, 5, 4, 3, 2}> ()
+  qkv = Reshape (p, s5)
+  a = com.microsoft.MultiHeadAttention <num_heads = 4> (qkv, , , B)
+  y = MatMul (a, Wo)
+}"""
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_multihead_attention_packed_qkv_heads_are_its_axis_2(init):
+    # W's columns are [heads, Q K V, d]: head h's are 6h .. 6h + 5; B is Q | K | V, each [heads, d]
+    model = tiny(MHA_QKV5, values={"B": np.zeros(24)} if init == "default" else None)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    assert {g.params for g in heads} == {8 * 6 + 6 + 2 * 8}
+    result = prune(model, 0.5, validate=False, price=False)
+    masks = result.masks
+    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    assert len(gone) == 2 and dead(masks["Wo"], 0) == blocks(gone, 2)
+    assert dead(masks["W"], 1) == blocks(gone, 6)
+    assert dead(masks["B"], 0) == sorted(blocks(gone, 2) + blocks(gone, 2, 8) + blocks(gone, 2, 16))
+    feeds = {"x": x(1, 5, 8)}
+    want = run(unpacked(zeroed(model, masks), 0, 3), feeds)[0]
+    got = run(unpacked(result.model, 0, 3), feeds)[0]
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    s = shapes(result.model)
+    assert s["W"] == (8, 12) and s["B"] == (12,) and s["Wo"] == (4, 8)
+    assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
+    assert result.shrink.before.params - result.shrink.after.params == 2 * (8 * 6 + 6 + 2 * 8)
+
+
+MHA_KV5 = MS + """
+g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 8] Wq, float[8, 16] Wkv, float[8, 8] Wo) => (float[1, 5, 8] y) {
+  q = MatMul (x, Wq)
+  p = MatMul (ctx, Wkv)
+  s5 = Constant <value = int64[5] {1, 3, 4, 2, 2}> ()
+  kv = Reshape (p, s5)
+  a = com.microsoft.MultiHeadAttention <num_heads = 4> (q, kv)
+  y = MatMul (a, Wo)
+}"""
+
+
+def test_multihead_attention_packed_kv_heads_go_with_their_queries():
+    model = tiny(MHA_KV5)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact for g in heads)
+    result = prune(model, 0.5, validate=False, price=False)
+    masks = result.masks
+    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    assert len(gone) == 2
+    assert dead(masks["Wq"], 1) == blocks(gone, 2) and dead(masks["Wkv"], 1) == blocks(gone, 4)
+    feeds = {"x": x(1, 5, 8), "ctx": x(1, 3, 8)}
+    want = run(unpacked(zeroed(model, masks), 1, 2), feeds)[0]
+    got = run(unpacked(result.model, 1, 2), feeds)[0]
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    s = shapes(result.model)
+    assert s["Wq"] == (8, 4) and s["Wkv"] == (8, 8) and s["Wo"] == (4, 8)
+    assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
+    assert result.shrink.before.params - result.shrink.after.params == 2 * (8 * 2 + 8 * 4 + 2 * 8)
