@@ -154,16 +154,39 @@ def blocks(model: onnx.ModelProto) -> Blocks | None:
     nodes that read weights, each by op type and weight shapes, repeat with some period P; the
     P with the longest run of repetition (the shortest such P) gives the blocks. Shared nodes
     that read no weights (rotary tables, masks, hoisted by exporters into the first layer) do not
-    disturb it. Between the last weight node of block n and the first of block n + 1, the cut is
-    where the fewest tensors cross (the residual stream, after its Add). None when nothing
-    repeats."""
+    disturb it. A node that computes from weights alone for one reader (a weight's
+    DequantizeLinear, which onnxruntime's quantize_static puts at the top of the graph, a
+    weight's Transpose) is not a reader: its weights count for the node that reads its output,
+    where the layer uses them. Between the last weight node of block n and the first of block n + 1, the cut is where the
+    fewest tensors cross (the residual stream, after its Add). None when nothing repeats."""
     nodes = list(model.graph.node)
-    shapes = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
+    # tensor -> the shapes of the weights it is computed from alone for one reader
+    weights = {t.name: [tuple(int(d) for d in t.dims)] for t in model.graph.initializer}
+    readers_of: dict[str, int] = {}
+    for n in nodes:
+        for i in set(n.input):
+            readers_of[i] = readers_of.get(i, 0) + 1
+    for o in model.graph.output:
+        readers_of[o.name] = readers_of.get(o.name, 0) + 2
+    computed = set()
+    for k, n in enumerate(nodes):
+        ins = [i for i in n.input if i]
+        if (
+            ins
+            and all(i in weights for i in ins)
+            and all(readers_of.get(o, 0) == 1 for o in n.output if o)
+            and not _has_subgraph(n)
+        ):
+            computed.add(k)
+            for o in n.output:
+                weights[o] = [w for i in ins for w in weights[i]]
     readers = [
-        k for k, n in enumerate(nodes) if any(int(np.prod(shapes.get(i, (1,)))) > 1 for i in n.input)
+        k
+        for k, n in enumerate(nodes)
+        if k not in computed and any(int(np.prod(w)) > 1 for i in n.input for w in weights.get(i, []))
     ]
     signatures = [
-        f"{nodes[k].domain}:{nodes[k].op_type}:{[shapes[i] for i in nodes[k].input if i in shapes]}"
+        f"{nodes[k].domain}:{nodes[k].op_type}:{[weights[i] for i in nodes[k].input if i in weights]}"
         for k in readers
     ]
     if len(signatures) < 2:
