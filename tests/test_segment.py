@@ -60,3 +60,6 @@ def test_blocks_of_weights_dequantized_at_the_top_are_where_they_are_read():
     assert found is not None and found.count == 3 and found.period == 1
     names = [n.output[0] for n in model.graph.node]
     assert names[found.end(1) - 1] == "h0" and names[found.end(2) - 1] == "h1"
+    # the later blocks' dequantized weights are theirs, not the first block's result
+    head = prefix(model, found.end(1))
+    assert head is not None and head.outputs == ["h0"] and head.nodes == 3
