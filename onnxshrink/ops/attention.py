@@ -3,12 +3,13 @@
 
 A head is a unit: its query, key and value dims are read together (the scores contract the
 query and key dims; softmax mixes the key positions), so a head goes whole or stays whole.
-Heads are either an axis of their own (opset 23's 4-D form, [batch, heads, seq, head_dim]) or
-blocks of head_dim along a packed hidden axis ([batch, seq, heads * head_dim], the contrib ops
-and opset 23's 3-D form), or an axis of a packed input (MultiHeadAttention's QKV
-[batch, seq, heads, 3, head_dim] or KV [batch, seq, heads, 2, head_dim]). A head goes when no kept output reads it: its output block is
-unread (the output projection's columns are masked) or constant zero (its value projection is
-masked: softmax(scores) @ 0 = 0, which the consumer absorbs). With grouped-query attention a
+Heads are either an axis of their own (opset 23's 4-D form, [batch, heads, seq, head_dim];
+MultiHeadAttention's packed QKV [batch, seq, heads, 3, head_dim], packed KV [batch, seq,
+heads, 2, head_dim], keys and values per head [batch, heads, seq, head_dim]) or blocks of
+head_dim along a packed hidden axis ([batch, seq, heads * head_dim], the contrib ops and
+opset 23's 3-D form). A head goes when no kept output reads it: its output block is unread
+(the output projection's columns are masked) or constant zero (its value projection is masked:
+softmax(scores) @ 0 = 0, which the consumer absorbs). With grouped-query attention a
 key/value head serves `rep` query heads; the kept query heads are a product (kept K/V heads) x
 (kept ranks within a group), so that every K/V head still serves the same number of query
 heads, and a K/V head goes with all its query heads. `num_heads`-style attributes are
@@ -35,12 +36,14 @@ from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.contract import (
     ConstView,
+    Dims,
     Handler,
     HeadAxis,
     KeepView,
     OpNode,
     Reader,
     RewriteView,
+    ShapeView,
     WeightAxes,
 )
 from onnxshrink.ops.fused_activation import MS
@@ -343,7 +346,7 @@ class _PackedHeads(Handler):
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         got = self.layout(node)
-        if got is None or got[4] or self.stacked(node):
+        if got is None or got[4] or self.split_heads(node):
             return None
         hq, hkv, d, dv, _ = got
         _, _, vi, bi = self.slots
@@ -371,16 +374,16 @@ class _PackedHeads(Handler):
         hq, hkv, d, dv, packed = got
         qi, ki, vi, bi = self.slots
         q = node.inputs[qi]
-        stacked = self.stacked(node)
-        q_stacked = any(q is t for t in stacked)
+        split = self.split_heads(node)
+        q_split = any(q is t for t, _ in split)
         kv_ins = [] if packed else [ir.present(node, ki), ir.present(node, vi)]
-        kv_ins = [t for t in kv_ins if t is not None and not any(t is u for u in stacked)]
+        kv_ins = [t for t in kv_ins if t is not None and not any(t is u for u, _ in split)]
         bias = ir.present(node, bi) if bi is not None else None
         pasts = self.pasts(node, hkv)
         mask = self.head_mask(node, hq)
         per_head = self.per_head(node, hq)
         ours = [*pasts, *per_head, *([mask] if mask is not None else [])]
-        for t in [q, *kv_ins, *stacked, bias, *ours]:
+        for t in [q, *kv_ins, *(t for t, _ in split), bias, *ours]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
             if i not in (qi, ki, vi, bi) and not any(t is o for o in ours):
@@ -391,13 +394,13 @@ class _PackedHeads(Handler):
         for t in kv_ins:
             ks.couple(t, 0, y, 0)
             ks.pin(t, 1, key)
-        if packed or q_stacked:
+        if packed or q_split:
             ks.pin(q, 1, key)
-        for t in stacked:  # [B, S, heads, parts (Q, K, V or K, V), d]: heads an axis
+        for t, a in split:  # heads an axis; the positions, parts (Q, K, V) and a head's dims whole
             ks.couple(t, 0, y, 0)
-            ks.pin(t, 1, key)
-            ks.pin(t, 3, Reason("structure", node.name, node.op, "a head's query, key and value go together"))
-            ks.pin(t, 4, Reason("structure", node.name, node.op, "a head's dims go together"))
+            for b in range(1, ir.rank(t) or 0):
+                if b != a:
+                    ks.pin(t, b, Reason("structure", node.name, node.op, "a head's positions, parts and dims go together"))
         for t in pasts:  # [B, kv heads, past positions, d]: a K/V head's slice of the cache
             ks.couple(t, 0, y, 0)
             ks.pin(t, 2, key)
@@ -418,8 +421,8 @@ class _PackedHeads(Handler):
             need_q |= heads_read(kq, hq)
             for t in kv_ins:
                 need_kv |= heads_read(ks.kept(t, 2), hkv)
-        for t in stacked:  # its query heads are its K/V heads (layout: hq == hkv)
-            need_kv |= heads_read(ks.kept(t, 2), hkv)
+        for t, a in split:  # its query heads are its K/V heads (layout: hq == hkv)
+            need_kv |= heads_read(ks.kept(t, a), hkv)
         for t in pasts:
             need_kv |= heads_read(ks.kept(t, 1), hkv)
         if mask is not None:
@@ -436,12 +439,12 @@ class _PackedHeads(Handler):
         kcols, vcols = np.repeat(kv_heads, d), np.repeat(kv_heads, dv)
         if packed:
             keep_blocks(ks, q, 2, np.concatenate([qcols, kcols, vcols]), why)
-        elif not q_stacked:
+        elif not q_split:
             keep_blocks(ks, q, 2, qcols, why)
         for t, cols in zip(kv_ins, (kcols, vcols), strict=False):
             keep_blocks(ks, t, 2, cols, why)
-        for t in stacked:
-            keep_blocks(ks, t, 2, q_heads if t is q else kv_heads, why)
+        for t, a in split:
+            keep_blocks(ks, t, a, q_heads if t is q else kv_heads, why)
         if bias is not None:
             keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
         for t in pasts:
@@ -479,13 +482,13 @@ class _PackedHeads(Handler):
         if not packed:
             parts += [(ir.present(node, ki), kg), (ir.present(node, vi), vg)]
         bias = ir.present(node, bi) if bi is not None else None
-        stacked = self.stacked(node)
+        split = self.split_heads(node)
         for t, groups_of in parts:
-            if t is not None and not any(t is u for u in stacked) and ks.size(t, 2) == len(groups_of):
+            if t is not None and not any(t is u for u, _ in split) and ks.size(t, 2) == len(groups_of):
                 ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
-        for t in stacked:  # heads an axis: query heads (of their K/V heads) or K/V heads
+        for t, a in split:  # heads an axis: query heads (of their K/V heads) or K/V heads
             groups_of = np.arange(hq) // rep if t is node.inputs[qi] else np.arange(hkv)
-            ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
+            ks.unit(t, a, np.arange(len(groups_of)), y, 2, anchor[groups_of])
         if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
             ks.unit(bias, 0, np.arange(len(qg) + len(kg) + len(vg)), y, 2, anchor[np.concatenate([qg, kg, vg])])
         for t in [*pasts, *node.outputs[1:3]]:
@@ -496,9 +499,10 @@ class _PackedHeads(Handler):
         for t in self.per_head(node, hq):
             ks.unit(t, 0, np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
 
-    def stacked(self, node: gs.Node) -> list[gs.Tensor]:
-        """5-D inputs with the heads an axis: [B, S, heads, parts, head_dim] (MultiHeadAttention's
-        packed QKV or KV), as `layout` accepted them."""
+    def split_heads(self, node: gs.Node) -> list[tuple[gs.Tensor, int]]:
+        """Inputs whose heads are an axis of their own, with that axis, as `layout` accepted them
+        (MultiHeadAttention's packed QKV or KV [B, S, heads, parts, head_dim]: 2; its keys and
+        values given per head [B, heads, L, head_dim]: 1)."""
         return []
 
     def per_head(self, node: gs.Node, hq: int) -> list[gs.Tensor]:
@@ -566,8 +570,11 @@ class MultiHeadAttention(_PackedHeads):
 
     def layout(self, node: gs.Node) -> tuple[int, int, int, int, bool] | None:
         """Also the packed forms: QKV in the query, [B, S, heads, 3, d] (key and value absent),
-        or KV in the key, [B, L, heads, 2, d] (value absent); the heads are their axis 2."""
+        or KV in the key, [B, L, heads, 2, d] (value absent); the heads are their axis 2. And
+        keys and values per head, [B, heads, L, d] (a cross-attention's cache), without a bias."""
         q, k, v = (ir.present(node, i) for i in (0, 1, 2))
+        if q is not None and k is not None and v is not None and ir.rank(k) == 4 and ir.rank(v) == 4:
+            return self.per_head_kv(node, q, k, v)
         if q is None or not (ir.rank(q) == 5 or (k is not None and ir.rank(k) == 5)):
             return super().layout(node)
         counts = self.head_counts(node)
@@ -583,10 +590,38 @@ class MultiHeadAttention(_PackedHeads):
             return None
         return heads, heads, d, d, False
 
-    def stacked(self, node: gs.Node) -> list[gs.Tensor]:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
+        """The output [B, S, heads * dv] where shape inference leaves it unknown (onnxruntime's
+        gives none with keys and values per head)."""
+        got = self.layout(node)
+        qd = ir.dims(node.inputs[0])
+        if got is None or qd is None or len(qd) not in (3, 5):
+            return None
+        return [qd[0], qd[1], got[0] * got[3]]
+
+    def per_head_kv(
+        self, node: gs.Node, q: gs.Tensor, k: gs.Tensor, v: gs.Tensor
+    ) -> tuple[int, int, int, int, bool] | None:
+        """Keys and values [B, heads, L, d] and [B, heads, L, dv] with a query [B, S, heads * d]."""
+        counts = self.head_counts(node)
+        if counts is None or ir.present(node, self.slots[3]) is not None or ir.rank(q) != 3:
+            return None  # a bias's K and V parts would be added to given keys and values: not read here
+        heads = counts[0]
+        d, dv = ir.static_dim(k, 3), ir.static_dim(v, 3)
+        if ir.static_dim(k, 1) != heads or ir.static_dim(v, 1) != heads or not d or not dv:
+            return None
+        if ir.static_dim(q, 2) != heads * d:
+            return None
+        return heads, heads, d, dv, False
+
+    def split_heads(self, node: gs.Node) -> list[tuple[gs.Tensor, int]]:
         if self.layout(node) is None:
             return []
-        return [t for t in node.inputs[:2] if t is not None and t.name and ir.rank(t) == 5]
+        return [
+            (t, 2 if ir.rank(t) == 5 else 1)
+            for t in node.inputs[:3]
+            if t is not None and t.name and ir.rank(t) in (4, 5)
+        ]
 
     def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
         """present_key/value: past_key/value [B, heads, P, d] extended along the sequence."""

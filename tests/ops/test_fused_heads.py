@@ -724,3 +724,34 @@ def test_multihead_attention_packed_kv_heads_go_with_their_queries():
     assert s["Wq"] == (8, 4) and s["Wkv"] == (8, 8) and s["Wo"] == (4, 8)
     assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
     assert result.shrink.before.params - result.shrink.after.params == 2 * (8 * 2 + 8 * 4 + 2 * 8)
+
+
+MHA_KV4 = MS + """
+g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 8] Wq, float[8, 8] Wk, float[8, 8] Wv, float[8, 8] Wo) => (float[1, 5, 8] y) {
+  q = MatMul (x, Wq)
+  k = MatMul (ctx, Wk)
+  v = MatMul (ctx, Wv)
+  ks = Constant <value = int64[4] {1, 3, 4, 2}> ()
+  k4 = Reshape (k, ks)
+  v4 = Reshape (v, ks)
+  kt = Transpose <perm = [0, 2, 1, 3]> (k4)
+  vt = Transpose <perm = [0, 2, 1, 3]> (v4)
+  a = com.microsoft.MultiHeadAttention <num_heads = 4> (q, kt, vt)
+  y = MatMul (a, Wo)
+}"""
+
+
+def test_multihead_attention_keys_and_values_per_head_go_with_their_heads():
+    # a cross-attention's keys and values given per head, [B, heads, L, d]
+    model = tiny(MHA_KV4)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    result, masks = pruned(model, {"x": x(1, 5, 8), "ctx": x(1, 3, 8)})
+    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    assert len(gone) == 2 and dead(masks["Wo"], 0) == blocks(gone, 2)
+    for w in ("Wq", "Wk", "Wv"):
+        assert dead(masks[w], 1) == blocks(gone, 2)
+    s = shapes(result.model)
+    assert s["Wq"] == s["Wk"] == s["Wv"] == (8, 4) and s["Wo"] == (4, 8)
+    assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
+    assert result.shrink.before.params - result.shrink.after.params == 2 * 4 * 2 * 8
