@@ -755,3 +755,16 @@ def test_multihead_attention_keys_and_values_per_head_go_with_their_heads():
     assert s["Wq"] == s["Wk"] == s["Wv"] == (8, 4) and s["Wo"] == (4, 8)
     assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
     assert result.shrink.before.params - result.shrink.after.params == 2 * 4 * 2 * 8
+
+
+def test_group_query_attention_a_quantized_caches_channel_scales_keep_every_head():
+    # k_scale/v_scale per channel (a quantized cache): their layout is not read here, so no
+    # K/V group can go; one scale for the whole cache leaves the groups as they are
+    for size, exact in ((16, False), (1, True)):
+        text = GQA.replace("int32 total)", f"int32 total, float[{size}] Ks, float[{size}] Vs)").replace(
+            "(q, k, v, , , seqlens, total)", "(q, k, v, , , seqlens, total, , , , , , Ks, Vs)"
+        )
+        groups = [g for g in find_groups(tiny(text)).groups if g.unit.kind == "kv_group"]
+        assert len(groups) == 2 and all(g.exact == exact for g in groups)
+        if not exact:
+            assert all("carries every head" in (g.reason or "") for g in groups)
