@@ -59,6 +59,12 @@ def masked_copy(module, masks: Mapping[str, np.ndarray]):
             if isinstance(hook, prune.BasePruningMethod):
                 prune.remove(m, hook._tensor_name)
         if parametrize.is_parametrized(m):
+            # deepcopy keeps classes, and the parametrized class is the user's module's too:
+            # removing a parametrization deletes its property from that class (the user's
+            # module then has no `weight`). The copy gets a class of its own first.
+            cls = type(m)
+            own = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+            m.__class__ = type(cls.__name__, cls.__bases__, own)
             for param in list(m.parametrizations):
                 parametrize.remove_parametrizations(m, param, leave_parametrized=True)
     params = dict(mod.named_parameters())

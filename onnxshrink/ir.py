@@ -141,11 +141,11 @@ def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """`graph` and every subgraph in it (If branches, Loop and Scan bodies), depth first."""
     yield graph
     for n in graph.node:
-        for g in _subgraphs_of(n):
+        for g in subgraphs_of(n):
             yield from all_graphs(g)
 
 
-def _subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)]
 
 
@@ -194,7 +194,7 @@ def unique_scope_names(graph: onnx.GraphProto, apply: bool = True) -> list[tuple
                 n.input[:] = [mapping.get(x, x) for x in n.input]
                 n.output[:] = [mapping.get(x, x) for x in n.output]
         for n in g.node:
-            for sub in _subgraphs_of(n):
+            for sub in subgraphs_of(n):
                 visit(sub, mapping, False)
 
     visit(graph, {}, True)

@@ -51,7 +51,8 @@ def model_stats(
 ) -> ModelStats:
     from onnxshrink.ops import facts
 
-    ops = Counter(n.op_type for n in model.graph.node)
+    # Nodes of every graph the file holds (an If-wrapped model is all branches)
+    ops = Counter(n.op_type for g in ir.all_graphs(model.graph) for n in g.node)
     # Float constants, whether stored as initializers or Constant nodes (onnxshrink turns the
     # latter into the former, which must not change the count), in subgraphs too (a weight only
     # a Loop body reads may be stored there).
@@ -68,7 +69,7 @@ def model_stats(
                 params += int(value.size)
     return ModelStats(
         dict(sorted(ops.items())),
-        len(model.graph.node),
+        sum(ops.values()),
         params,
         count_macs(model, input_shapes or {}),
         file_bytes,
@@ -77,36 +78,104 @@ def model_stats(
 
 
 def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:
-    """Multiply-accumulates of the ops whose handlers count them (Conv, ConvTranspose, Gemm,
-    MatMul, ...); dynamic dims count as 1."""
-    return sum(node_macs(model, input_shapes).values())
+    """Multiply-accumulates of one run, of the ops whose handlers count them (Conv,
+    ConvTranspose, Gemm, MatMul, ...); dynamic dims count as 1. Bodies count as they run: an If
+    as its costlier branch, a Loop or Scan body once per iteration (a trip count the graph does
+    not fix counts 1)."""
+    return _macs(model, input_shapes)[0]
 
 
 def node_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> dict[str, int]:
-    """count_macs of each node, by its first output."""
+    """count_macs of each node (in every graph, times the iterations of the bodies around it), by
+    its first output."""
+    return _macs(model, input_shapes)[1]
+
+
+def _macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple[int, dict[str, int]]:
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton(model, input_shapes), data_prop=True)
     except Exception:
-        return {}
+        return 0, {}
     inferred = contrib_shapes(inferred)
-    shapes: dict[str, list[int]] = {}
-    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            shapes[vi.name] = [
-                d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim
-            ]
-    for t in model.graph.initializer:
-        shapes[t.name] = list(t.dims)
     from onnxshrink.ops import facts
 
     opset = default_opset(model)
-    macs: dict[str, int] = {}
-    for n in model.graph.node:
-        out = shapes.get(n.output[0]) if n.output else None
-        handler, op = facts(n, opset)
-        if out is not None and handler is not None:
-            macs[n.output[0]] = handler.macs(op, [shapes.get(i) for i in n.input], out)
-    return macs
+    per_node: dict[str, int] = {}
+
+    def graph_macs(graph: onnx.GraphProto, outer: _Scope, times: int) -> int:
+        """The MACs of one run of `graph` (per_node: times the runs of the bodies around it)."""
+        scope = outer.inner(graph)
+        total = 0
+        for n in graph.node:
+            handler, op = facts(n, opset)
+            out = scope.shapes.get(n.output[0]) if n.output else None
+            if out is not None and handler is not None:
+                own = handler.macs(op, [scope.shapes.get(i) for i in n.input], out)
+                if own:
+                    per_node[n.output[0]] = max(per_node.get(n.output[0], 0), own * times)
+                    total += own
+            bodies = ir.subgraphs_of(n)
+            if bodies:
+                k = scope.iterations(n)
+                runs = [graph_macs(g, scope, times * k) for g in bodies]
+                total += max(runs) if n.op_type == "If" else k * sum(runs)
+                if n.op_type == "Loop":
+                    scope.carry(n, bodies[0])
+        return total
+
+    return graph_macs(inferred.graph, _Scope({}, {}), 1), per_node
+
+
+@dataclass
+class _Scope:
+    """What the names visible in a graph tell the MAC count: static shapes (dynamic dims as 1)
+    and the values of integer scalars (a Loop's trip count)."""
+
+    shapes: dict[str, list[int]]
+    scalars: dict[str, int]
+
+    def inner(self, graph: onnx.GraphProto) -> _Scope:
+        """This scope with `graph`'s own names added (a body sees its enclosing graphs')."""
+        shapes, scalars = dict(self.shapes), dict(self.scalars)
+        for vi in [*graph.input, *graph.value_info, *graph.output]:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                dims = vi.type.tensor_type.shape.dim
+                shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else 1 for d in dims]
+        constants = [(t.name, t) for t in graph.initializer] + [
+            (n.output[0], n.attribute[0].t)
+            for n in graph.node
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR
+        ]
+        for name, t in constants:
+            shapes[name] = list(t.dims)
+            if t.data_type == onnx.TensorProto.INT64 and int(np.prod(t.dims)) == 1:
+                scalars[name] = int(numpy_helper.to_array(t).reshape(-1)[0])
+        return _Scope(shapes, scalars)
+
+    def carry(self, loop: onnx.NodeProto, body: onnx.GraphProto) -> None:
+        """A Loop's final carried values, whose shapes onnx's inference leaves unknown: the
+        shape the value keeps in every iteration (its initial, body input and body output
+        shapes all equal)."""
+        inner = self.inner(body)
+        for k, out in enumerate(loop.output[: len(loop.input) - 2]):
+            first = self.shapes.get(loop.input[2 + k])
+            same = inner.shapes.get(body.input[2 + k].name) == first == inner.shapes.get(body.output[1 + k].name)
+            if out not in self.shapes and first is not None and same:
+                self.shapes[out] = first
+
+    def iterations(self, node: onnx.NodeProto) -> int:
+        """How many times a Loop or Scan runs its body, where the graph fixes it (else 1); an If
+        or any other node with a body: 1."""
+        if node.op_type == "Loop" and node.input and node.input[0] in self.scalars:
+            return max(self.scalars[node.input[0]], 0)
+        if node.op_type == "Scan":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            n_scan = int(attrs.get("num_scan_inputs", 0))
+            shape = self.shapes.get(node.input[len(node.input) - n_scan]) if n_scan else None
+            if shape:
+                axis = list(attrs.get("scan_input_axes", [0]))[0]
+                return int(shape[axis % len(shape)])
+        return 1
 
 
 # ------------------------------------------------------------------ interface

@@ -55,6 +55,13 @@ def test_module_with_torch_ao_parametrizations_and_the_legacy_exporter():
     assert shapes["fc1.weight"] == (16, 384)
     assert shapes["fc2.weight"] == (32, 16)
     assert torch_error(want, X, result.model) <= 1e-5  # the parametrization masks fc1
+    # the user's module is left as it was: still parametrized, computing what it computed (its
+    # parametrized class, shared by the copy the export made, once lost its `weight`)
+    with torch.no_grad():
+        assert np.array_equal(model(X).numpy(), want)
+    sparsifier.squash_mask()
+    with torch.no_grad():
+        assert np.array_equal(model(X).numpy(), want)
 
 
 def test_masks_given_as_a_dict_reach_the_native_size(tmp_path):

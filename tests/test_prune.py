@@ -366,3 +366,18 @@ def test_blocks_are_ranked_by_their_influence_and_pruned_only_when_asked():
     assert result.shrink.passed
     assert result.original.params - result.shrink.after.params == 36  # W2, and its MatMul and Add
     assert [n.op_type for n in result.model.graph.node] == ["MatMul", "Add", "MatMul"]
+
+
+def test_block_influence_is_measured_in_the_calibration_run_itself(monkeypatch):
+    # The blocks' cosines come from the same onnxruntime runs as the channels' statistics: the
+    # calibration feeds run once per prune, not again for the blocks.
+    from onnxshrink.prune import calibrate
+
+    model = tiny(RESIDUAL, values={"W2": 0.05 * np.random.default_rng(3).standard_normal((6, 6))})
+    feeds = [{"x": np.random.default_rng(s).standard_normal((2, 4, 6)).astype(np.float32)} for s in range(3)]
+    calls = []
+    real = calibrate.run_feeds
+    monkeypatch.setattr(calibrate, "run_feeds", lambda *a: calls.append(len(a[1])) or real(*a))
+    result = prune(model, 0.5, units=["block"], criterion="activation", data=feeds, validate=False, price=False)
+    assert calls == [3]
+    assert result.original.params - result.shrink.after.params == 36

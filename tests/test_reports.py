@@ -226,3 +226,77 @@ def test_masks_that_remove_nothing_write_the_masked_input(tmp_path):
     out = tmp_path / "out.onnx"
     assert out.stat().st_size <= path.stat().st_size
     np.testing.assert_array_equal(init(onnx.load(out), "W1"), init(model, "W1") * mask)
+
+
+# ------------------------------------------------------------------------ MACs of bodies
+# MACs as a run spends them: an If as its costlier branch, a Loop or Scan body once per iteration.
+IF_MACS = """
+g (float[1,8] x, bool c, float[8,3] D, float[8,16] A, float[8,4] B, float[4,2] C) => (float[1,3] y, float[1,16] z) {
+  y = MatMul (x, D)
+  z = If (c) <then_branch = then_g () => (float[1,16] t) {
+      t = MatMul (x, A)
+  }, else_branch = else_g () => (float[1,16] e) {
+      e0 = MatMul (x, B)
+      e1 = MatMul (e0, C)
+      e = Tile (e1, reps)
+  }>
+}
+"""
+LOOP_MACS = """
+g (float[1,3] x, {m_decl}float[3,6] W0, float[3,6] Wx, float[6,6] U, float[6,2] V) => (float[1,2] y) {{
+  {m_const}go = Constant <value = bool {{1}}> ()
+  h0 = MatMul (x, W0)
+  hT = Loop (m, go, h0) <body = body (int64 i, bool go_in, float[1,6] h) => (bool go_out, float[1,6] h1) {{
+      go_out = Identity (go_in)
+      a = MatMul (h, U)
+      b = MatMul (x, Wx)
+      s = Add (a, b)
+      h1 = Tanh (s)
+  }}>
+  y = MatMul (hT, V)
+}}
+"""
+SCAN_MACS = """
+g (float[5,1,3] x, float[1,6] h0, float[3,4] Win, float[4,6] Wx, float[6,6] U, float[6,2] V) => (float[1,2] y) {
+  xs = MatMul (x, Win)
+  hT, ys = Scan (h0, xs) <num_scan_inputs = 1, body = body (float[1,6] h, float[1,4] xt) => (float[1,6] h1, float[1,6] yt) {
+      a = MatMul (h, U)
+      b = MatMul (xt, Wx)
+      s = Add (a, b)
+      h1 = Tanh (s)
+      yt = Identity (h1)
+  }>
+  y = MatMul (hT, V)
+}
+"""
+
+
+def test_macs_count_an_if_as_its_costlier_branch_and_its_nodes_by_name():
+    from onnxshrink.report import count_macs, model_stats, node_macs
+
+    model = tiny(IF_MACS.replace("e = Tile (e1, reps)", "reps = Constant <value = int64[2] {1, 8}> ()\n      e = Tile (e1, reps)"))
+    # main 8*3; then 8*16 = 128; else 8*4 + 4*2 = 40: the then branch is what a run can cost
+    assert count_macs(model, {"x": [1, 8]}) == 24 + 128
+    assert node_macs(model, {"x": [1, 8]}) == {"y": 24, "t": 128, "e0": 32, "e1": 8}
+    # the ops table and the node count hold the branches' nodes too
+    stats = model_stats(model, {"x": [1, 8]})
+    assert stats.ops == {"Constant": 1, "If": 1, "MatMul": 4, "Tile": 1} and stats.nodes == 7
+    assert stats.macs == 24 + 128
+
+
+def test_macs_count_a_loop_body_per_iteration_when_the_graph_fixes_the_trip_count():
+    from onnxshrink.report import count_macs, node_macs
+
+    fixed = tiny(LOOP_MACS.format(m_decl="", m_const="m = Constant <value = int64 {3}> ()\n  "))
+    # per iteration 6*6 + 3*6 = 54; outside 3*6 + 6*2 = 30
+    assert count_macs(fixed, {}) == 30 + 3 * 54
+    assert node_macs(fixed, {})["a"] == 3 * 36
+    given = tiny(LOOP_MACS.format(m_decl="int64 m, ", m_const=""))
+    assert count_macs(given, {}) == 30 + 54  # a trip count fed at run time counts 1
+
+
+def test_macs_count_a_scan_body_once_per_slice():
+    from onnxshrink.report import count_macs
+
+    # 5 slices x (6*6 + 4*6); outside 5*3*4 + 6*2
+    assert count_macs(tiny(SCAN_MACS), {}) == 5 * 60 + 60 + 12

@@ -230,9 +230,25 @@ def latency_ms(paths: list[Path], feeds: dict[str, Any], budget: float) -> list[
     return [statistics.median(ts) * 1e3 for ts in times]
 
 
+# Where the ONNX standard (and onnxruntime's quantizer) puts a quantized weight's zero point, read
+# here from the specs, apart from onnxshrink's handlers: op -> {weight input: (zero point input,
+# the axis a per-channel zero point runs along, from the node's attributes and the weight's rank)}
+_ZERO_POINTS: dict[str, dict[int, tuple[int, Any]]] = {
+    "DequantizeLinear": {0: (2, lambda attrs, rank: attrs.get("axis", 1) % max(rank, 1))},
+    "ConvInteger": {1: (3, lambda attrs, rank: 0)},
+    "MatMulInteger": {1: (3, lambda attrs, rank: rank - 1)},
+    "QLinearConv": {3: (5, lambda attrs, rank: 0)},
+    "QLinearMatMul": {3: (5, lambda attrs, rank: rank - 1)},
+}
+
+
 def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[str]:
-    """Multiply every tensor a mask names (initializers and Constant outputs, in every graph) by
-    it, in numpy; the names of the masks that name no tensor (or one of another shape)."""
+    """Apply every mask to the tensor it names (initializers and Constant outputs, in every graph),
+    in numpy: a float tensor is multiplied by it; an integer one its readers dequantize has its
+    masked elements set to its zero point (they then dequantize to 0: the README's meaning of a
+    mask on a quantized weight), read from the readers by the ONNX specs (`_ZERO_POINTS`). The
+    problems: masks that name no tensor (or one of another shape), integer tensors whose zero
+    point this check cannot read."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -245,6 +261,49 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
     # --masks-out writes the ONNX tensors the framework has no name for under its `onnx/` section
     masks = {k.removeprefix("onnx/"): v for k, v in masks.items()}
 
+    values: dict[str, Any] = {}  # every constant by name (zero points)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+
+    def index(g: onnx.GraphProto) -> None:
+        for t in g.initializer:
+            values[t.name] = t
+        for node in g.node:
+            for x in node.input:
+                readers.setdefault(x, []).append(node)
+            for a in node.attribute:
+                if node.op_type == "Constant" and a.name == "value":
+                    values[node.output[0]] = a.t
+                if a.type == onnx.AttributeProto.GRAPH:
+                    index(a.g)
+                for sub in a.graphs:
+                    index(sub)
+
+    index(model.graph)
+
+    def zero_point(name: str, w: Any) -> Any:
+        """The zero point of integer tensor `name` broadcast against it, or a problem (str)."""
+        found = []
+        for node in readers.get(name, []):
+            slots = _ZERO_POINTS.get(node.op_type, {})
+            for i, x in enumerate(node.input):
+                if x != name:
+                    continue
+                if i not in slots:
+                    return f"{name}: integer tensor read by {node.op_type} input {i}, whose zero point this check does not know"
+                zslot, axis_of = slots[i]
+                attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+                if attrs.get("block_size", 0):
+                    return f"{name}: block-wise DequantizeLinear, not handled by this check"
+                z = (numpy_helper.to_array(values[node.input[zslot]]).astype(np.int64)
+                     if len(node.input) > zslot and node.input[zslot] else np.zeros((), np.int64))
+                if z.size > 1:
+                    axis = axis_of(attrs, w.ndim)
+                    z = z.reshape([-1 if a == axis else 1 for a in range(w.ndim)])
+                found.append(np.broadcast_to(z, w.shape))
+        if not found or any(not np.array_equal(f, found[0]) for f in found):
+            return f"{name}: integer tensor with {'no' if not found else 'differing'} zero point(s) among its readers"
+        return found[0]
+
     def masked(t: onnx.TensorProto) -> onnx.TensorProto | None:
         m = masks.get(t.name)
         if m is None:
@@ -254,6 +313,12 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
             problems.append(f"{t.name}: mask {list(m.shape)} vs tensor {list(w.shape)}")
             return None
         used.add(t.name)
+        if np.issubdtype(w.dtype, np.integer):
+            z = zero_point(t.name, w)
+            if isinstance(z, str):
+                problems.append(z)
+                return None
+            return numpy_helper.from_array(np.where(m != 0, w, z).astype(w.dtype), t.name)
         return numpy_helper.from_array((w * (m != 0)).astype(w.dtype), t.name)
 
     def walk(g: onnx.GraphProto) -> None:

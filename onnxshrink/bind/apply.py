@@ -60,19 +60,25 @@ def _effect(index: ModelIndex, b: Binding) -> Effect:
         e.informative = e.changed > 0
         return e
     arr = index.array(b.initializer)
+    # a quantized weight's masked elements are at its zero point: what they are measured from
+    fill = index.zero_of(b.initializer)
     axis = _one_axis(b.values)
     if axis is not None and b.values.shape == arr.shape:  # one flag per slice: those slices
         zero = np.flatnonzero(core(b.values).reshape(-1) == 0)
         hit = np.take(arr, zero, axis=axis)
+        if fill is not None:
+            hit = hit.astype(np.int64) - np.take(np.broadcast_to(fill, arr.shape), zero, axis=axis)
         e.masked = hit.size
     else:
         zeroed = np.broadcast_to(b.values == 0, arr.shape)
         hit = arr[zeroed]
+        if fill is not None:
+            hit = hit.astype(np.int64) - np.broadcast_to(fill, arr.shape)[zeroed]
         e.masked = int(zeroed.sum())
     e.changed = int(np.count_nonzero(hit))
     if e.changed:  # (a model exported masked holds none: nothing to widen)
         e.largest = float(np.abs(hit[hit != 0].astype(np.float64)).max(initial=0.0))
-    e.informative = bool(np.any(arr))
+    e.informative = bool(np.any(arr if fill is None else arr.astype(np.int64) - fill))
     if b.replace is not None:
         idx, rows = b.replace
         now = arr[idx].astype(np.float64)
@@ -179,12 +185,19 @@ def apply_masks(
         groups: dict[tuple[int, ...], list[Site]] = defaultdict(list)
         for s in index.sites[name]:
             groups[tuple(j for j, b in enumerate(bindings) if b.sites is None or s in b.sites)].append(s)
-        variants = {key: _masked(arr, [bindings[j] for j in key]) for key in groups}
+        fill = index.zero_of(name)  # a quantized weight's masked elements: its zero point
+        variants = {key: _masked(arr, [bindings[j] for j in key], fill) for key in groups}
         first, *others = sorted(variants, key=lambda key: (len(key) > 0, key))
         held = name in index.constant_nodes  # a Constant node's tensor keeps its own name
         _store(inits[name], variants[first], None if held else spill, inits[name].name if held else None)
+        made: list[tuple[str, np.ndarray]] = [(inits[name].name, variants[first])]
         for key in others:
-            if np.array_equal(variants[key], variants[first]):
+            # a variant equal to one already stored is that tensor (as the prune reties its copies)
+            same = next((n for n, v in made if np.array_equal(v, variants[key])), None)
+            if same is not None:
+                if same != inits[name].name:
+                    for s in groups[key]:
+                        nodes[s.node].input[s.input] = same
                 continue
             owner = bindings[key[0]].mask
             copy = owner if owner not in taken else f"{name}__{owner}"
@@ -193,6 +206,7 @@ def apply_masks(
             taken.add(copy)
             ref.graph.initializer.append(onnx.TensorProto())
             _store(ref.graph.initializer[-1], variants[key], spill, copy)
+            made.append((copy, variants[key]))
             for s in groups[key]:
                 nodes[s.node].input[s.input] = copy  # in the main graph: seen from every body
             bound.shared.setdefault(name, []).append(owner)
@@ -212,9 +226,9 @@ def _constant_value_attribute(node: onnx.NodeProto, value: onnx.TensorProto) -> 
     return node.attribute[0].t
 
 
-def _masked(arr: np.ndarray, bindings: list[Binding]) -> np.ndarray:
+def _masked(arr: np.ndarray, bindings: list[Binding], zero: np.ndarray | None = None) -> np.ndarray:
     for b in bindings:
-        arr = b.masked(arr)
+        arr = b.masked(arr, zero)
     return arr
 
 

@@ -31,13 +31,16 @@ class Binding:
         if self.values.dtype != np.uint8:
             self.values = np.asarray(self.values, dtype=np.uint8)
 
-    def masked(self, array: np.ndarray) -> np.ndarray:
-        """`array` with this binding applied (masked entries exactly 0, even where inf or nan)."""
+    def masked(self, array: np.ndarray, zero: np.ndarray | None = None) -> np.ndarray:
+        """`array` with this binding applied (masked entries exactly 0, even where inf or nan;
+        `zero`: what 0 is instead, a quantized weight's zero point broadcast against it, so that
+        its masked entries dequantize to 0: `ModelIndex.zero_of`)."""
         out = np.array(array, copy=True)
         if self.replace is not None:
             idx, rows = self.replace
             out[idx] = rows.astype(out.dtype)
-        return np.where(self.values != 0, out, np.zeros((), out.dtype)).astype(out.dtype)
+        fill = np.zeros((), out.dtype) if zero is None else np.asarray(zero).astype(out.dtype)
+        return np.where(self.values != 0, out, fill).astype(out.dtype)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from onnx import numpy_helper
 from onnxshrink.io.weights import WeightStore
 from onnxshrink.ir import all_graphs
 from onnxshrink.ops import WeightAxes, facts
+from onnxshrink.quantized import Dequant, dequant_of, same_zero
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,69 @@ class ModelIndex:
             return None
         return handler.param_inputs(op, self.constant_inputs(k)).get(param)
 
+    # ------------------------------------------------------------------ quantized weights
+    def zero_of(self, name: str) -> np.ndarray | None:
+        """What "zero" is for initializer `name`: its zero point (broadcast against it: per
+        tensor, channel or block, as the ops that read it say) when it is an integer constant
+        its readers dequantize, else None (0). A mask on it removes its dequantized values
+        (`quantized`). Readers that disagree on the zero point, or some that dequantize it and
+        some that do not, leave no one meaning: a ShrinkError naming it."""
+        from onnxshrink.errors import ShrinkError
+        from onnxshrink.prepare import FLOAT_TYPES
+
+        if name not in self.inits or self.inits[name].data_type in FLOAT_TYPES:
+            return None
+        shape = self.shapes[name]
+        found: list[Dequant] = []
+        plain: list[str] = []
+        for s in self.sites.get(name, []):
+            ds = self._dequant_reads(s.node, s.input, shape, 0)
+            if ds is None:
+                plain.append(self.nodes[s.node].name or self.nodes[s.node].op_type)
+            else:
+                found.extend(ds)
+        if not found:
+            return None
+        if plain or not same_zero(found):
+            why = f"{', '.join(plain[:3])} read(s) it as plain integers" if plain else "its readers' zero points differ"
+            raise ShrinkError(
+                f"initializer '{name}' is a quantized weight but {why}: a mask on it has no one "
+                "meaning (its elements at the zero point). Mask the layers that read it apart, or "
+                "leave it out of the masks."
+            )
+        return found[0].fill()
+
+    def _dequant_reads(self, k: int, i: int, shape: tuple[int, ...], depth: int) -> list[Dequant] | None:
+        """How input i of node k (a constant of `shape`) is dequantized: by the node itself, or,
+        where it only moves the values (a Gather of an integer embedding table, a Reshape), by
+        every reader of what it moves them to, with one zero point for every element (only a
+        per-tensor one holds wherever the values go). None: read as plain integers."""
+        handler, op = self.facts[k]
+        if handler is None:
+            return None
+        node = self.nodes[k]
+        q = handler.quantized_input(op, i, len(shape))
+        if q is not None:
+            d = dequant_of(q, shape, _ProtoInputs(self, node), set())
+            return [d] if d is not None else None
+        if depth >= 8 or i not in handler.moves_values(op) or len(node.output) != 1:
+            return None
+        if any(o.name == node.output[0] for g in all_graphs(self.model.graph) for o in g.output):
+            return None  # the graph gives the integers out as they are
+        readers = self.consumers.get(node.output[0], [])
+        if not readers:
+            return None
+        found: list[Dequant] = []
+        for ck, ci in readers:
+            h, _ = self.facts[ck]
+            if h is not None and ci in h.sizes_only:
+                continue
+            ds = self._dequant_reads(ck, ci, shape, depth + 1)
+            if ds is None or any(d.zero.size != 1 for d in ds):
+                return None
+            found.extend(ds)
+        return found or None
+
     # ------------------------------------------------------------------ layouts
     def axes(self, site: Site) -> WeightAxes | None:
         """The roles of the initializer's axes as `site` reads it; None when the op gives none."""
@@ -217,3 +281,18 @@ class ModelIndex:
                 return None
             found.add(WeightAxes(perm[got.out], perm[got.inp] if got.inp is not None else None, got.family))
         return found.pop() if len(found) == 1 else None
+
+
+class _ProtoInputs:
+    """A NodeProto's inputs, as `quantized.dequant_of` reads them (constants: initializers,
+    Constant-node weights and their Identity aliases)."""
+
+    def __init__(self, index: ModelIndex, node: onnx.NodeProto):
+        self.index, self.node = index, node
+
+    def given(self, slot: int) -> bool:
+        return slot < len(self.node.input) and self.node.input[slot] != ""
+
+    def constant(self, slot: int) -> tuple[str, np.ndarray] | None:
+        name = self.index.resolve(self.node.input[slot]) if self.given(slot) else None
+        return (name, np.asarray(self.index.array(name))) if name is not None else None

@@ -13,7 +13,7 @@ that evaluates the model with some of its weights changed, many times, in one se
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +63,9 @@ class Calibration:
     feeds: list[Mapping[str, np.ndarray]]
     outputs: list[dict[str, np.ndarray]]
     source: str = "--inputs"
+    # (stream before, stream after, channel axis) of a block -> the mean over the feeds of the
+    # mean over positions of the two streams' cosine (a block's influence is 1 - it)
+    cosines: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
 
 def feed_label(feeds: Sequence[Mapping[str, np.ndarray]]) -> str:
@@ -104,12 +107,14 @@ def collect(
     feeds: Sequence[Mapping[str, np.ndarray]],
     *,
     samples: bool = False,
+    streams: Collection[tuple[str, str, int]] = (),
     seed: int = 0,
     provider: str = "cpu",
 ) -> Calibration:
     """Statistics of each activation in `activations` ({tensor: channel axis}) over `feeds`,
     and the model's outputs on them. `samples`: keep up to MAX_SAMPLES positions per
-    activation (the least-squares refit needs their covariance)."""
+    activation (the least-squares refit needs their covariance). `streams`: blocks' (before,
+    after, axis) whose cosine to measure in the same runs."""
     from onnxshrink.validate import check_inputs, session
 
     check_inputs(model, feeds)  # names, dtypes and shapes, as for the proof (each named)
@@ -117,14 +122,18 @@ def collect(
     # no statistics (the criteria fall back to its magnitude; it is not compensated)
     visible = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     activations = {k: v for k, v in activations.items() if k in visible}
+    streams = [s for s in streams if s[0] in visible and s[1] in visible]
     outputs = [o.name for o in model.graph.output]
-    probe, names = probe_model(model, activations)
+    probe, names = probe_model(model, [*activations, *(n for s in streams for n in s[:2])])
     sess = session(probe, provider)
     rng = np.random.default_rng(seed)
     stats: dict[str, ChannelStats] = {}
     kept: list[dict[str, np.ndarray]] = []
+    cosines = dict.fromkeys(streams, 0.0)
     for ran in run_feeds(sess, feeds, names, "--inputs"):
         kept.append({k: ran[k] for k in outputs})
+        for before, after, axis in streams:
+            cosines[before, after, axis] += mean_cosine(ran[before], ran[after], axis) / len(feeds)
         for name, axis in activations.items():
             x = np.asarray(ran[name], dtype=np.float64)
             rows = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
@@ -144,7 +153,17 @@ def collect(
     for s in stats.values():
         if s.samples is not None and len(s.samples) > MAX_SAMPLES:
             s.samples = s.samples[rng.choice(len(s.samples), MAX_SAMPLES, replace=False)]
-    return Calibration(stats, list(feeds), kept, feed_label(feeds))
+    return Calibration(stats, list(feeds), kept, feed_label(feeds), cosines)
+
+
+def mean_cosine(x: np.ndarray, y: np.ndarray, axis: int) -> float:
+    """The mean over positions of the cosine of x's and y's vectors along `axis` (1 where
+    either is zero)."""
+    x = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    y = np.moveaxis(np.asarray(y, np.float64), axis, -1)
+    dot = np.sum(x * y, axis=-1)
+    norms = np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1)
+    return float(np.mean(np.where(norms > 0, dot / np.where(norms > 0, norms, 1), 1.0)))
 
 
 def deviation(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -65,6 +65,10 @@ class Compensation:
     consumers: dict[tuple[str, int], Consumer]
     base: dict[str, np.ndarray]
     uncompensable: dict[str, str]  # consumer node -> why its channels are only zeroed
+    # quantized members: what zeroing their slices sets them to (their zero point; GroupSet.zero_of)
+    zeros: dict[str, np.ndarray] = field(default_factory=dict)
+    # the readers' copies of shared initializers ({copy: original}): merged back where they stay equal
+    copies: dict[str, str] = field(default_factory=dict)
 
     def variable(self) -> set[str]:
         """Every initializer a prune may change."""
@@ -77,7 +81,8 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
     from onnxshrink.prune.run import zeroed
 
     members = [_with(m, np.zeros(0, np.int64)) for g in gset.exact() for m in g.members]
-    out = zeroed(model, gset, members)  # zeroes nothing: unties and makes Constants initializers
+    # zeroes nothing: unties (each reader its own copy to compensate) and makes Constants initializers
+    out = zeroed(model, gset, members, retie=False)
     g = out.graph
     inits = {t.name: t for t in g.initializer}
     by_output = {n.output[0]: n for n in g.node if n.output}
@@ -86,6 +91,7 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
         for name in n.input:
             readers[name].append(n)
     consumers: dict[tuple[str, int], Consumer] = {}
+    copies = {c: o for c, o in gset.untied.items() if c in inits}
     why: dict[str, str] = {}
     taken: set[str] = set()
     for grp in gset.exact():
@@ -99,10 +105,13 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
             if isinstance(c, str):
                 why[node.name or node.output[0]] = c
                 continue
+            before = c.bias
             if c.bias in taken or (c.create is None and _shared(c.bias, node, readers)):
                 c.bias = _untie(g, inits, c.bias, node, readers)
             taken.add(c.bias)
             consumers[m.site] = c
+            if c.bias not in copies and c.bias != before:
+                copies[c.bias] = before
     base: dict[str, np.ndarray] = {}
     for grp in gset.exact():
         for m in grp.members:
@@ -115,7 +124,8 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
             base[c.bias] = numpy_helper.to_array(inits[c.bias])
         else:
             base[c.bias] = np.zeros(c.shape, numpy_helper.to_array(inits[c.weight]).dtype)
-    return Compensation(out, consumers, base, why)
+    zeros = {name: z for name in base if (z := gset.zero_of(name)) is not None}
+    return Compensation(out, consumers, base, why, zeros, copies)
 
 
 def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
@@ -263,7 +273,7 @@ def changes(
             _compensate(c, ms, calibration, mode, ridge, comp.base, value)
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in removed).items():
         if name in comp.base:
-            zero_slice(value(name), axis, idx)
+            zero_slice(value(name), axis, idx, comp.zeros.get(name))
     out_removed = defaultdict(list)
     for m in removed:
         out_removed[(m.tensor, m.axis)].append(m.indices)
@@ -338,6 +348,9 @@ def apply(comp: Compensation, values: Mapping[str, np.ndarray], copy: bool = Tru
             inits[name].CopyFrom(numpy_helper.from_array(np.asarray(v), name))
         elif name in add:
             g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+    from onnxshrink.prune.run import retie_copies
+
+    retie_copies(out, comp.copies)  # the readers' copies that stayed equal: one tensor again
     return out
 
 
@@ -397,7 +410,7 @@ def framework_values(
     for name, v in values.items():
         base = comp.base.get(name)
         v = np.asarray(v)
-        if base is not None and _only_zeroed(base, v):
+        if base is not None and _only_zeroed(base, v, comp.zeros.get(name)):
             continue  # the masks say it
         site = site_of.get(name)
         ps, axis = refs.get(site, ([], -1)) if site is not None else ([], -1)
@@ -411,5 +424,7 @@ def framework_values(
     return out, unnamed
 
 
-def _only_zeroed(before: np.ndarray, after: np.ndarray) -> bool:
-    return bool(np.all((after == before) | (after == 0)))
+def _only_zeroed(before: np.ndarray, after: np.ndarray, zero: np.ndarray | None = None) -> bool:
+    """Did the prune only remove elements of this tensor (set them to 0, or to `zero`, a quantized
+    weight's zero point)?"""
+    return bool(np.all((after == before) | (after == (0 if zero is None else zero))))

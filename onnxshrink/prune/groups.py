@@ -19,14 +19,14 @@ a DequantizeLinear's input, a QLinearConv's weight or int32 bias, a MatMulIntege
 member like a float one, read in the role its dequantized value has (a Conv's weight through
 the DequantizeLinear that feeds it). Its "zero" is its zero point (per tensor or per channel),
 its magnitude that of its dequantized values; the scales and zero points that slice with it are
-not zeroed (its channel is zero whatever its scale).
+not zeroed (its channel is zero whatever its scale). How its zero point is read: `quantized`.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +42,7 @@ from onnxshrink.analyze.keep import LIVE
 from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
 from onnxshrink.ops import OpNode, WeightAxes, lookup
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
+from onnxshrink.quantized import Dequant, along_axis, dequant_of, same_zero
 
 SCHEMA = "onnxshrink.groups/1"
 K = TypeVar("K", bound=Hashable)
@@ -159,26 +160,6 @@ class Layer:
 
 
 @dataclass
-class Dequant:
-    """How a quantized member's integers read as real numbers: (q - zero) * scale, each shaped to
-    broadcast against the tensor (a scalar, or a vector along one axis); scale None: unknown
-    (taken as 1)."""
-
-    zero: np.ndarray
-    scale: np.ndarray | None
-    bits: int = 0  # block-wise (MatMulNBits): codes packed `bits` to a byte, zero and scale per block
-
-
-def _packed_fill(zero: np.ndarray, bits: int) -> np.ndarray:
-    """The byte every code of which is the zero point (a packed weight's "zero")."""
-    z = zero.astype(np.uint8)
-    byte = np.zeros_like(z)
-    for j in range(8 // bits):
-        byte |= z << np.uint8(j * bits)
-    return byte
-
-
-@dataclass
 class Block:
     """Where a block group's residual stream is read (the stream operand of its first branch's
     Add, `before`) and left (its last Add's output, `after`), and the stream's channel axis:
@@ -215,9 +196,7 @@ class GroupSet:
     def zero_of(self, tensor: str) -> np.ndarray | None:
         """What "zero" is for a member tensor: its zero point when it is quantized, else None (0)."""
         d = self.dequant.get(tensor)
-        if d is not None and d.bits:
-            return _packed_fill(d.zero, d.bits)
-        return d.zero if d is not None else None
+        return d.fill() if d is not None else None
 
     def real(self, tensor: str) -> np.ndarray:
         """A member's values as real numbers (dequantized when quantized)."""
@@ -370,9 +349,7 @@ class _Finder:
             if ds is None:
                 return False
             found.extend(ds)
-        if not found or any(
-            d.zero.shape != found[0].zero.shape or not np.array_equal(d.zero, found[0].zero) for d in found
-        ):
+        if not same_zero(found):
             return False
         self.dequant[t.name] = found[0]
         self.quant_params |= params
@@ -395,7 +372,7 @@ class _Finder:
         if q is not None:
             d = self._dequant(node, q, shape, params)
             if d is not None and not q.scales:
-                d.scale = _along_axis(handler.applied_scale(node, i), q.axis, shape)
+                d.scale = along_axis(handler.applied_scale(node, i), q.axis, shape)
             return [d] if d is not None else None
         y = node.outputs[0] if len(node.outputs) == 1 else None
         x = node.inputs[i]
@@ -420,23 +397,7 @@ class _Finder:
     def _dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
         """The zero point and scale `q` names on `node`, shaped against a tensor of `shape`; None
         when a zero point is not a constant or does not fit (then the tensor is no member)."""
-
-        def shaped(slot: int) -> np.ndarray | None:
-            p = ir.present(node, slot)
-            if not isinstance(p, gs.Constant):
-                return None
-            v = np.asarray(p.values)
-            if v.size == 1:
-                return v.reshape(())
-            if v.ndim != 1 or not 0 <= q.axis < len(shape) or v.shape[0] != shape[q.axis]:
-                return None
-            params.add(p.name)
-            return v.reshape([-1 if a == q.axis else 1 for a in range(len(shape))])
-
-        if q.block:
-            return _block_dequant(node, q, shape, params)
-        # a scale computed at run time: the magnitude is taken in integer units
-        return _zero_and_scale(node, q, shaped, run_time_scale=True)
+        return dequant_of(q, shape, _NodeInputs(node), params)
 
     def _read_as(
         self, node: gs.Node, i: int, rank: int, depth: int = 0
@@ -784,91 +745,18 @@ def gather_slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, i
     return {k: np.unique(np.concatenate(v)) for k, v in gathered.items()}
 
 
-def _along_axis(v: np.ndarray | None, axis: int, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A scale (a scalar, or a vector along `axis`), shaped against a tensor of `shape`; None
-    when it is neither."""
-    if v is None:
-        return None
-    v = np.asarray(v, dtype=np.float64)
-    if v.size == 1:
-        return v.reshape(())
-    if v.ndim != 1 or not 0 <= axis < len(shape) or v.shape[0] != shape[axis]:
-        return None
-    return v.reshape([-1 if a == axis else 1 for a in range(len(shape))])
+class _NodeInputs:
+    """An onnx-graphsurgeon node's inputs, as `quantized.dequant_of` reads them."""
 
+    def __init__(self, node: gs.Node):
+        self.node = node
 
-def _block_dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
-    """A block-wise quantized weight [rows, blocks, bytes] (`Quantized.block`): its zero point and
-    scale per (row, block), [rows, blocks, 1], the zero points unpacked to codes (absent: the
-    middle code); None when one is not a constant of that size."""
-    from onnxshrink.ops.matmul_nbits import unpack
+    def given(self, slot: int) -> bool:
+        return ir.present(self.node, slot) is not None
 
-    if not q.bits:
-        return _blocked_along(node, q, shape, params)
-    if len(shape) != 3 or q.bits not in (2, 4, 8):
-        return None
-    rows, blocks = shape[0], shape[1]
-    zero = np.full((rows, blocks, 1), 1 << (q.bits - 1), np.int64)
-    zp = ir.present(node, q.zero_point) if q.zero_point is not None else None
-    if zp is not None:
-        if not isinstance(zp, gs.Constant):
-            return None
-        z = np.asarray(zp.values)
-        per_row = -(-blocks * q.bits // 8)
-        if z.dtype != np.uint8 or z.size != rows * per_row:
-            return None
-        zero = unpack(z.reshape(rows, per_row), q.bits)[:, :blocks, None].astype(np.int64)
-        params.add(zp.name)
-    scale: np.ndarray | None = None
-    for slot in q.scales:
-        p = ir.present(node, slot)
-        if not isinstance(p, gs.Constant) or np.asarray(p.values).size != rows * blocks:
-            return None
-        params.add(p.name)
-        v = np.asarray(p.values, dtype=np.float64).reshape(rows, blocks, 1)
-        scale = v if scale is None else scale * v
-    return Dequant(zero, scale, q.bits)
-
-
-def _blocked_along(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
-    """A block-wise DequantizeLinear's input (one integer an element; its parameters of its shape
-    but ceil(n / block) along `axis`): zero point and scale repeated over their blocks, of the
-    input's shape; None when one is not a constant of that shape."""
-    if not 0 <= q.axis < len(shape):
-        return None
-    n = shape[q.axis]
-    want = tuple(-(-n // q.block) if a == q.axis else d for a, d in enumerate(shape))
-
-    def full(slot: int | None) -> np.ndarray | None:
-        p = ir.present(node, slot) if slot is not None else None
-        if not isinstance(p, gs.Constant) or tuple(np.shape(p.values)) != want:
-            return None
-        params.add(p.name)
-        v = np.asarray(p.values)
-        return np.repeat(v, q.block, axis=q.axis).take(np.arange(n), axis=q.axis)
-
-    return _zero_and_scale(node, q, full, run_time_scale=False)
-
-
-def _zero_and_scale(
-    node: gs.Node, q, read: Callable[[int], np.ndarray | None], run_time_scale: bool
-) -> Dequant | None:
-    """The Dequant of `q`'s zero point and scales on `node`, each read by `read` (None: not a
-    constant of the form it wants). A scale that is not: Dequant(zero, None) with
-    `run_time_scale`, else None (no member)."""
-    zero = np.zeros((), np.int64)
-    if q.zero_point is not None and ir.present(node, q.zero_point) is not None:
-        z = read(q.zero_point)
-        if z is None:
-            return None
-        zero = z.astype(np.int64)
-    scale: np.ndarray | None = None
-    for slot in q.scales:
-        v = read(slot)
-        if v is None:
-            return Dequant(zero, None) if run_time_scale else None
-        scale = v.astype(np.float64) if scale is None else scale * v
-    return Dequant(zero, scale)
+    def constant(self, slot: int) -> tuple[str, np.ndarray] | None:
+        p = ir.present(self.node, slot)
+        return (p.name, np.asarray(p.values)) if isinstance(p, gs.Constant) else None
 
 
 def _is_float(t: gs.Constant) -> bool:

@@ -27,7 +27,7 @@ every other position.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -75,7 +75,7 @@ def scores(
                     f"--criterion {criterion} ranks groups by their activations on your inputs: "
                     "give them with --inputs data.npz (one array per model input)."
                 )
-            calibration = collect(model, activations(exact), inputs)
+            calibration = collect(model, activations(exact), inputs, streams=block_streams(gset, exact))
         per_channel = {
             "activation": lambda s: s.mean_abs,
             "wanda": lambda s: s.rms,
@@ -83,11 +83,7 @@ def scores(
         }[criterion]
         stats = {name: per_channel(s) for name, s in calibration.stats.items()}
         p = 2 if criterion == "fluctuation" else 1
-        influence = (
-            block_influence(model, gset, [g.id for g in exact if g.id in gset.blocks], inputs)
-            if model is not None and inputs
-            else {}
-        )
+        influence = block_influence(gset, exact, calibration)
         for g in exact:
             out[g.id] = influence[g.id] if g.id in influence else _activation_score(gset, g, stats, p)
         return out
@@ -168,35 +164,21 @@ def _activation_score(gset: GroupSet, g: Group, stats: dict[str, np.ndarray], p:
     return total if used else magnitude(gset, g, 1)  # nothing reads it through a weight
 
 
-def block_influence(
-    model: onnx.ModelProto, gset: GroupSet, ids: list[int], inputs: list[Mapping[str, np.ndarray]]
-) -> dict[int, float]:
-    """1 - mean cosine of each block's stream before and after it, on `inputs`."""
-    if not ids:
-        return {}
-    wanted = {gset.blocks[i].before for i in ids} | {gset.blocks[i].after for i in ids}
-    cos: dict[int, float] = dict.fromkeys(ids, 0.0)
-    for outs in _runs(model, wanted, inputs):
-        for i in ids:
-            b = gset.blocks[i]
-            x = np.moveaxis(np.asarray(outs[b.before], np.float64), b.axis, -1)
-            y = np.moveaxis(np.asarray(outs[b.after], np.float64), b.axis, -1)
-            dot = np.sum(x * y, axis=-1)
-            norms = np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1)
-            c = np.where(norms > 0, dot / np.where(norms > 0, norms, 1), 1.0)
-            cos[i] += float(np.mean(c)) / len(inputs)
-    return {i: 1.0 - c for i, c in cos.items()}
+def block_streams(gset: GroupSet, groups: Sequence[Group]) -> list[tuple[str, str, int]]:
+    """(stream before, stream after, channel axis) of each block among `groups`: what
+    calibrate.collect measures the cosine of."""
+    return sorted({(b.before, b.after, b.axis) for b in (gset.blocks.get(g.id) for g in groups) if b})
 
 
-def _runs(model: onnx.ModelProto, wanted: set[str], inputs: list[Mapping[str, np.ndarray]]):
-    """The model run on each of `inputs` with onnxruntime, the `wanted` tensors among its
-    outputs: {name: array} per run."""
-    from onnxshrink.prune.calibrate import probe_model, run_feeds
-    from onnxshrink.validate import check_inputs, session
-
-    check_inputs(model, inputs)  # names, dtypes and shapes, as for the proof (each named)
-    probe, names = probe_model(model, wanted)
-    return run_feeds(session(probe, "cpu"), inputs, names, "--inputs")
+def block_influence(gset: GroupSet, groups: Sequence[Group], calibration: Calibration) -> dict[int, float]:
+    """1 - the mean cosine of each block's stream before and after it, on the calibration
+    inputs (blocks whose streams were not measured, e.g. inside an If: none)."""
+    out: dict[int, float] = {}
+    for g in groups:
+        b = gset.blocks.get(g.id)
+        if b is not None and (b.before, b.after, b.axis) in calibration.cosines:
+            out[g.id] = 1.0 - calibration.cosines[b.before, b.after, b.axis]
+    return out
 
 
 def activations(groups: list[Group]) -> dict[str, int]:

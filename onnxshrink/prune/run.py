@@ -181,7 +181,7 @@ def prune(
     from onnxshrink.prune import allocate as alloc
     from onnxshrink.prune import compensate as comp_mod
     from onnxshrink.prune.calibrate import collect
-    from onnxshrink.prune.importance import DATA_CRITERIA, activations
+    from onnxshrink.prune.importance import DATA_CRITERIA, activations, block_streams
     from onnxshrink.prune.targets import Costs, LatencyMeter
 
     units = tuple(DEFAULT_UNITS if units is None else units)
@@ -244,6 +244,7 @@ def prune(
             activations(gset.exact()),
             data or [],
             samples=compensate == "refit",
+            streams=block_streams(gset, gset.exact()),
             seed=opts.seed,
             provider=opts.provider,
         )
@@ -500,12 +501,14 @@ def _why_kept(result: ShrinkResult) -> str:
 
 # ---------------------------------------------------------------------- the reference
 def zeroed(
-    model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True
+    model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True, retie: bool = True
 ) -> onnx.ModelProto:
     """`model` with every member's slice zeroed, a quantized one set to its zero point (`copy`
     False: `model` itself, changed). An initializer several nodes read is first given one copy
     per reader (as the analysis saw it), so that only the readers in the chosen groups lose
-    their slices; the shrink merges the copies that stay equal."""
+    their slices; with `retie`, the copies that end up equal are one initializer again (as
+    masks applied to the input make them: `bind.apply`), else a reference would hold two equal
+    tensors where the masks' has one, and the shrink keeps what its input holds apart."""
     out = model
     if copy:
         out = onnx.ModelProto()
@@ -518,11 +521,13 @@ def zeroed(
     chosen = {m.initializer for m in members}
     shared |= {original for original in gset.untied.values() if original in chosen}
     values: dict[str, np.ndarray] = {}
+    copies: dict[str, str] = {}
     if shared:
         for g in graphs:  # a copy lives beside its reader (untied uses share one scope)
             for name, original in _copy_per_reader(g, gset, shared).items():
                 values[name] = numpy_helper.to_array(inits[original]).copy()
                 home[name] = g
+                copies[name] = original
     initializer_of = {m.tensor: m.initializer for m in members}
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
         if name not in values:
@@ -535,7 +540,48 @@ def zeroed(
             inits[name].CopyFrom(t)
         else:
             home.get(name, out.graph).initializer.append(t)
+    if retie:
+        retie_copies(out, copies)
     return out
+
+
+def retie_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> None:
+    """Each copy ({copy: original}) whose values equal its original's, or an earlier copy's of
+    the same original, is that tensor again: its readers read it, and the copy is dropped."""
+    graphs = list(ir.all_graphs(model.graph))
+    inits = {t.name: (g, t) for g in graphs for t in g.initializer}
+    kept: dict[str, list[tuple[str, np.ndarray]]] = {}
+    renamed: dict[str, str] = {}
+    for name, original in sorted(copies.items(), key=lambda c: (c[1], c[0])):  # a copy's copy after it
+        while original in renamed:
+            original = renamed[original]
+        if name not in inits or original not in inits:
+            continue
+        if original not in kept:
+            kept[original] = [(original, numpy_helper.to_array(inits[original][1]))]
+        g, t = inits[name]
+        v = numpy_helper.to_array(t)
+        # the original (stored where all its readers see it) or a copy beside this one: a copy
+        # in a sibling body is out of this reader's scope
+        same = next(
+            (
+                k
+                for k, w in kept[original]
+                if (k == original or inits[k][0] is g) and w.dtype == v.dtype and np.array_equal(w, v)
+            ),
+            None,
+        )
+        if same is None:
+            kept[original].append((name, v))
+            continue
+        renamed[name] = same
+        g.initializer.remove(t)
+    if renamed:
+        for g in graphs:
+            for node in g.node:
+                for i, x in enumerate(node.input):
+                    if x in renamed:
+                        node.input[i] = renamed[x]
 
 
 def _copy_per_reader(g: onnx.GraphProto, gset: GroupSet, shared: set[str]) -> dict[str, str]:

@@ -1,0 +1,169 @@
+"""What a quantized constant's "zero" is: the integer that dequantizes to 0.
+
+An integer constant an op dequantizes (`Handler.quantized_input`: a DequantizeLinear's input, a
+ConvInteger's or MatMulInteger's weight, a QLinearConv's weight, a MatMulNBits' packed codes)
+reads as (q - zero point) * scale. Removing one of its elements means removing its dequantized
+value: setting it to its zero point (per tensor, per channel or per block, as the op that reads
+it says), not to 0, which reads as -zero point * scale. Both the prune (its groups, its
+compensation) and a mask on an integer weight (`bind.apply`) mean this, and read the zero point
+and scales here, from the nodes that read the constant, whatever the graph is held as (an
+onnx-graphsurgeon node or an onnx NodeProto): an `Inputs` gives the node's constant inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass
+class Dequant:
+    """How a quantized constant's integers read as real numbers: (q - zero) * scale, each shaped
+    to broadcast against the tensor (a scalar, or a vector along one axis); scale None: unknown
+    (taken as 1)."""
+
+    zero: np.ndarray
+    scale: np.ndarray | None
+    bits: int = 0  # block-wise (MatMulNBits): codes packed `bits` to a byte, zero and scale per block
+
+    def fill(self) -> np.ndarray:
+        """What a removed element is set to: the zero point (for packed codes, the byte every
+        code of which is the zero point), broadcast against the tensor."""
+        if not self.bits:
+            return self.zero
+        z = self.zero.astype(np.uint8)
+        byte = np.zeros_like(z)
+        for j in range(8 // self.bits):
+            byte |= z << np.uint8(j * self.bits)
+        return byte
+
+
+class Inputs(Protocol):
+    """A node's inputs, as the reading below needs them."""
+
+    def given(self, slot: int) -> bool:
+        """Is input `slot` present (not absent, not the empty name)?"""
+        ...
+
+    def constant(self, slot: int) -> tuple[str, np.ndarray] | None:
+        """Input `slot`'s name and value when it is a constant; else None."""
+        ...
+
+
+def dequant_of(q: Any, shape: tuple[int, ...], inputs: Inputs, params: set[str]) -> Dequant | None:
+    """The zero point and scale `q` (an `ops.Quantized`) names among `inputs`, shaped against a
+    constant of `shape`; the names of those read are added to `params`. None when a zero point is
+    not a constant or does not fit. A scale computed at run time: Dequant(zero, None)."""
+
+    def shaped(slot: int) -> np.ndarray | None:
+        got = inputs.constant(slot)
+        if got is None:
+            return None
+        name, v = got
+        if v.size == 1:
+            return v.reshape(())
+        if v.ndim != 1 or not 0 <= q.axis < len(shape) or v.shape[0] != shape[q.axis]:
+            return None
+        params.add(name)
+        return v.reshape([-1 if a == q.axis else 1 for a in range(len(shape))])
+
+    if q.block:
+        return _block_dequant(q, shape, inputs, params)
+    return _zero_and_scale(q, inputs, shaped, run_time_scale=True)
+
+
+def along_axis(v: np.ndarray | None, axis: int, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A scale (a scalar, or a vector along `axis`), shaped against a tensor of `shape`; None
+    when it is neither."""
+    if v is None:
+        return None
+    v = np.asarray(v, dtype=np.float64)
+    if v.size == 1:
+        return v.reshape(())
+    if v.ndim != 1 or not 0 <= axis < len(shape) or v.shape[0] != shape[axis]:
+        return None
+    return v.reshape([-1 if a == axis else 1 for a in range(len(shape))])
+
+
+def _block_dequant(q: Any, shape: tuple[int, ...], inputs: Inputs, params: set[str]) -> Dequant | None:
+    """A block-wise quantized weight [rows, blocks, bytes] (`Quantized.block`): its zero point and
+    scale per (row, block), [rows, blocks, 1], the zero points unpacked to codes (absent: the
+    middle code); None when one is not a constant of that size."""
+    from onnxshrink.ops.matmul_nbits import unpack
+
+    if not q.bits:
+        return _blocked_along(q, shape, inputs, params)
+    if len(shape) != 3 or q.bits not in (2, 4, 8):
+        return None
+    rows, blocks = shape[0], shape[1]
+    zero = np.full((rows, blocks, 1), 1 << (q.bits - 1), np.int64)
+    if q.zero_point is not None and inputs.given(q.zero_point):
+        got = inputs.constant(q.zero_point)
+        if got is None:
+            return None
+        name, z = got
+        per_row = -(-blocks * q.bits // 8)
+        if z.dtype != np.uint8 or z.size != rows * per_row:
+            return None
+        zero = unpack(z.reshape(rows, per_row), q.bits)[:, :blocks, None].astype(np.int64)
+        params.add(name)
+    scale: np.ndarray | None = None
+    for slot in q.scales:
+        got = inputs.constant(slot) if inputs.given(slot) else None
+        if got is None or got[1].size != rows * blocks:
+            return None
+        params.add(got[0])
+        v = np.asarray(got[1], dtype=np.float64).reshape(rows, blocks, 1)
+        scale = v if scale is None else scale * v
+    return Dequant(zero, scale, q.bits)
+
+
+def _blocked_along(q: Any, shape: tuple[int, ...], inputs: Inputs, params: set[str]) -> Dequant | None:
+    """A block-wise DequantizeLinear's input (one integer an element; its parameters of its shape
+    but ceil(n / block) along `axis`): zero point and scale repeated over their blocks, of the
+    input's shape; None when one is not a constant of that shape."""
+    if not 0 <= q.axis < len(shape):
+        return None
+    n = shape[q.axis]
+    want = tuple(-(-n // q.block) if a == q.axis else d for a, d in enumerate(shape))
+
+    def full(slot: int) -> np.ndarray | None:
+        got = inputs.constant(slot) if inputs.given(slot) else None
+        if got is None or tuple(got[1].shape) != want:
+            return None
+        params.add(got[0])
+        return np.repeat(got[1], q.block, axis=q.axis).take(np.arange(n), axis=q.axis)
+
+    return _zero_and_scale(q, inputs, full, run_time_scale=False)
+
+
+def _zero_and_scale(
+    q: Any, inputs: Inputs, read: Callable[[int], np.ndarray | None], run_time_scale: bool
+) -> Dequant | None:
+    """The Dequant of `q`'s zero point and scales, each read by `read` (None: not a constant of
+    the form it wants). A scale that is not: Dequant(zero, None) with `run_time_scale`, else
+    None (no member)."""
+    zero = np.zeros((), np.int64)
+    if q.zero_point is not None and inputs.given(q.zero_point):
+        z = read(q.zero_point)
+        if z is None:
+            return None
+        zero = z.astype(np.int64)
+    scale: np.ndarray | None = None
+    for slot in q.scales:
+        v = read(slot)
+        if v is None:
+            return Dequant(zero, None) if run_time_scale else None
+        scale = v.astype(np.float64) if scale is None else scale * v
+    return Dequant(zero, scale)
+
+
+def same_zero(found: list[Dequant]) -> bool:
+    """Do every reader's zero points agree (then the constant has one "zero")?"""
+    return bool(found) and all(
+        d.bits == found[0].bits and d.zero.shape == found[0].zero.shape and np.array_equal(d.zero, found[0].zero)
+        for d in found
+    )
