@@ -138,6 +138,33 @@ def _segments(model: onnx.ModelProto, nodes: list[onnx.NodeProto], bounds: list[
     return segments
 
 
+def _lent(model: onnx.ModelProto) -> dict[str, list[tuple[int, ...]]]:
+    """Tensors computed from weights alone for one reader (a weight's DequantizeLinear or
+    Transpose), each with the shapes of the weights it is computed from: they belong where
+    their reader is, not where the graph lists them."""
+    nodes = list(model.graph.node)
+    weights = {t.name: [tuple(int(d) for d in t.dims)] for t in model.graph.initializer}
+    readers_of: dict[str, int] = {}
+    for n in nodes:
+        for i in set(n.input):
+            readers_of[i] = readers_of.get(i, 0) + 1
+    for o in model.graph.output:
+        readers_of[o.name] = readers_of.get(o.name, 0) + 2
+    lent: dict[str, list[tuple[int, ...]]] = {}
+    for n in nodes:
+        ins = [i for i in n.input if i]
+        if (
+            ins
+            and all(i in weights or i in lent for i in ins)
+            and all(readers_of.get(o, 0) == 1 for o in n.output if o)
+            and not _has_subgraph(n)
+        ):
+            for o in n.output:
+                if o:
+                    lent[o] = [w for i in ins for w in (weights[i] if i in weights else lent[i])]
+    return lent
+
+
 @dataclass
 class Blocks:
     count: int  # how many blocks repeat
@@ -154,16 +181,24 @@ def blocks(model: onnx.ModelProto) -> Blocks | None:
     nodes that read weights, each by op type and weight shapes, repeat with some period P; the
     P with the longest run of repetition (the shortest such P) gives the blocks. Shared nodes
     that read no weights (rotary tables, masks, hoisted by exporters into the first layer) do not
-    disturb it. Between the last weight node of block n and the first of block n + 1, the cut is
-    where the fewest tensors cross (the residual stream, after its Add). None when nothing
-    repeats."""
+    disturb it. A node that computes from weights alone for one reader (a weight's
+    DequantizeLinear, which onnxruntime's quantize_static puts at the top of the graph, a
+    weight's Transpose) is not a reader: its weights count for the node that reads its output,
+    where the layer uses them. Between the last weight node of block n and the first of block
+    n + 1, the cut is where the fewest tensors cross (the residual stream, after its Add). None
+    when nothing repeats."""
     nodes = list(model.graph.node)
-    shapes = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
+    weights = {t.name: [tuple(int(d) for d in t.dims)] for t in model.graph.initializer}
+    lent = _lent(model)
+    weights.update(lent)
+    computed = {k for k, n in enumerate(nodes) if any(o in lent for o in n.output)}
     readers = [
-        k for k, n in enumerate(nodes) if any(int(np.prod(shapes.get(i, (1,)))) > 1 for i in n.input)
+        k
+        for k, n in enumerate(nodes)
+        if k not in computed and any(int(np.prod(w)) > 1 for i in n.input for w in weights.get(i, []))
     ]
     signatures = [
-        f"{nodes[k].domain}:{nodes[k].op_type}:{[shapes[i] for i in nodes[k].input if i in shapes]}"
+        f"{nodes[k].domain}:{nodes[k].op_type}:{[weights[i] for i in nodes[k].input if i in weights]}"
         for k in readers
     ]
     if len(signatures) < 2:
@@ -204,10 +239,16 @@ class Prefix:
 
 def prefix(model: onnx.ModelProto, end: int, names: Iterable[str] | None = None) -> Prefix | None:
     """The part of `model` that computes the frontier after node `end` (or the tensors `names`):
-    those tensors' ancestors. None when some has no known type or is not in the model."""
+    those tensors' ancestors. None when some has no known type or is not in the model. A later
+    block's weight computed before `end` for it alone (a hoisted DequantizeLinear) is not of
+    the frontier: it is that block's, not the first blocks' result."""
     nodes = list(model.graph.node)
     graph_outputs = {o.name for o in model.graph.output}
-    wanted = list(names) if names is not None else _frontier(nodes, end, graph_outputs)
+    if names is not None:
+        wanted = list(names)
+    else:
+        lent = _lent(model)
+        wanted = [t for t in _frontier(nodes, end, graph_outputs) if t not in lent]
     producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     inputs = {i.name for i in model.graph.input}
     if any(w not in producer and w not in inputs for w in wanted):

@@ -274,6 +274,19 @@ def test_fused_attention_heads_from_attributes(op):
     assert count(model, groups=object()).values == {"heads": 6, "kv_heads": 2}
 
 
+def test_onnx_attention_heads_from_attributes():
+    """ONNX Attention's 3-D form counts its heads in q_num_heads and kv_num_heads."""
+    node = helper.make_node("Attention", ["q", "k", "v"], ["o"], q_num_heads=6, kv_num_heads=2)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 3, w]) for n, w in zip("qkv", (24, 8, 8), strict=True)],
+        [helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, [1, 3, 24])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    assert count(model).values == {"heads": 6, "kv_heads": 2}
+
+
 def test_prune_removes_a_cached_head(tmp_path):
     """--prune on the cache model (random weights): one of 3 heads goes, from the weights and the
     cache; checked against the model with that head's slices zeroed here."""

@@ -511,6 +511,58 @@ def test_onnxruntime_quantized_zoo_models_prune_as_their_float_model(zoo_dir, na
     assert not [b for b in result.shrink.barriers if b["unsupported"]]
 
 
+def run_unoptimized(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    """onnxruntime without its graph rewrites, as the proof runs a QDQ model: at its default
+    level it fuses Q/DQ pairs around an Add into an int8 kernel whose rounding differs from
+    the graph's (one quantization step here), so a model whose Add is gone computes the same
+    function but not the same bits as the fused one."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_a_qdq_transformer_has_a_block_group_a_layer(zoo_dir, name):
+    """quantize_static (QDQ) writes every weight's DequantizeLinear at the top of the graph; the
+    layers are still found where they read their weights (segment.blocks): a block group a
+    layer with its attention and MLP branches, as the float model's, and a block removed
+    exactly (the input with that block's integer weights at their zero points, its biases 0)."""
+    model = onnx.load(quantized(zoo_dir, name, "qdq"))
+
+    def block_groups(m: onnx.ModelProto) -> list:
+        gset = find_groups(m)
+        return [gset.groups[i] for layer in gset.layers if layer.kind == "block" for i in layer.groups]
+
+    blocks = block_groups(model)
+    float_blocks = block_groups(onnx.load(quantized(zoo_dir, name, "float")))
+    assert len(blocks) == 2 and all(b.exact and b.unit.branches == 2 for b in blocks)
+    assert [b.params for b in blocks] == [b.params for b in float_blocks]
+    result = prune(model, 0.5, units=["block"], validate=False)
+    [removed] = [result.groups.groups[i] for i in result.removed()]
+    assert removed.unit.kind == "block"
+    reference = zeroed_by_hand(model, chosen_slices(result))
+    for feed in feeds(model, 2):
+        for a, b in zip(run_unoptimized(reference, feed), run_unoptimized(result.model, feed), strict=True):
+            assert a.shape == b.shape and np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    # the block's weights and biases go, and the per-tensor scales and zero points of the
+    # quantized activations only its nodes read
+    kept = {t.name for t in result.model.graph.initializer}
+    gone = [t for t in model.graph.initializer if t.name not in kept]
+    members = {m.initializer for m in removed.members}
+    assert members <= {t.name for t in gone}
+    others = [t for t in gone if t.name not in members]
+    assert others and all(int(np.prod(t.dims)) == 1 for t in others)
+    assert params(model) - params(result.model) == removed.params + len(others)
+    # the proof of the first layer only compares what that layer hands on (the stream), not
+    # the later layer's dequantized weights, which are written before it
+    first = prune(model, 0.3, units=["head", "kv_group", "neuron"], validate_layers=1)
+    assert first.shrink.passed and first.shrink.validation.kind == "first 1 of 2 repeated blocks"
+    assert first.shrink.after.params < first.shrink.before.params
+
+
 # ------------------------------------------------------------------ a prune that cannot shrink
 def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monkeypatch, capsys):
     """The issue's QDQ BERT: every removal failed its proof and was kept back, and the model was

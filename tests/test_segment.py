@@ -35,3 +35,31 @@ def test_blocks_from_the_weight_readers():
     head = prefix(model, found.end(1))
     assert head is not None and sorted(head.outputs) == ["h0", "s"] and head.nodes == 4
     assert names[found.end(2) - 1] == "h1"
+
+
+# Three residual blocks of int8 weights, each dequantized at the top of the graph, as
+# onnxruntime's quantize_static writes them: a layer uses its weights where its MatMul is.
+HOISTED = """
+g (float[1, 4, 8] x, int8[8, 8] W0, int8[8, 8] W1, int8[8, 8] W2, float S, int8 Z) => (float[1, 4, 8] y) {
+  d0 = DequantizeLinear (W0, S, Z)
+  d1 = DequantizeLinear (W1, S, Z)
+  d2 = DequantizeLinear (W2, S, Z)
+  a0 = MatMul (x, d0)
+  h0 = Add (x, a0)
+  a1 = MatMul (h0, d1)
+  h1 = Add (h0, a1)
+  a2 = MatMul (h1, d2)
+  y = Add (h1, a2)
+}
+"""
+
+
+def test_blocks_of_weights_dequantized_at_the_top_are_where_they_are_read():
+    model = tiny(HOISTED)
+    found = blocks(model)
+    assert found is not None and found.count == 3 and found.period == 1
+    names = [n.output[0] for n in model.graph.node]
+    assert names[found.end(1) - 1] == "h0" and names[found.end(2) - 1] == "h1"
+    # the later blocks' dequantized weights are theirs, not the first block's result
+    head = prefix(model, found.end(1))
+    assert head is not None and head.outputs == ["h0"] and head.nodes == 3

@@ -126,7 +126,8 @@ def _settle(out: Counts, key: str, vals: list[int | None]) -> None:
 
 def _fused_attention(model: onnx.ModelProto) -> Counts | None:
     """Head counts from fused attention nodes' attributes (GroupQueryAttention: num_heads and
-    kv_num_heads; MultiHeadAttention and Attention: num_heads), and the head size from the
+    kv_num_heads; MultiHeadAttention and Attention: num_heads; ONNX Attention: q_num_heads and
+    kv_num_heads), and the head size from the
     query's width; None when the model has none."""
     from onnxshrink import ir
 
@@ -142,10 +143,11 @@ def _fused_attention(model: onnx.ModelProto) -> Counts | None:
     kv: list[int | None] = []
     for n in nodes:
         attrs = {a.name: a.i for a in n.attribute if a.type == onnx.AttributeProto.INT}
-        if "num_heads" not in attrs:
+        q = attrs.get("num_heads", attrs.get("q_num_heads"))  # ONNX Attention's 3-D form: q_num_heads
+        if q is None:
             continue
-        heads.append(attrs["num_heads"])
-        kv.append(attrs.get("kv_num_heads", attrs["num_heads"]))
+        heads.append(q)
+        kv.append(attrs.get("kv_num_heads", q))
     out = Counts(layers=len(heads) or None)
     _settle(out, "heads", heads)
     _settle(out, "kv_heads", kv)

@@ -3,11 +3,13 @@
 
 A head is a unit: its query, key and value dims are read together (the scores contract the
 query and key dims; softmax mixes the key positions), so a head goes whole or stays whole.
-Heads are either an axis of their own (opset 23's 4-D form, [batch, heads, seq, head_dim]) or
-blocks of head_dim along a packed hidden axis ([batch, seq, heads * head_dim], the contrib ops
-and opset 23's 3-D form). A head goes when no kept output reads it: its output block is
-unread (the output projection's columns are masked) or constant zero (its value projection is
-masked: softmax(scores) @ 0 = 0, which the consumer absorbs). With grouped-query attention a
+Heads are either an axis of their own (opset 23's 4-D form, [batch, heads, seq, head_dim];
+MultiHeadAttention's packed QKV [batch, seq, heads, 3, head_dim], packed KV [batch, seq,
+heads, 2, head_dim], keys and values per head [batch, heads, seq, head_dim]) or blocks of
+head_dim along a packed hidden axis ([batch, seq, heads * head_dim], the contrib ops and
+opset 23's 3-D form). A head goes when no kept output reads it: its output block is unread
+(the output projection's columns are masked) or constant zero (its value projection is masked:
+softmax(scores) @ 0 = 0, which the consumer absorbs). With grouped-query attention a
 key/value head serves `rep` query heads; the kept query heads are a product (kept K/V heads) x
 (kept ranks within a group), so that every K/V head still serves the same number of query
 heads, and a K/V head goes with all its query heads. `num_heads`-style attributes are
@@ -15,7 +17,9 @@ rewritten; the initializers (packed QKV weights and biases) are sliced by the ke
 
 Past key/value inputs, present outputs and attention biases with a head axis are sliced with
 the heads they hold (a K/V head's cache, a query head's bias); when they are graph inputs or
-outputs (the interface), their heads stay, exactly. Rotary embeddings act within a head and
+outputs (the interface), their heads stay, exactly, except a KV cache: a present output that
+extends its past input (`extends`) is one state the runtime feeds back, whose K/V heads go with
+their groups (analyze/cache.py). Rotary embeddings act within a head and
 need nothing. For `--groups` and `--prune` each op ties what goes with a head (or a K/V head
 with its query heads) together (`KeepView.unit`) and says where its heads are (`head_axis`).
 """
@@ -32,12 +36,14 @@ from onnxshrink.analyze.constants import ConstInfo
 from onnxshrink.analyze.keep import Reason
 from onnxshrink.ops.contract import (
     ConstView,
+    Dims,
     Handler,
     HeadAxis,
     KeepView,
     OpNode,
     Reader,
     RewriteView,
+    ShapeView,
     WeightAxes,
 )
 from onnxshrink.ops.fused_activation import MS
@@ -302,8 +308,10 @@ class _PackedHeads(Handler):
     evaluate_with_ort = True
     #: input slots: query, key, value, packed bias (None: no bias input)
     slots: tuple[int, int, int, int | None] = (0, 1, 2, 3)
-    #: inputs that carry every head when present (per-head biases)
+    #: inputs that carry every head when present and not one value (a quantized cache's scales)
     all_heads_inputs: tuple[int, ...] = ()
+    #: 1-D inputs of one value per query head ([heads]: a head sink): a head's value goes with it
+    per_head_slots: tuple[int, ...] = ()
     #: past key/value inputs ([B, kv heads, P, d]): each K/V head's cache goes with it
     past_slots: tuple[int, ...] = ()
     #: an attention mask that may have a head axis ([.., heads or 1, q, k])
@@ -338,7 +346,7 @@ class _PackedHeads(Handler):
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         got = self.layout(node)
-        if got is None or got[4]:
+        if got is None or got[4] or self.split_heads(node):
             return None
         hq, hkv, d, dv, _ = got
         _, _, vi, bi = self.slots
@@ -366,12 +374,16 @@ class _PackedHeads(Handler):
         hq, hkv, d, dv, packed = got
         qi, ki, vi, bi = self.slots
         q = node.inputs[qi]
-        kv_ins = [] if packed else [node.inputs[ki], node.inputs[vi]]
+        split = self.split_heads(node)
+        q_split = any(q is t for t, _ in split)
+        kv_ins = [] if packed else [ir.present(node, ki), ir.present(node, vi)]
+        kv_ins = [t for t in kv_ins if t is not None and not any(t is u for u, _ in split)]
         bias = ir.present(node, bi) if bi is not None else None
         pasts = self.pasts(node, hkv)
         mask = self.head_mask(node, hq)
-        ours = [*pasts, mask] if mask is not None else pasts
-        for t in [q, *kv_ins, bias, *ours]:
+        per_head = self.per_head(node, hq)
+        ours = [*pasts, *per_head, *([mask] if mask is not None else [])]
+        for t in [q, *kv_ins, *(t for t, _ in split), bias, *ours]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
             if i not in (qi, ki, vi, bi) and not any(t is o for o in ours):
@@ -382,8 +394,13 @@ class _PackedHeads(Handler):
         for t in kv_ins:
             ks.couple(t, 0, y, 0)
             ks.pin(t, 1, key)
-        if packed:
+        if packed or q_split:
             ks.pin(q, 1, key)
+        for t, a in split:  # heads an axis; the positions, parts (Q, K, V) and a head's dims whole
+            ks.couple(t, 0, y, 0)
+            for b in range(1, ir.rank(t) or 0):
+                if b != a:
+                    ks.pin(t, b, Reason("structure", node.name, node.op, "a head's positions, parts and dims go together"))
         for t in pasts:  # [B, kv heads, past positions, d]: a K/V head's slice of the cache
             ks.couple(t, 0, y, 0)
             ks.pin(t, 2, key)
@@ -402,11 +419,16 @@ class _PackedHeads(Handler):
             need_kv |= heads_read(kq[(hq + hkv) * d :], hkv)
         else:
             need_q |= heads_read(kq, hq)
-            need_kv |= heads_read(ks.kept(kv_ins[0], 2), hkv) | heads_read(ks.kept(kv_ins[1], 2), hkv)
+            for t in kv_ins:
+                need_kv |= heads_read(ks.kept(t, 2), hkv)
+        for t, a in split:  # its query heads are its K/V heads (layout: hq == hkv)
+            need_kv |= heads_read(ks.kept(t, a), hkv)
         for t in pasts:
             need_kv |= heads_read(ks.kept(t, 1), hkv)
         if mask is not None:
             need_q |= heads_read(ks.kept(mask, mask_heads(mask)), hq)
+        for t in per_head:
+            need_q |= heads_read(ks.kept(t, 0), hq)
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
@@ -417,16 +439,20 @@ class _PackedHeads(Handler):
         kcols, vcols = np.repeat(kv_heads, d), np.repeat(kv_heads, dv)
         if packed:
             keep_blocks(ks, q, 2, np.concatenate([qcols, kcols, vcols]), why)
-        else:
+        elif not q_split:
             keep_blocks(ks, q, 2, qcols, why)
-            keep_blocks(ks, kv_ins[0], 2, kcols, why)
-            keep_blocks(ks, kv_ins[1], 2, vcols, why)
+        for t, cols in zip(kv_ins, (kcols, vcols), strict=False):
+            keep_blocks(ks, t, 2, cols, why)
+        for t, a in split:
+            keep_blocks(ks, t, a, q_heads if t is q else kv_heads, why)
         if bias is not None:
             keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
         for t in pasts:
             keep_blocks(ks, t, 1, kv_heads, why)
         if mask is not None:
             keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
+        for t in per_head:
+            keep_blocks(ks, t, 0, q_heads, why)
         for out in node.outputs[1:3]:
             keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
@@ -443,7 +469,7 @@ class _PackedHeads(Handler):
     ) -> None:
         """Records (for the coupled groups) what goes with a K/V head: its query heads' output
         channels, query, key and value dims (and bias), its slice of the cache, and its query
-        heads' slices of a per-head attention bias."""
+        heads' slices of a per-head attention bias and of per-head inputs (a head sink)."""
         hq, hkv, d, dv, packed = got
         rep = hq // hkv
         y = node.outputs[0]
@@ -454,11 +480,15 @@ class _PackedHeads(Handler):
         qi, ki, vi, bi = self.slots
         parts = [(node.inputs[qi], np.concatenate([qg, kg, vg]) if packed else qg)]
         if not packed:
-            parts += [(node.inputs[ki], kg), (node.inputs[vi], vg)]
+            parts += [(ir.present(node, ki), kg), (ir.present(node, vi), vg)]
         bias = ir.present(node, bi) if bi is not None else None
+        split = self.split_heads(node)
         for t, groups_of in parts:
-            if ks.size(t, 2) == len(groups_of):
+            if t is not None and not any(t is u for u, _ in split) and ks.size(t, 2) == len(groups_of):
                 ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
+        for t, a in split:  # heads an axis: query heads (of their K/V heads) or K/V heads
+            groups_of = np.arange(hq) // rep if t is node.inputs[qi] else np.arange(hkv)
+            ks.unit(t, a, np.arange(len(groups_of)), y, 2, anchor[groups_of])
         if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
             ks.unit(bias, 0, np.arange(len(qg) + len(kg) + len(vg)), y, 2, anchor[np.concatenate([qg, kg, vg])])
         for t in [*pasts, *node.outputs[1:3]]:
@@ -466,6 +496,19 @@ class _PackedHeads(Handler):
                 ks.unit(t, 1, np.arange(hkv), y, 2, anchor)
         if mask is not None:
             ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+        for t in self.per_head(node, hq):
+            ks.unit(t, 0, np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+
+    def split_heads(self, node: gs.Node) -> list[tuple[gs.Tensor, int]]:
+        """Inputs whose heads are an axis of their own, with that axis, as `layout` accepted them
+        (MultiHeadAttention's packed QKV or KV [B, S, heads, parts, head_dim]: 2; its keys and
+        values given per head [B, heads, L, head_dim]: 1)."""
+        return []
+
+    def per_head(self, node: gs.Node, hq: int) -> list[gs.Tensor]:
+        """The per-query-head inputs present, when they are [`hq`]."""
+        found = [ir.present(node, i) for i in self.per_head_slots]
+        return [t for t in found if t is not None and ir.rank(t) == 1 and ir.static_dim(t, 0) == hq]
 
     def input_dims(
         self, node: OpNode, dims: Callable[[str], Sequence[int | None] | None]
@@ -512,12 +555,17 @@ class _PackedHeads(Handler):
         return [t for t in found if t is not None and ir.rank(t) == 4 and ir.static_dim(t, 1) == hkv]
 
     def every_head(self, node: gs.Node, ks: KeepView, outputs: Sequence[gs.Tensor], hq: int, hkv: int) -> bool:
-        """Inputs that carry every head (a head sink, a mask or a cache whose head axis is not
-        the heads) or other outputs that are read with one (the scores): no head can go."""
-        if any(ir.present(node, i) is not None for i in self.all_heads_inputs):
-            return True
+        """Inputs that carry every head (a quantized cache's scales, a head sink, mask or cache
+        whose head axis is not the heads) or other outputs that are read with one (the scores):
+        no head can go."""
+        for i in self.all_heads_inputs:
+            t = ir.present(node, i)
+            if t is not None and any(d != 1 for d in ir.dims(t) or [None]):
+                return True
         present = [i for i in self.past_slots if ir.present(node, i) is not None]
         if len(self.pasts(node, hkv)) != len(present):
+            return True
+        if len(self.per_head(node, hq)) != sum(ir.present(node, i) is not None for i in self.per_head_slots):
             return True
         mask = ir.present(node, self.mask_slot) if self.mask_slot is not None else None
         if mask is not None and (ir.rank(mask) or 0) >= 3 and ir.static_dim(mask, -3) != 1:
@@ -551,6 +599,61 @@ class MultiHeadAttention(_PackedHeads):
         heads = int(node.attrs.get("num_heads", 0))
         return (heads, heads) if heads > 0 else None
 
+    def layout(self, node: gs.Node) -> tuple[int, int, int, int, bool] | None:
+        """Also the packed forms: QKV in the query, [B, S, heads, 3, d] (key and value absent),
+        or KV in the key, [B, L, heads, 2, d] (value absent); the heads are their axis 2. And
+        keys and values per head, [B, heads, L, d] (a cross-attention's cache), without a bias."""
+        q, k, v = (ir.present(node, i) for i in (0, 1, 2))
+        if q is not None and k is not None and v is not None and ir.rank(k) == 4 and ir.rank(v) == 4:
+            return self.per_head_kv(node, q, k, v)
+        if q is None or not (ir.rank(q) == 5 or (k is not None and ir.rank(k) == 5)):
+            return super().layout(node)
+        counts = self.head_counts(node)
+        five = q if ir.rank(q) == 5 else k
+        assert five is not None
+        parts = 3 if five is q else 2
+        if counts is None or v is not None or (five is q and k is not None):
+            return None
+        heads, d = counts[0], ir.static_dim(five, 4)
+        if ir.static_dim(five, 2) != heads or ir.static_dim(five, 3) != parts or not d:
+            return None
+        if five is k and (ir.rank(q) != 3 or ir.static_dim(q, 2) != heads * d):
+            return None
+        return heads, heads, d, d, False
+
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
+        """The output [B, S, heads * dv] where shape inference leaves it unknown (onnxruntime's
+        gives none with keys and values per head)."""
+        got = self.layout(node)
+        qd = ir.dims(node.inputs[0])
+        if got is None or qd is None or len(qd) not in (3, 5):
+            return None
+        return [qd[0], qd[1], got[0] * got[3]]
+
+    def per_head_kv(
+        self, node: gs.Node, q: gs.Tensor, k: gs.Tensor, v: gs.Tensor
+    ) -> tuple[int, int, int, int, bool] | None:
+        """Keys and values [B, heads, L, d] and [B, heads, L, dv] with a query [B, S, heads * d]."""
+        counts = self.head_counts(node)
+        if counts is None or ir.present(node, self.slots[3]) is not None or ir.rank(q) != 3:
+            return None  # a bias's K and V parts would be added to given keys and values: not read here
+        heads = counts[0]
+        d, dv = ir.static_dim(k, 3), ir.static_dim(v, 3)
+        if ir.static_dim(k, 1) != heads or ir.static_dim(v, 1) != heads or not d or not dv:
+            return None
+        if ir.static_dim(q, 2) != heads * d:
+            return None
+        return heads, heads, d, dv, False
+
+    def split_heads(self, node: gs.Node) -> list[tuple[gs.Tensor, int]]:
+        if self.layout(node) is None:
+            return []
+        return [
+            (t, 2 if ir.rank(t) == 5 else 1)
+            for t in node.inputs[:3]
+            if t is not None and t.name and ir.rank(t) in (4, 5)
+        ]
+
     def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
         """present_key/value: past_key/value [B, heads, P, d] extended along the sequence."""
         return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
@@ -564,11 +667,13 @@ class MultiHeadAttention(_PackedHeads):
 @register("GroupQueryAttention", domain=MS)
 class GroupQueryAttention(_PackedHeads):
     """query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
-    sin_cache, position_ids, attention_bias, head_sink; a K/V head serves
-    num_heads / kv_num_heads query heads."""
+    sin_cache, position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+    k_norm_weight, query_seqlens; a K/V head serves num_heads / kv_num_heads query heads.
+    The Q/K norm weights are [head_size], shared by the heads."""
 
     slots = (0, 1, 2, None)
-    all_heads_inputs = (11,)  # head_sink
+    per_head_slots = (11,)  # head_sink [num_heads]
+    all_heads_inputs = (12, 13)  # k_scale, v_scale of a quantized cache (per channel: unread here)
     past_slots = (3, 4)
     mask_slot = 10  # attention_bias
 
@@ -602,6 +707,11 @@ class OnnxAttention(_PackedHeads):
     def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
         return (hq, hkv) if hq > 0 and hkv > 0 else None
+
+    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
+        """present_key/value: past_key/value [B, kv heads, P, d] (in the 3-D form too) with this
+        step's keys/values appended along the sequence."""
+        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
 
     def four_d(self, node: gs.Node) -> tuple[int, int] | None:
         """(query heads, K/V heads) of the 4-D form, when static."""

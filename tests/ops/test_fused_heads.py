@@ -501,3 +501,270 @@ def test_onnx_attention_4d_a_past_computed_in_the_graph_goes_with_its_kv_head():
     for w in ("Wk", "Wv", "Wpk", "Wpv"):
         assert dead(masks[w], 1) == blocks([j], 2)
     assert shapes(result.model)["Wpk"] == (8, 2) and shapes(result.model)["Wq"] == (8, 4)
+
+
+# ------------------------------------------------------------------ KV caches in the interface
+def check_cache(model: onnx.ModelProto, result, feeds: dict, pasts: tuple[str, ...], kept: list[int]) -> None:
+    """The input with the masks applied here, fed the whole cache (random in the removed K/V
+    heads too), against the shrunk model fed the kept K/V heads, with onnxruntime: the output
+    equal, each present equal on the kept heads."""
+    shrunk_feeds = {k: (v[:, kept] if k in pasts else v) for k, v in feeds.items()}
+    want = run(zeroed(model, result.masks), feeds)
+    got = run(result.model, shrunk_feeds)
+    assert got[0].shape == want[0].shape
+    assert np.abs(got[0] - want[0]).max() <= 1e-5 * np.abs(want[0]).max()
+    for a, b in zip(want[1:], got[1:], strict=True):
+        assert b.shape == a[:, kept].shape
+        assert np.abs(a[:, kept] - b).max() <= 1e-5 * np.abs(a).max()
+
+
+ONNX_CACHE_3D = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[1, 2, 8] x, float[1, 2, 3, 2] past_k, float[1, 2, 3, 2] past_v, float[8, 8] Wq, float[8, 4] Wk, float[8, 4] Wv, float[8] Bv, float[8, 8] Wo) => (float[1, 2, 8] y, float[1, 2, 5, 2] pk, float[1, 2, 5, 2] pv) {
+  q = MatMul (x, Wq)
+  k = MatMul (x, Wk)
+  v0 = MatMul (x, Wv)
+  v = Add (v0, Bv)
+  a, pk, pv = Attention <q_num_heads = 4, kv_num_heads = 2> (q, k, v, , past_k, past_v)
+  y = MatMul (a, Wo)
+}""".replace("float[8] Bv", "float[4] Bv")
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_onnx_attention_3d_a_kv_cache_in_the_interface_goes_with_its_groups(init):
+    # Attention.extends: present_key/value extend past_key/value along the sequence, one state
+    # the runtime feeds back; a K/V group takes its slice of both (analyze/cache.py).
+    model = tiny(ONNX_CACHE_3D, values={"Bv": np.zeros(4)} if init == "default" else None)
+    groups = [g for g in find_groups(model).groups if g.unit.kind == "kv_group"]
+    assert len(groups) == 2 and all(g.exact and g.unit.query_heads == 2 for g in groups)
+    result = prune(model, 0.5, validate=False, price=False)
+    masks = result.masks
+    [j] = kv_gone(masks, d=2)
+    feeds = {"x": x(1, 2, 8), "past_k": x(1, 2, 3, 2), "past_v": x(1, 2, 3, 2)}
+    check_cache(model, result, feeds, ("past_k", "past_v"), [1 - j])
+    assert dead(masks["Wq"], 1) == blocks(range(2 * j, 2 * j + 2), 2)
+    assert dead(masks["Wk"], 1) == dead(masks["Wv"], 1) == dead(masks["Bv"], 0) == blocks([j], 2)
+    s = shapes(result.model)
+    assert s["Wq"] == (8, 4) and s["Wk"] == s["Wv"] == (8, 2) and s["Bv"] == (2,) and s["Wo"] == (4, 8)
+    a = attrs(result.model, "Attention")
+    assert a["q_num_heads"] == 2 and a["kv_num_heads"] == 1
+    assert result.shrink.before.params - result.shrink.after.params == 8 * 4 + 2 * 8 * 2 + 2 + 4 * 8
+    assert [c.text() for c in result.shrink.interface_changes] == [
+        "input past_k [1,2,3,2] -> [1,1,3,2]",
+        "input past_v [1,2,3,2] -> [1,1,3,2]",
+        "output pk [1,2,5,2] -> [1,1,5,2]",
+        "output pv [1,2,5,2] -> [1,1,5,2]",
+    ]
+
+
+ONNX_CACHE_4D = """<ir_version: 10, opset_import: ["" : 23]>
+g (float[1, 2, 8] x, float[1, 2, 3, 2] past_k, float[1, 2, 3, 2] past_v, float[8, 8] Wq, float[8, 4] Wk, float[8, 4] Wv, float[8, 8] Wo) => (float[1, 2, 8] y, float[1, 2, 5, 2] pk, float[1, 2, 5, 2] pv) {
+  q = MatMul (x, Wq)
+  k = MatMul (x, Wk)
+  v = MatMul (x, Wv)
+  qs = Constant <value = int64[4] {1, 2, 4, 2}> ()
+  ks = Constant <value = int64[4] {1, 2, 2, 2}> ()
+  back = Constant <value = int64[3] {1, 2, 8}> ()
+  q4 = Reshape (q, qs)
+  k4 = Reshape (k, ks)
+  v4 = Reshape (v, ks)
+  qt = Transpose <perm = [0, 2, 1, 3]> (q4)
+  kt = Transpose <perm = [0, 2, 1, 3]> (k4)
+  vt = Transpose <perm = [0, 2, 1, 3]> (v4)
+  a, pk, pv = Attention (qt, kt, vt, , past_k, past_v)
+  at = Transpose <perm = [0, 2, 1, 3]> (a)
+  a3 = Reshape (at, back)
+  y = MatMul (a3, Wo)
+}"""
+
+
+def test_onnx_attention_4d_a_kv_cache_in_the_interface_goes_with_its_groups():
+    model = tiny(ONNX_CACHE_4D)
+    groups = [g for g in find_groups(model).groups if g.unit.kind == "kv_group"]
+    assert len(groups) == 2 and all(g.exact and g.unit.query_heads == 2 for g in groups)
+    result = prune(model, 0.5, validate=False, price=False)
+    [j] = kv_gone(result.masks, d=2)
+    feeds = {"x": x(1, 2, 8), "past_k": x(1, 2, 3, 2), "past_v": x(1, 2, 3, 2)}
+    check_cache(model, result, feeds, ("past_k", "past_v"), [1 - j])
+    assert dead(result.masks["Wk"], 1) == dead(result.masks["Wv"], 1) == blocks([j], 2)
+    s = shapes(result.model)
+    assert s["Wq"] == (8, 4) and s["Wk"] == s["Wv"] == (8, 2) and s["Wo"] == (4, 8)
+    assert result.shrink.before.params - result.shrink.after.params == 8 * 4 + 2 * 8 * 2 + 4 * 8
+    assert [c.text() for c in result.shrink.interface_changes][::2] == [
+        "input past_k [1,2,3,2] -> [1,1,3,2]",
+        "output pk [1,2,5,2] -> [1,1,5,2]",
+    ]
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_group_query_attention_a_head_sink_goes_with_its_heads(init):
+    # head_sink [num_heads] (one softmax sink a query head, onnxruntime's GQA input 11): a
+    # query head's value goes with it, and the sinks of its K/V group's heads with the group
+    text = GQA.replace("int32 total)", "int32 total, float[4] Sink)").replace(
+        "(q, k, v, , , seqlens, total)", "(q, k, v, , , seqlens, total, , , , , Sink)"
+    )
+    model = tiny(text, values={"Sink": np.zeros(4)} if init == "default" else None)
+    groups = [g for g in find_groups(model).groups if g.unit.kind == "kv_group"]
+    assert len(groups) == 2 and all(g.exact for g in groups)
+    assert {g.params for g in groups} == {16 * 16 + 2 * 16 * 8 + 16 * 16 + 2}
+    result, masks = pruned(model, {"x": x(1, 5, 16), **GQA_FEEDS})
+    [j] = kv_gone(masks)
+    assert dead(masks["Sink"], 0) == [2 * j, 2 * j + 1]
+    s = shapes(result.model)
+    assert s["Sink"] == (2,) and s["Wq"] == (16, 16) and s["Wk"] == s["Wv"] == (16, 8)
+    assert result.shrink.before.params - result.shrink.after.params == 16 * 16 + 2 * 16 * 8 + 16 * 16 + 2
+    assert {k: v for k, v in attrs(result.model, "GroupQueryAttention").items() if "heads" in k} == {
+        "num_heads": 2,
+        "kv_num_heads": 1,
+    }
+
+
+def test_group_query_attention_a_head_sink_on_query_ranks():
+    # Masks on query heads 1 and 3 (rank 1 of both groups): their sinks go, the K/V heads stay
+    text = GQA.replace("int32 total)", "int32 total, float[4] Sink)").replace(
+        "(q, k, v, , , seqlens, total)", "(q, k, v, , , seqlens, total, , , , , Sink)"
+    )
+    model = tiny(text, zero={"Wo": np.s_[[*range(8, 16), *range(24, 32)]]})
+    result = shrink(model, validate=False)
+    s = shapes(result.model)
+    assert s["Sink"] == (2,) and s["Wq"] == (16, 16) and s["Wk"] == (16, 16)
+    got_sink = onnx.numpy_helper.to_array(next(t for t in result.model.graph.initializer if t.name == "Sink"))
+    want_sink = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "Sink"))[[0, 2]]
+    assert np.array_equal(got_sink, want_sink)
+    feeds = {"x": x(1, 5, 16), **GQA_FEEDS}
+    for want, got in zip(run(model, feeds), run(result.model, feeds), strict=True):
+        assert np.abs(want - got).max() <= 1e-5 * np.abs(want).max()
+
+
+# ------------------------------------------------------------------ MultiHeadAttention, packed
+def unpacked(model: onnx.ModelProto, slot: int, parts: int) -> onnx.ModelProto:
+    """The model with MultiHeadAttention's packed input `slot` ([B, S, heads, parts, d]: QKV in
+    the query, KV in the key) given as its 3-D parts, [B, S, heads * d] each (the spec's layout),
+    which onnxruntime's CPU kernel runs (it has no packed forms): both sides of a comparison are
+    made so here, the same way."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    [k] = [i for i, n in enumerate(g.node) if n.op_type == "MultiHeadAttention"]
+    node = g.node[k]
+    packed = node.input[slot]
+    g.initializer.append(onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64), "flat3"))
+    made, names = [], []
+    for p in range(parts):
+        g.initializer.append(onnx.numpy_helper.from_array(np.array(p, np.int64), f"part{p}"))
+        made.append(onnx.helper.make_node("Gather", [packed, f"part{p}"], [f"{packed}_{p}4"], axis=3))
+        made.append(onnx.helper.make_node("Reshape", [f"{packed}_{p}4", "flat3"], [f"{packed}_{p}"]))
+        names.append(f"{packed}_{p}")
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    inputs[slot : slot + parts] = names
+    node.ClearField("input")
+    node.input.extend(inputs)
+    for n in reversed(made):
+        g.node.insert(k, n)
+    return out
+
+
+MHA_QKV5 = MS + """
+g (float[1, 5, 8] x, float[8, 24] W, float[24] B, float[8, 8] Wo) => (float[1, 5, 8] y) {
+  p = MatMul (x, W)
+  s5 = Constant <value = int64[5] {1, 5, 4, 3, 2}> ()
+  qkv = Reshape (p, s5)
+  a = com.microsoft.MultiHeadAttention <num_heads = 4> (qkv, , , B)
+  y = MatMul (a, Wo)
+}"""
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_multihead_attention_packed_qkv_heads_are_its_axis_2(init):
+    # W's columns are [heads, Q K V, d]: head h's are 6h .. 6h + 5; B is Q | K | V, each [heads, d]
+    model = tiny(MHA_QKV5, values={"B": np.zeros(24)} if init == "default" else None)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    assert {g.params for g in heads} == {8 * 6 + 6 + 2 * 8}
+    result = prune(model, 0.5, validate=False, price=False)
+    masks = result.masks
+    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    assert len(gone) == 2 and dead(masks["Wo"], 0) == blocks(gone, 2)
+    assert dead(masks["W"], 1) == blocks(gone, 6)
+    assert dead(masks["B"], 0) == sorted(blocks(gone, 2) + blocks(gone, 2, 8) + blocks(gone, 2, 16))
+    feeds = {"x": x(1, 5, 8)}
+    want = run(unpacked(zeroed(model, masks), 0, 3), feeds)[0]
+    got = run(unpacked(result.model, 0, 3), feeds)[0]
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    s = shapes(result.model)
+    assert s["W"] == (8, 12) and s["B"] == (12,) and s["Wo"] == (4, 8)
+    assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
+    assert result.shrink.before.params - result.shrink.after.params == 2 * (8 * 6 + 6 + 2 * 8)
+
+
+MHA_KV5 = MS + """
+g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 8] Wq, float[8, 16] Wkv, float[8, 8] Wo) => (float[1, 5, 8] y) {
+  q = MatMul (x, Wq)
+  p = MatMul (ctx, Wkv)
+  s5 = Constant <value = int64[5] {1, 3, 4, 2, 2}> ()
+  kv = Reshape (p, s5)
+  a = com.microsoft.MultiHeadAttention <num_heads = 4> (q, kv)
+  y = MatMul (a, Wo)
+}"""
+
+
+def test_multihead_attention_packed_kv_heads_go_with_their_queries():
+    model = tiny(MHA_KV5)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact for g in heads)
+    result = prune(model, 0.5, validate=False, price=False)
+    masks = result.masks
+    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    assert len(gone) == 2
+    assert dead(masks["Wq"], 1) == blocks(gone, 2) and dead(masks["Wkv"], 1) == blocks(gone, 4)
+    feeds = {"x": x(1, 5, 8), "ctx": x(1, 3, 8)}
+    want = run(unpacked(zeroed(model, masks), 1, 2), feeds)[0]
+    got = run(unpacked(result.model, 1, 2), feeds)[0]
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    s = shapes(result.model)
+    assert s["Wq"] == (8, 4) and s["Wkv"] == (8, 8) and s["Wo"] == (4, 8)
+    assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
+    assert result.shrink.before.params - result.shrink.after.params == 2 * (8 * 2 + 8 * 4 + 2 * 8)
+
+
+MHA_KV4 = MS + """
+g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 8] Wq, float[8, 8] Wk, float[8, 8] Wv, float[8, 8] Wo) => (float[1, 5, 8] y) {
+  q = MatMul (x, Wq)
+  k = MatMul (ctx, Wk)
+  v = MatMul (ctx, Wv)
+  ks = Constant <value = int64[4] {1, 3, 4, 2}> ()
+  k4 = Reshape (k, ks)
+  v4 = Reshape (v, ks)
+  kt = Transpose <perm = [0, 2, 1, 3]> (k4)
+  vt = Transpose <perm = [0, 2, 1, 3]> (v4)
+  a = com.microsoft.MultiHeadAttention <num_heads = 4> (q, kt, vt)
+  y = MatMul (a, Wo)
+}"""
+
+
+def test_multihead_attention_keys_and_values_per_head_go_with_their_heads():
+    # a cross-attention's keys and values given per head, [B, heads, L, d]
+    model = tiny(MHA_KV4)
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    result, masks = pruned(model, {"x": x(1, 5, 8), "ctx": x(1, 3, 8)})
+    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    assert len(gone) == 2 and dead(masks["Wo"], 0) == blocks(gone, 2)
+    for w in ("Wq", "Wk", "Wv"):
+        assert dead(masks[w], 1) == blocks(gone, 2)
+    s = shapes(result.model)
+    assert s["Wq"] == s["Wk"] == s["Wv"] == (8, 4) and s["Wo"] == (4, 8)
+    assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
+    assert result.shrink.before.params - result.shrink.after.params == 2 * 4 * 2 * 8
+
+
+def test_group_query_attention_a_quantized_caches_channel_scales_keep_every_head():
+    # k_scale/v_scale per channel (a quantized cache): their layout is not read here, so no
+    # K/V group can go; one scale for the whole cache leaves the groups as they are
+    for size, exact in ((16, False), (1, True)):
+        text = GQA.replace("int32 total)", f"int32 total, float[{size}] Ks, float[{size}] Vs)").replace(
+            "(q, k, v, , , seqlens, total)", "(q, k, v, , , seqlens, total, , , , , , Ks, Vs)"
+        )
+        groups = [g for g in find_groups(tiny(text)).groups if g.unit.kind == "kv_group"]
+        assert len(groups) == 2 and all(g.exact == exact for g in groups)
+        if not exact:
+            assert all("carries every head" in (g.reason or "") for g in groups)
