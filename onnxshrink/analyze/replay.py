@@ -401,6 +401,7 @@ def replay(
     enough: Enough | None = None,
     known: Mapping[tuple[int, int], np.ndarray] | None = None,
     whole: bool = True,
+    presumed: Mapping[tuple[int, int], np.ndarray] | None = None,
 ) -> Replayed:
     """Replay `node`. `inputs`: an array per input (its value for constant inputs, any array of
     the right shape and type for live ones; None for absent ones); `live`: which inputs are live
@@ -414,6 +415,11 @@ def replay(
     no finding about (they are kept already): not probed, their relation rows stay empty.
     `whole`: also redraw each live input whole, for `depends`; without, `depends` holds what
     the slices' probes changed only, and a draw's base runs only when a probe needs it.
+    `presumed[(i, axis)]` (with `enough`): slices the caller expects to be needed. In each draw
+    those still pending are first redrawn together, in one run; if what that run changes is
+    `enough`, each of them is settled with that union as its relation row (keeping is always
+    safe: this can only keep more than probing them alone would), else they are probed alone.
+    A slice is found unneeded only by probes of it alone, in every draw.
 
     The probes are run draw by draw: draw d of every slice the earlier draws did not settle,
     each slice redrawn alone (its values from one fresh draw of the whole input), the outputs
@@ -437,7 +443,7 @@ def replay(
         if key in _REPLAYS:
             _REPLAYS.move_to_end(key)
             return _REPLAYS[key]
-    found = _replay(runner, inputs, live, axes, seed, fixed, enough, known, whole)
+    found = _replay(runner, inputs, live, axes, seed, fixed, enough, known, whole, presumed)
     if key is not None:
         _REPLAYS[key] = found
         held = sum(_nbytes(r) for r in _REPLAYS.values())
@@ -469,6 +475,7 @@ def _replay(
     enough: Enough | None,
     known: Mapping[tuple[int, int], np.ndarray] | None,
     whole: bool,
+    presumed: Mapping[tuple[int, int], np.ndarray] | None = None,
 ) -> Replayed:
     rng = np.random.default_rng(seed)
     live_inputs = [k for k, is_live in enumerate(live) if is_live]
@@ -537,8 +544,50 @@ def _replay(
                     out = outs[d] = runner.run(bases[d])
                     for o, after in enumerate(out):
                         _same_shape(first[o], after)
-                _probe(runner, bases[d], out, i, axis, todo, fresh, rel, depends)
+                alone = np.ones(len(todo), bool)  # (places in todo) still to probe alone
+                if enough is not None and presumed is not None and (i, axis) in presumed:
+                    together = np.asarray(presumed[(i, axis)], bool)[todo]
+                    if together.sum() > 1:
+                        rows = _together(runner, bases[d], out, i, axis, todo[together], fresh[_at(axis, together)], depends)
+                        if enough(i, axis, rows):
+                            for o, rows_o in enumerate(rows):
+                                for b, row in enumerate(rows_o):
+                                    rel[o][b][todo[together]] |= row
+                            pending[todo[together]] = False
+                            alone &= ~together
+                if alone.any():
+                    _probe(runner, bases[d], out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
     return Replayed(relation, depends, first)
+
+
+def _at(axis: int, which: np.ndarray) -> tuple[slice | np.ndarray, ...]:
+    return (slice(None),) * axis + (which,)
+
+
+def _together(
+    runner: NodeRunner,
+    base: list[np.ndarray | None],
+    out: list[np.ndarray],
+    i: int,
+    axis: int,
+    slices: np.ndarray,
+    fresh: np.ndarray,
+    depends: list[np.ndarray],
+) -> list[list[np.ndarray]]:
+    """Run `base` with every slice of `slices` of input i along `axis` from `fresh` (slice k:
+    slices[k]) at once: per output o and axis b, the indices the run changes."""
+    x = base[i]
+    assert x is not None
+    part = x.copy()
+    part[_at(axis, slices)] = fresh
+    rows: list[list[np.ndarray]] = []
+    for o, after in enumerate(runner.run([part if n == i else a for n, a in enumerate(base)])):
+        _same_shape(out[o], after)
+        changed = _changed(out[o], after)
+        depends[o] |= changed
+        other = [tuple(k for k in range(changed.ndim) if k != b) for b in range(changed.ndim)]
+        rows.append([np.asarray(changed.any(axis=axes)) for axes in other])
+    return rows
 
 
 def _probe(
