@@ -21,12 +21,13 @@ the flat regions where a gradient is zero.)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import onnx
@@ -752,6 +753,32 @@ def _settled(
     mask = np.broadcast_to(fixed[0], shape)
     other = tuple(k for k in range(len(shape)) if k != axis)
     return np.asarray(mask.all(axis=other)) if other else mask
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_scopes = [0]  # calls of a `scoped` function running now
+
+
+def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fn` (a shrink, a prune, an analysis) with the replay's caches (sessions, whole replays,
+    commutes checks) kept while it runs and freed when the outermost such call returns: within
+    one call they are hit as before (a prune analyzes twice, a failed proof re-analyzes); after
+    it nothing holds the sessions' weights (up to _RUNNERS_BYTES + _REPLAYS_BYTES)."""
+
+    @functools.wraps(fn)
+    def within(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        _scopes[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _scopes[0] -= 1
+            if not _scopes[0]:
+                _RUNNERS.clear()
+                _REPLAYS.clear()
+                _COMMUTES.clear()
+
+    return within
 
 
 def _draw(rng: np.random.Generator, like: np.ndarray, scale: float, sign: int) -> np.ndarray:

@@ -311,3 +311,22 @@ def test_a_piecewise_op_in_replay_mode_keeps_every_channel_it_passes_on():
     assert shapes(replayed.model) == shapes(rules.model)
     assert shapes(replayed.model)["W1"] == (4, 3, 3, 3) and shapes(replayed.model)["W2"] == (4, 4, 1, 1)
 
+
+def test_the_caches_hold_within_a_shrink_and_are_freed_after_it(monkeypatch):
+    # Two Softsign nodes alike (no rule: replayed): one session for both within the shrink;
+    # when shrink returns no session is held.
+    from onnxshrink.analyze import replay as engine
+
+    sessions = []
+    make = engine._session
+    monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
+    text = BETWEEN.format(op="Softsign").replace("y = Conv (s, W2, B2)", "t = Softsign (s)\n  y = Conv (t, W2, B2)")
+    with without_rule("Softsign"):
+        result = shrink_checked(tiny(text, zero=DEAD))
+    assert [r["op"] for r in result.replayed] == ["Softsign", "Softsign"]
+    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+    # Softsign has no float64 kernel: that session fails, then the float32 one, which both
+    # nodes share (the commutes checks slice an axis: sessions of their own shapes).
+    whole = [m for m in sessions if [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 6, 6, 6]]
+    assert len(whole) == 2
+    assert not engine._RUNNERS and not engine._REPLAYS and not engine._COMMUTES
