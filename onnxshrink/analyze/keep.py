@@ -515,7 +515,12 @@ class KeepState:
             return
         for i, a in wanted:
             t = node.inputs[i]
-            for j in np.flatnonzero(found.needed(i, a, kept)):
+            st = self._state(t)
+            have = st[a] if a < len(st) else None
+            if have is None:
+                continue  # not prunable: kept whole (keep() would do nothing)
+            # (a slice kept already needs no witness: keep() would change nothing)
+            for j in np.flatnonzero(found.needed(i, a, kept) & ~have):
                 w = found.witness(i, a, int(j), kept)
                 detail = (
                     ""

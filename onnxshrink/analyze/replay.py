@@ -238,10 +238,15 @@ class NodeRunner:
             try:
                 self.session = _session(_model(node, arrays, self.live, opset))
                 self.templates = arrays
-                self.run(arrays)
                 start = time.perf_counter()
                 outputs = self.run(arrays)
                 seconds = time.perf_counter() - start
+                # A first run pays allocations and prepacking: timed again, steady, unless it
+                # was far too slow for copies anyway (a large conv: a full run saved).
+                if seconds < _COLD * _BATCH_BELOW:
+                    start = time.perf_counter()
+                    outputs = self.run(arrays)
+                    seconds = time.perf_counter() - start
                 break
             except Exception as exc:  # no kernel for these types: try the next
                 failure = exc
@@ -340,6 +345,7 @@ _RUNNERS_BYTES = 1 << 28
 # A node whose run takes less than this gets a session of copies, up to _COPIES of them and
 # _BATCH_BYTES of inputs and outputs (the per-call cost is then shared).
 _BATCH_BELOW = 5e-4
+_COLD = 20  # a first run at most this many times slower than steady ones
 _COPIES = 32
 _BATCH_BYTES = 1 << 26
 
@@ -415,7 +421,8 @@ def replay(
     the relation are then partial for that slice. `known[(i, axis)]`: slices the caller needs
     no finding about (they are kept already): not probed, their relation rows stay empty.
     `whole`: also redraw each live input whole, for `depends`; without, `depends` holds what
-    the slices' probes changed only, and a draw's base runs only when a probe needs it.
+    the slices' probes changed only, and a draw's base is drawn and run only when a probe needs
+    it (the values then come from the generator in the order they are needed).
     `presumed[(i, axis)]` (with `enough`): slices the caller expects to be needed. In each draw
     those still pending are first redrawn together, in one run; if what that run changes is
     `enough`, each of them is settled with that union as its relation row (keeping is always
@@ -481,24 +488,30 @@ def _replay(
     rng = np.random.default_rng(seed)
     live_inputs = [k for k, is_live in enumerate(live) if is_live]
     depends: list[np.ndarray] = []
-    bases: list[list[np.ndarray | None]] = []
-    outs: list[list[np.ndarray] | None] = []
-    for d, ((base_scale, base_sign), (new_scale, new_sign)) in enumerate(DRAWS):
-        base = [
-            _fix(_draw(rng, a, base_scale, base_sign), fixed.get(i))
-            if live[i] and a is not None
-            else a
-            for i, a in enumerate(runner.templates)
-        ]
-        bases.append(base)
-        outs.append(runner.run(base) if whole or not d else None)  # else run when probed
+    bases: list[list[np.ndarray | None] | None] = [None] * len(DRAWS)
+    outs: list[list[np.ndarray] | None] = [None] * len(DRAWS)
+
+    def base_of(d: int) -> list[np.ndarray | None]:
+        """Draw d's base values, drawn when first asked for (a draw no probe reaches costs no
+        drawing: redrawing a large input whole costs more than running a cheap node)."""
+        base = bases[d]
+        if base is None:
+            scale, sign = DRAWS[d][0]
+            base = bases[d] = [
+                _fix(_draw(rng, a, scale, sign), fixed.get(i)) if live[i] and a is not None else a
+                for i, a in enumerate(runner.templates)
+            ]
+        return base
+
+    # Without `whole`, only the first draw's base runs here; the others when a slice is probed.
+    for d, (_, (new_scale, new_sign)) in enumerate(DRAWS if whole else DRAWS[:1]):
+        base = base_of(d)
+        outs[d] = runner.run(base)
         if not d:
             depends = [np.zeros(o.shape, dtype=bool) for o in outs[0]]  # type: ignore[union-attr]
-        for i in live_inputs:
+        for i in live_inputs if whole else ():
             # The whole input redrawn: every element it reaches (a scalar input too).
             values = _draw(rng, base[i], new_scale, new_sign)  # type: ignore[arg-type]
-            if not whole:
-                continue  # drawn all the same: the next draws' bases are the usual ones
             out = outs[d]
             assert out is not None
             redrawn = list(base)
@@ -510,7 +523,7 @@ def _replay(
     assert first is not None
     relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
     for i in live_inputs:
-        shape = bases[0][i].shape  # type: ignore[union-attr]
+        shape = base_of(0)[i].shape  # type: ignore[union-attr]
         for axis in axes.get(i, ()):
             rel = relation.setdefault(
                 (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in first]
@@ -533,7 +546,7 @@ def _replay(
                 todo = np.flatnonzero(pending)
                 if not len(todo):
                     break
-                x = bases[d][i]
+                x = base_of(d)[i]
                 assert x is not None
                 # The new values of the slices to probe (slice k: slice todo[k] of the input).
                 fresh = _draw(rng, np.take(x, todo, axis=axis), new_scale, new_sign)
@@ -542,14 +555,14 @@ def _replay(
                     fresh = np.where(mask, value, fresh).astype(fresh.dtype)
                 out = outs[d]
                 if out is None:
-                    out = outs[d] = runner.run(bases[d])
+                    out = outs[d] = runner.run(base_of(d))
                     for o, after in enumerate(out):
                         _same_shape(first[o], after)
                 alone = np.ones(len(todo), bool)  # (places in todo) still to probe alone
                 if enough is not None and presumed is not None and (i, axis) in presumed:
                     together = np.asarray(presumed[(i, axis)], bool)[todo]
                     if together.sum() > 1:
-                        rows = _together(runner, bases[d], out, i, axis, todo[together], fresh[_at(axis, together)], depends)
+                        rows = _together(runner, base_of(d), out, i, axis, todo[together], fresh[_at(axis, together)], depends)
                         if enough(i, axis, rows):
                             for o, rows_o in enumerate(rows):
                                 for b, row in enumerate(rows_o):
@@ -557,7 +570,7 @@ def _replay(
                             pending[todo[together]] = False
                             alone &= ~together
                 if alone.any():
-                    _probe(runner, bases[d], out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
+                    _probe(runner, base_of(d), out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
     return Replayed(relation, depends, first)
 
 
