@@ -520,15 +520,18 @@ class KeepState:
             if have is None:
                 continue  # not prunable: kept whole (keep() would do nothing)
             # (a slice kept already needs no witness: keep() would change nothing)
+            joint = found.joint.get((i, a))
             for j in np.flatnonzero(found.needed(i, a, kept) & ~have):
                 w = found.witness(i, a, int(j), kept)
-                detail = (
-                    ""
-                    if w is None
-                    else (
-                        f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
+                if w is None:
+                    detail = ""
+                elif joint is not None and joint[j]:  # settled with the rule's other needs
+                    detail = (
+                        f"redrawn together with the {int(joint.sum()) - 1} other slices its rule "
+                        f"needs, output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) changes"
                     )
-                )
+                else:
+                    detail = f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
                 self.keep(t, a, [int(j)], Reason("replay", node.name, node.op, detail))
 
     def _replay(

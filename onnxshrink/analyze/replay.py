@@ -26,7 +26,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
@@ -81,11 +81,14 @@ class Replayed:
 
     `relation[(i, a)][o][b]`: bool [size of input i's axis a, size of output o's axis b]: slice j
     of input i along axis a changes index k of output o along axis b (in some draw).
-    `depends[o]`: bool, output o's shape: the element changes with some live input slice."""
+    `depends[o]`: bool, output o's shape: the element changes with some live input slice.
+    `joint[(i, a)]`: bool per slice: settled by a run that redrew it with the other presumed
+    slices (`replay(presumed=...)`); its relation row is that run's changes."""
 
     relation: dict[tuple[int, int], list[list[np.ndarray]]]
     depends: list[np.ndarray]
     outputs: list[np.ndarray]  # output values of the first draw's base run
+    joint: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A boolean or integer output (a comparison, IsInf, a rounding) may change only on the
@@ -522,6 +525,7 @@ def _replay(
     first = outs[0]
     assert first is not None
     relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
+    joint: dict[tuple[int, int], np.ndarray] = {}
     for i in live_inputs:
         shape = base_of(0)[i].shape  # type: ignore[union-attr]
         for axis in axes.get(i, ()):
@@ -569,9 +573,10 @@ def _replay(
                                     rel[o][b][todo[together]] |= row
                             pending[todo[together]] = False
                             alone &= ~together
+                            joint.setdefault((i, axis), np.zeros(shape[axis], bool))[todo[together]] = True
                 if alone.any():
                     _probe(runner, base_of(d), out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
-    return Replayed(relation, depends, first)
+    return Replayed(relation, depends, first, joint)
 
 
 def _at(axis: int, which: np.ndarray) -> tuple[slice | np.ndarray, ...]:
