@@ -526,9 +526,10 @@ class KeepState:
                 if w is None:
                     detail = ""
                 elif joint is not None and joint[j]:  # settled with the rule's other needs
+                    others = int(joint.sum()) - 1
                     detail = (
-                        f"redrawn together with the {int(joint.sum()) - 1} other slices its rule "
-                        f"needs, output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) changes"
+                        f"redrawn together with the {others} other slice{'s' * (others != 1)} its "
+                        f"rule needs, output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) changes"
                     )
                 else:
                     detail = f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
