@@ -326,17 +326,21 @@ class NodeRunner:
 
 def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> bool:
     """False if onnxruntime has no kernel for the node with inputs of these types (checked with
-    every input fed, so that no weight is copied into a model only to be refused)."""
-    if sum(a.nbytes for a in inputs if a is not None) < _CHECK_ABOVE:
-        return True  # small: the session itself is the check
-    try:
-        _session(_model(node, inputs, [a is not None for a in inputs], opset))
-    except Exception as exc:
-        return "NOT_IMPLEMENTED" not in str(exc)
-    return True
+    every input fed, so that no weight is copied into a model only to be refused). onnxruntime
+    picks a kernel by op, domain, opset and input types: the answer is kept per those and the
+    attributes (every conv of a model then tries no float64 session it would be refused)."""
+    op = helper.make_node(node.op, [], [], domain=node.domain or "", **_attrs(node)).SerializeToString()
+    key = (op, opset, tuple(None if a is None else a.dtype.str for a in inputs))
+    if key not in _KERNELS:
+        try:
+            _session(_model(node, inputs, [a is not None for a in inputs], opset))
+            _KERNELS[key] = True
+        except Exception as exc:
+            _KERNELS[key] = "NOT_IMPLEMENTED" not in str(exc)
+    return _KERNELS[key]
 
 
-_CHECK_ABOVE = 1 << 20
+_KERNELS: dict[tuple[bytes, int, tuple[str | None, ...]], bool] = {}
 
 
 # Sessions (or why a node cannot run) by _digest, least recently used first, up to

@@ -206,6 +206,7 @@ def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypat
 
     monkeypatch.setattr(engine, "_RUNNERS", engine.OrderedDict())
     monkeypatch.setattr(engine, "_REPLAYS", engine.OrderedDict())
+    monkeypatch.setattr(engine, "_KERNELS", {})
     sessions, runs = [], [0]
     make, run = engine._session, engine.NodeRunner.run
     monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
@@ -219,8 +220,8 @@ def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypat
     x = np.zeros((1, 5, 2, 2), np.float32)
     first = replay(node, [x], [True], {0: [1]}, 17)
     built, ran = len(sessions), runs[0]
-    # Softsign has no float64 kernel: that session fails; then the float32 one (5 probes a
-    # draw: too few for a session of copies).
+    # Softsign has no float64 kernel: the check's session fails; then the float32 one (5
+    # probes a draw: too few for a session of copies).
     assert built == 2 and ran > 0
     again = replay(lone("Softsign", shape=(1, 5, 2, 2)), [x], [True], {0: [1]}, 17)
     assert again is first and len(sessions) == built and runs[0] == ran
@@ -322,6 +323,7 @@ def test_the_caches_hold_within_a_shrink_and_are_freed_after_it(monkeypatch):
     from onnxshrink.analyze import replay as engine
 
     sessions = []
+    monkeypatch.setattr(engine, "_KERNELS", {})
     make = engine._session
     monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
     text = BETWEEN.format(op="Softsign").replace("y = Conv (s, W2, B2)", "t = Softsign (s)\n  y = Conv (t, W2, B2)")
@@ -329,8 +331,8 @@ def test_the_caches_hold_within_a_shrink_and_are_freed_after_it(monkeypatch):
         result = shrink_checked(tiny(text, zero=DEAD))
     assert [r["op"] for r in result.replayed] == ["Softsign", "Softsign"]
     assert shapes(result.model)["W1"] == (4, 3, 3, 3)
-    # Softsign has no float64 kernel: that session fails, then the float32 one, which both
-    # nodes share (the commutes checks slice an axis: sessions of their own shapes).
+    # Softsign has no float64 kernel: the check's session fails, then the float32 one, which
+    # both nodes share (the commutes checks slice an axis: sessions of their own shapes).
     whole = [m for m in sessions if [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 6, 6, 6]]
     assert len(whole) == 2
     assert not engine._RUNNERS and not engine._REPLAYS and not engine._COMMUTES
