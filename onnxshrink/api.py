@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze
 from onnxshrink.analyze.keep import AxisKey
+from onnxshrink.analyze.replay import scoped
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
 from onnxshrink.io import dims
@@ -196,6 +197,7 @@ def check_against_model(model: onnx.ModelProto, opts: ShrinkOptions, source: str
         check_inputs(model, opts.inputs)
 
 
+@scoped
 def shrink(
     model: ModelLike,
     masks: MasksLike = None,

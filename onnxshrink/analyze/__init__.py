@@ -13,6 +13,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink.analyze.constants import ConstContext, propagate_constants
 from onnxshrink.analyze.keep import AxisKey, KeepState
+from onnxshrink.analyze.replay import scoped
 from onnxshrink.analyze.shapes import SymValue, propagate_shapes, refine_shapes
 
 Lookup = Callable[[gs.Node], Any]
@@ -29,6 +30,7 @@ class Analysis:
     handler_for: Lookup
 
 
+@scoped
 def analyze(
     graph: gs.Graph,
     opset: int,

@@ -92,6 +92,8 @@ class KeepState:
         # (analyze/replay.py), the handler still giving its structure.
         self.mode = mode
         self._needed_axes: dict[int, set[tuple[int, int]]] = {}  # id(node) -> (input, axis)
+        # id(node) -> (input, axis) -> the slices its handler's rule needs (--analysis replay)
+        self._ruled: dict[int, dict[tuple[int, int], np.ndarray]] = {}
         self._visiting: gs.Node | None = None
         self.opset = consts.opset
         self.tensors = ir.all_tensors(graph)  # every scope's: bodies are analyzed in place
@@ -298,9 +300,15 @@ class KeepState:
         draws (computed, floating point); a weight's or an integer input's needs stay the rule's."""
         if self.mode == "replay" and self._visiting is not None and self._drawable(t):
             node = self._visiting
+            arr = self._state(t)[axis] if axis < len(self._state(t)) else None
             for i, x in enumerate(node.inputs):
                 if x is t:
                     self._needed_axes.setdefault(id(node), set()).add((i, axis))
+                    if arr is not None:  # what the rule needs: the replay redraws it together
+                        ruled = self._ruled.setdefault(id(node), {})
+                        rule = ruled.setdefault((i, axis), np.zeros(arr.shape, bool))
+                        m = np.asarray(mask)
+                        rule[m if m.dtype == bool else m.astype(np.intp)] = True
             return
         self.keep(t, axis, mask, why=why)
 
@@ -512,7 +520,12 @@ class KeepState:
     def _replay_needs(self, node: gs.Node) -> None:
         """What the handler's needs would be, found by replaying the node (--analysis replay):
         the input slices a kept output element can change. Constant slices keep their values and
-        are not drawn: whether they may go is the handler's (it absorbs them, or keeps them)."""
+        are not drawn: whether they may go is the handler's (it absorbs them, or keeps them).
+        The slices the handler's rule needs are redrawn together first, in one run a draw
+        (`presumed`): when they reach a kept output they are kept without a run each (keeping
+        is always safe; on ResNet-50 that is every live channel, one run per channel before).
+        Every other slice, the ones the rule would let go, is probed alone in every draw, as
+        before: a dependency a rule misses is still found."""
         wanted = sorted(self._needed_axes[id(node)])
         kept = []
         for y in node.outputs:
@@ -535,15 +548,24 @@ class KeepState:
             return
         for i, a in wanted:
             t = node.inputs[i]
-            for j in np.flatnonzero(found.needed(i, a, kept)):
+            st = self._state(t)
+            have = st[a] if a < len(st) else None
+            if have is None:
+                continue  # not prunable: kept whole (keep() would do nothing)
+            # (a slice kept already needs no witness: keep() would change nothing)
+            joint = found.joint.get((i, a))
+            for j in np.flatnonzero(found.needed(i, a, kept) & ~have):
                 w = found.witness(i, a, int(j), kept)
-                detail = (
-                    ""
-                    if w is None
-                    else (
-                        f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
+                if w is None:
+                    detail = ""
+                elif joint is not None and joint[j]:  # settled with the rule's other needs
+                    others = int(joint.sum()) - 1
+                    detail = (
+                        f"redrawn together with the {others} other slice{'s' * (others != 1)} its "
+                        f"rule needs, output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) changes"
                     )
-                )
+                else:
+                    detail = f"output {node.outputs[w[0]].name!r} index {w[2]} (axis {w[1]}) depends on it"
                 self.keep(t, a, [int(j)], Reason("replay", node.name, node.op, detail))
 
     def _replay(
@@ -589,6 +611,7 @@ class KeepState:
             found = replay(
                 node, inputs, live, axes, self.opset, fixed=fixed,
                 enough=lambda i, a, rows: reaches(rows, kept), known=known, whole=False,
+                presumed=self._ruled.get(id(node)),
             )  # fmt: skip
         except ReplayError as exc:
             return str(exc)

@@ -21,12 +21,13 @@ the flat regions where a gradient is zero.)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import onnx
@@ -80,11 +81,14 @@ class Replayed:
 
     `relation[(i, a)][o][b]`: bool [size of input i's axis a, size of output o's axis b]: slice j
     of input i along axis a changes index k of output o along axis b (in some draw).
-    `depends[o]`: bool, output o's shape: the element changes with some live input slice."""
+    `depends[o]`: bool, output o's shape: the element changes with some live input slice.
+    `joint[(i, a)]`: bool per slice: settled by a run that redrew it with the other presumed
+    slices (`replay(presumed=...)`); its relation row is that run's changes."""
 
     relation: dict[tuple[int, int], list[list[np.ndarray]]]
     depends: list[np.ndarray]
     outputs: list[np.ndarray]  # output values of the first draw's base run
+    joint: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A boolean or integer output (a comparison, IsInf, a rounding) may change only on the
@@ -237,10 +241,15 @@ class NodeRunner:
             try:
                 self.session = _session(_model(node, arrays, self.live, opset))
                 self.templates = arrays
-                self.run(arrays)
                 start = time.perf_counter()
                 outputs = self.run(arrays)
                 seconds = time.perf_counter() - start
+                # A first run pays allocations and prepacking: timed again, steady, unless it
+                # was far too slow for copies anyway (a large conv: a full run saved).
+                if seconds < _COLD * _BATCH_BELOW:
+                    start = time.perf_counter()
+                    outputs = self.run(arrays)
+                    seconds = time.perf_counter() - start
                 break
             except Exception as exc:  # no kernel for these types: try the next
                 failure = exc
@@ -317,17 +326,21 @@ class NodeRunner:
 
 def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> bool:
     """False if onnxruntime has no kernel for the node with inputs of these types (checked with
-    every input fed, so that no weight is copied into a model only to be refused)."""
-    if sum(a.nbytes for a in inputs if a is not None) < _CHECK_ABOVE:
-        return True  # small: the session itself is the check
-    try:
-        _session(_model(node, inputs, [a is not None for a in inputs], opset))
-    except Exception as exc:
-        return "NOT_IMPLEMENTED" not in str(exc)
-    return True
+    every input fed, so that no weight is copied into a model only to be refused). onnxruntime
+    picks a kernel by op, domain, opset and input types: the answer is kept per those and the
+    attributes (every conv of a model then tries no float64 session it would be refused)."""
+    op = helper.make_node(node.op, [], [], domain=node.domain or "", **_attrs(node)).SerializeToString()
+    key = (op, opset, tuple(None if a is None else a.dtype.str for a in inputs))
+    if key not in _KERNELS:
+        try:
+            _session(_model(node, inputs, [a is not None for a in inputs], opset))
+            _KERNELS[key] = True
+        except Exception as exc:
+            _KERNELS[key] = "NOT_IMPLEMENTED" not in str(exc)
+    return _KERNELS[key]
 
 
-_CHECK_ABOVE = 1 << 20
+_KERNELS: dict[tuple[bytes, int, tuple[str | None, ...]], bool] = {}
 
 
 # Sessions (or why a node cannot run) by _digest, least recently used first, up to
@@ -339,6 +352,7 @@ _RUNNERS_BYTES = 1 << 28
 # A node whose run takes less than this gets a session of copies, up to _COPIES of them and
 # _BATCH_BYTES of inputs and outputs (the per-call cost is then shared).
 _BATCH_BELOW = 5e-4
+_COLD = 20  # a first run at most this many times slower than steady ones
 _COPIES = 32
 _BATCH_BYTES = 1 << 26
 
@@ -401,6 +415,7 @@ def replay(
     enough: Enough | None = None,
     known: Mapping[tuple[int, int], np.ndarray] | None = None,
     whole: bool = True,
+    presumed: Mapping[tuple[int, int], np.ndarray] | None = None,
 ) -> Replayed:
     """Replay `node`. `inputs`: an array per input (its value for constant inputs, any array of
     the right shape and type for live ones; None for absent ones); `live`: which inputs are live
@@ -413,7 +428,13 @@ def replay(
     the relation are then partial for that slice. `known[(i, axis)]`: slices the caller needs
     no finding about (they are kept already): not probed, their relation rows stay empty.
     `whole`: also redraw each live input whole, for `depends`; without, `depends` holds what
-    the slices' probes changed only, and a draw's base runs only when a probe needs it.
+    the slices' probes changed only, and a draw's base is drawn and run only when a probe needs
+    it (the values then come from the generator in the order they are needed).
+    `presumed[(i, axis)]` (with `enough`): slices the caller expects to be needed. In each draw
+    those still pending are first redrawn together, in one run; if what that run changes is
+    `enough`, each of them is settled with that union as its relation row (keeping is always
+    safe: this can only keep more than probing them alone would), else they are probed alone.
+    A slice is found unneeded only by probes of it alone, in every draw.
 
     The probes are run draw by draw: draw d of every slice the earlier draws did not settle,
     each slice redrawn alone (its values from one fresh draw of the whole input), the outputs
@@ -437,7 +458,7 @@ def replay(
         if key in _REPLAYS:
             _REPLAYS.move_to_end(key)
             return _REPLAYS[key]
-    found = _replay(runner, inputs, live, axes, seed, fixed, enough, known, whole)
+    found = _replay(runner, inputs, live, axes, seed, fixed, enough, known, whole, presumed)
     if key is not None:
         _REPLAYS[key] = found
         held = sum(_nbytes(r) for r in _REPLAYS.values())
@@ -469,28 +490,35 @@ def _replay(
     enough: Enough | None,
     known: Mapping[tuple[int, int], np.ndarray] | None,
     whole: bool,
+    presumed: Mapping[tuple[int, int], np.ndarray] | None = None,
 ) -> Replayed:
     rng = np.random.default_rng(seed)
     live_inputs = [k for k, is_live in enumerate(live) if is_live]
     depends: list[np.ndarray] = []
-    bases: list[list[np.ndarray | None]] = []
-    outs: list[list[np.ndarray] | None] = []
-    for d, ((base_scale, base_sign), (new_scale, new_sign)) in enumerate(DRAWS):
-        base = [
-            _fix(_draw(rng, a, base_scale, base_sign), fixed.get(i))
-            if live[i] and a is not None
-            else a
-            for i, a in enumerate(runner.templates)
-        ]
-        bases.append(base)
-        outs.append(runner.run(base) if whole or not d else None)  # else run when probed
+    bases: list[list[np.ndarray | None] | None] = [None] * len(DRAWS)
+    outs: list[list[np.ndarray] | None] = [None] * len(DRAWS)
+
+    def base_of(d: int) -> list[np.ndarray | None]:
+        """Draw d's base values, drawn when first asked for (a draw no probe reaches costs no
+        drawing: redrawing a large input whole costs more than running a cheap node)."""
+        base = bases[d]
+        if base is None:
+            scale, sign = DRAWS[d][0]
+            base = bases[d] = [
+                _fix(_draw(rng, a, scale, sign), fixed.get(i)) if live[i] and a is not None else a
+                for i, a in enumerate(runner.templates)
+            ]
+        return base
+
+    # Without `whole`, only the first draw's base runs here; the others when a slice is probed.
+    for d, (_, (new_scale, new_sign)) in enumerate(DRAWS if whole else DRAWS[:1]):
+        base = base_of(d)
+        outs[d] = runner.run(base)
         if not d:
             depends = [np.zeros(o.shape, dtype=bool) for o in outs[0]]  # type: ignore[union-attr]
-        for i in live_inputs:
+        for i in live_inputs if whole else ():
             # The whole input redrawn: every element it reaches (a scalar input too).
             values = _draw(rng, base[i], new_scale, new_sign)  # type: ignore[arg-type]
-            if not whole:
-                continue  # drawn all the same: the next draws' bases are the usual ones
             out = outs[d]
             assert out is not None
             redrawn = list(base)
@@ -501,8 +529,9 @@ def _replay(
     first = outs[0]
     assert first is not None
     relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
+    joint: dict[tuple[int, int], np.ndarray] = {}
     for i in live_inputs:
-        shape = bases[0][i].shape  # type: ignore[union-attr]
+        shape = base_of(0)[i].shape  # type: ignore[union-attr]
         for axis in axes.get(i, ()):
             rel = relation.setdefault(
                 (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in first]
@@ -525,7 +554,7 @@ def _replay(
                 todo = np.flatnonzero(pending)
                 if not len(todo):
                     break
-                x = bases[d][i]
+                x = base_of(d)[i]
                 assert x is not None
                 # The new values of the slices to probe (slice k: slice todo[k] of the input).
                 fresh = _draw(rng, np.take(x, todo, axis=axis), new_scale, new_sign)
@@ -534,11 +563,54 @@ def _replay(
                     fresh = np.where(mask, value, fresh).astype(fresh.dtype)
                 out = outs[d]
                 if out is None:
-                    out = outs[d] = runner.run(bases[d])
+                    out = outs[d] = runner.run(base_of(d))
                     for o, after in enumerate(out):
                         _same_shape(first[o], after)
-                _probe(runner, bases[d], out, i, axis, todo, fresh, rel, depends)
-    return Replayed(relation, depends, first)
+                alone = np.ones(len(todo), bool)  # (places in todo) still to probe alone
+                if enough is not None and presumed is not None and (i, axis) in presumed:
+                    together = np.asarray(presumed[(i, axis)], bool)[todo]
+                    if together.sum() > 1:
+                        rows = _together(runner, base_of(d), out, i, axis, todo[together], fresh[_at(axis, together)], depends)
+                        if enough(i, axis, rows):
+                            for o, rows_o in enumerate(rows):
+                                for b, row in enumerate(rows_o):
+                                    rel[o][b][todo[together]] |= row
+                            pending[todo[together]] = False
+                            alone &= ~together
+                            joint.setdefault((i, axis), np.zeros(shape[axis], bool))[todo[together]] = True
+                if alone.any():
+                    _probe(runner, base_of(d), out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
+    return Replayed(relation, depends, first, joint)
+
+
+def _at(axis: int, which: np.ndarray) -> tuple[slice | np.ndarray, ...]:
+    return (slice(None),) * axis + (which,)
+
+
+def _together(
+    runner: NodeRunner,
+    base: list[np.ndarray | None],
+    out: list[np.ndarray],
+    i: int,
+    axis: int,
+    slices: np.ndarray,
+    fresh: np.ndarray,
+    depends: list[np.ndarray],
+) -> list[list[np.ndarray]]:
+    """Run `base` with every slice of `slices` of input i along `axis` from `fresh` (slice k:
+    slices[k]) at once: per output o and axis b, the indices the run changes."""
+    x = base[i]
+    assert x is not None
+    part = x.copy()
+    part[_at(axis, slices)] = fresh
+    rows: list[list[np.ndarray]] = []
+    for o, after in enumerate(runner.run([part if n == i else a for n, a in enumerate(base)])):
+        _same_shape(out[o], after)
+        changed = _changed(out[o], after)
+        depends[o] |= changed
+        other = [tuple(k for k in range(changed.ndim) if k != b) for b in range(changed.ndim)]
+        rows.append([np.asarray(changed.any(axis=axes)) for axes in other])
+    return rows
 
 
 def _probe(
@@ -703,6 +775,32 @@ def _settled(
     mask = np.broadcast_to(fixed[0], shape)
     other = tuple(k for k in range(len(shape)) if k != axis)
     return np.asarray(mask.all(axis=other)) if other else mask
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_scopes = [0]  # calls of a `scoped` function running now
+
+
+def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fn` (a shrink, a prune, an analysis) with the replay's caches (sessions, whole replays,
+    commutes checks) kept while it runs and freed when the outermost such call returns: within
+    one call they are hit as before (a prune analyzes twice, a failed proof re-analyzes); after
+    it nothing holds the sessions' weights (up to _RUNNERS_BYTES + _REPLAYS_BYTES)."""
+
+    @functools.wraps(fn)
+    def within(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        _scopes[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _scopes[0] -= 1
+            if not _scopes[0]:
+                _RUNNERS.clear()
+                _REPLAYS.clear()
+                _COMMUTES.clear()
+
+    return within
 
 
 def _draw(rng: np.random.Generator, like: np.ndarray, scale: float, sign: int) -> np.ndarray:

@@ -22,6 +22,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink import ir
+from onnxshrink.analyze.replay import scoped
 from onnxshrink.api import (
     ShrinkResult,
     Source,
@@ -138,6 +139,7 @@ def prune_report(
     }
 
 
+@scoped
 def prune(
     model: str | Path | onnx.ModelProto,
     ratio: float | None = None,

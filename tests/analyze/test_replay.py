@@ -142,7 +142,11 @@ def test_replay_mode_explains_a_kept_channel_by_the_output_that_needs_it():
     assert bench.kept("a", 1) == [0, 1, 2, 3, 5]  # W2 does not read channel 4
     why = bench.why("a", 1)
     assert why[0].startswith("replaying an unnamed Conv node shows that a kept output depends on it: ")
-    assert why[0].endswith("index 0 (axis 1) depends on it")  # output channel 0 of y reads it
+    # The 5 channels the rule needs were redrawn together (one run): the reason says so, and
+    # which output index that run changed (output channel 0 of y reads them all).
+    assert why[0].endswith(
+        ": redrawn together with the 4 other slices its rule needs, output 'y' index 0 (axis 1) changes"
+    )
     assert bench.why("a", 1)[4] is None
 
 
@@ -202,6 +206,7 @@ def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypat
 
     monkeypatch.setattr(engine, "_RUNNERS", engine.OrderedDict())
     monkeypatch.setattr(engine, "_REPLAYS", engine.OrderedDict())
+    monkeypatch.setattr(engine, "_KERNELS", {})
     sessions, runs = [], [0]
     make, run = engine._session, engine.NodeRunner.run
     monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
@@ -215,8 +220,8 @@ def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypat
     x = np.zeros((1, 5, 2, 2), np.float32)
     first = replay(node, [x], [True], {0: [1]}, 17)
     built, ran = len(sessions), runs[0]
-    # Softsign has no float64 kernel: that session fails; then the float32 one (5 probes a
-    # draw: too few for a session of copies).
+    # Softsign has no float64 kernel: the check's session fails; then the float32 one (5
+    # probes a draw: too few for a session of copies).
     assert built == 2 and ran > 0
     again = replay(lone("Softsign", shape=(1, 5, 2, 2)), [x], [True], {0: [1]}, 17)
     assert again is first and len(sessions) == built and runs[0] == ran
@@ -226,3 +231,108 @@ def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypat
     assert len(sessions) == built
     np.testing.assert_array_equal(part.relation[(0, 1)][0][1], np.diag(~known))
     np.testing.assert_array_equal(first.relation[(0, 1)][0][1], np.eye(5, dtype=bool))
+
+
+# ------------------------------------------------------------------ presumed slices
+def test_a_presumed_set_that_reaches_is_kept_whole_and_the_rest_probed_alone():
+    # Relu over 6 channels, only output channel 2 kept. Presumed {1, 2, 3}: redrawn together
+    # they reach channel 2, so all three are kept (1 and 3 only with 2: the safe direction).
+    # The slices not presumed are probed alone, in every draw, as without `presumed`.
+    from onnxshrink.analyze.replay import reaches
+
+    kept = [[None, np.arange(6) == 2]]
+    x = np.zeros((1, 6), np.float32)
+
+    def run(presumed):
+        return replay(lone("Relu", shape=(1, 6)), [x], [True], {0: [1]}, 17, whole=False,
+                      enough=lambda i, a, rows: reaches(rows, kept), presumed=presumed)  # fmt: skip
+
+    alone, grouped = run(None), run({(0, 1): np.isin(np.arange(6), [1, 2, 3])})
+    assert alone.needed(0, 1, kept).tolist() == [False, False, True, False, False, False]
+    assert grouped.needed(0, 1, kept).tolist() == [False, True, True, True, False, False]
+    for j in (0, 4, 5):  # probed alone: the same rows, from the same draws
+        np.testing.assert_array_equal(grouped.relation[(0, 1)][0][1][j], alone.relation[(0, 1)][0][1][j])
+    # Presumed wrongly ({0, 4}: they reach no kept index): the set does not reach, so each is
+    # probed alone and found unneeded; channel 2, not presumed, is found needed alone.
+    wrong = run({(0, 1): np.isin(np.arange(6), [0, 4])})
+    assert wrong.needed(0, 1, kept).tolist() == [False, False, True, False, False, False]
+
+
+def test_a_slice_whose_change_shows_in_one_draw_only_is_found_beside_a_presumed_set():
+    # Shrink's flat region is |x| < 5: a redraw changes its output only where a draw leaves it
+    # (the large draws). Channel 5 is not presumed: it must still be found needed.
+    from onnxshrink.analyze.replay import reaches
+
+    kept = [[None, np.ones(6, bool)]]
+    found = replay(lone("Shrink", shape=(1, 6), lambd=5.0), [np.zeros((1, 6), np.float32)], [True],
+                   {0: [1]}, 17, whole=False, enough=lambda i, a, rows: reaches(rows, kept),
+                   presumed={(0, 1): np.arange(6) < 5})  # fmt: skip
+    assert found.needed(0, 1, kept).tolist() == [True] * 6
+    # Presumed {0, 5}, only output channel 5 kept: in a draw where the pair redrawn together
+    # stays in the flat region, each is probed alone; channel 5 is found in a large draw (and
+    # 0 kept with it, as the pair reached together there).
+    kept = [[None, np.arange(6) == 5]]
+    found = replay(lone("Shrink", shape=(1, 6), lambd=5.0), [np.zeros((1, 6), np.float32)], [True],
+                   {0: [1]}, 17, whole=False, enough=lambda i, a, rows: reaches(rows, kept),
+                   presumed={(0, 1): np.isin(np.arange(6), [0, 5])})  # fmt: skip
+    assert found.needed(0, 1, kept).tolist() == [True] + [False] * 4 + [True]
+
+
+def test_replay_mode_redraws_the_slices_the_rule_needs_together(monkeypatch):
+    # The second Conv reads 5 of its 6 input channels (W2's column 4 is masked); channel 1 is
+    # constant (W1's row 1 and B1[1] masked). The replay keeps what the rules keep; the shrunk
+    # model, run here, matches the input with the masks applied by numpy.
+    from onnxshrink.analyze import replay as engine
+
+    probed, together = [], []
+    probe, joint = engine._probe, engine._together
+    monkeypatch.setattr(engine, "_probe", lambda *a: probed.append(a[5].tolist()) or probe(*a))
+    monkeypatch.setattr(engine, "_together", lambda *a: together.append(a[5].tolist()) or joint(*a))
+    model = tiny(BETWEEN.format(op="Relu"))
+    masks = {"W1": np.ones((6, 3, 3, 3)), "B1": np.ones(6), "W2": np.ones((4, 6, 1, 1))}
+    masks["W1"][1] = masks["B1"][1] = masks["W2"][:, 4] = 0
+    rules = shrink_checked(model, masks=masks)
+    replayed = shrink_checked(model, masks=masks, analysis="replay")
+    assert shapes(replayed.model)["W1"] == shapes(rules.model)["W1"] == (4, 3, 3, 3)
+    assert shapes(replayed.model)["W2"] == shapes(rules.model)["W2"] == (4, 4, 1, 1)
+    # The second Conv: its 4 live channels the rule reads in one joint run (it reaches);
+    # channel 4, which the rule lets go, probed alone in each of the 6 draws (found unneeded).
+    assert together == [[0, 2, 3, 5]] and probed == [[4]] * 6
+
+
+
+def test_a_piecewise_op_in_replay_mode_keeps_every_channel_it_passes_on():
+    # Clip's flat regions: output channels of a Clip(-0.1, 0.1) change only where a draw
+    # crosses its bounds. Replayed, the kept channels are the rules' and the shrunk model,
+    # validation off, computes what the input with its masks (numpy) computes.
+    text = BETWEEN.format(op="Clip").replace("s = Clip (a)", "s = Clip (a, lo, hi)").replace(
+        "float[4] B2)", "float[4] B2, float lo, float hi)"
+    )
+    model = tiny(text, values={"lo": np.float32(-0.1), "hi": np.float32(0.1)})
+    masks = {"W2": np.ones((4, 6, 1, 1))}
+    masks["W2"][:, [0, 3]] = 0
+    rules = shrink_checked(model, masks=masks)
+    replayed = shrink_checked(model, masks=masks, analysis="replay")
+    assert shapes(replayed.model) == shapes(rules.model)
+    assert shapes(replayed.model)["W1"] == (4, 3, 3, 3) and shapes(replayed.model)["W2"] == (4, 4, 1, 1)
+
+
+def test_the_caches_hold_within_a_shrink_and_are_freed_after_it(monkeypatch):
+    # Two Softsign nodes alike (no rule: replayed): one session for both within the shrink;
+    # when shrink returns no session is held.
+    from onnxshrink.analyze import replay as engine
+
+    sessions = []
+    monkeypatch.setattr(engine, "_KERNELS", {})
+    make = engine._session
+    monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
+    text = BETWEEN.format(op="Softsign").replace("y = Conv (s, W2, B2)", "t = Softsign (s)\n  y = Conv (t, W2, B2)")
+    with without_rule("Softsign"):
+        result = shrink_checked(tiny(text, zero=DEAD))
+    assert [r["op"] for r in result.replayed] == ["Softsign", "Softsign"]
+    assert shapes(result.model)["W1"] == (4, 3, 3, 3)
+    # Softsign has no float64 kernel: the check's session fails, then the float32 one, which
+    # both nodes share (the commutes checks slice an axis: sessions of their own shapes).
+    whole = [m for m in sessions if [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 6, 6, 6]]
+    assert len(whole) == 2
+    assert not engine._RUNNERS and not engine._REPLAYS and not engine._COMMUTES
