@@ -53,35 +53,11 @@ def export_float(name: str, workdir: Path) -> Path:
 
 
 def quantized(src: Path, form: str) -> Path:
-    out = src.with_name(f"{src.stem}-{form}.onnx")
-    if out.exists():
-        return out
-    import onnx
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        quantize_dynamic,
-        quantize_static,
-    )
+    """`src` quantized by onnxruntime.quantization in `form`, as tools/quant_check.py does it."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from quant_check import quantized as quantize
 
-    from onnxshrink.validate import make_inputs, resolve_shapes
-
-    logging.disable(logging.WARNING)
-    try:
-        if form == "dynamic":
-            quantize_dynamic(src, out)
-            return out
-        model = onnx.load(src)
-        feeds = iter(make_inputs(model, resolve_shapes(model, {}), 4, seed=0))
-
-        class Reader(CalibrationDataReader):
-            def get_next(self):
-                return next(feeds, None)
-
-        quantize_static(src, out, Reader(), quant_format=QuantFormat.QOperator, per_channel=form == "qop_pc")
-    finally:
-        logging.disable(logging.NOTSET)
-    return out
+    return quantize(src, form, seed=0)
 
 
 def survey(path: Path) -> dict:
