@@ -52,18 +52,16 @@ class _Recurrent(Handler):
 
     def weights(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
         """(W, R, B or None, hidden size) when W and R (and B) are constants of the layout."""
-        w, r = reader.value(node.inputs[1]), reader.value(node.inputs[2])
-        b_t = ir.present(node, 3)
-        b = reader.value(b_t) if b_t is not None else None
-        h = int(node.attrs.get("hidden_size", 0))
-        if w is None or r is None or (b_t is not None and b is None) or h <= 0:
+        read = _constant_weights(node, reader)
+        if read is None:
             return None
+        w, r, b, h = read
         g = self.gates
         if w.ndim != 3 or r.shape != (w.shape[0], g * h, h) or w.shape[1] != g * h:
             return None
         if b is not None and b.shape != (w.shape[0], 2 * g * h):
             return None
-        return w, r, b, h
+        return read
 
     def rows(self, units: np.ndarray, copies: int) -> np.ndarray:
         """Unit mask -> mask of the rows of `copies` stacked blocks (gates)."""
@@ -237,12 +235,11 @@ class DynamicQuantizeLSTM(_Recurrent):
     param_slots = (8, 9, 10, 11)
 
     def weights(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
-        w, r = reader.value(node.inputs[1]), reader.value(node.inputs[2])
-        b_t = ir.present(node, 3)
-        b = reader.value(b_t) if b_t is not None else None
-        h = int(node.attrs.get("hidden_size", 0))
-        if w is None or r is None or (b_t is not None and b is None) or h <= 0:
+        """As the float LSTM's, in this op's layout (W [dirs, input, 4h], R [dirs, h, 4h])."""
+        read = _constant_weights(node, reader)
+        if read is None:
             return None
+        w, r, b, h = read
         if w.ndim != 3 or w.shape[2] != 4 * h or r.shape != (w.shape[0], h, 4 * h):
             return None
         if b is not None and b.shape != (w.shape[0], 8 * h):
@@ -363,3 +360,15 @@ class DynamicQuantizeLSTM(_Recurrent):
         k = rw.kept(node.inputs[2], 1)
         if k is not None:
             node.attrs["hidden_size"] = int(k.sum())
+
+
+def _constant_weights(node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
+    """(W, R, B or None, hidden_size) of a recurrent node when W and R (and B, if given) are
+    constants and hidden_size is set; their layout is the op's to check."""
+    w, r = reader.value(node.inputs[1]), reader.value(node.inputs[2])
+    b_t = ir.present(node, 3)
+    b = reader.value(b_t) if b_t is not None else None
+    h = int(node.attrs.get("hidden_size", 0))
+    if w is None or r is None or (b_t is not None and b is None) or h <= 0:
+        return None
+    return w, r, b, h
