@@ -256,13 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     work = Path(args.work)
     if args.only_genai:
-        ok = True
-        if args.genai:
-            ok &= genai_check(work / "genai", args)
-        if args.int4:
-            ok &= genai_int4_check(work / "genai_int4", args)
-        say("PASS" if ok else "FAIL")
-        return 0 if ok else 1
+        return verdict(genai_checks(work, args))
     src, out, ref = work / "in", work / "out", work / "ref"
     for d in (out, ref):
         d.mkdir(parents=True, exist_ok=True)
@@ -329,10 +323,20 @@ def main(argv: list[str] | None = None) -> int:
         a, b = gens["shrunk"]["patched"]
         say(f"    note: optimum 2.1 sizes a llama cache's head as hidden_size // num_attention_heads ({a}), not the "
             f"config's head_dim ({b}): set embed_size_per_head = head_dim after loading")
+    return verdict(genai_checks(work, args) and ok)
+
+
+def genai_checks(work: Path, args: argparse.Namespace) -> bool:
+    """The onnxruntime-genai checks asked for (--genai, --int4): all passed?"""
+    ok = True
     if args.genai:
         ok &= genai_check(work / "genai", args)
     if args.int4:
         ok &= genai_int4_check(work / "genai_int4", args)
+    return ok
+
+
+def verdict(ok: bool) -> int:
     say("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
