@@ -200,7 +200,8 @@ class QuantizeDequantize(Handler):
             return p.reshape([-1 if a == axis else 1 for a in range(r)]) if axis is not None else p
 
         centered = v.astype(np.int64) - (shaped(zp).astype(np.int64) if zp is not None else 0)
-        return np.asarray(centered.astype(np.float32) * shaped(scale), dtype=np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):  # a NaN/inf scale: the runtime's NaN, unannounced
+            return np.asarray(centered.astype(np.float32) * shaped(scale), dtype=np.float32)
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
