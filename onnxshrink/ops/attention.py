@@ -22,6 +22,9 @@ extends its past input (`extends`) is one state the runtime feeds back, whose K/
 their groups (analyze/cache.py). Rotary embeddings act within a head and
 need nothing. For `--groups` and `--prune` each op ties what goes with a head (or a K/V head
 with its query heads) together (`KeepView.unit`) and says where its heads are (`head_axis`).
+With grouped-query attention the packed-hidden forms also tie the other way to cut the
+query heads (`tie_ranks`: the query heads of one rank in every K/V group), which the groups
+use when asked (`--units head` without `kv_group`).
 """
 
 from __future__ import annotations
