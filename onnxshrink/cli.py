@@ -237,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--units",
         nargs="+",
         metavar="KIND",
-        help="the unit kinds --prune may remove: channel, neuron, gated_neuron, head, kv_group, "
+        help="the unit kinds --prune may remove: channel, neuron, gated_neuron, head (with "
+        "grouped-query attention and without kv_group: the query heads of one rank in every K/V "
+        "group), kv_group, "
         "conv_group, width (a residual stream's channel), block (a repeated block's residual "
         "branches; with --criterion activation ranked by their influence on --inputs); "
         "default: all but block",

@@ -36,7 +36,10 @@ class _Block:
 class CouplingLog:
     """The ties and pins the keep closure's handlers declared (each recorded once)."""
 
-    def __init__(self) -> None:
+    def __init__(self, query_ranks: bool = False) -> None:
+        # grouped-query attention's query heads as units by their rank in every K/V group (the
+        # K/V heads then units of their own), not with their K/V head (`KeepView.unit`)
+        self.query_ranks = query_ranks
         self.sizes: dict[AxisKey, int] = {}
         self.equal: dict[tuple[AxisKey, AxisKey], gs.Node | None] = {}
         self.mapped: dict[tuple[AxisKey, AxisKey], np.ndarray] = {}

@@ -410,10 +410,24 @@ class KeepState:
             sizes = [[self.size(t, a) for a in axes] for t, axes in ((x, in_axes), (y, out_axes))]
             self.log.block(x.name, in_axes, sizes[0], y.name, out_axes, sizes[1], site)
 
-    def unit(self, t1: gs.Tensor, a1: int, idx1: np.ndarray, t2: gs.Tensor, a2: int, idx2: np.ndarray) -> None:
+    def unit(
+        self,
+        t1: gs.Tensor,
+        a1: int,
+        idx1: np.ndarray,
+        t2: gs.Tensor,
+        a2: int,
+        idx2: np.ndarray,
+        query_ranks: bool | None = None,
+    ) -> None:
         """Records (for the coupled groups) that index idx1[k] of t1's axis a1 is removed only
-        together with idx2[k] of t2's axis a2 (a grouped conv's groups). Keeps nothing."""
+        together with idx2[k] of t2's axis a2 (a grouped conv's groups). Keeps nothing.
+        `query_ranks`: a tie of one of the two ways grouped-query attention's query heads are
+        units (False: with their K/V head; True: by their rank in every K/V group), recorded
+        only when the log asks for that way (`CouplingLog.query_ranks`); None: always."""
         n1, n2 = self.size(t1, a1), self.size(t2, a2)
+        if query_ranks is not None and self.log is not None and query_ranks != self.log.query_ranks:
+            return
         if self.log is not None and n1 is not None and n2 is not None:
             self.log.pairs(t1.name, a1, n1, np.asarray(idx1), t2.name, a2, n2, np.asarray(idx2))
 

@@ -22,6 +22,9 @@ extends its past input (`extends`) is one state the runtime feeds back, whose K/
 their groups (analyze/cache.py). Rotary embeddings act within a head and
 need nothing. For `--groups` and `--prune` each op ties what goes with a head (or a K/V head
 with its query heads) together (`KeepView.unit`) and says where its heads are (`head_axis`).
+With grouped-query attention the packed-hidden forms also tie the other way to cut the
+query heads (`tie_ranks`: the query heads of one rank in every K/V group), which the groups
+use when asked (`--units head` without `kv_group`).
 """
 
 from __future__ import annotations
@@ -109,13 +112,15 @@ def keep_head_axis(
         ks.pin(t, 3)
 
 
-def tie_heads(ks: KeepView, y: gs.Tensor, size: int, rep: int) -> np.ndarray:
+def tie_heads(
+    ks: KeepView, y: gs.Tensor, size: int, rep: int, query_ranks: bool | None = None
+) -> np.ndarray:
     """Records (for the coupled groups) that y's axis 2 holds query heads of `size` channels,
     `rep` of them to a K/V head, which go together; returns the y index each K/V head's
     group is tied at (its first channel), to tie the group's other slices to."""
     n = int(ks.size(y, 2) or 0)
     anchor = np.arange(n // (size * rep)) * size * rep
-    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)])
+    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)], query_ranks)
     return anchor
 
 
@@ -469,35 +474,87 @@ class _PackedHeads(Handler):
     ) -> None:
         """Records (for the coupled groups) what goes with a K/V head: its query heads' output
         channels, query, key and value dims (and bias), its slice of the cache, and its query
-        heads' slices of a per-head attention bias and of per-head inputs (a head sink)."""
+        heads' slices of a per-head attention bias and of per-head inputs (a head sink). With
+        grouped-query attention, also the other way to cut them (`tie_ranks`)."""
         hq, hkv, d, dv, packed = got
         rep = hq // hkv
         y = node.outputs[0]
-        anchor = tie_heads(ks, y, dv, rep)
+        split = self.split_heads(node)
+        ranks = rep > 1 and not split
+        which = False if ranks else None  # with their K/V head: unless the ranks are asked for
+        anchor = tie_heads(ks, y, dv, rep, which)
         if len(anchor) != hkv:
             return
+        if ranks:
+            self.tie_ranks(ks, node, got, pasts, mask)
         qg, kg, vg = np.arange(hq * d) // (d * rep), np.arange(hkv * d) // d, np.arange(hkv * dv) // dv
         qi, ki, vi, bi = self.slots
         parts = [(node.inputs[qi], np.concatenate([qg, kg, vg]) if packed else qg)]
         if not packed:
             parts += [(ir.present(node, ki), kg), (ir.present(node, vi), vg)]
         bias = ir.present(node, bi) if bi is not None else None
-        split = self.split_heads(node)
         for t, groups_of in parts:
             if t is not None and not any(t is u for u, _ in split) and ks.size(t, 2) == len(groups_of):
-                ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of])
+                ks.unit(t, 2, np.arange(len(groups_of)), y, 2, anchor[groups_of], which)
         for t, a in split:  # heads an axis: query heads (of their K/V heads) or K/V heads
             groups_of = np.arange(hq) // rep if t is node.inputs[qi] else np.arange(hkv)
             ks.unit(t, a, np.arange(len(groups_of)), y, 2, anchor[groups_of])
         if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
-            ks.unit(bias, 0, np.arange(len(qg) + len(kg) + len(vg)), y, 2, anchor[np.concatenate([qg, kg, vg])])
+            bias_of = anchor[np.concatenate([qg, kg, vg])]
+            ks.unit(bias, 0, np.arange(len(bias_of)), y, 2, bias_of, which)
         for t in [*pasts, *node.outputs[1:3]]:
             if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
-                ks.unit(t, 1, np.arange(hkv), y, 2, anchor)
+                ks.unit(t, 1, np.arange(hkv), y, 2, anchor, which)
         if mask is not None:
-            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, anchor[np.arange(hq) // rep], which)
         for t in self.per_head(node, hq):
-            ks.unit(t, 0, np.arange(hq), y, 2, anchor[np.arange(hq) // rep])
+            ks.unit(t, 0, np.arange(hq), y, 2, anchor[np.arange(hq) // rep], which)
+
+    def tie_ranks(
+        self,
+        ks: KeepView,
+        node: gs.Node,
+        got: tuple[int, int, int, int, bool],
+        pasts: list[gs.Tensor],
+        mask: gs.Tensor | None,
+    ) -> None:
+        """The other way to cut grouped-query attention into units (`CouplingLog.query_ranks`):
+        query head j * rep + r is removed with the query heads of rank r in every other K/V
+        group (the kept query heads are a product, `grouped`: a rank gone from every group
+        leaves each K/V head serving rep - 1), with its output channels, query dims, bias and
+        per-head slices; a K/V head's key and value dims and cache go together, alone."""
+        hq, hkv, d, dv, packed = got
+        rep = hq // hkv
+        y = node.outputs[0]
+        rank_at = np.arange(hq) % rep * dv  # each query head's rank, tied at that rank's first y channel
+        ks.unit(y, 2, np.arange(hq * dv), y, 2, rank_at[np.arange(hq * dv) // dv], True)
+        qi, ki, vi, bi = self.slots
+        q = node.inputs[qi]
+        q_rank = rank_at[np.arange(hq * d) // d]
+        # each K/V head's key and value dims, tied at its first key dim (`layout`: the packed
+        # query [B, S, (hq + 2 hkv) d], or key and value inputs [B, S, hkv d])
+        kt = q if packed else node.inputs[ki]
+        first = (hq * d if packed else 0) + np.arange(hkv) * d
+        k_of, v_of = first[np.arange(hkv * d) // d], first[np.arange(hkv * dv) // dv]
+        if packed:  # (one call per pair of axes: the log keeps the last)
+            parts = [(q, 0, q_rank, y), (q, hq * d, np.concatenate([k_of, v_of]), kt)]
+        else:
+            parts = [(q, 0, q_rank, y), (kt, 0, k_of, kt), (node.inputs[vi], 0, v_of, kt)]
+        width = (hq + 2 * hkv) * d if packed else None  # the packed query's
+        for t, off, at, to in parts:
+            if ks.size(t, 2) == (width or len(at)):
+                ks.unit(t, 2, off + np.arange(len(at)), to, 2, at, True)
+        for t in [*pasts, *node.outputs[1:3]]:
+            if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
+                ks.unit(t, 1, np.arange(hkv), kt, 2, first, True)
+        bias = ir.present(node, bi) if bi is not None else None
+        if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
+            ks.unit(bias, 0, np.arange(hq * d), y, 2, q_rank, True)
+            ks.unit(bias, 0, hq * d + np.arange(hkv * (d + dv)), kt, 2, np.concatenate([k_of, v_of]), True)
+        if mask is not None:
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, rank_at, True)
+        for t in self.per_head(node, hq):
+            ks.unit(t, 0, np.arange(hq), y, 2, rank_at, True)
 
     def split_heads(self, node: gs.Node) -> list[tuple[gs.Tensor, int]]:
         """Inputs whose heads are an axis of their own, with that axis, as `layout` accepted them
@@ -574,7 +631,12 @@ class _PackedHeads(Handler):
 
     def head_axis(self, node: gs.Node) -> HeadAxis | None:
         got = self.layout(node)
-        return None if got is None else HeadAxis(0, 2, got[3], got[2])
+        if got is None:
+            return None
+        qi, ki, vi, _ = self.slots
+        kv = [(qi, 2)] if got[4] else [(ki, 2), (vi, 2)]
+        kv += [(i, 1) for i in self.past_slots]
+        return HeadAxis(0, 2, got[3], got[2], got[0] // got[1], tuple(kv))
 
     def kept_heads(self, node: gs.Node, rw: RewriteView) -> tuple[int, int] | None:
         got = self.layout(node)

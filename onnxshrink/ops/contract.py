@@ -126,7 +126,14 @@ class KeepView(Protocol):
     ) -> None: ...
 
     def unit(
-        self, t1: gs.Tensor, a1: int, idx1: np.ndarray, t2: gs.Tensor, a2: int, idx2: np.ndarray
+        self,
+        t1: gs.Tensor,
+        a1: int,
+        idx1: np.ndarray,
+        t2: gs.Tensor,
+        a2: int,
+        idx2: np.ndarray,
+        query_ranks: bool | None = None,
     ) -> None: ...
 
     def normalizes(self, t: gs.Tensor, axis: int) -> None: ...
@@ -278,12 +285,17 @@ class Quantized:
 class HeadAxis:
     """Where a fused attention op's query heads are (for the coupled groups, which cannot see
     heads packed inside the op): output `output`'s axis `axis` holds them in consecutive blocks
-    of `size`; a head's query and key dims number `head_dim`."""
+    of `size`; a head's query and key dims number `head_dim`; `rep` consecutive query heads
+    read one K/V head."""
 
     output: int
     axis: int
     size: int
     head_dim: int
+    #: query heads per K/V head (grouped-query attention; consecutive query heads share one)
+    rep: int = 1
+    #: the (input, axis) pairs holding K/V heads (alone, or packed with the query heads)
+    kv: tuple[tuple[int, int], ...] = ()
 
 
 # ---------------------------------------------------------------------- the handler

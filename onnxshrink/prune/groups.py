@@ -45,6 +45,10 @@ from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 from onnxshrink.quantized import Dequant, along_axis, dequant_of, same_zero
 
 SCHEMA = "onnxshrink.groups/1"
+KV_ALONE = (
+    "a K/V head goes with all the query heads that read it, which are units by rank here "
+    "(--units head); --units kv_group prunes K/V heads with their query heads"
+)
 K = TypeVar("K", bound=Hashable)
 
 
@@ -222,14 +226,21 @@ class GroupSet:
 
 # ---------------------------------------------------------------------- finding them
 def find_groups(
-    model: onnx.ModelProto, base_dir: str | Path | None = None, name: str = "", verify: bool = True
+    model: onnx.ModelProto,
+    base_dir: str | Path | None = None,
+    name: str = "",
+    verify: bool = True,
+    query_ranks: bool = False,
 ) -> GroupSet:
     """Every coupled group of `model` (its weights in `base_dir` when stored externally).
     `verify`: check each exact group by zeroing it and running the closure (see the module
-    docstring)."""
+    docstring). `query_ranks`: grouped-query attention's query heads are `head` units by their
+    rank in the K/V groups (the query heads of rank r in every group: removing them leaves
+    every K/V head serving one fewer), not `kv_group` units with their K/V head; the K/V heads
+    are then listed, not exact (they go with all their query heads)."""
     graph, untied = prepare(model, base_dir)
     opset = default_opset(model)
-    log = CouplingLog()
+    log = CouplingLog(query_ranks)
     analysis = analyze(graph, opset, lookup(opset), untied, log=log)
     part = log.partition()
     index = ModelIndex(model, str(base_dir) if base_dir else None)
@@ -258,6 +269,8 @@ class _Finder:
         self.dequant: dict[str, Dequant] = {}
         self.quant_params: set[str] = set()
         self.listed: set[int] = set()  # the components that are groups (`build`)
+        # K/V heads without their query heads (`query_ranks`), with their head_dim
+        self.kv_alone: dict[int, int] = {}
         self.heads = self._fused_heads()
 
     def build(self) -> tuple[list[Group], list[Layer]]:
@@ -300,7 +313,9 @@ class _Finder:
                 layer_of[layer_key] = len(layers)
                 layers.append(Layer(len(layers), _layer_name(ms), [], unit.kind))
             layer = layers[layer_of[layer_key]]
-            blocking = [r for r in self.part.blocking(comp) if r != LIVE]
+            blocking = [str(r) for r in self.part.blocking(comp) if r != LIVE]
+            if comp in self.kv_alone:  # its query heads are ranks here, units of their own
+                blocking.insert(0, KV_ALONE)
             g = Group(
                 len(groups),
                 layer.id,
@@ -308,7 +323,7 @@ class _Finder:
                 unit,
                 _params(ms, shapes),
                 exact=not blocking,
-                reason=str(blocking[0]) if blocking else None,
+                reason=blocking[0] if blocking else None,
             )
             layer.groups.append(g.id)
             groups.append(g)
@@ -524,10 +539,12 @@ class _Finder:
                 count += 1
         return count
 
-    def _fused_heads(self) -> dict[int, tuple[int, int]]:
+    def _fused_heads(self) -> dict[int, tuple[int, int, bool]]:
         """Per component holding a fused attention op's query heads (`Handler.head_axis`): its
-        head_dim and how many query heads it holds (one: a head; more: a K/V head's group)."""
-        out: dict[int, tuple[int, int]] = {}
+        head_dim, how many query heads it holds (one: a head; more: a K/V head's group, or
+        the query heads of one rank in every K/V group) and whether they are such a rank. With
+        `query_ranks`, the components of its K/V heads alone are recorded (`kv_alone`)."""
+        out: dict[int, tuple[int, int, bool]] = {}
         for node in self.analysis.graph.nodes:
             handler = self.analysis.handler_for(node)
             at = handler.head_axis(node) if handler is not None else None
@@ -536,8 +553,22 @@ class _Finder:
             key = (node.outputs[at.output].name, at.axis)
             if key not in self.part.offsets:
                 continue
+            mine = set()
             for comp, idx in _split(self.part.of(key)):
-                out[comp] = (at.head_dim, len(idx) // at.size)
+                heads = np.unique(idx // at.size)
+                # one query head of each K/V group, all of one rank
+                rank = len(heads) > 1 and len(np.unique(heads % at.rep)) == 1
+                rank &= len(np.unique(heads // at.rep)) == len(heads)
+                out[comp] = (at.head_dim, len(idx) // at.size, bool(at.rep > 1 and rank))
+                mine.add(comp)
+            if not self.part.log.query_ranks or at.rep == 1:
+                continue
+            for i, axis in at.kv:
+                t = node.inputs[i] if i < len(node.inputs) else None
+                if t is not None and t.name and (t.name, axis) in self.part.offsets:
+                    for c in np.unique(self.part.of((t.name, axis))):
+                        if int(c) not in mine:
+                            self.kv_alone[int(c)] = at.head_dim
         return out
 
     def _unit(self, comp: int, members: list[Member]) -> Unit:
@@ -546,10 +577,15 @@ class _Finder:
         linear layers, gated when an elementwise product combines them), or blocks of
         channels (a head of head_dim channels; a K/V head, whose query heads own more)."""
         if comp in self.heads:  # heads packed in a fused op's weights: the op says where
-            d, query_heads = self.heads[comp]
+            d, query_heads, rank = self.heads[comp]
+            if rank:  # a query head of each K/V group: they go together
+                return Unit("head", d, head_dim=d, query_heads=query_heads)
             if query_heads > 1:
                 return Unit("kv_group", d, head_dim=d, query_heads=query_heads)
             return Unit("head", d, head_dim=d)
+        if comp in self.kv_alone:
+            d = self.kv_alone[comp]
+            return Unit("kv_group", d, head_dim=d, query_heads=0)
         producers = [m for m in members if m.side == "out" and m.matrix]
         counts = sorted({len(m.indices) for m in producers}) or [1]
         families = {m.family for m in producers}

@@ -236,7 +236,9 @@ def prune(
     original = model_stats(proto, shapes, source.file_bytes)
     clock.lap("load")
     opts.say("finding the coupled groups ...")
-    gset = find_groups(proto, name=str(source.path or ""))
+    # grouped-query attention's query heads by rank when heads may go but K/V groups may not
+    query_ranks = "head" in units and "kv_group" not in units
+    gset = find_groups(proto, name=str(source.path or ""), query_ranks=query_ranks)
     clock.lap("groups")
     calibration = None
     if needs:

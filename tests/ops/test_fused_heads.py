@@ -44,10 +44,10 @@ def blocks(heads, size: int, offset: int = 0) -> list[int]:
     return [offset + h * size + j for h in heads for j in range(size)]
 
 
-def pruned(model: onnx.ModelProto, feeds: dict, ratio: float = 0.5):
+def pruned(model: onnx.ModelProto, feeds: dict, ratio: float = 0.5, **kwargs):
     """Prune (validation off), then check the shrunk model against the input with the masks
     applied here, with onnxruntime."""
-    result = prune(model, ratio, validate=False, price=False)
+    result = prune(model, ratio, validate=False, price=False, **kwargs)
     masks = result.masks
     for a, b in zip(run(zeroed(model, masks), feeds), run(result.model, feeds), strict=True):
         assert a.shape == b.shape
@@ -334,6 +334,87 @@ def test_group_query_attention_a_cache_computed_in_the_graph_goes_with_its_kv_he
     assert attrs(result.model, "GroupQueryAttention")["kv_num_heads"] == 1
 
 
+# ------------------------------------------------------------------ GroupQueryAttention: query ranks
+# With --units head (and not kv_group) a unit is the query heads of one rank r in every K/V
+# group (query heads r, rep + r, ...): removing them leaves every K/V head serving rep - 1.
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_group_query_attention_query_ranks_are_head_units_with_packed_qkv(init):
+    # 8 query heads, 2 K/V heads (rep 4), head_dim 8: W [16, (8 + 2 + 2) * 8], bias B
+    text = MS + """
+    g (float[1, 5, 16] x, float[16, 96] W, float[96] B, float[64, 16] Wo, int32[1] seqlens, int32 total) => (float[1, 5, 16] y) {
+      p = MatMul (x, W)
+      qkv = Add (p, B)
+      a, pk, pv = com.microsoft.GroupQueryAttention <num_heads = 8, kv_num_heads = 2> (qkv, , , , , seqlens, total)
+      y = MatMul (a, Wo)
+    }"""
+    model = tiny(text, values={"B": np.zeros(96)} if init == "default" else None)
+    per_rank = 2 * (8 * 16 + 8 + 8 * 16)  # two query heads: W's columns, B's, Wo's rows
+    gset = find_groups(model, query_ranks=True)
+    heads = [g for g in gset.groups if g.unit.kind == "head"]
+    assert len(heads) == 4 and all(g.exact for g in heads)
+    assert {(g.unit.head_dim, g.unit.query_heads, g.params) for g in heads} == {(8, 2, per_rank)}
+    kv = [g for g in gset.groups if g.unit.kind == "kv_group"]  # K/V heads alone: not units here
+    assert len(kv) == 2 and not any(g.exact for g in kv) and all("by rank" in str(g.reason) for g in kv)
+    assert {(g.unit.head_dim, g.unit.query_heads, g.params) for g in kv} == {(8, 0, 2 * (8 * 16 + 8))}
+    result, masks = pruned(model, {"x": x(1, 5, 16), **GQA_FEEDS}, units=["head"])
+    gone = [r for r in range(4) if set(blocks([r, 4 + r], 8)) <= set(dead(masks["W"], 1))]
+    assert len(gone) == 2
+    want = blocks([j * 4 + r for j in range(2) for r in gone], 8)
+    assert dead(masks["W"], 1) == dead(masks["B"], 0) == sorted(want)
+    assert dead(masks["Wo"], 0) == sorted(want)
+    s = shapes(result.model)
+    assert s["W"] == (16, 64) and s["B"] == (64,) and s["Wo"] == (32, 16)
+    assert result.shrink.before.params - result.shrink.after.params == 2 * per_rank
+    assert {k: v for k, v in attrs(result.model, "GroupQueryAttention").items() if "heads" in k} == {
+        "num_heads": 4,
+        "kv_num_heads": 2,
+    }
+
+
+def test_group_query_attention_the_least_important_rank_goes_with_its_sinks():
+    # Query heads 1 and 3 (rank 1 of both K/V groups) have small weights: --units head removes
+    # that rank (l1), with its head sinks; the K/V heads stay whole.
+    text = GQA.replace("int32 total)", "int32 total, float[4] Sink)").replace(
+        "(q, k, v, , , seqlens, total)", "(q, k, v, , , seqlens, total, , , , , Sink)"
+    )
+    model = tiny(text)
+    rank1 = [*range(8, 16), *range(24, 32)]
+    for t in model.graph.initializer:
+        if t.name in ("Wq", "Wo"):
+            w = onnx.numpy_helper.to_array(t).copy()
+            if t.name == "Wq":
+                w[:, rank1] *= 1e-3
+            else:
+                w[rank1, :] *= 1e-3
+            t.CopyFrom(onnx.numpy_helper.from_array(w, t.name))
+    result, masks = pruned(model, {"x": x(1, 5, 16), **GQA_FEEDS}, units=["head"])
+    assert dead(masks["Wq"], 1) == dead(masks["Wo"], 0) == rank1
+    assert dead(masks["Sink"], 0) == [1, 3]
+    assert "Wk" not in masks and "Wv" not in masks  # the K/V heads stay whole
+    s = shapes(result.model)
+    assert s["Wq"] == (16, 16) and s["Wk"] == s["Wv"] == (16, 16) and s["Wo"] == (16, 16) and s["Sink"] == (2,)
+    assert result.shrink.before.params - result.shrink.after.params == 2 * (16 * 8 + 8 * 16 + 1)
+    a = attrs(result.model, "GroupQueryAttention")
+    assert a["num_heads"] == 2 and a["kv_num_heads"] == 2
+
+
+def test_group_query_attention_query_ranks_with_a_kv_cache_in_the_interface():
+    # The cache keeps every K/V head (the interface), and a rank of query heads still goes
+    model = tiny(GQA_PAST)
+    assert not [g for g in find_groups(model).groups if g.unit.kind == "head"]  # K/V groups by default
+    feeds = {"x": x(1, 1, 16), "past_k": x(1, 2, 4, 8), "past_v": x(1, 2, 4, 8), **GQA_FEEDS}
+    result, masks = pruned(model, feeds, units=["head"])
+    [r] = [r for r in range(2) if dead(masks["Wq"], 1) == blocks([r, 2 + r], 8)]
+    assert dead(masks["Wo"], 0) == blocks([r, 2 + r], 8)
+    assert "Wk" not in masks and "Wv" not in masks  # the K/V heads stay whole
+    s = shapes(result.model)
+    assert s["Wq"] == (16, 16) and s["Wk"] == s["Wv"] == (16, 16) and s["Wo"] == (16, 16)
+    outs = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in result.model.graph.output}
+    assert outs["pk"] == outs["pv"] == [1, 2, 5, 8]
+    a = attrs(result.model, "GroupQueryAttention")
+    assert a["num_heads"] == 2 and a["kv_num_heads"] == 2
+
+
 # ------------------------------------------------------------------ ONNX Attention (opset 23)
 ONNX_ATTN = """<ir_version: 10, opset_import: ["" : 23]>
 g (float[1, 5, 8] x, float[8, 8] Wq, float[8, 4] Wk, float[8, 4] Wv, float[8, 8] Wo) => (float[1, 5, 8] y) {
@@ -343,6 +424,19 @@ g (float[1, 5, 8] x, float[8, 8] Wq, float[8, 4] Wk, float[8, 4] Wv, float[8, 8]
   a = Attention <q_num_heads = 4, kv_num_heads = 2> (q, k, v)
   y = MatMul (a, Wo)
 }"""
+
+
+def test_onnx_attention_3d_query_ranks_with_units_head():
+    # the same packed-hidden form: with --units head a rank of query heads goes (heads 1 and 3
+    # or 0 and 2, head_dim 2), q_num_heads 4 -> 2, the K/V heads stay
+    model = tiny(ONNX_ATTN, opset=23)
+    result, masks = pruned(model, {"x": x(1, 5, 8)}, units=["head"])
+    [r] = [r for r in range(2) if dead(masks["Wq"], 1) == blocks([r, 2 + r], 2)]
+    assert dead(masks["Wo"], 0) == blocks([r, 2 + r], 2)
+    assert "Wk" not in masks and "Wv" not in masks
+    assert result.shrink.before.params - result.shrink.after.params == 2 * (8 * 2 + 2 * 8)
+    a = attrs(result.model, "Attention")
+    assert a["q_num_heads"] == 2 and a["kv_num_heads"] == 2
 
 
 def test_onnx_attention_3d_kv_groups_go_and_rewrite_the_head_counts():
