@@ -148,11 +148,13 @@ def _model(
     live: Sequence[bool],
     opset: int,
     copies: int = 1,
-) -> onnx.ModelProto:
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The node alone, or `copies` copies of it side by side (each its own live inputs
     `i{k}.{c}` and outputs `o{k}.{c}`): the inputs that are not live are initializers, shared,
     which kernels prepack once (a weight fed anew at every run is repacked at every run:
-    MatMulNBits' int4 weights cost 7x the product itself)."""
+    MatMulNBits' int4 weights cost 7x the product itself). Returned with the arrays of the
+    initializers that the model names but does not hold (`_session` hands them to onnxruntime
+    as they lie: a conv's weights are not copied into a proto, serialized and parsed again)."""
     domain = node.domain or ""
     attrs = _attrs(node)
     nodes, graph_inputs = [], []
@@ -168,11 +170,15 @@ def _model(
             for n, a, v in zip(names, inputs, live, strict=True)
             if a is not None and v
         ]
-    initializers = [
-        onnx.numpy_helper.from_array(np.asarray(a), f"i{k}")
-        for k, (a, v) in enumerate(zip(inputs, live, strict=True))
-        if a is not None and not v
-    ]
+    initializers, weights = [], {}
+    for k, (a, v) in enumerate(zip(inputs, live, strict=True)):
+        if a is None or v:
+            continue
+        if a.nbytes >= _HANDED_BYTES and a.dtype in _HANDED:
+            initializers.append(_placeholder(f"i{k}", a))
+            weights[f"i{k}"] = np.ascontiguousarray(a)
+        else:
+            initializers.append(onnx.numpy_helper.from_array(np.asarray(a), f"i{k}"))
     outputs = [
         onnx.ValueInfoProto(name=f"o{k}.{c}") for c in range(copies) for k in range(len(node.outputs))
     ]
@@ -180,10 +186,33 @@ def _model(
     imports = [helper.make_opsetid("", opset)]
     if domain not in ("", "ai.onnx"):
         imports.append(helper.make_opsetid(domain, 1))
-    return helper.make_model(graph, opset_imports=imports, ir_version=_IR_VERSION)
+    return helper.make_model(graph, opset_imports=imports, ir_version=_IR_VERSION), weights
 
 
-def _session(model: onnx.ModelProto):
+# Constant inputs of these types and at least this size are handed to onnxruntime as arrays
+# (`_placeholder`); smaller ones, or of other types, are serialized into the model.
+_HANDED = frozenset(
+    np.dtype(t)
+    for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
+)  # fmt: skip
+_HANDED_BYTES = 1024
+
+
+def _placeholder(name: str, a: np.ndarray) -> onnx.TensorProto:
+    """An initializer that names its data as external: onnxruntime takes the data from
+    SessionOptions.add_external_initializers instead (it reads no file), and treats it as any
+    initializer (constant: prepacked once)."""
+    t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(a.dtype))
+    t.dims.extend(a.shape)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "handed"), ("offset", "0"), ("length", str(a.nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
+
+
+def _session(model: onnx.ModelProto, weights: Mapping[str, np.ndarray] | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -192,6 +221,10 @@ def _session(model: onnx.ModelProto):
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # The op's own kernel, as the model defines it: no rewrite (a fusion, a layout change).
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if weights:
+        # (The OrtValues refer to the arrays' memory: the caller keeps the arrays alive.)
+        names = list(weights)
+        so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in names])
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -232,24 +265,24 @@ class NodeRunner:
         )  # fmt: skip
         self.opset = opset
         self.live = list(live) if live is not None else [a is not None for a in inputs]
-        self.copies = 1
+        self._copies: int | None = None
         self._many: Any = None
+        self._runs = 0
+        self._steady: float | None = None  # seconds of the last run but the first
         self.key = b""
         failure: Exception | None = None
-        widened = [_widen(a) for a in inputs]
-        for arrays in (widened, list(inputs)) if _kernel(node, widened, opset) else (list(inputs),):
+        # Widened only when onnxruntime has the float64 kernel (asked with shapes and types).
+        wide = [None if a is None else np.broadcast_to(np.zeros((), _wide(a.dtype)), a.shape) for a in inputs]
+        for arrays in (None, list(inputs)) if _kernel(node, wide, opset) else (list(inputs),):
             try:
-                self.session = _session(_model(node, arrays, self.live, opset))
+                arrays = arrays if arrays is not None else [_widen(a) for a in inputs]
+                model, self.weights = _model(node, arrays, self.live, opset)
+                self.session = _session(model, self.weights)
                 self.templates = arrays
+                self._runs, self._steady = 0, None
                 start = time.perf_counter()
-                outputs = self.run(arrays)
+                outputs = self.run(arrays)  # (it runs: else the next form is tried)
                 seconds = time.perf_counter() - start
-                # A first run pays allocations and prepacking: timed again, steady, unless it
-                # was far too slow for copies anyway (a large conv: a full run saved).
-                if seconds < _COLD * _BATCH_BELOW:
-                    start = time.perf_counter()
-                    outputs = self.run(arrays)
-                    seconds = time.perf_counter() - start
                 break
             except Exception as exc:  # no kernel for these types: try the next
                 failure = exc
@@ -257,11 +290,34 @@ class NodeRunner:
             raise ReplayError(f"onnxruntime cannot run it ({first_line(failure or Exception())})")
         # What the session holds (its initializers; copies may prepack their own).
         self.nbytes = sum(a.nbytes for a in self.templates if a is not None)
-        if seconds < _BATCH_BELOW:
-            # Copies share the initializers, but each kernel may prepack its own copy of them.
-            each = sum(a.nbytes for a in self.templates if a is not None) + sum(o.nbytes for o in outputs)
-            self.copies = int(max(1, min(_COPIES, _BATCH_BYTES // max(each, 1))))
-            self.nbytes += self.copies * each if self.copies > 1 else 0
+        self._out_bytes = sum(o.nbytes for o in outputs)
+        # The outputs' shapes and types.
+        self.forms: list[tuple[tuple[int, ...], np.dtype]] = [(o.shape, o.dtype) for o in outputs]
+        # A first run pays allocations and prepacking: copies are decided on a steady run's
+        # time, unless this one was far too slow for copies anyway (a large conv).
+        if seconds >= _COLD * _BATCH_BELOW:
+            self._copies = 1
+
+    @property
+    def copies(self) -> int:
+        """Copies of the node in the session of `run_many`: decided when first asked, on the
+        time of a steady run (the last run but the first: a replay's own base run, else one
+        more run of the templates)."""
+        if self._copies is None:
+            if self._steady is None:
+                self.run(self.templates)
+            assert self._steady is not None
+            self._copies = 1
+            if self._steady < _BATCH_BELOW:
+                # Copies share the initializers, but each kernel may prepack its own copy of them.
+                each = sum(a.nbytes for a in self.templates if a is not None) + self._out_bytes
+                self._copies = int(max(1, min(_COPIES, _BATCH_BYTES // max(each, 1))))
+                self.nbytes += self._copies * each if self._copies > 1 else 0
+        return self._copies
+
+    @copies.setter
+    def copies(self, copies: int) -> None:
+        self._copies = copies
 
     @classmethod
     def of(
@@ -301,7 +357,12 @@ class NodeRunner:
         }
 
     def run(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        return [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
+        start = time.perf_counter()
+        outputs = [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
+        if self._runs:
+            self._steady = time.perf_counter() - start
+        self._runs += 1
+        return outputs
 
     def run_many(self, probes: Sequence[Sequence[np.ndarray | None]]) -> list[list[np.ndarray]]:
         """`run` of each of `probes`: groups of `copies` of them in one call each (a session of
@@ -309,8 +370,8 @@ class NodeRunner:
         full = len(probes) - len(probes) % self.copies if self.copies > 1 else 0
         if full and self._many is None:
             try:
-                model = _model(self.node, self.templates, self.live, self.opset, self.copies)
-                self._many = _session(model)
+                model, weights = _model(self.node, self.templates, self.live, self.opset, self.copies)
+                self._many = _session(model, weights)
             except Exception:  # a session of copies is only faster: run them one by one
                 self.copies, full = 1, 0
         n = len(self.node.outputs)
@@ -333,7 +394,7 @@ def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> b
     key = (op, opset, tuple(None if a is None else a.dtype.str for a in inputs))
     if key not in _KERNELS:
         try:
-            _session(_model(node, inputs, [a is not None for a in inputs], opset))
+            _session(_model(node, inputs, [a is not None for a in inputs], opset)[0])
             _KERNELS[key] = True
         except Exception as exc:
             _KERNELS[key] = "NOT_IMPLEMENTED" not in str(exc)
@@ -355,6 +416,10 @@ _BATCH_BELOW = 5e-4
 _COLD = 20  # a first run at most this many times slower than steady ones
 _COPIES = 32
 _BATCH_BYTES = 1 << 26
+
+
+def _wide(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if np.issubdtype(dtype, np.floating) else dtype
 
 
 def _widen(a: np.ndarray | None) -> np.ndarray | None:

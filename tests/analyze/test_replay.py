@@ -209,7 +209,7 @@ def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypat
     monkeypatch.setattr(engine, "_KERNELS", {})
     sessions, runs = [], [0]
     make, run = engine._session, engine.NodeRunner.run
-    monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
+    monkeypatch.setattr(engine, "_session", lambda model, *weights: sessions.append(model) or make(model, *weights))
 
     def counted(self, inputs):
         runs[0] += 1
@@ -325,7 +325,7 @@ def test_the_caches_hold_within_a_shrink_and_are_freed_after_it(monkeypatch):
     sessions = []
     monkeypatch.setattr(engine, "_KERNELS", {})
     make = engine._session
-    monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
+    monkeypatch.setattr(engine, "_session", lambda model, *weights: sessions.append(model) or make(model, *weights))
     text = BETWEEN.format(op="Softsign").replace("y = Conv (s, W2, B2)", "t = Softsign (s)\n  y = Conv (t, W2, B2)")
     with without_rule("Softsign"):
         result = shrink_checked(tiny(text, zero=DEAD))
