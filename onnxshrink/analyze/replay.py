@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -230,7 +232,8 @@ def _session(model: onnx.ModelProto, weights: Mapping[str, np.ndarray] | None = 
 
 def _digest(node: gs.Node, inputs: Sequence[np.ndarray | None], live: Sequence[bool], opset: int) -> bytes:
     """What a node's session depends on: op, domain, attributes, opset, every input's shape and
-    type, and the bytes of the inputs that are not live (they are the session's initializers)."""
+    type, and the inputs that are not live (they are the session's initializers): the bytes of
+    a small one, a large one's identity (`_identity`)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(helper.make_node(node.op, [], [], domain=node.domain or "", **_attrs(node)).SerializeToString())
     h.update(f"{opset}|{len(node.outputs)}".encode())
@@ -240,8 +243,39 @@ def _digest(node: gs.Node, inputs: Sequence[np.ndarray | None], live: Sequence[b
             continue
         h.update(f"|{a.dtype.str}{a.shape}{bool(v)}".encode())
         if not v:
-            h.update(np.ascontiguousarray(a).data)
+            ident = _identity(a) if a.nbytes >= _IDENTITY_BYTES else None
+            h.update(np.ascontiguousarray(a).data if ident is None else b"@%d" % ident)
     return h.digest()
+
+
+def _identity(a: np.ndarray) -> int | None:
+    """A number for the array object, given when it is first seen and never given again (its
+    entry goes with the array): a key that holds it cannot meet another array, even one at the
+    same address later. Within a shrink a constant is one array, never written to: the key
+    stands for its values without reading them (hashing ResNet-50's weights cost a tenth of a
+    second). Equal arrays that are distinct objects get sessions of their own: only time.
+    None when the array cannot be referred to weakly (then its bytes are hashed)."""
+    held = _IDENTITIES.get(id(a))
+    if held is not None and held[0]() is a:
+        return held[1]
+    address = id(a)
+
+    def gone(ref: weakref.ref, address: int = address) -> None:
+        if _IDENTITIES.get(address, (None,))[0] is ref:
+            del _IDENTITIES[address]
+
+    try:
+        ref = weakref.ref(a, gone)
+    except TypeError:
+        return None
+    _IDENTITIES[address] = (ref, next(_NUMBERS))
+    return _IDENTITIES[address][1]
+
+
+# Constants of this size and more are keyed by identity (`_identity`), smaller ones by bytes.
+_IDENTITY_BYTES = 1 << 16
+_IDENTITIES: dict[int, tuple[weakref.ref, int]] = {}
+_NUMBERS = itertools.count()
 
 
 class NodeRunner:
