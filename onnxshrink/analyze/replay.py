@@ -89,7 +89,7 @@ class Replayed:
 
     relation: dict[tuple[int, int], list[list[np.ndarray]]]
     depends: list[np.ndarray]
-    outputs: list[np.ndarray]  # output values of the first draw's base run
+    outputs: list[np.ndarray]  # output values of the first draw's base run (or zeros: replay's `whole`)
     joint: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -528,7 +528,8 @@ def replay(
     no finding about (they are kept already): not probed, their relation rows stay empty.
     `whole`: also redraw each live input whole, for `depends`; without, `depends` holds what
     the slices' probes changed only, and a draw's base is drawn and run only when a probe needs
-    it (the values then come from the generator in the order they are needed).
+    it (the values then come from the generator in the order they are needed), and when no
+    slice is to be probed nothing runs (`outputs` are then zeros).
     `presumed[(i, axis)]` (with `enough`): slices the caller expects to be needed. In each draw
     those still pending are first redrawn together, in one run; if what that run changes is
     `enough`, each of them is settled with that union as its relation row (keeping is always
@@ -609,6 +610,24 @@ def _replay(
             ]
         return base
 
+    if not whole and not any(
+        _unsettled(fixed.get(i), known, i, axis, runner.templates[i].shape).any()  # type: ignore[union-attr]
+        for i in live_inputs
+        for axis in axes.get(i, ())
+    ):
+        # Nothing to probe: nothing drawn or run (the outputs' shapes and types are those of
+        # the runner's first run).
+        zeros = [np.zeros(shape, dtype) for shape, dtype in runner.forms]
+        sizes = {i: runner.templates[i].shape for i in live_inputs}  # type: ignore[union-attr]
+        return Replayed(
+            {
+                (i, axis): [[np.zeros((sizes[i][axis], n), bool) for n in o.shape] for o in zeros]
+                for i in live_inputs
+                for axis in axes.get(i, ())
+            },
+            [np.zeros(o.shape, bool) for o in zeros],
+            zeros,
+        )
     # Without `whole`, only the first draw's base runs here; the others when a slice is probed.
     for d, (_, (new_scale, new_sign)) in enumerate(DRAWS if whole else DRAWS[:1]):
         base = base_of(d)
@@ -635,9 +654,7 @@ def _replay(
             rel = relation.setdefault(
                 (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in first]
             )
-            pending = ~_settled(fixed.get(i), shape, axis)  # a slice of constants: never redrawn
-            if known is not None and (i, axis) in known:
-                pending &= ~np.asarray(known[(i, axis)], bool)
+            pending = _unsettled(fixed.get(i), known, i, axis, shape)
             for d, (_, (new_scale, new_sign)) in enumerate(DRAWS):
                 # Nothing left to show: changes that reach every index of every output axis
                 # (the relation is a union over draws), or all the caller asks.
@@ -680,6 +697,21 @@ def _replay(
                 if alone.any():
                     _probe(runner, base_of(d), out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
     return Replayed(relation, depends, first, joint)
+
+
+def _unsettled(
+    fixed: tuple[np.ndarray, np.ndarray] | None,
+    known: Mapping[tuple[int, int], np.ndarray] | None,
+    i: int,
+    axis: int,
+    shape: tuple[int, ...],
+) -> np.ndarray:
+    """Per slice of input i along `axis`: is it to be probed? Not a slice of constants only
+    (never redrawn), nor one the caller knows."""
+    pending = ~_settled(fixed, shape, axis)
+    if known is not None and (i, axis) in known:
+        pending &= ~np.asarray(known[(i, axis)], bool)
+    return pending
 
 
 def _at(axis: int, which: np.ndarray) -> tuple[slice | np.ndarray, ...]:
