@@ -130,18 +130,34 @@ class Replayed:
     ) -> tuple[int, int, int] | None:
         """For a needed slice: (output, axis, index) of a kept output index it reaches, on the
         axis (of more than one index) where it reaches the fewest: the one that explains it."""
-        best: tuple[tuple[bool, int], int, int, int] | None = None
+        return self.witnesses(i, a, np.array([j]), kept)[0]
+
+    def witnesses(
+        self, i: int, a: int, slices: np.ndarray, kept: Sequence[Sequence[np.ndarray | None] | None]
+    ) -> list[tuple[int, int, int] | None]:
+        """`witness` of each of `slices`, found for all of them at once."""
+        n = len(slices)
+        # Per slice: the best rank so far, (a size-1 axis, hits) as one number; its place.
+        best = np.full(n, np.iinfo(np.int64).max, np.int64)
+        where = np.zeros((n, 3), np.int64)
         for o, axes in enumerate(self.relation[(i, a)]):
             used = kept[o]
             if used is None:
                 continue
             for b, r in enumerate(axes):
+                if not r.shape[1]:
+                    continue  # no index to reach
                 k = used[b] if len(used) == len(axes) else None
-                hits = np.flatnonzero(r[j] if k is None else r[j] & k)
-                rank = (r.shape[1] == 1, len(hits))  # a size-1 axis explains nothing
-                if len(hits) and (best is None or rank < best[0]):
-                    best = (rank, o, b, int(hits[0]))
-        return None if best is None else best[1:]
+                rows = r[slices] if k is None else r[slices] & k
+                hits = rows.sum(axis=1)
+                rank = hits + (r.shape[1] == 1) * (1 << 40)  # a size-1 axis explains nothing
+                better = (hits > 0) & (rank < best)
+                best[better] = rank[better]
+                where[better] = np.stack(
+                    [np.full(n, o), np.full(n, b), rows.argmax(axis=1)], axis=1
+                )[better]
+        found = best < np.iinfo(np.int64).max
+        return [tuple(int(x) for x in w) if f else None for w, f in zip(where, found, strict=True)]  # type: ignore[misc]
 
 
 def _model(
