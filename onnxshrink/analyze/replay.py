@@ -951,7 +951,9 @@ def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 def _draw(rng: np.random.Generator, like: np.ndarray, scale: float, sign: int) -> np.ndarray:
-    values = rng.standard_normal(like.shape)
-    if sign:
-        values = sign * np.abs(values)
-    return (values * scale).astype(like.dtype)
+    values = np.asarray(rng.standard_normal(like.shape))  # (a 0-d array for a scalar)
+    if sign:  # (in place: the same products as `sign * abs(values) * scale`, no copies)
+        np.abs(values, out=values)
+        values *= sign
+    values *= scale
+    return values.astype(like.dtype, copy=False)
