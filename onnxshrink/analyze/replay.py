@@ -318,21 +318,24 @@ class NodeRunner:
         self._copies: int | None = None
         self._many: Any = None
         self._runs = 0
+        self._first = 0.0  # seconds of the first run
         self._steady: float | None = None  # seconds of the last run but the first
+        self._forms: list[tuple[tuple[int, ...], np.dtype]] | None = None
+        self._out_bytes = 0
         self.key = b""
         failure: Exception | None = None
         # Widened only when onnxruntime has the float64 kernel (asked with shapes and types).
         wide = [None if a is None else np.broadcast_to(np.zeros((), _wide(a.dtype)), a.shape) for a in inputs]
-        for arrays in (None, list(inputs)) if _kernel(node, wide, opset) else (list(inputs),):
+        forms = (None, list(inputs)) if _kernel(node, wide, opset) else (list(inputs),)
+        for arrays in forms:
             try:
                 arrays = arrays if arrays is not None else [_widen(a) for a in inputs]
                 model, self.weights = _model(node, arrays, self.live, opset)
                 self.session = _session(model, self.weights)
                 self.templates = arrays
-                self._runs, self._steady = 0, None
-                start = time.perf_counter()
-                outputs = self.run(arrays)  # (it runs: else the next form is tried)
-                seconds = time.perf_counter() - start
+                if len(forms) > 1:  # it runs (else the next form is tried)
+                    self._runs, self._steady = 0, None
+                    self.run(arrays)
                 break
             except Exception as exc:  # no kernel for these types: try the next
                 failure = exc
@@ -340,25 +343,27 @@ class NodeRunner:
             raise ReplayError(f"onnxruntime cannot run it ({first_line(failure or Exception())})")
         # What the session holds (its initializers; copies may prepack their own).
         self.nbytes = sum(a.nbytes for a in self.templates if a is not None)
-        self._out_bytes = sum(o.nbytes for o in outputs)
-        # The outputs' shapes and types.
-        self.forms: list[tuple[tuple[int, ...], np.dtype]] = [(o.shape, o.dtype) for o in outputs]
-        # A first run pays allocations and prepacking: copies are decided on a steady run's
-        # time, unless this one was far too slow for copies anyway (a large conv).
-        if seconds >= _COLD * _BATCH_BELOW:
-            self._copies = 1
+
+    @property
+    def forms(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The outputs' shapes and types (those of the first run; one of the templates if none
+        ran yet)."""
+        if self._forms is None:
+            self.run(self.templates)
+        assert self._forms is not None
+        return self._forms
 
     @property
     def copies(self) -> int:
         """Copies of the node in the session of `run_many`: decided when first asked, on the
-        time of a steady run (the last run but the first: a replay's own base run, else one
-        more run of the templates)."""
+        time of a steady run (the last run but the first: a replay's own, else one more run of
+        the templates), unless the first run was far too slow for copies anyway (a large conv:
+        a first run pays allocations and prepacking)."""
         if self._copies is None:
-            if self._steady is None:
+            while self._steady is None and (not self._runs or self._first < _COLD * _BATCH_BELOW):
                 self.run(self.templates)
-            assert self._steady is not None
             self._copies = 1
-            if self._steady < _BATCH_BELOW:
+            if self._steady is not None and self._steady < _BATCH_BELOW:
                 # Copies share the initializers, but each kernel may prepack its own copy of them.
                 each = sum(a.nbytes for a in self.templates if a is not None) + self._out_bytes
                 self._copies = int(max(1, min(_COPIES, _BATCH_BYTES // max(each, 1))))
@@ -408,9 +413,24 @@ class NodeRunner:
 
     def run(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         start = time.perf_counter()
-        outputs = [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
+        try:
+            outputs = [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
+        except Exception as exc:
+            if self._runs:
+                raise
+            # The session was built but the node does not run: it cannot be replayed (and the
+            # cache says so from now on).
+            failed = f"onnxruntime cannot run it ({first_line(exc)})"
+            if _RUNNERS.get(self.key) is self:
+                _RUNNERS[self.key] = ReplayError(failed)
+            raise ReplayError(failed) from None
+        seconds = time.perf_counter() - start
         if self._runs:
-            self._steady = time.perf_counter() - start
+            self._steady = seconds
+        else:
+            self._first = seconds
+            self._forms = [(o.shape, o.dtype) for o in outputs]
+            self._out_bytes = sum(o.nbytes for o in outputs)
         self._runs += 1
         return outputs
 
