@@ -568,8 +568,8 @@ class KeepState:
                 continue  # not prunable: kept whole (keep() would do nothing)
             # (a slice kept already needs no witness: keep() would change nothing)
             joint = found.joint.get((i, a))
-            for j in np.flatnonzero(found.needed(i, a, kept) & ~have):
-                w = found.witness(i, a, int(j), kept)
+            needed = np.flatnonzero(found.needed(i, a, kept) & ~have)
+            for j, w in zip(needed, found.witnesses(i, a, needed, kept), strict=True):
                 if w is None:
                     detail = ""
                 elif joint is not None and joint[j]:  # settled with the rule's other needs

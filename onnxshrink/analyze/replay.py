@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,7 +89,7 @@ class Replayed:
 
     relation: dict[tuple[int, int], list[list[np.ndarray]]]
     depends: list[np.ndarray]
-    outputs: list[np.ndarray]  # output values of the first draw's base run
+    outputs: list[np.ndarray]  # output values of the first draw's base run (or zeros: replay's `whole`)
     joint: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,18 +130,34 @@ class Replayed:
     ) -> tuple[int, int, int] | None:
         """For a needed slice: (output, axis, index) of a kept output index it reaches, on the
         axis (of more than one index) where it reaches the fewest: the one that explains it."""
-        best: tuple[tuple[bool, int], int, int, int] | None = None
+        return self.witnesses(i, a, np.array([j]), kept)[0]
+
+    def witnesses(
+        self, i: int, a: int, slices: np.ndarray, kept: Sequence[Sequence[np.ndarray | None] | None]
+    ) -> list[tuple[int, int, int] | None]:
+        """`witness` of each of `slices`, found for all of them at once."""
+        n = len(slices)
+        # Per slice: the best rank so far, (a size-1 axis, hits) as one number; its place.
+        best = np.full(n, np.iinfo(np.int64).max, np.int64)
+        where = np.zeros((n, 3), np.int64)
         for o, axes in enumerate(self.relation[(i, a)]):
             used = kept[o]
             if used is None:
                 continue
             for b, r in enumerate(axes):
+                if not r.shape[1]:
+                    continue  # no index to reach
                 k = used[b] if len(used) == len(axes) else None
-                hits = np.flatnonzero(r[j] if k is None else r[j] & k)
-                rank = (r.shape[1] == 1, len(hits))  # a size-1 axis explains nothing
-                if len(hits) and (best is None or rank < best[0]):
-                    best = (rank, o, b, int(hits[0]))
-        return None if best is None else best[1:]
+                rows = r[slices] if k is None else r[slices] & k
+                hits = rows.sum(axis=1)
+                rank = hits + (r.shape[1] == 1) * (1 << 40)  # a size-1 axis explains nothing
+                better = (hits > 0) & (rank < best)
+                best[better] = rank[better]
+                where[better] = np.stack(
+                    [np.full(n, o), np.full(n, b), rows.argmax(axis=1)], axis=1
+                )[better]
+        found = best < np.iinfo(np.int64).max
+        return [tuple(int(x) for x in w) if f else None for w, f in zip(where, found, strict=True)]  # type: ignore[misc]
 
 
 def _model(
@@ -148,11 +166,13 @@ def _model(
     live: Sequence[bool],
     opset: int,
     copies: int = 1,
-) -> onnx.ModelProto:
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The node alone, or `copies` copies of it side by side (each its own live inputs
     `i{k}.{c}` and outputs `o{k}.{c}`): the inputs that are not live are initializers, shared,
     which kernels prepack once (a weight fed anew at every run is repacked at every run:
-    MatMulNBits' int4 weights cost 7x the product itself)."""
+    MatMulNBits' int4 weights cost 7x the product itself). Returned with the arrays of the
+    initializers that the model names but does not hold (`_session` hands them to onnxruntime
+    as they lie: a conv's weights are not copied into a proto, serialized and parsed again)."""
     domain = node.domain or ""
     attrs = _attrs(node)
     nodes, graph_inputs = [], []
@@ -168,11 +188,15 @@ def _model(
             for n, a, v in zip(names, inputs, live, strict=True)
             if a is not None and v
         ]
-    initializers = [
-        onnx.numpy_helper.from_array(np.asarray(a), f"i{k}")
-        for k, (a, v) in enumerate(zip(inputs, live, strict=True))
-        if a is not None and not v
-    ]
+    initializers, weights = [], {}
+    for k, (a, v) in enumerate(zip(inputs, live, strict=True)):
+        if a is None or v:
+            continue
+        if a.nbytes >= _HANDED_BYTES and a.dtype in _HANDED:
+            initializers.append(_placeholder(f"i{k}", a))
+            weights[f"i{k}"] = np.ascontiguousarray(a)
+        else:
+            initializers.append(onnx.numpy_helper.from_array(np.asarray(a), f"i{k}"))
     outputs = [
         onnx.ValueInfoProto(name=f"o{k}.{c}") for c in range(copies) for k in range(len(node.outputs))
     ]
@@ -180,10 +204,33 @@ def _model(
     imports = [helper.make_opsetid("", opset)]
     if domain not in ("", "ai.onnx"):
         imports.append(helper.make_opsetid(domain, 1))
-    return helper.make_model(graph, opset_imports=imports, ir_version=_IR_VERSION)
+    return helper.make_model(graph, opset_imports=imports, ir_version=_IR_VERSION), weights
 
 
-def _session(model: onnx.ModelProto):
+# Constant inputs of these types and at least this size are handed to onnxruntime as arrays
+# (`_placeholder`); smaller ones, or of other types, are serialized into the model.
+_HANDED = frozenset(
+    np.dtype(t)
+    for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
+)  # fmt: skip
+_HANDED_BYTES = 1024
+
+
+def _placeholder(name: str, a: np.ndarray) -> onnx.TensorProto:
+    """An initializer that names its data as external: onnxruntime takes the data from
+    SessionOptions.add_external_initializers instead (it reads no file), and treats it as any
+    initializer (constant: prepacked once)."""
+    t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(a.dtype))
+    t.dims.extend(a.shape)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "handed"), ("offset", "0"), ("length", str(a.nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
+
+
+def _session(model: onnx.ModelProto, weights: Mapping[str, np.ndarray] | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -192,12 +239,17 @@ def _session(model: onnx.ModelProto):
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # The op's own kernel, as the model defines it: no rewrite (a fusion, a layout change).
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if weights:
+        # (The OrtValues refer to the arrays' memory: the caller keeps the arrays alive.)
+        names = list(weights)
+        so.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in names])
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _digest(node: gs.Node, inputs: Sequence[np.ndarray | None], live: Sequence[bool], opset: int) -> bytes:
     """What a node's session depends on: op, domain, attributes, opset, every input's shape and
-    type, and the bytes of the inputs that are not live (they are the session's initializers)."""
+    type, and the inputs that are not live (they are the session's initializers): the bytes of
+    a small one, a large one's identity (`_identity`)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(helper.make_node(node.op, [], [], domain=node.domain or "", **_attrs(node)).SerializeToString())
     h.update(f"{opset}|{len(node.outputs)}".encode())
@@ -207,8 +259,39 @@ def _digest(node: gs.Node, inputs: Sequence[np.ndarray | None], live: Sequence[b
             continue
         h.update(f"|{a.dtype.str}{a.shape}{bool(v)}".encode())
         if not v:
-            h.update(np.ascontiguousarray(a).data)
+            ident = _identity(a) if a.nbytes >= _IDENTITY_BYTES else None
+            h.update(np.ascontiguousarray(a).data if ident is None else b"@%d" % ident)
     return h.digest()
+
+
+def _identity(a: np.ndarray) -> int | None:
+    """A number for the array object, given when it is first seen and never given again (its
+    entry goes with the array): a key that holds it cannot meet another array, even one at the
+    same address later. Within a shrink a constant is one array, never written to: the key
+    stands for its values without reading them (hashing ResNet-50's weights cost a tenth of a
+    second). Equal arrays that are distinct objects get sessions of their own: only time.
+    None when the array cannot be referred to weakly (then its bytes are hashed)."""
+    held = _IDENTITIES.get(id(a))
+    if held is not None and held[0]() is a:
+        return held[1]
+    address = id(a)
+
+    def gone(ref: weakref.ref, address: int = address) -> None:
+        if _IDENTITIES.get(address, (None,))[0] is ref:
+            del _IDENTITIES[address]
+
+    try:
+        ref = weakref.ref(a, gone)
+    except TypeError:
+        return None
+    _IDENTITIES[address] = (ref, next(_NUMBERS))
+    return _IDENTITIES[address][1]
+
+
+# Constants of this size and more are keyed by identity (`_identity`), smaller ones by bytes.
+_IDENTITY_BYTES = 1 << 16
+_IDENTITIES: dict[int, tuple[weakref.ref, int]] = {}
+_NUMBERS = itertools.count()
 
 
 class NodeRunner:
@@ -232,24 +315,27 @@ class NodeRunner:
         )  # fmt: skip
         self.opset = opset
         self.live = list(live) if live is not None else [a is not None for a in inputs]
-        self.copies = 1
+        self._copies: int | None = None
         self._many: Any = None
+        self._runs = 0
+        self._first = 0.0  # seconds of the first run
+        self._steady: float | None = None  # seconds of the last run but the first
+        self._forms: list[tuple[tuple[int, ...], np.dtype]] | None = None
+        self._out_bytes = 0
         self.key = b""
         failure: Exception | None = None
-        widened = [_widen(a) for a in inputs]
-        for arrays in (widened, list(inputs)) if _kernel(node, widened, opset) else (list(inputs),):
+        # Widened only when onnxruntime has the float64 kernel (asked with shapes and types).
+        wide = [None if a is None else np.broadcast_to(np.zeros((), _wide(a.dtype)), a.shape) for a in inputs]
+        forms = (None, list(inputs)) if _kernel(node, wide, opset) else (list(inputs),)
+        for arrays in forms:
             try:
-                self.session = _session(_model(node, arrays, self.live, opset))
+                arrays = arrays if arrays is not None else [_widen(a) for a in inputs]
+                model, self.weights = _model(node, arrays, self.live, opset)
+                self.session = _session(model, self.weights)
                 self.templates = arrays
-                start = time.perf_counter()
-                outputs = self.run(arrays)
-                seconds = time.perf_counter() - start
-                # A first run pays allocations and prepacking: timed again, steady, unless it
-                # was far too slow for copies anyway (a large conv: a full run saved).
-                if seconds < _COLD * _BATCH_BELOW:
-                    start = time.perf_counter()
-                    outputs = self.run(arrays)
-                    seconds = time.perf_counter() - start
+                if len(forms) > 1:  # it runs (else the next form is tried)
+                    self._runs, self._steady = 0, None
+                    self.run(arrays)
                 break
             except Exception as exc:  # no kernel for these types: try the next
                 failure = exc
@@ -257,11 +343,36 @@ class NodeRunner:
             raise ReplayError(f"onnxruntime cannot run it ({first_line(failure or Exception())})")
         # What the session holds (its initializers; copies may prepack their own).
         self.nbytes = sum(a.nbytes for a in self.templates if a is not None)
-        if seconds < _BATCH_BELOW:
-            # Copies share the initializers, but each kernel may prepack its own copy of them.
-            each = sum(a.nbytes for a in self.templates if a is not None) + sum(o.nbytes for o in outputs)
-            self.copies = int(max(1, min(_COPIES, _BATCH_BYTES // max(each, 1))))
-            self.nbytes += self.copies * each if self.copies > 1 else 0
+
+    @property
+    def forms(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The outputs' shapes and types (those of the first run; one of the templates if none
+        ran yet)."""
+        if self._forms is None:
+            self.run(self.templates)
+        assert self._forms is not None
+        return self._forms
+
+    @property
+    def copies(self) -> int:
+        """Copies of the node in the session of `run_many`: decided when first asked, on the
+        time of a steady run (the last run but the first: a replay's own, else one more run of
+        the templates), unless the first run was far too slow for copies anyway (a large conv:
+        a first run pays allocations and prepacking)."""
+        if self._copies is None:
+            while self._steady is None and (not self._runs or self._first < _COLD * _BATCH_BELOW):
+                self.run(self.templates)
+            self._copies = 1
+            if self._steady is not None and self._steady < _BATCH_BELOW:
+                # Copies share the initializers, but each kernel may prepack its own copy of them.
+                each = sum(a.nbytes for a in self.templates if a is not None) + self._out_bytes
+                self._copies = int(max(1, min(_COPIES, _BATCH_BYTES // max(each, 1))))
+                self.nbytes += self._copies * each if self._copies > 1 else 0
+        return self._copies
+
+    @copies.setter
+    def copies(self, copies: int) -> None:
+        self._copies = copies
 
     @classmethod
     def of(
@@ -301,7 +412,27 @@ class NodeRunner:
         }
 
     def run(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        return [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
+        start = time.perf_counter()
+        try:
+            outputs = [np.asarray(o) for o in self.session.run(None, self._feeds(inputs))]
+        except Exception as exc:
+            if self._runs:
+                raise
+            # The session was built but the node does not run: it cannot be replayed (and the
+            # cache says so from now on).
+            failed = f"onnxruntime cannot run it ({first_line(exc)})"
+            if _RUNNERS.get(self.key) is self:
+                _RUNNERS[self.key] = ReplayError(failed)
+            raise ReplayError(failed) from None
+        seconds = time.perf_counter() - start
+        if self._runs:
+            self._steady = seconds
+        else:
+            self._first = seconds
+            self._forms = [(o.shape, o.dtype) for o in outputs]
+            self._out_bytes = sum(o.nbytes for o in outputs)
+        self._runs += 1
+        return outputs
 
     def run_many(self, probes: Sequence[Sequence[np.ndarray | None]]) -> list[list[np.ndarray]]:
         """`run` of each of `probes`: groups of `copies` of them in one call each (a session of
@@ -309,8 +440,8 @@ class NodeRunner:
         full = len(probes) - len(probes) % self.copies if self.copies > 1 else 0
         if full and self._many is None:
             try:
-                model = _model(self.node, self.templates, self.live, self.opset, self.copies)
-                self._many = _session(model)
+                model, weights = _model(self.node, self.templates, self.live, self.opset, self.copies)
+                self._many = _session(model, weights)
             except Exception:  # a session of copies is only faster: run them one by one
                 self.copies, full = 1, 0
         n = len(self.node.outputs)
@@ -333,7 +464,7 @@ def _kernel(node: gs.Node, inputs: Sequence[np.ndarray | None], opset: int) -> b
     key = (op, opset, tuple(None if a is None else a.dtype.str for a in inputs))
     if key not in _KERNELS:
         try:
-            _session(_model(node, inputs, [a is not None for a in inputs], opset))
+            _session(_model(node, inputs, [a is not None for a in inputs], opset)[0])
             _KERNELS[key] = True
         except Exception as exc:
             _KERNELS[key] = "NOT_IMPLEMENTED" not in str(exc)
@@ -355,6 +486,10 @@ _BATCH_BELOW = 5e-4
 _COLD = 20  # a first run at most this many times slower than steady ones
 _COPIES = 32
 _BATCH_BYTES = 1 << 26
+
+
+def _wide(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if np.issubdtype(dtype, np.floating) else dtype
 
 
 def _widen(a: np.ndarray | None) -> np.ndarray | None:
@@ -429,7 +564,8 @@ def replay(
     no finding about (they are kept already): not probed, their relation rows stay empty.
     `whole`: also redraw each live input whole, for `depends`; without, `depends` holds what
     the slices' probes changed only, and a draw's base is drawn and run only when a probe needs
-    it (the values then come from the generator in the order they are needed).
+    it (the values then come from the generator in the order they are needed), and when no
+    slice is to be probed nothing runs (`outputs` are then zeros).
     `presumed[(i, axis)]` (with `enough`): slices the caller expects to be needed. In each draw
     those still pending are first redrawn together, in one run; if what that run changes is
     `enough`, each of them is settled with that union as its relation row (keeping is always
@@ -510,6 +646,24 @@ def _replay(
             ]
         return base
 
+    if not whole and not any(
+        _unsettled(fixed.get(i), known, i, axis, runner.templates[i].shape).any()  # type: ignore[union-attr]
+        for i in live_inputs
+        for axis in axes.get(i, ())
+    ):
+        # Nothing to probe: nothing drawn or run (the outputs' shapes and types are those of
+        # the runner's first run).
+        zeros = [np.zeros(shape, dtype) for shape, dtype in runner.forms]
+        sizes = {i: runner.templates[i].shape for i in live_inputs}  # type: ignore[union-attr]
+        return Replayed(
+            {
+                (i, axis): [[np.zeros((sizes[i][axis], n), bool) for n in o.shape] for o in zeros]
+                for i in live_inputs
+                for axis in axes.get(i, ())
+            },
+            [np.zeros(o.shape, bool) for o in zeros],
+            zeros,
+        )
     # Without `whole`, only the first draw's base runs here; the others when a slice is probed.
     for d, (_, (new_scale, new_sign)) in enumerate(DRAWS if whole else DRAWS[:1]):
         base = base_of(d)
@@ -536,9 +690,7 @@ def _replay(
             rel = relation.setdefault(
                 (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in first]
             )
-            pending = ~_settled(fixed.get(i), shape, axis)  # a slice of constants: never redrawn
-            if known is not None and (i, axis) in known:
-                pending &= ~np.asarray(known[(i, axis)], bool)
+            pending = _unsettled(fixed.get(i), known, i, axis, shape)
             for d, (_, (new_scale, new_sign)) in enumerate(DRAWS):
                 # Nothing left to show: changes that reach every index of every output axis
                 # (the relation is a union over draws), or all the caller asks.
@@ -581,6 +733,21 @@ def _replay(
                 if alone.any():
                     _probe(runner, base_of(d), out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
     return Replayed(relation, depends, first, joint)
+
+
+def _unsettled(
+    fixed: tuple[np.ndarray, np.ndarray] | None,
+    known: Mapping[tuple[int, int], np.ndarray] | None,
+    i: int,
+    axis: int,
+    shape: tuple[int, ...],
+) -> np.ndarray:
+    """Per slice of input i along `axis`: is it to be probed? Not a slice of constants only
+    (never redrawn), nor one the caller knows."""
+    pending = ~_settled(fixed, shape, axis)
+    if known is not None and (i, axis) in known:
+        pending &= ~np.asarray(known[(i, axis)], bool)
+    return pending
 
 
 def _at(axis: int, which: np.ndarray) -> tuple[slice | np.ndarray, ...]:
@@ -804,7 +971,9 @@ def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 def _draw(rng: np.random.Generator, like: np.ndarray, scale: float, sign: int) -> np.ndarray:
-    values = rng.standard_normal(like.shape)
-    if sign:
-        values = sign * np.abs(values)
-    return (values * scale).astype(like.dtype)
+    values = np.asarray(rng.standard_normal(like.shape))  # (a 0-d array for a scalar)
+    if sign:  # (in place: the same products as `sign * abs(values) * scale`, no copies)
+        np.abs(values, out=values)
+        values *= sign
+    values *= scale
+    return values.astype(like.dtype, copy=False)

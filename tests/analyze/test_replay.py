@@ -209,7 +209,7 @@ def test_a_node_is_run_in_one_session_and_a_second_replay_runs_nothing(monkeypat
     monkeypatch.setattr(engine, "_KERNELS", {})
     sessions, runs = [], [0]
     make, run = engine._session, engine.NodeRunner.run
-    monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
+    monkeypatch.setattr(engine, "_session", lambda model, *weights: sessions.append(model) or make(model, *weights))
 
     def counted(self, inputs):
         runs[0] += 1
@@ -325,7 +325,7 @@ def test_the_caches_hold_within_a_shrink_and_are_freed_after_it(monkeypatch):
     sessions = []
     monkeypatch.setattr(engine, "_KERNELS", {})
     make = engine._session
-    monkeypatch.setattr(engine, "_session", lambda model: sessions.append(model) or make(model))
+    monkeypatch.setattr(engine, "_session", lambda model, *weights: sessions.append(model) or make(model, *weights))
     text = BETWEEN.format(op="Softsign").replace("y = Conv (s, W2, B2)", "t = Softsign (s)\n  y = Conv (t, W2, B2)")
     with without_rule("Softsign"):
         result = shrink_checked(tiny(text, zero=DEAD))
@@ -336,3 +336,84 @@ def test_the_caches_hold_within_a_shrink_and_are_freed_after_it(monkeypatch):
     whole = [m for m in sessions if [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 6, 6, 6]]
     assert len(whole) == 2
     assert not engine._RUNNERS and not engine._REPLAYS and not engine._COMMUTES
+
+
+def test_a_large_weight_is_keyed_by_its_array_and_handed_to_onnxruntime_as_it_lies(monkeypatch):
+    # A conv's weights of 64 KiB or more key its session by the array object (not a hash of
+    # its bytes) and are not serialized into its model: the same array, one session; an
+    # equal copy, a session of its own; the same relation from both, and the same outputs as
+    # a model that holds the weights.
+    from onnx import helper, numpy_helper
+
+    from onnxshrink.analyze import replay as engine
+
+    monkeypatch.setattr(engine, "_RUNNERS", engine.OrderedDict())
+    monkeypatch.setattr(engine, "_REPLAYS", engine.OrderedDict())
+    sessions = []
+    make = engine._session
+    monkeypatch.setattr(engine, "_session", lambda model, *weights: sessions.append(model) or make(model, *weights))
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)  # 73,728 bytes
+    w[:, 5] = 0  # input channel 5 reaches no output
+    x = gs.Variable("x", np.float32, [1, 32, 5, 5])
+    node = gs.Node("Conv", attrs={"pads": [1, 1, 1, 1]}, inputs=[x, gs.Constant("w", w)],
+                   outputs=[gs.Variable("y", np.float32, [1, 64, 5, 5])])  # fmt: skip
+    feed = np.zeros((1, 32, 5, 5), np.float32)
+    first = replay(node, [feed, w], [True, False], {0: [1]}, 17)
+    built = len(sessions)
+    assert replay(node, [feed, w], [True, False], {0: [1]}, 17) is first and len(sessions) == built
+    weights = [t for m in sessions for t in m.graph.initializer]  # (the kernel check feeds all)
+    assert weights and all(not t.raw_data and t.data_location == 1 for t in weights)  # handed
+    again = replay(node, [feed, w.copy()], [True, False], {0: [1]}, 17)
+    assert len(sessions) > built and again is not first
+    reach = first.relation[(0, 1)][0][1]
+    np.testing.assert_array_equal(reach, again.relation[(0, 1)][0][1])
+    assert not reach[5].any() and reach[np.arange(32) != 5].all()
+    # The runner's outputs: those of the same kernel in a model that holds the weights.
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+        [helper.make_tensor_value_info("x", 1, [1, 32, 5, 5])], [helper.make_tensor_value_info("y", 1, None)],
+        [numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    held = make(helper.make_model(graph, ir_version=8))  # the same session options, weights held
+    value = rng.standard_normal((1, 32, 5, 5)).astype(np.float32)
+    [runner] = [r for r in engine._RUNNERS.values() if r.key == engine._digest(node, [feed, w], [True, False], 17)]
+    np.testing.assert_array_equal(runner.run([value, w])[0], held.run(None, {"x": value})[0])
+
+
+def test_an_array_identity_is_never_given_to_another_array():
+    from onnxshrink.analyze import replay as engine
+
+    seen = set()
+    for _ in range(50):  # arrays made and freed in turn often reuse an address
+        a = np.zeros(1 << 15)
+        number = engine._identity(a)
+        assert number is not None and number not in seen and engine._identity(a) == number
+        seen.add(number)
+        del a
+    assert len(engine._IDENTITIES) < 50  # entries go with their arrays
+
+
+def test_a_replay_with_nothing_to_probe_runs_nothing_more(monkeypatch):
+    # Every slice known (kept already): no draw and no run beyond the one that gives the
+    # outputs' shapes; the relation has the shapes of a replay that ran, and no dependence.
+    from onnxshrink.analyze import replay as engine
+
+    monkeypatch.setattr(engine, "_RUNNERS", engine.OrderedDict())
+    runs = [0]
+    run = engine.NodeRunner.run
+
+    def counted(self, inputs):
+        runs[0] += 1
+        return run(self, inputs)
+
+    monkeypatch.setattr(engine.NodeRunner, "run", counted)
+    node = lone("Softsign", shape=(1, 5, 2, 2))  # one form: float32 (no float64 kernel)
+    x = np.zeros((1, 5, 2, 2), np.float32)
+    found = replay(node, [x], [True], {0: [1]}, 17, enough=lambda *_: False,
+                   known={(0, 1): np.ones(5, bool)}, whole=False)  # fmt: skip
+    assert runs[0] == 1
+    assert [r.shape for r in found.relation[(0, 1)][0]] == [(5, 1), (5, 5), (5, 2), (5, 2)]
+    assert not any(r.any() for r in found.relation[(0, 1)][0]) and not found.depends[0].any()
+    probed = replay(node, [x], [True], {0: [1]}, 17, enough=lambda *_: False, whole=False)
+    assert runs[0] > 1 and probed.relation[(0, 1)][0][1].tolist() == np.eye(5, dtype=bool).tolist()
