@@ -49,13 +49,24 @@ def model_stats(
     input_shapes: dict[str, list[int]] | None = None,
     file_bytes: int | None = None,
 ) -> ModelStats:
-    from onnxshrink.ops import facts
-
     # Nodes of every graph the file holds (an If-wrapped model is all branches)
     ops = Counter(n.op_type for g in ir.all_graphs(model.graph) for n in g.node)
-    # Float constants, whether stored as initializers or Constant nodes (onnxshrink turns the
-    # latter into the former, which must not change the count), in subgraphs too (a weight only
-    # a Loop body reads may be stored there).
+    return ModelStats(
+        dict(sorted(ops.items())),
+        sum(ops.values()),
+        count_params(model),
+        count_macs(model, input_shapes or {}),
+        file_bytes,
+        dict(input_shapes) if input_shapes is not None else None,
+    )
+
+
+def count_params(model: onnx.ModelProto) -> int:
+    """Float constants, whether stored as initializers or Constant nodes (onnxshrink turns the
+    latter into the former, which must not change the count), in subgraphs too (a weight only
+    a Loop body reads may be stored there); integer weights of quantized models (PARAM_TYPES)."""
+    from onnxshrink.ops import facts
+
     opset = default_opset(model)
     params = 0
     for g in ir.all_graphs(model.graph):
@@ -67,14 +78,7 @@ def model_stats(
             value = handler.constant_value(op) if handler is not None and op is not None else None
             if value is not None and is_float(value.dtype):
                 params += int(value.size)
-    return ModelStats(
-        dict(sorted(ops.items())),
-        sum(ops.values()),
-        params,
-        count_macs(model, input_shapes or {}),
-        file_bytes,
-        dict(input_shapes) if input_shapes is not None else None,
-    )
+    return params
 
 
 def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> int:
@@ -82,16 +86,17 @@ def count_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> in
     ConvTranspose, Gemm, MatMul, ...); dynamic dims count as 1. Bodies count as they run: an If
     as its costlier branch, a Loop or Scan body once per iteration (a trip count the graph does
     not fix counts 1)."""
-    return _macs(model, input_shapes)[0]
+    return macs_of(model, input_shapes)[0]
 
 
 def node_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> dict[str, int]:
     """count_macs of each node (in every graph, times the iterations of the bodies around it), by
     its first output."""
-    return _macs(model, input_shapes)[1]
+    return macs_of(model, input_shapes)[1]
 
 
-def _macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple[int, dict[str, int]]:
+def macs_of(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple[int, dict[str, int]]:
+    """(count_macs, node_macs) from one shape inference."""
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton(model, input_shapes), data_prop=True)
     except Exception:

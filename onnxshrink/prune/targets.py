@@ -61,13 +61,12 @@ class Costs:
     """Parameters and MACs a removal takes out, estimated from the groups alone."""
 
     def __init__(self, gset: GroupSet, model: onnx.ModelProto, shapes: Mapping[str, list[int]]):
-        from onnxshrink.report import model_stats, node_macs
+        from onnxshrink.report import count_params, macs_of
 
         self.gset = gset
         self.shapes = {name: tuple(int(d) for d in a.shape) for name, a in gset.arrays.items()}
-        stats = model_stats(model, dict(shapes))
-        self.params, self.macs = stats.params, stats.macs
-        per_node = node_macs(model, dict(shapes))
+        self.params = count_params(model)
+        self.macs, per_node = macs_of(model, dict(shapes))  # one shape inference for both
         # MACs of the node reading each weight matrix (a member read as a matrix)
         self.weight_macs: dict[str, int] = {}
         for g in gset.groups:
