@@ -44,6 +44,19 @@ def blocks(heads, size: int, offset: int = 0) -> list[int]:
     return [offset + h * size + j for h in heads for j in range(size)]
 
 
+def assert_head_units(model: onnx.ModelProto, n: int, head_dim: int | None = None) -> list:
+    """The model's `head` units, asserted: n of them, every one exact (of head_dim dims, where
+    given)."""
+    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
+    assert len(heads) == n and all(g.exact and head_dim in (None, g.unit.head_dim) for g in heads)
+    return heads
+
+
+def gone_heads(mask: np.ndarray, size: int, n: int = 4) -> list[int]:
+    """The heads (of n, `size` rows each) whose rows the output projection's mask zeroes."""
+    return [h for h in range(n) if set(blocks([h], size)) <= set(dead(mask, 0))]
+
+
 def pruned(model: onnx.ModelProto, feeds: dict, ratio: float = 0.5, **kwargs):
     """Prune (validation off), then check the shrunk model against the input with the masks
     applied here, with onnxruntime."""
@@ -83,7 +96,7 @@ def test_contrib_attention_heads_are_groups_and_half_go(init):
     ]
 
     result, masks = pruned(model, {"x": x(1, 5, 8)})
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2
     cols = blocks(gone, 2) + blocks(gone, 2, 8) + blocks(gone, 2, 16)
     assert dead(masks["W"], 1) == sorted(cols) and dead(masks["Wo"], 0) == blocks(gone, 2)
@@ -99,7 +112,7 @@ def test_contrib_attention_qkv_hidden_sizes_slice_each_part_by_its_head_size():
     text = text.replace("float[8, 24] W, float[24] B, float[8, 8] Wo", "float[8, 28] W, float[28] B, float[12, 8] Wo")
     model = tiny(text)
     result, masks = pruned(model, {"x": x(1, 5, 8)})
-    gone = [h for h in range(4) if set(blocks([h], 3)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 3)
     assert len(gone) == 2
     assert dead(masks["W"], 1) == sorted(blocks(gone, 2) + blocks(gone, 2, 8) + blocks(gone, 3, 16))
     assert attrs(result.model, "Attention") == {"num_heads": 2, "qkv_hidden_sizes": [4, 4, 6]}
@@ -136,10 +149,9 @@ def test_contrib_attention_a_past_computed_in_the_graph_loses_the_heads_slices()
       y = MatMul (a, Wo)
     }"""
     model = tiny(text)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact for g in heads)
+    assert_head_units(model, 4)
     result, masks = pruned(model, {"x": x(1, 5, 8), "ctx": x(1, 3, 8)})
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2
     assert dead(masks["Wpk"], 1) == dead(masks["Wpv"], 1) == blocks(gone, 2)
     s = shapes(result.model)
@@ -152,8 +164,7 @@ def test_contrib_attention_a_per_head_attention_bias_goes_with_its_heads(heads_a
     text = ATTN.replace("float[8] Bo)", f"float[8] Bo, float[1, {heads_axis}, 5, 5] Ab)")
     text = text.replace("(x, W, B)", "(x, W, B, , , Ab)")
     model = tiny(text)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact for g in heads)
+    assert_head_units(model, 4)
     result, masks = pruned(model, {"x": x(1, 5, 8)})
     assert shapes(result.model)["Ab"] == (1, 2 if heads_axis == 4 else 1, 5, 5)
     assert attrs(result.model, "Attention")["num_heads"] == 2
@@ -173,10 +184,9 @@ g (float[1, 5, 8] x, float[8, 8] Wq, float[8, 8] Wk, float[8, 8] Wv, float[24] B
 @pytest.mark.parametrize("init", ["random", "default"])
 def test_multihead_attention_heads_go_with_their_projections_and_packed_bias(init):
     model = tiny(MHA, values={"B": np.zeros(24)} if init == "default" else None)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    assert_head_units(model, 4, head_dim=2)
     result, masks = pruned(model, {"x": x(1, 5, 8)})
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2
     for w in ("Wq", "Wk", "Wv"):
         assert dead(masks[w], 1) == blocks(gone, 2)
@@ -203,10 +213,9 @@ def test_multihead_attention_a_past_computed_in_the_graph_goes_with_its_heads():
       y = MatMul (a, Wo)
     }"""
     model = tiny(text)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact for g in heads)
+    assert_head_units(model, 4)
     result, masks = pruned(model, {"x": x(1, 5, 8), "ctx": x(1, 3, 8)})
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2
     for w in ("Wq", "Wk", "Wv", "Wpk", "Wpv"):
         assert dead(masks[w], 1) == blocks(gone, 2)
@@ -220,8 +229,7 @@ def test_multihead_attention_a_per_head_attention_bias_goes_with_its_heads(heads
     text = MHA.replace("float[8, 8] Wo)", f"float[8, 8] Wo, float[1, {heads_axis}, 5, 5] Ab)")
     text = text.replace("(q, k, v, B)", "(q, k, v, B, , Ab)")
     model = tiny(text)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact for g in heads)
+    assert_head_units(model, 4)
     result, masks = pruned(model, {"x": x(1, 5, 8)})
     assert shapes(result.model)["Ab"] == (1, 2 if heads_axis == 4 else 1, 5, 5)
     assert attrs(result.model, "MultiHeadAttention")["num_heads"] == 2
@@ -496,10 +504,9 @@ def test_onnx_attention_4d_heads_are_an_axis_and_half_go():
       y = MatMul (a3, Wo)
     }"""
     model = tiny(text)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    assert_head_units(model, 4, head_dim=2)
     result, masks = pruned(model, {"x": x(1, 5, 8)})
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2
     for w in ("Wq", "Wk", "Wv"):
         assert dead(masks[w], 1) == blocks(gone, 2)
@@ -771,12 +778,11 @@ g (float[1, 5, 8] x, float[8, 24] W, float[24] B, float[8, 8] Wo) => (float[1, 5
 def test_multihead_attention_packed_qkv_heads_are_its_axis_2(init):
     # W's columns are [heads, Q K V, d]: head h's are 6h .. 6h + 5; B is Q | K | V, each [heads, d]
     model = tiny(MHA_QKV5, values={"B": np.zeros(24)} if init == "default" else None)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    heads = assert_head_units(model, 4, head_dim=2)
     assert {g.params for g in heads} == {8 * 6 + 6 + 2 * 8}
     result = prune(model, 0.5, validate=False, price=False)
     masks = result.masks
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2 and dead(masks["Wo"], 0) == blocks(gone, 2)
     assert dead(masks["W"], 1) == blocks(gone, 6)
     assert dead(masks["B"], 0) == sorted(blocks(gone, 2) + blocks(gone, 2, 8) + blocks(gone, 2, 16))
@@ -803,11 +809,10 @@ g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 8] Wq, float[8, 16] Wkv, float
 
 def test_multihead_attention_packed_kv_heads_go_with_their_queries():
     model = tiny(MHA_KV5)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact for g in heads)
+    assert_head_units(model, 4)
     result = prune(model, 0.5, validate=False, price=False)
     masks = result.masks
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2
     assert dead(masks["Wq"], 1) == blocks(gone, 2) and dead(masks["Wkv"], 1) == blocks(gone, 4)
     feeds = {"x": x(1, 5, 8), "ctx": x(1, 3, 8)}
@@ -838,10 +843,9 @@ g (float[1, 5, 8] x, float[1, 3, 8] ctx, float[8, 8] Wq, float[8, 8] Wk, float[8
 def test_multihead_attention_keys_and_values_per_head_go_with_their_heads():
     # a cross-attention's keys and values given per head, [B, heads, L, d]
     model = tiny(MHA_KV4)
-    heads = [g for g in find_groups(model).groups if g.unit.kind == "head"]
-    assert len(heads) == 4 and all(g.exact and g.unit.head_dim == 2 for g in heads)
+    assert_head_units(model, 4, head_dim=2)
     result, masks = pruned(model, {"x": x(1, 5, 8), "ctx": x(1, 3, 8)})
-    gone = [h for h in range(4) if set(blocks([h], 2)) <= set(dead(masks["Wo"], 0))]
+    gone = gone_heads(masks["Wo"], 2)
     assert len(gone) == 2 and dead(masks["Wo"], 0) == blocks(gone, 2)
     for w in ("Wq", "Wk", "Wv"):
         assert dead(masks[w], 1) == blocks(gone, 2)
