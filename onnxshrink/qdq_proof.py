@@ -288,20 +288,19 @@ def float_activations(model: onnx.ModelProto) -> onnx.ModelProto | None:
     after it, as a QuantizeLinear's does (see the module docstring). Both models are run alike.
     (onnxruntime's own fusion of a block-wise int4 DequantizeLinear into a MatMul is told the same
     by the proof's sessions: `validate.session`.)"""
-    nodes = [
-        n
-        for n in model.graph.node
-        if n.op_type == "MatMulNBits"
-        and n.domain == "com.microsoft"
-        and any(a.name == "accuracy_level" and a.i != 0 for a in n.attribute)
-    ]
-    if not nodes:
+    def levels(graph: onnx.GraphProto) -> list[onnx.AttributeProto]:
+        return [
+            a
+            for n in graph.node
+            if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"
+            for a in n.attribute
+            if a.name == "accuracy_level" and a.i != 0
+        ]
+
+    if not levels(model.graph):  # (no copy of a model that has nothing to change)
         return None
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for n in out.graph.node:
-        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
-            for a in n.attribute:
-                if a.name == "accuracy_level":
-                    a.i = 0
+    for a in levels(out.graph):
+        a.i = 0
     return out

@@ -34,11 +34,9 @@ class Dequant:
         code of which is the zero point), broadcast against the tensor."""
         if not self.bits:
             return self.zero
-        z = self.zero.astype(np.uint8)
-        byte = np.zeros_like(z)
-        for j in range(8 // self.bits):
-            byte |= z << np.uint8(j * self.bits)
-        return byte
+        from onnxshrink.ops.matmul_nbits import fill_byte
+
+        return fill_byte(self.zero, self.bits)
 
 
 class Inputs(Protocol):

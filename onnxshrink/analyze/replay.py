@@ -125,13 +125,6 @@ class Replayed:
             need |= reach
         return need
 
-    def witness(
-        self, i: int, a: int, j: int, kept: Sequence[Sequence[np.ndarray | None] | None]
-    ) -> tuple[int, int, int] | None:
-        """For a needed slice: (output, axis, index) of a kept output index it reaches, on the
-        axis (of more than one index) where it reaches the fewest: the one that explains it."""
-        return self.witnesses(i, a, np.array([j]), kept)[0]
-
     def witnesses(
         self, i: int, a: int, slices: np.ndarray, kept: Sequence[Sequence[np.ndarray | None] | None]
     ) -> list[tuple[int, int, int] | None]:

@@ -54,6 +54,16 @@ def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
+def fill_byte(zero: np.ndarray, bits: int) -> np.ndarray:
+    """The byte every code of which is `zero` (codes of `bits` bits): what a zeroed element of
+    packed codes is stored as."""
+    z = np.asarray(zero).astype(np.uint8)
+    byte = np.zeros_like(z)
+    for j in range(8 // bits):
+        byte |= z << np.uint8(j * bits)
+    return byte
+
+
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """`unpack`'s inverse; the last axis padded with code 0 to whole bytes."""
     per = 8 // bits
@@ -116,14 +126,6 @@ class Layout:
         scaled = self.scales(reader, node)[:, :, None] != 0
         return ((w != zero) & scaled).reshape(self.n, -1)[:, : self.k]
 
-    def fill(self, reader: Reader, node: gs.Node) -> np.ndarray:
-        """The byte a zero weight of each block is stored as (its zero point in every code of
-        the byte), [N, n_blocks, 1]: what zeroing a slice of B writes."""
-        zero = self.zeros(reader, node).astype(np.uint8)
-        byte = np.zeros_like(zero)
-        for j in range(8 // self.bits):
-            byte |= zero << np.uint8(j * self.bits)
-        return byte[:, :, None]
 
 
 def dequantized(
