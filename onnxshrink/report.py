@@ -107,9 +107,14 @@ def macs_of(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple
     opset = default_opset(model)
     per_node: dict[str, int] = {}
 
-    def graph_macs(graph: onnx.GraphProto, outer: _Scope, times: int) -> int:
-        """The MACs of one run of `graph` (per_node: times the runs of the bodies around it)."""
-        scope = outer.inner(graph)
+    def constant(n: onnx.NodeProto) -> np.ndarray | None:
+        handler, op = facts(n, opset) if not n.input else (None, None)
+        return handler.constant_value(op) if handler is not None and op is not None else None
+
+    def graph_macs(graph: onnx.GraphProto, outer: _Scope, times: int) -> tuple[int, _Scope]:
+        """The MACs of one run of `graph` (per_node: times the runs of the bodies around it),
+        and its scope."""
+        scope = outer.inner(graph, constant)
         total = 0
         for n in graph.node:
             handler, op = facts(n, opset)
@@ -123,12 +128,13 @@ def macs_of(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple
             if bodies:
                 k = scope.iterations(n)
                 runs = [graph_macs(g, scope, times * k) for g in bodies]
-                total += max(runs) if n.op_type == "If" else k * sum(runs)
+                macs = [m for m, _ in runs]
+                total += max(macs) if n.op_type == "If" else k * sum(macs)
                 if n.op_type == "Loop":
-                    scope.carry(n, bodies[0])
-        return total
+                    scope.carry(n, bodies[0], runs[0][1])
+        return total, scope
 
-    return graph_macs(inferred.graph, _Scope({}, {}), 1), per_node
+    return graph_macs(inferred.graph, _Scope({}, {}), 1)[0], per_node
 
 
 @dataclass
@@ -139,29 +145,32 @@ class _Scope:
     shapes: dict[str, list[int]]
     scalars: dict[str, int]
 
-    def inner(self, graph: onnx.GraphProto) -> _Scope:
-        """This scope with `graph`'s own names added (a body sees its enclosing graphs')."""
+    def inner(self, graph: onnx.GraphProto, constant: Callable[[onnx.NodeProto], np.ndarray | None]) -> _Scope:
+        """This scope with `graph`'s own names added (a body sees its enclosing graphs');
+        `constant`: the value a node without inputs gives (a Constant in any of its forms)."""
         shapes, scalars = dict(self.shapes), dict(self.scalars)
         for vi in [*graph.input, *graph.value_info, *graph.output]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
                 dims = vi.type.tensor_type.shape.dim
                 shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else 1 for d in dims]
-        constants = [(t.name, t) for t in graph.initializer] + [
-            (n.output[0], n.attribute[0].t)
-            for n in graph.node
-            if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR
+        constants = [
+            (t.name, numpy_helper.to_array(t))
+            for t in graph.initializer
+            if t.data_type == onnx.TensorProto.INT64 and int(np.prod(t.dims)) == 1
         ]
-        for name, t in constants:
-            shapes[name] = list(t.dims)
-            if t.data_type == onnx.TensorProto.INT64 and int(np.prod(t.dims)) == 1:
-                scalars[name] = int(numpy_helper.to_array(t).reshape(-1)[0])
+        constants += [(n.output[0], v) for n in graph.node if n.output and (v := constant(n)) is not None]
+        for name, v in constants:
+            shapes[name] = list(v.shape)
+            if v.dtype == np.int64 and v.size == 1:
+                scalars[name] = int(v.reshape(-1)[0])
+        for t in graph.initializer:
+            shapes[t.name] = list(t.dims)
         return _Scope(shapes, scalars)
 
-    def carry(self, loop: onnx.NodeProto, body: onnx.GraphProto) -> None:
+    def carry(self, loop: onnx.NodeProto, body: onnx.GraphProto, inner: _Scope) -> None:
         """A Loop's final carried values, whose shapes onnx's inference leaves unknown: the
         shape the value keeps in every iteration (its initial, body input and body output
-        shapes all equal)."""
-        inner = self.inner(body)
+        shapes all equal); `inner`: the body's scope."""
         for k, out in enumerate(loop.output[: len(loop.input) - 2]):
             first = self.shapes.get(loop.input[2 + k])
             same = inner.shapes.get(body.input[2 + k].name) == first == inner.shapes.get(body.output[1 + k].name)

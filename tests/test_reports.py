@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from conftest import CONV2, cli, error_against, init, params, tiny
 from onnx import numpy_helper
@@ -284,10 +285,11 @@ def test_macs_count_an_if_as_its_costlier_branch_and_its_nodes_by_name():
     assert stats.macs == 24 + 128
 
 
-def test_macs_count_a_loop_body_per_iteration_when_the_graph_fixes_the_trip_count():
+@pytest.mark.parametrize("trip", ["value = int64 {3}", "value_int = 3"])
+def test_macs_count_a_loop_body_per_iteration_when_the_graph_fixes_the_trip_count(trip):
     from onnxshrink.report import count_macs, node_macs
 
-    fixed = tiny(LOOP_MACS.format(m_decl="", m_const="m = Constant <value = int64 {3}> ()\n  "))
+    fixed = tiny(LOOP_MACS.format(m_decl="", m_const=f"m = Constant <{trip}> ()\n  "))
     # per iteration 6*6 + 3*6 = 54; outside 3*6 + 6*2 = 30
     assert count_macs(fixed, {}) == 30 + 3 * 54
     assert node_macs(fixed, {})["a"] == 3 * 36

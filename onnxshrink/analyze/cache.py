@@ -36,7 +36,7 @@ def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[
     for out in graph.outputs:
         found: set[tuple[str, int]] = set()
         ok = True
-        for t, node in _producers(graph, out):
+        for t, node in _producers(out):
             if node is None or node.op in ("If", "Identity"):
                 ok = False  # a graph input itself, or a form not followed
                 break
@@ -85,14 +85,14 @@ def free_axes(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[st
     return out
 
 
-def _producers(graph: gs.Graph, t: gs.Tensor) -> Iterator[tuple[gs.Tensor, gs.Node | None]]:
+def _producers(t: gs.Tensor) -> Iterator[tuple[gs.Tensor, gs.Node | None]]:
     """(tensor, its producer) of `t` and, through Identity and If, of what it is a copy of."""
     node = t.inputs[0] if t.inputs else None
     if node is None:
         yield t, None
         return
     if node.op == "Identity" and node.inputs:
-        yield from _producers(graph, node.inputs[0])
+        yield from _producers(node.inputs[0])
         return
     if node.op == "If":
         j = next(k for k, y in enumerate(node.outputs) if y is t)
@@ -100,7 +100,7 @@ def _producers(graph: gs.Graph, t: gs.Tensor) -> Iterator[tuple[gs.Tensor, gs.No
             if j >= len(body.outputs):
                 yield t, node
                 return
-            yield from _producers(body, body.outputs[j])
+            yield from _producers(body.outputs[j])
         return
     yield t, node
 

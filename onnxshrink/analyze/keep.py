@@ -650,23 +650,14 @@ class KeepState:
                     continue
                 if handler is not None and i in handler.may_drop_inputs(node):
                     continue
-                for a, k in enumerate(self._state(t)):
-                    if k is not None and len(k) and not k.any():
-                        self.keep(
-                            t,
-                            a,
-                            [0],
-                            Reason(
-                                "structure",
-                                node.name,
-                                node.op,
-                                "an input needs at least one channel",
-                            ),
-                        )
+                self._keep_one_per_axis(t, Reason("structure", node.name, node.op, "an input needs at least one channel"))
         for t in self.graph.outputs:  # a graph output exists, even a state no other output reads
-            if t.name not in self.demanded:
-                continue
-            for a, k in enumerate(self._state(t)):
-                if k is not None and len(k) and not k.any():
-                    self.keep(t, a, [0], Reason("interface", detail="a graph output keeps at least one index of each axis"))
+            if t.name in self.demanded:
+                self._keep_one_per_axis(t, Reason("interface", detail="a graph output keeps at least one index of each axis"))
         return self._changes != before
+
+    def _keep_one_per_axis(self, t: gs.Tensor, why: Reason) -> None:
+        """Index 0 of each axis of `t` whose every index would go."""
+        for a, k in enumerate(self._state(t)):
+            if k is not None and len(k) and not k.any():
+                self.keep(t, a, [0], why)

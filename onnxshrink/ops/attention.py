@@ -322,6 +322,12 @@ class _PackedHeads(Handler):
     #: an attention mask that may have a head axis ([.., heads or 1, q, k])
     mask_slot: int | None = None
 
+    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
+        """present_key/value (outputs 1 and 2): past_key/value [B, heads, P, d] (in a 3-D form
+        too) with this step's keys/values appended along the sequence (or written into a shared
+        buffer's next positions)."""
+        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
+
     def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         """(query heads, key/value heads)."""
         raise NotImplementedError
@@ -716,10 +722,6 @@ class MultiHeadAttention(_PackedHeads):
             if t is not None and t.name and ir.rank(t) in (4, 5)
         ]
 
-    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
-        """present_key/value: past_key/value [B, heads, P, d] extended along the sequence."""
-        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
-
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         got = self.kept_heads(node, rw)
         if got is not None:
@@ -743,11 +745,6 @@ class GroupQueryAttention(_PackedHeads):
         hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
         return (hq, hkv) if hq > 0 and hkv > 0 else None
 
-    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
-        """present_key/value: past_key/value [B, kv heads, P, d] extended along the sequence (or
-        written into the shared buffer's next positions)."""
-        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
-
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         got = self.kept_heads(node, rw)
         if got is not None:
@@ -769,11 +766,6 @@ class OnnxAttention(_PackedHeads):
     def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
         return (hq, hkv) if hq > 0 and hkv > 0 else None
-
-    def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
-        """present_key/value: past_key/value [B, kv heads, P, d] (in the 3-D form too) with this
-        step's keys/values appended along the sequence."""
-        return {o: (i, 2) for o, i in zip((1, 2), self.past_slots, strict=True) if node.has_input(i)}
 
     def four_d(self, node: gs.Node) -> tuple[int, int] | None:
         """(query heads, K/V heads) of the 4-D form, when static."""

@@ -127,17 +127,6 @@ class Layout:
         return ((w != zero) & scaled).reshape(self.n, -1)[:, : self.k]
 
 
-
-def dequantized(
-    node: gs.Node | OpNode, values: np.ndarray, scale: np.ndarray, zero: np.ndarray
-) -> np.ndarray:
-    """B's weights as real numbers, [N, n_blocks, block_size] in float64 (the padding past K
-    included: it multiplies nothing), from its packed values and the per-block scale and zero
-    point ([N, n_blocks, 1] each)."""
-    codes = unpack(values, Layout(node).bits).astype(np.float64)
-    return (codes - zero) * scale
-
-
 @register("MatMulNBits", domain="com.microsoft")
 class MatMulNBits(Handler):
     evaluate_with_ort = True
