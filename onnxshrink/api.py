@@ -45,6 +45,7 @@ from onnxshrink.report import (
     KeptGroup,
     ModelStats,
     Sparsity,
+    count_params,
     interface_changes,
     model_stats,
     sparsity_left,
@@ -204,6 +205,7 @@ def shrink(
     output: str | Path | None = None,
     *,
     options: ShrinkOptions | None = None,
+    input_stats: ModelStats | None = None,
     **option_values: Any,
 ) -> ShrinkResult:
     """Shrink a masked ONNX model to the channels its outputs need; prove and write it.
@@ -213,7 +215,8 @@ def shrink(
     prove and write is a `ShrinkOptions` (`options`), or its fields as keyword arguments
     (`validate=False`, `input_shapes=...`, `weights=...`, `rtol=...`; see ShrinkOptions).
     Raises ShrinkError for bad input and ValidationFailed (with `.result`) when the shrunk model
-    does not match; nothing is written then unless `keep_failed`.
+    does not match; nothing is written then unless `keep_failed`. `input_stats`: the result's
+    `before` when the caller has counted it (a prune: its unpruned input's), not counted again.
     """
     opts = (options or ShrinkOptions()).but(**option_values)
     check_options(opts)
@@ -304,7 +307,7 @@ def shrink(
         model=shrunk,
         reference=reference,
         # the input as its file holds it (the reference may hold untied copies of a weight)
-        before=model_stats(source.proto, shapes, source.file_bytes),
+        before=input_stats or model_stats(source.proto, shapes, source.file_bytes),
         after=model_stats(shrunk, shapes),
         validation=report,
         timings=clock.timings,
@@ -359,7 +362,7 @@ def _check_smaller(
     """A recovery that keeps back so much that the model is no smaller than the input is no
     outcome worth writing: ValidationFailed, saying what failed and the tolerance that would
     have passed the first proof."""
-    before, after = model_stats(reference).params, model_stats(recovered).params
+    before, after = count_params(reference), count_params(recovered)
     if after < before:
         return
     hint = ""

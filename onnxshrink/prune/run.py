@@ -283,10 +283,10 @@ def prune(
     quiet = opts.but(validate=False, log=None, progress=False)
 
     def shrunk(reference: onnx.ModelProto) -> onnx.ModelProto:
-        return shrink(reference, None, None, options=quiet.but(input_masked=None)).model
+        return shrink(reference, None, None, options=quiet.but(input_masked=None), input_stats=original).model
 
     def count(reference: onnx.ModelProto) -> tuple[int, int]:
-        after = shrink(reference, None, None, options=quiet.but(input_masked=None)).after
+        after = shrink(reference, None, None, options=quiet.but(input_masked=None), input_stats=original).after
         return after.params, after.macs
 
     meters: list[LatencyMeter] = []
@@ -341,7 +341,7 @@ def prune(
         # a plain shrink of it would be (external data when the input had it) and never over it.
         external = opts.external_data if opts.external_data is not None else bool(source.data)
         shrink_opts = opts.but(input_masked=None, external_data=external)
-        result = shrink(reference, None, None, options=shrink_opts)
+        result = shrink(reference, None, None, options=shrink_opts, input_stats=original)
         if chosen and not removed_any(result.reference, result.model, members):
             if output is not None and opts.keep_failed:
                 save(result, Source(result.reference), output, shrink_opts)
