@@ -99,6 +99,7 @@ class ModelIndex:
         from onnxshrink.prepare import default_opset
 
         self.model = model
+        self._zeros: dict[str, np.ndarray | None] = {}  # zero_of, by initializer
         graphs = list(all_graphs(model.graph))  # weights read or held in If/Loop/Scan bodies too
         self.nodes = [n for g in graphs for n in g.node]
         self.opset = default_opset(model)
@@ -192,6 +193,8 @@ class ModelIndex:
         from onnxshrink.errors import ShrinkError
         from onnxshrink.prepare import FLOAT_TYPES
 
+        if name in self._zeros:  # (each binding of a weight asks again)
+            return self._zeros[name]
         if name not in self.inits or self.inits[name].data_type in FLOAT_TYPES:
             return None
         shape = self.shapes[name]
@@ -204,6 +207,7 @@ class ModelIndex:
             else:
                 found.extend(ds)
         if not found:
+            self._zeros[name] = None
             return None
         if plain or not same_zero(found):
             why = f"{', '.join(plain[:3])} read(s) it as plain integers" if plain else "its readers' zero points differ"
@@ -212,7 +216,8 @@ class ModelIndex:
                 "meaning (its elements at the zero point). Mask the layers that read it apart, or "
                 "leave it out of the masks."
             )
-        return found[0].fill()
+        self._zeros[name] = found[0].fill()
+        return self._zeros[name]
 
     def _dequant_reads(self, k: int, i: int, shape: tuple[int, ...], depth: int) -> list[Dequant] | None:
         """How input i of node k (a constant of `shape`) is dequantized: by the node itself, or,
