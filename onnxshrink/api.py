@@ -13,10 +13,10 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze import Analysis, analyze
-from onnxshrink.analyze.keep import AxisKey
+from onnxshrink.analyze import Analysis, analyze, lookup
 from onnxshrink.analyze.replay import scoped
 from onnxshrink.bind import BoundMasks, apply_masks, bind_masks, check_reference, weight_modules
+from onnxshrink.core.reasons import AxisKey
 from onnxshrink.errors import InternalError, ShrinkError, ValidationFailed, first_line
 from onnxshrink.io import dims
 from onnxshrink.io.masks import imports_torch, load_masks_file
@@ -34,7 +34,6 @@ from onnxshrink.io.model import (
 )
 from onnxshrink.io.weights import DataWriter, WeightStore
 from onnxshrink.masks import MaskSet, load_maskset, weight_values
-from onnxshrink.ops import lookup
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.prepare.computed import fold_computed_weights, has_computed_weights

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from onnxshrink.analyze import Analysis
-from onnxshrink.analyze.keep import AxisKey
+from onnxshrink.core.reasons import AxisKey
 from onnxshrink.rewrite import RewriteResult
 from onnxshrink.validate import ValidationReport
 

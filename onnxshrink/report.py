@@ -13,9 +13,9 @@ import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
 from onnxshrink import ir
-from onnxshrink.analyze.nonzero import pattern
+from onnxshrink.core.handler import OpNode
+from onnxshrink.core.nonzero import pattern
 from onnxshrink.ir import is_float
-from onnxshrink.ops.contract import OpNode
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
 from onnxshrink.prepare.shapes import contrib_shapes
 

@@ -15,9 +15,10 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxshrink import ir
-from onnxshrink.analyze import Analysis, nonzero
-from onnxshrink.analyze.constants import ConstInfo
-from onnxshrink.analyze.evaluate import evaluate
+from onnxshrink.analyze import Analysis
+from onnxshrink.core import nonzero
+from onnxshrink.core.evaluate import evaluate
+from onnxshrink.core.values import ConstInfo
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, tensor_proto

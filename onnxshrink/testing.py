@@ -27,9 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxshrink.analyze import Analysis, analyze
-from onnxshrink.analyze.constants import ConstInfo
-from onnxshrink.ops import lookup
+from onnxshrink.analyze import Analysis, analyze, lookup
+from onnxshrink.core.values import ConstInfo
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 
 HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>\n'

@@ -10,8 +10,10 @@ import onnx_graphsurgeon as gs
 import pytest
 
 from models.opcases import EXCLUDED, FAMILIES, case, compare
-from onnxshrink.ops import registered_ops, registry
-from onnxshrink.ops.contract import Handler, KeepView
+from onnxshrink.core import registry
+from onnxshrink.core.handler import Handler
+from onnxshrink.core.views import KeepView
+from onnxshrink.ops import registered_ops
 
 SEEDS = int(os.environ.get("ONNXSHRINK_ORACLE_SEEDS", "3"))
 # Boolean outputs change only on values random draws never hit (equality, infinities): the

@@ -115,7 +115,7 @@ def child(src: str, out: str, options: str) -> None:
     rss_imports = proc_status()["VmRSS"]
     src_path = Path(src)
     read_bytes, read_s = _read_all(_files(src_path)) if floor else (0, 0.0)
-    from onnxshrink.analyze import nonzero
+    from onnxshrink.core import nonzero
 
     scan = nonzero._scan
     scanned = {"seconds": 0.0, "bytes": 0}

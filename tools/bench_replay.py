@@ -44,9 +44,9 @@ ANALYSES = ("rules", "replay")
 def child(src: str, analysis: str) -> None:
     """Shrink `src` once with `analysis`; print the timings and the per-op replay costs."""
     import onnxshrink
+    from onnxshrink.analyze import fallback as replayed_mod
     from onnxshrink.analyze import keep as keep_mod
     from onnxshrink.analyze import replay as replay_mod
-    from onnxshrink.ops import replayed as replayed_mod
 
     costs: dict[str, list[float]] = {}  # op -> [nodes, seconds, runs]
     nodes: dict[str, set[str]] = {}

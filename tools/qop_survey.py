@@ -63,7 +63,7 @@ def quantized(src: Path, form: str) -> Path:
 def survey(path: Path) -> dict:
     import onnx
 
-    from onnxshrink.ops.registry import handler_for_op
+    from onnxshrink.core.registry import handler_for_op
     from onnxshrink.prepare.shapes import default_opset
     from onnxshrink.prune import find_groups
 

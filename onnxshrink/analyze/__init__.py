@@ -1,22 +1,31 @@
 """Analyze a graph: constants forward, shape symbols forward, then the keep closure.
 
-The analysis knows no op: every step asks the node's handler (`lookup`, from onnxshrink.ops).
+The analysis knows no op: every step asks the node's handler (`lookup(opset)`: the registered
+handlers of onnxshrink.ops, and for an op none claims, its replay in onnxruntime: fallback.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import onnx_graphsurgeon as gs
 
+import onnxshrink.ops  # noqa: F401  (registers every handler the lookup finds)
 from onnxshrink.analyze.constants import ConstContext, propagate_constants
-from onnxshrink.analyze.keep import AxisKey, KeepState
+from onnxshrink.analyze.fallback import FALLBACK
+from onnxshrink.analyze.keep import KeepState
 from onnxshrink.analyze.replay import scoped
-from onnxshrink.analyze.shapes import SymValue, propagate_shapes, refine_shapes
+from onnxshrink.analyze.shapes import propagate_shapes, refine_shapes
+from onnxshrink.core import registry
+from onnxshrink.core.reasons import AxisKey
+from onnxshrink.core.registry import Lookup
+from onnxshrink.core.symbols import SymValue
 
-Lookup = Callable[[gs.Node], Any]
+
+def lookup(opset: int) -> Lookup:
+    """The handler of each node at `opset`; the replay fallback for an op no handler claims."""
+    return registry.lookup(opset, FALLBACK)
 
 
 @dataclass

@@ -29,7 +29,7 @@ def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[
     handler says that output extends that graph input (`Handler.extends`: Concat(past, new), a
     fused attention's present), or a node not extending any graph input; each input paired with
     one output only."""
-    from onnxshrink.ops.contract import OpNode
+    from onnxshrink.core.handler import OpNode
 
     inputs = {t.name for t in graph.inputs}
     pairs: dict[str, tuple[str, int]] = {}

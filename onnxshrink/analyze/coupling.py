@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxshrink.analyze.keep import LIVE, AxisKey, Reason
+from onnxshrink.core.reasons import LIVE, AxisKey, Reason
 
 
 @dataclass

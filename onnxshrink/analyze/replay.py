@@ -36,7 +36,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from onnxshrink.analyze.evaluate import _attrs
+from onnxshrink.core.evaluate import _attrs
 from onnxshrink.errors import first_line
 
 # Per draw: (scale, sign) of the base values and of the redrawn slice; sign 0 draws both signs,

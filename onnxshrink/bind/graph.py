@@ -20,9 +20,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink.core.handler import WeightAxes
 from onnxshrink.io.weights import WeightStore
 from onnxshrink.ir import all_graphs
-from onnxshrink.ops import WeightAxes, facts
+from onnxshrink.ops import facts
 from onnxshrink.quantized import Dequant, dequant_of, same_zero
 
 

@@ -35,9 +35,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.contract import (
+from onnxshrink.core import (
+    ConstInfo,
     ConstView,
     Dims,
     Handler,
@@ -45,12 +44,13 @@ from onnxshrink.ops.contract import (
     KeepView,
     OpNode,
     Reader,
+    Reason,
     RewriteView,
     ShapeView,
     WeightAxes,
+    register,
 )
 from onnxshrink.ops.fused_activation import MS
-from onnxshrink.ops.registry import register
 
 
 # ------------------------------------------------------------------ heads as blocks

@@ -6,8 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress, expand_to
-from onnxshrink.ops.contract import KeepView, Reader
+from onnxshrink.core import ConstInfo, KeepView, Reader, compress, expand_to
 
 
 def ints(
@@ -80,7 +79,7 @@ def dtype_of(t: gs.Tensor) -> np.dtype:
 
 def channel_expand(ctx, t: gs.Tensor) -> np.ndarray | None:
     """The constant values of `t` at full static shape (batch 1), live elements set to 0."""
-    from onnxshrink.analyze.constants import static_batch1
+    from onnxshrink.core import static_batch1
 
     c = ctx.const(t)
     shape = static_batch1(t)

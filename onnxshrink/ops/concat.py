@@ -8,21 +8,24 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.analyze.shapes import SymValue, opaque_value, shape_operands
-from onnxshrink.ops.common import const_or_live, ints
-from onnxshrink.ops.contract import (
+from onnxshrink.core import (
+    ConstInfo,
     ConstView,
     Handler,
     KeepView,
     OpNode,
     Reader,
+    Reason,
     RewriteView,
     ShapeView,
+    SymValue,
     WeightAxes,
+    compress,
+    opaque_value,
+    register,
+    shape_operands,
 )
-from onnxshrink.ops.registry import register
+from onnxshrink.ops.common import const_or_live, ints
 
 
 def _expand_axis(m: np.ndarray, v: np.ndarray, axis: int, n: int) -> tuple[np.ndarray, np.ndarray]:

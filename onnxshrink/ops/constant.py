@@ -7,9 +7,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxshrink.analyze.constants import ConstInfo
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode
-from onnxshrink.ops.registry import register
+from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, OpNode, register
 
 # value_* attributes and the dtype each holds
 _TYPED = {

@@ -32,11 +32,19 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.analyze.shapes import SymValue, opaque
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, RewriteView, ShapeView
-from onnxshrink.ops.registry import register
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
+    KeepView,
+    Reason,
+    RewriteView,
+    ShapeView,
+    SymValue,
+    compress,
+    opaque,
+    register,
+)
 
 
 def _why(node: gs.Node, detail: str) -> Reason:

@@ -19,19 +19,21 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress, static_batch1
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.common import along, channel_expand
-from onnxshrink.ops.contract import (
+from onnxshrink.core import (
+    ConstInfo,
     ConstView,
     Handler,
     KeepView,
     OpNode,
     Reader,
+    Reason,
     RewriteView,
     WeightAxes,
+    compress,
+    register,
+    static_batch1,
 )
-from onnxshrink.ops.registry import register
+from onnxshrink.ops.common import along, channel_expand
 
 
 class _ConvBase(Handler):

@@ -12,11 +12,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
+from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, Reason, compress, register
 from onnxshrink.ops.common import along, channel_expand
-from onnxshrink.ops.contract import ConstView, Handler, KeepView
-from onnxshrink.ops.registry import register
 
 
 @register("DepthToSpace")

@@ -10,31 +10,30 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.shapes import (
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
     Item,
+    KeepView,
+    OpNode,
+    Reader,
+    RewriteView,
+    ShapeView,
     SymValue,
+    WeightAxes,
     broadcast_items,
+    compress,
     elementwise_dims,
     items_equal,
     max_item,
     opaque,
     opaque_value,
     product_item,
+    register,
     shape_operands,
 )
 from onnxshrink.ops.common import const_or_live, couple_broadcast, dtype_of
-from onnxshrink.ops.contract import (
-    ConstView,
-    Handler,
-    KeepView,
-    OpNode,
-    Reader,
-    RewriteView,
-    ShapeView,
-    WeightAxes,
-)
-from onnxshrink.ops.registry import register
 
 
 def _from_inputs(t: gs.Tensor, reader: Reader) -> bool:

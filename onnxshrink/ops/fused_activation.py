@@ -16,11 +16,17 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    OpNode,
+    RewriteView,
+    WeightAxes,
+    compress,
+    register,
+)
 from onnxshrink.ops.common import const_or_live
-from onnxshrink.ops.contract import ConstView, OpNode, RewriteView, WeightAxes
 from onnxshrink.ops.elementwise import Elementwise
-from onnxshrink.ops.registry import register
 
 MS = "com.microsoft"
 

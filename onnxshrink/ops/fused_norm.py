@@ -16,12 +16,10 @@ from collections.abc import Mapping, Sequence
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.keep import Reason
+from onnxshrink.core import Handler, KeepView, OpNode, Reason, RewriteView, WeightAxes, register
 from onnxshrink.ops.common import couple_broadcast
-from onnxshrink.ops.contract import Handler, KeepView, OpNode, RewriteView, WeightAxes
 from onnxshrink.ops.fused_activation import MS, add_to_bias
 from onnxshrink.ops.norm import StatNormalization
-from onnxshrink.ops.registry import register
 
 
 class _SkipNorm(StatNormalization):

@@ -14,10 +14,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.nonzero import pattern
-from onnxshrink.ops.common import const_or_live, couple_broadcast
-from onnxshrink.ops.contract import (
+from onnxshrink.core import (
+    ConstInfo,
     ConstView,
     Handler,
     KeepView,
@@ -25,8 +23,11 @@ from onnxshrink.ops.contract import (
     RewriteView,
     ShapeView,
     WeightAxes,
+    compress,
+    pattern,
+    register,
 )
-from onnxshrink.ops.registry import register
+from onnxshrink.ops.common import const_or_live, couple_broadcast
 
 
 def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:

@@ -28,19 +28,20 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.ops.contract import (
+from onnxshrink.core import (
+    ConstInfo,
     ConstView,
     Handler,
     KeepView,
     OpNode,
     Quantized,
     Reader,
+    Reason,
     RewriteView,
     WeightAxes,
+    compress,
+    register,
 )
-from onnxshrink.ops.registry import register
 
 A, B, SCALES, ZERO_POINTS, G_IDX, BIAS = range(6)
 

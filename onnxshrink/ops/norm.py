@@ -27,9 +27,21 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.analyze.shapes import elementwise_dims
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Reader,
+    Reason,
+    RewriteView,
+    ShapeView,
+    WeightAxes,
+    compress,
+    elementwise_dims,
+    register,
+)
 from onnxshrink.ops.common import (
     along,
     channelwise_constants,
@@ -39,17 +51,6 @@ from onnxshrink.ops.common import (
     dtype_of,
     ints,
 )
-from onnxshrink.ops.contract import (
-    ConstView,
-    Handler,
-    KeepView,
-    OpNode,
-    Reader,
-    RewriteView,
-    ShapeView,
-    WeightAxes,
-)
-from onnxshrink.ops.registry import register
 
 
 @register("BatchNormalization")

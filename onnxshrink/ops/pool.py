@@ -5,11 +5,8 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo
-from onnxshrink.analyze.keep import Reason
+from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, Reason, register
 from onnxshrink.ops.common import channelwise_constants
-from onnxshrink.ops.contract import ConstView, Handler, KeepView
-from onnxshrink.ops.registry import register
 
 
 def _no_padding(node: gs.Node) -> bool:

@@ -43,8 +43,20 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Quantized,
+    Reader,
+    Reason,
+    RewriteView,
+    WeightAxes,
+    compress,
+    register,
+)
 from onnxshrink.ops.common import (
     along,
     channelwise_constants,
@@ -54,19 +66,8 @@ from onnxshrink.ops.common import (
     dtype_of,
 )
 from onnxshrink.ops.concat import joined, keep_joined
-from onnxshrink.ops.contract import (
-    ConstView,
-    Handler,
-    KeepView,
-    OpNode,
-    Quantized,
-    Reader,
-    RewriteView,
-    WeightAxes,
-)
 from onnxshrink.ops.conv import keep_groups, regroup
 from onnxshrink.ops.pool import _no_padding
-from onnxshrink.ops.registry import register
 
 
 def per_axis(node: gs.Node, reader: Reader, slot: int, rank: int) -> int | None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from onnxshrink.ops.contract import Handler
-from onnxshrink.ops.registry import register
+from onnxshrink.core import Handler, register
 
 
 @register(

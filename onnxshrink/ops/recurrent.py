@@ -22,11 +22,18 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo
-from onnxshrink.analyze.keep import Reason
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Reader,
+    Reason,
+    RewriteView,
+    register,
+)
 from onnxshrink.ops.common import along
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
-from onnxshrink.ops.registry import register
 
 
 class _Recurrent(Handler):

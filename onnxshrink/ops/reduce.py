@@ -18,21 +18,27 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.analyze.shapes import (
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
     Item,
+    KeepView,
+    Reader,
+    Reason,
+    RewriteView,
+    ShapeView,
     SymValue,
+    compress,
     max_item,
     opaque,
     opaque_value,
     product_item,
+    register,
     shape_operands,
 )
 from onnxshrink.ops.common import dtype_of, ints
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader, RewriteView, ShapeView
 from onnxshrink.ops.norm import rescale_rms, rms_chain
-from onnxshrink.ops.registry import register
 
 
 def centered_square(node: gs.Node, reader: Reader) -> tuple[gs.Tensor, gs.Tensor] | None:

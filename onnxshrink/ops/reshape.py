@@ -15,30 +15,29 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.keep import Reason
-from onnxshrink.analyze.shapes import (
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
     DimRef,
+    Handler,
+    KeepView,
     MaxOf,
+    OpNode,
     Prod,
+    Reader,
+    Reason,
+    RewriteView,
+    ShapeView,
     SymValue,
+    compress,
     item_deps,
     item_size,
     opaque_value,
     own_axes,
+    register,
     sized_dims,
 )
 from onnxshrink.ops.common import couple_broadcast, ints
-from onnxshrink.ops.contract import (
-    ConstView,
-    Handler,
-    KeepView,
-    OpNode,
-    Reader,
-    RewriteView,
-    ShapeView,
-)
-from onnxshrink.ops.registry import register
 
 Group = tuple[list[int], list[int]]
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.shapes import DimRef, Opaque, SymValue
-from onnxshrink.ops.contract import Handler, KeepView, ShapeView
-from onnxshrink.ops.registry import register
+from onnxshrink.core import DimRef, Handler, KeepView, Opaque, ShapeView, SymValue, register
 
 
 class _SizesOf(Handler):

@@ -6,12 +6,20 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress
-from onnxshrink.analyze.evaluate import evaluate_op
-from onnxshrink.analyze.keep import Reason
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Reader,
+    Reason,
+    RewriteView,
+    compress,
+    evaluate_op,
+    register,
+)
 from onnxshrink.ops.common import channelwise_constants, ints
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, OpNode, Reader, RewriteView
-from onnxshrink.ops.registry import register
 
 
 def _per_axis(

@@ -73,7 +73,8 @@ def prepare(
 def _constants_to_initializers(graph: gs.Graph, opset: int) -> None:
     """Nodes that produce a value without inputs (Constant) become initializers, in every scope
     (a Constant node in a body is a weight of that body)."""
-    from onnxshrink.ops import OpNode, handler_for
+    from onnxshrink.core.handler import OpNode
+    from onnxshrink.ops import handler_for
 
     for scope in ir.scopes(graph):
         outputs = {t.name for t in scope.outputs}

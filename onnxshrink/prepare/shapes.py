@@ -303,7 +303,7 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
 def _evaluate(
     node: onnx.NodeProto, known: dict[str, np.ndarray], opset: int, ort: bool
 ) -> list[np.ndarray] | None:
-    from onnxshrink.analyze.evaluate import EvaluationError, evaluate_op
+    from onnxshrink.core.evaluate import EvaluationError, evaluate_op
 
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     inputs = [known[i] if i else None for i in node.input]

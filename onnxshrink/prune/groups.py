@@ -36,11 +36,11 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze import Analysis, analyze
+from onnxshrink.analyze import Analysis, analyze, lookup
 from onnxshrink.analyze.coupling import CouplingLog, Partition
-from onnxshrink.analyze.keep import LIVE
 from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
-from onnxshrink.ops import OpNode, WeightAxes, lookup
+from onnxshrink.core.handler import OpNode, WeightAxes
+from onnxshrink.core.reasons import LIVE
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 from onnxshrink.quantized import Dequant, along_axis, dequant_of, same_zero
 

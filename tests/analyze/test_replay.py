@@ -11,7 +11,7 @@ from conftest import export_cached, params, shapes, shrink_checked, tiny
 from models.zoo import ZOO, choose_kept, randomize, zero_groups
 from onnxshrink import shrink
 from onnxshrink.analyze.replay import commutes, replay
-from onnxshrink.ops import registry
+from onnxshrink.core import registry
 from onnxshrink.testing import analyze_node
 
 

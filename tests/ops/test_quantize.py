@@ -211,7 +211,7 @@ def test_dequantize_of_constants_is_onnxruntimes_bit_for_bit(dtype, axis):
     float32 bits as onnxruntime's kernel."""
     import onnx_graphsurgeon as gs
 
-    from onnxshrink.analyze.evaluate import evaluate
+    from onnxshrink.core.evaluate import evaluate
     from onnxshrink.ops.quantize import QuantizeDequantize
 
     rng = np.random.default_rng(7)
@@ -355,8 +355,7 @@ def test_a_bias_rounded_into_the_accumulator_at_run_time_goes_with_its_filter(ze
 def test_only_a_cast_to_integers_of_zero_over_a_run_time_value_is_zero():
     """0 / d is 0 or NaN whatever d is: its cast to an integer type is 0 where defined, while the
     float itself (NaN where d is 0) and a non-zero numerator over d are not constants."""
-    from onnxshrink.analyze import analyze
-    from onnxshrink.ops import lookup
+    from onnxshrink.analyze import analyze, lookup
     from onnxshrink.prepare import prepare
 
     text = """<ir_version: 8, opset_import: ["" : 13]>

@@ -8,8 +8,8 @@ axis an attribute or a constant input is sized by (a per-channel parameter), inp
 cannot be drawn (integers), ops onnxruntime cannot run. Constants are found the same way: output
 elements no live input reaches are constant, with the value the runtime computes.
 
-Not registered for any op: the analysis's lookup falls back to it (ops.registry.lookup) for
-nodes of the standard and com.microsoft domains that no handler claims.
+Not registered for any op: the analysis's lookup (analyze.lookup) falls back to it for nodes no
+handler claims.
 """
 
 from __future__ import annotations
@@ -18,10 +18,17 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.analyze.constants import ConstInfo, compress, static_batch1
-from onnxshrink.analyze.keep import Reason
 from onnxshrink.analyze.replay import Replayed, ReplayError, commutes, replay
-from onnxshrink.ops.contract import ConstView, Handler, KeepView, Reader
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
+    KeepView,
+    Reader,
+    Reason,
+    compress,
+    static_batch1,
+)
 
 # Domains whose ops onnxruntime runs.
 REPLAYABLE_DOMAINS = ("", "ai.onnx", "com.microsoft")
@@ -171,4 +178,4 @@ class ReplayedOp(Handler):
         return out
 
 
-NO_RULE = ReplayedOp()
+FALLBACK = ReplayedOp()

@@ -1,4 +1,5 @@
-"""The registry of op handlers, keyed by domain, op type and opset range."""
+"""The registry of op handlers, keyed by domain, op type and opset range, and the one typed
+`Lookup` the analysis takes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxshrink.ops.contract import Handler, OpNode
+from onnxshrink.core.handler import Handler, OpNode
 
 
 @dataclass(frozen=True)
@@ -60,16 +61,16 @@ def facts(node: onnx.NodeProto, opset: int) -> tuple[Handler | None, OpNode]:
     return handler_for_op(node.op_type, node.domain, opset), OpNode.of(node)
 
 
-Lookup = Callable[[gs.Node], Handler | None]
+#: a node's handler, as the analysis takes it: always one (an op no handler claims gets a fallback)
+Lookup = Callable[[gs.Node], Handler]
 
 
-def lookup(opset: int) -> Lookup:
-    """Handler lookup for one model's opset, as the analysis takes it: an op no handler claims
-    gets the replay fallback (ops/replayed.py), which keeps it whole where it cannot tell."""
-    from onnxshrink.ops.replayed import NO_RULE
+def lookup(opset: int, fallback: Handler) -> Lookup:
+    """Handler lookup for one model's opset: an op no handler claims gets `fallback` (the
+    analysis's replay of the node, analyze/fallback.py), which keeps it whole where it cannot tell."""
 
     def find(node: gs.Node) -> Handler:
-        return handler_for(node, opset) or NO_RULE
+        return handler_for(node, opset) or fallback
 
     return find
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxshrink.analyze.nonzero import _scan, pattern, sliced
+from onnxshrink.core.nonzero import _scan, pattern, sliced
 from onnxshrink.ops.linear import _const_through, _live_product, _rows_read
 
 
@@ -44,7 +44,7 @@ def test_pattern_answers_as_the_matrix_does():
 
 
 def test_many_scattered_zeros_fall_back_to_the_matrix(monkeypatch):
-    from onnxshrink.analyze import nonzero
+    from onnxshrink.core import nonzero
 
     monkeypatch.setattr(nonzero, "MAX_SCATTERED", 2)
     w = np.eye(4, dtype=np.float16) + np.eye(4, k=1, dtype=np.float16)
