@@ -38,7 +38,11 @@ from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.prepare.computed import fold_computed_weights, has_computed_weights
 from onnxshrink.progress import PhaseClock, bar
-from onnxshrink.recover import Attempt, Recovery, recover
+from onnxshrink.proof.comparison import compare
+from onnxshrink.proof.inputs import check_inputs, resolve_shapes
+from onnxshrink.proof.recover import Attempt, Recovery, recover
+from onnxshrink.proof.sessions import check_provider, check_runnable, session_threads
+from onnxshrink.proof.verdict import ValidationReport, round_up
 from onnxshrink.report import (
     InterfaceChange,
     KeptGroup,
@@ -51,16 +55,6 @@ from onnxshrink.report import (
     to_jsonable,
 )
 from onnxshrink.rewrite import Fold, RewriteResult, apply, release
-from onnxshrink.validate import (
-    ValidationReport,
-    check_inputs,
-    check_provider,
-    check_runnable,
-    compare,
-    resolve_shapes,
-    round_up,
-    session_threads,
-)
 
 ModelLike = str | Path | onnx.ModelProto
 MasksLike = str | Path | Mapping | None
@@ -552,7 +546,7 @@ def prove(
     shrunk_dir = rewritten.data_file.parent if rewritten.data_file is not None else None
 
     def twin() -> onnx.ModelProto:
-        from onnxshrink.judge import widened
+        from onnxshrink.proof.judge import widened
 
         wide = widened(reference, source.base_dir)
         quiet = opts.but(progress=False, log=None)

@@ -18,7 +18,14 @@ from onnxshrink.errors import (
     first_line,
     os_error_message,
 )
-from onnxshrink.options import MASKS_FORMATS
+from onnxshrink.options import (
+    ALLOCATIONS,
+    ANALYSES,
+    COMPENSATIONS,
+    CRITERIA,
+    MASKS_FORMATS,
+    PROVIDERS,
+)
 
 EXIT_INTERNAL = 3
 
@@ -87,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--provider",
-        choices=["cpu", "cuda"],
+        choices=PROVIDERS,
         default="cpu",
         help="onnxruntime execution provider (default cpu)",
     )
@@ -96,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--analysis",
-        choices=["rules", "replay"],
+        choices=ANALYSES,
         default="rules",
         help="rules: each op's handler says what its outputs need (default); replay: every node "
         "is replayed in onnxruntime to find it (slower; a cross-check of the rules)",
@@ -172,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--criterion",
-        choices=["l1", "l2", "random", "activation", "wanda", "fluctuation"],
+        choices=CRITERIA,
         default="l1",
         help="importance (default l1). Needs: l1, l2 (group L1/L2 magnitude, Torch-Pruning's): "
         "the weights alone; random: --seed; activation (mean |x| x sum |w|), wanda (Wanda: RMS of x "
@@ -180,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--allocation",
-        choices=["uniform", "global", "sensitivity"],
+        choices=ALLOCATIONS,
         help="where to prune: uniform (RATIO of every layer; the default), global (all layers "
         "ranked together, importance divided by the layer's mean), sensitivity (each layer's "
         "channels, heads or neurons pruned alone at several ratios on --inputs, and the target "
@@ -191,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--compensate",
-        choices=["none", "bias", "refit"],
+        choices=COMPENSATIONS,
         default="none",
         help="bias (FLAP): replace each removed channel by its mean on --inputs, folded into the "
         "bias of every layer that read it; refit: also refit those layers' weights on the kept "
@@ -317,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         show_library_logs(args.verbose and not args.quiet)
         from onnxshrink.api import ShrinkResult, check_options, shrink
         from onnxshrink.options import ShrinkOptions
-        from onnxshrink.validate import load_inputs, parse_shapes
+        from onnxshrink.proof.inputs import load_inputs, parse_shapes
 
         report = _report_path(args)
         shapes = parse_shapes(args.input_shapes)
@@ -479,9 +486,9 @@ def _write_groups(args, say) -> None:
 
 
 def _prune(args, options, inputs, say):
+    from onnxshrink.proof.inputs import load_inputs
     from onnxshrink.prune import prune
     from onnxshrink.report import human
-    from onnxshrink.validate import load_inputs
 
     try:
         result = prune(

@@ -19,7 +19,7 @@ import onnx
 from onnxshrink.api import ShrinkResult, check_options, shrink
 from onnxshrink.errors import ShrinkError, ValidationFailed, first_line
 from onnxshrink.options import ShrinkOptions
-from onnxshrink.validate import ValidationReport
+from onnxshrink.proof.verdict import ValidationReport
 
 
 def pruning_masks(module) -> dict[str, np.ndarray]:
@@ -133,9 +133,10 @@ def torch_compare(
     (`data_dir`: where the shrunk model's external weights are, when not in memory)."""
     import torch
 
-    from onnxshrink.emulate import emulated, needs_emulation
     from onnxshrink.progress import bar
-    from onnxshrink.validate import ErrorTally, arithmetic, default_tolerance, session
+    from onnxshrink.proof.emulate import emulated, needs_emulation
+    from onnxshrink.proof.sessions import session
+    from onnxshrink.proof.verdict import ErrorTally, arithmetic, default_tolerance
 
     draws, seed, atol = opts.draws, opts.seed, opts.atol
     dtype, eps = arithmetic(shrunk)

@@ -36,7 +36,6 @@ from onnxshrink.errors import ShrinkError
 from onnxshrink.io.masks import Leaf, as_leaf, leaves, load_masks_file
 from onnxshrink.options import MASKS_FORMATS
 
-FORMATS = MASKS_FORMATS
 ONNX_SECTION = "onnx/"  # --masks-out's section of ONNX tensors the framework has no name for
 _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:original|0\.mask)$")
 # NNI 3's ModuleWrapper keeps a wrapped module's parameter and its mask under `_nni_wrapper`.
@@ -228,8 +227,8 @@ def read_masks(path: str | Path, fmt: str = "auto") -> dict[str, np.ndarray]:
 
 def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet:
     """A masks file's content as {parameter name: mask}, in whatever format it came."""
-    if fmt not in FORMATS:
-        raise ShrinkError(f"--masks-format {fmt}: choose one of {', '.join(FORMATS)}.")
+    if fmt not in MASKS_FORMATS:
+        raise ShrinkError(f"--masks-format {fmt}: choose one of {', '.join(MASKS_FORMATS)}.")
     if not isinstance(raw, Mapping) or not raw:
         raise ShrinkError(
             f"{source}: expected a non-empty dict of masks, found {type(raw).__name__}."

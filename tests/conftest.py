@@ -122,11 +122,11 @@ def shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 def pytest_configure(config):
     import torch
 
-    from onnxshrink import validate
+    from onnxshrink.proof import sessions
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    validate.SESSION_THREADS = 1
+    sessions.SESSION_THREADS = 1
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -19,7 +19,7 @@ from torch import nn
 
 from onnxshrink import export_and_shrink, shrink
 from onnxshrink.cli import main
-from onnxshrink.validate import OutputCheck, ValidationReport
+from onnxshrink.proof.verdict import OutputCheck, ValidationReport
 
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
 

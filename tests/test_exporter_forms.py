@@ -225,7 +225,7 @@ def test_an_integer_input_is_drawn_among_the_values_the_graph_compares_it_with()
 
 def test_the_compared_values_are_followed_through_ops_that_move_them():
     """Silero's op18 export: Reshape(sr, [1]) -> Gather(.., 0) -> Equal(.., 16000)."""
-    from onnxshrink.validate import compared_values, make_inputs
+    from onnxshrink.proof.inputs import compared_values, make_inputs
 
     text = RATE.replace("int64[2] Rows)", "int64[2] Rows, int64[1] One, int64 Zero)").replace(
         "is16k = Equal(sr, Rate)",
@@ -287,7 +287,7 @@ NECK_PARAMS = 4 * 27 + 4 * 4 * 36 + 6 * 8 + 4  # 736
 
 
 def test_dynamic_sizes_are_chosen_so_the_models_downsampling_survives():
-    from onnxshrink.validate import resolve_shapes
+    from onnxshrink.proof.inputs import resolve_shapes
 
     model = tiny(NECK, values={"Scales": [1, 1, 2, 2]}, zero={"W2": np.s_[[1, 3]]})
     assert resolve_shapes(model, {}) == {"x": [2, 3, 32, 32]}
@@ -307,7 +307,7 @@ def test_dynamic_sizes_are_chosen_so_the_models_downsampling_survives():
 def test_the_chosen_size_leaves_every_map_an_element():
     """Three stride-2 convs, then a 3x3 pooling without padding: 16 leaves it a 2x2 map, which
     the pooling cannot take; 24 (the first multiple of 8 where it has 3x3) can."""
-    from onnxshrink.validate import resolve_shapes
+    from onnxshrink.proof.inputs import resolve_shapes
 
     text = """
     g (float[N,2,H,W] x, float[2,2,3,3] W1, float[2,2,3,3] W2, float[2,2,3,3] W3) => (float[N,2,A,B] y) {

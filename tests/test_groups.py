@@ -16,7 +16,7 @@ from models.transformers import TRANSFORMERS
 from models.zoo import ZOO, randomize
 from onnxshrink.cli import main
 from onnxshrink.prune import find_groups
-from onnxshrink.prune.run import zeroed
+from onnxshrink.prune.reference import zeroed
 
 
 def exported(zoo_dir, name: str, **export):

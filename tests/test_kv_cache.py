@@ -446,7 +446,7 @@ def test_a_packed_gqa_cache_of_a_symbolic_head_size_is_proven_at_its_head_size(t
     """The proof draws the cache at the head size the query gives (32), not at the size chosen
     for other dynamic dims (16, which onnxruntime refuses): the shrink passes its proof, and
     runs as the input with the group zeroed, fed the whole cache, on the kept K/V head."""
-    from onnxshrink.validate import resolve_shapes
+    from onnxshrink.proof.inputs import resolve_shapes
 
     model = tiny(GENAI, zero=GENAI_GROUP1, seed=3)
     chosen = resolve_shapes(model, {})
@@ -478,7 +478,7 @@ def test_a_packed_gqa_cache_of_a_symbolic_head_size_is_proven_at_its_head_size(t
 def test_the_past_of_a_multi_head_attention_takes_the_key_and_value_head_sizes():
     """MultiHeadAttention's past key and value: the query's head size (16 / 2 heads) and the
     value's (8 / 2), each its own dim symbol."""
-    from onnxshrink.validate import resolve_shapes
+    from onnxshrink.proof.inputs import resolve_shapes
 
     text = """<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
     g (float[batch,seq,16] x, float[batch,2,past,dk] past_k, float[batch,2,past,dv] past_v,

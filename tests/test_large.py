@@ -16,8 +16,9 @@ import pytest
 from conftest import cli_on_terminal, error_against, params
 
 from models.llama import LlamaConfig, build
-from onnxshrink import api, shrink, validate
+from onnxshrink import api, shrink
 from onnxshrink.cli import main
+from onnxshrink.proof import inputs, sessions
 
 TINY = LlamaConfig.preset("tiny", layers=2).half_masked()
 FP16_RTOL = 10 * 2.0**-10  # the proof's default for float16 arithmetic
@@ -115,7 +116,7 @@ def test_streamed_result_refers_to_its_data_file(models, tmp_path, monkeypatch):
 
 def test_proof_in_segments_and_of_the_first_blocks(models, monkeypatch):
     path, ideal = models["fp32"]
-    monkeypatch.setattr(validate, "SEGMENT_BYTES", 20_000)  # the model's weights are ~300 KB
+    monkeypatch.setattr(sessions, "SEGMENT_BYTES", 20_000)  # the model's weights are ~300 KB
     result = shrink(path, input_shapes={"input_ids": [1, 10]})
     v = result.validation
     assert v.passed and v.kind == "full" and result.after.params == ideal
@@ -125,9 +126,9 @@ def test_proof_in_segments_and_of_the_first_blocks(models, monkeypatch):
     assert error_against(path, result.model, {"input_ids": [1, 10]}) <= 1e-5
     # the segments compute exactly what the whole model computes
     model = onnx.load(path)
-    feeds = validate.make_inputs(model, {"input_ids": [1, 10]}, 2, seed=5)
-    whole = validate.run_model(model, feeds, ["logits"], "cpu")
-    parts = validate.run_model(onnx.load(path, load_external_data=False), feeds, ["logits"], "cpu", path.parent)
+    feeds = inputs.make_inputs(model, {"input_ids": [1, 10]}, 2, seed=5)
+    whole = sessions.run_model(model, feeds, ["logits"], "cpu")
+    parts = sessions.run_model(onnx.load(path, load_external_data=False), feeds, ["logits"], "cpu", path.parent)
     for a, b in zip(whole, parts, strict=True):
         assert np.array_equal(a[0], b[0])
     first = shrink(path, input_shapes={"input_ids": [1, 10]}, validate_layers=1)
@@ -223,7 +224,7 @@ def test_masks_applied_to_a_large_model_are_spilled(models, tmp_path, monkeypatc
     }
     assert len(masks) == 2 * 7  # Q, K, V, O, gate, up and down of each of the 2 layers
     monkeypatch.setattr(api, "IN_MEMORY_BYTES", 0)
-    monkeypatch.setattr(validate, "SEGMENT_BYTES", segment_bytes)
+    monkeypatch.setattr(sessions, "SEGMENT_BYTES", segment_bytes)
     out = tmp_path / "small.onnx"
     result = shrink(unmasked.path, masks, output=out, input_shapes={"input_ids": [1, 8]})
     assert result.input_masked is False and result.validation.passed

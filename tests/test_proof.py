@@ -21,9 +21,11 @@ from conftest import WIDE, init, params, run, tiny
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxshrink.api as api
-from onnxshrink import ValidationFailed, shrink, validate
+from onnxshrink import ValidationFailed, shrink
 from onnxshrink.cli import main
-from onnxshrink.judge import float64_outputs, new_constants, same_form, widened
+from onnxshrink.proof import comparison as proof_compare
+from onnxshrink.proof import sessions, verdict
+from onnxshrink.proof.judge import float64_outputs, new_constants, same_form, widened
 
 
 def deep_cnn(seed: int, depth: int = 8, c: int = 32, hw: int = 16) -> onnx.ModelProto:
@@ -176,7 +178,7 @@ def test_the_layernorm_model_is_off_by_rounding_far_above_the_floor_and_passes_a
 def test_the_tolerance_follows_the_reference_noise_where_float64_is_not_consulted(monkeypatch):
     """On a model past GRAY_MACS (here: every model), an error above the floor within twice the
     reference's own noise passes, and the proof says which tolerance it derived and why."""
-    monkeypatch.setattr(validate, "GRAY_MACS", 0)
+    monkeypatch.setattr(proof_compare, "GRAY_MACS", 0)
     model = deep_cnn(1)
     result = shrink(model)
     (o,) = result.validation.outputs
@@ -334,7 +336,7 @@ def test_recovery_never_writes_a_model_no_smaller_than_its_input(tmp_path, monke
     """At an impossible tolerance, a failure the float64 judge is not consulted on (here: no
     model is small enough for it) and too large to be called rounding by its size: recovery keeps
     everything back, and that is not written."""
-    import onnxshrink.judge as judge
+    import onnxshrink.proof.judge as judge
 
     monkeypatch.setattr(judge, "MACS", 0)
     monkeypatch.setattr(api, "TRY_JUDGE_MACS", 0)
@@ -354,14 +356,14 @@ def test_recovery_never_writes_a_model_no_smaller_than_its_input(tmp_path, monke
 # ------------------------------------------------------------------ as users run it
 def _refusing(monkeypatch, level: str, refuse) -> None:
     """onnxruntime (monkeypatched) refuses the models `refuse(model)` picks at `level`."""
-    real = validate.session
+    real = sessions.session
 
-    def session(model, provider, data_dir=None, level_=validate.OFF, data=None):
+    def session(model, provider, data_dir=None, level_=sessions.OFF, data=None):
         if level_ == level and refuse(model):
             raise RuntimeError(f"refused at {level}")
         return real(model, provider, data_dir, level_, data)
 
-    monkeypatch.setattr(validate, "session", session)
+    monkeypatch.setattr(sessions, "session", session)
 
 
 def _shrunk(model: onnx.ModelProto) -> bool:
@@ -399,13 +401,13 @@ def test_a_level_that_refuses_the_reference_too_is_no_failure():
 
 def test_a_reference_the_default_level_refuses_is_run_with_optimizations_off(monkeypatch):
     model = tiny(WIDE, seed=2, zero={"W1": np.s_[:8], "B1": np.s_[:8]})
-    _refusing(monkeypatch, validate.default_level(), lambda m: True)
+    _refusing(monkeypatch, sessions.default_level(), lambda m: True)
     result = shrink(model)
     v = result.validation
-    assert result.passed and v.level == validate.OFF
+    assert result.passed and v.level == sessions.OFF
     assert v.detail.startswith(
-        f"the reference does not load at onnxruntime's default optimizations ({validate.default_level()}: "
-        f"cannot be loaded by onnxruntime (refused at {validate.default_level()})): both models run with them off"
+        f"the reference does not load at onnxruntime's default optimizations ({sessions.default_level()}: "
+        f"cannot be loaded by onnxruntime (refused at {sessions.default_level()})): both models run with them off"
     )
     assert v.outputs[0].noise is None and v.outputs[0].tolerance == "the floor for float32"
 
@@ -414,17 +416,17 @@ def test_the_proof_runs_the_reference_at_the_default_level_and_off_and_the_shrun
     """Cost: the reference's noise is one more reference run; the shrunk model runs once, and is
     only loaded at the other levels."""
     runs: list[tuple[bool, str]] = []
-    real = validate.run_model
+    real = proof_compare.run_model
 
-    def counting(model, feeds, outputs, provider, data_dir=None, progress=None, parts=None, level=validate.OFF):
+    def counting(model, feeds, outputs, provider, data_dir=None, progress=None, parts=None, level=sessions.OFF):
         runs.append((_shrunk(model), level))
         return real(model, feeds, outputs, provider, data_dir, progress, parts, level)
 
-    monkeypatch.setattr(validate, "run_model", counting)
+    monkeypatch.setattr(proof_compare, "run_model", counting)
     model = tiny(WIDE, seed=2, zero={"W1": np.s_[:8], "B1": np.s_[:8]})
     shrink(model)
-    default = validate.default_level()
-    assert runs == [(False, default), (False, validate.OFF), (True, default)]
+    default = sessions.default_level()
+    assert runs == [(False, default), (False, sessions.OFF), (True, default)]
 
 
 # ------------------------------------------------------------------ the float64 judge itself
@@ -466,7 +468,7 @@ def test_the_new_constants_are_the_values_the_reference_does_not_hold():
 
 # ------------------------------------------------------------------ tolerances
 def test_each_output_tolerance_is_twice_the_noise_between_the_floor_and_the_cap():
-    from onnxshrink.validate import noise_cap, output_tolerance, round_up
+    from onnxshrink.proof.verdict import noise_cap, output_tolerance, round_up
 
     eps = 2.0**-23
     assert output_tolerance(None, eps, "float32", 3e-5) == (6e-5, "reference noise 3e-05 at float32: 2 x noise")
@@ -482,7 +484,7 @@ def test_each_output_tolerance_is_twice_the_noise_between_the_floor_and_the_cap(
 def test_an_integer_output_may_differ_where_the_reference_itself_differs_between_levels():
     """An ArgMax of a near tie may come out otherwise with optimizations off: where the shrunk
     model matches either of the reference's two runs, it matches."""
-    tally = validate.ErrorTally(["i"])
+    tally = verdict.ErrorTally(["i"])
     tally.add([np.array([1, 2, 3])], [np.array([1, 5, 3])], [np.array([1, 5, 4])])
     assert tally.exact["i"]
     tally.add([np.array([1, 2, 3])], [np.array([1, 5, 3])], [np.array([1, 2, 3])])
@@ -533,7 +535,7 @@ def test_a_twin_whose_constants_the_shrunk_model_does_not_round_to_is_another_mo
 
 
 def test_an_integer_output_is_rounding_only_where_its_values_are_near_ties():
-    from onnxshrink.judge import verdict
+    from onnxshrink.proof.judge import verdict
 
     r32, s32 = np.array([0, 1, 2]), np.array([3, 1, 2])
     # float64 gives the reference's values: the same function

@@ -172,7 +172,7 @@ def init_list(model: onnx.ModelProto, name: str) -> list:
 
 
 def feeds(model: onnx.ModelProto, draws: int = 3) -> list[dict]:
-    from onnxshrink.validate import make_inputs, resolve_shapes
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     return make_inputs(model, resolve_shapes(model, {}), draws, seed=11)
 
@@ -446,7 +446,7 @@ def test_a_dynamically_quantized_block_goes_with_its_integer_weights():
 # ------------------------------------------------------------------ onnxruntime.quantization
 class _Calibration:
     def __init__(self, path):
-        from onnxshrink.validate import make_inputs, resolve_shapes
+        from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
         model = onnx.load(path)
         self.feeds = iter(make_inputs(model, resolve_shapes(model, {}), 4, seed=5))
@@ -569,7 +569,7 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     written with the chosen groups zeroed, the size of the input. A proof that fails whenever a
     channel is removed stands for it here."""
     from onnxshrink import api, cli
-    from onnxshrink.validate import OutputCheck
+    from onnxshrink.proof.verdict import OutputCheck
 
     def failing(reference, source, rewritten, opts, *more):
         report = original(reference, source, rewritten, opts, *more)

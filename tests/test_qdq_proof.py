@@ -6,7 +6,7 @@ import onnx
 import pytest
 from conftest import tiny
 
-from onnxshrink.qdq_proof import integer_products
+from onnxshrink.proof.qdq import integer_products
 
 PRODUCTS = """<ir_version: 8, opset_import: ["" : 17]>
 g (float[1, 16, 5, 5] x, float[1, 16] v, int8[32, 16, 3, 3] Wq, float[32] Ws, int8[32] Wz, int32[32] Bq,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import tiny
 
-from onnxshrink.segment import blocks, prefix
+from onnxshrink.proof.segment import blocks, prefix
 
 # Three residual blocks; the first also computes a shared table (s) the later ones read, as
 # exporters hoist rotary tables into the first layer.

@@ -267,8 +267,9 @@ def bench_model(name: str, entry, args, workdir: Path, latency_seconds: float) -
     import onnx
 
     from onnxshrink.options import ShrinkOptions
+    from onnxshrink.proof.comparison import compare
+    from onnxshrink.proof.inputs import resolve_shapes
     from onnxshrink.report import model_stats
-    from onnxshrink.validate import compare, resolve_shapes
 
     t0 = time.perf_counter()
     from models.transformers import TRANSFORMERS

@@ -94,7 +94,7 @@ def quantized(path: Path, how: str) -> Path:
         quantize_static,
     )
 
-    from onnxshrink.validate import make_inputs, resolve_shapes
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     out = path.with_name(f"{path.stem}_{how}.onnx")
     if how == "dynamic":
@@ -119,8 +119,8 @@ def check(label: str, masked: Path, native: Path) -> bool:
     import onnxruntime as ort
 
     from onnxshrink import shrink
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
     from onnxshrink.report import model_stats
-    from onnxshrink.validate import make_inputs, resolve_shapes
 
     reference = onnx.load(masked)
     result = shrink(reference, validate=False, analysis=ANALYSIS)

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("needs transformers: pip install transformers")
     transformers.logging.set_verbosity_error()
     from onnxshrink import shrink
-    from onnxshrink.validate import make_inputs, resolve_shapes
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     bad = 0
     exporter = "legacy" if args.legacy else "dynamo"

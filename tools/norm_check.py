@@ -190,7 +190,7 @@ def ort_session(model: onnx.ModelProto | Path):
 
 def error(reference: Path, shrunk: onnx.ModelProto, shapes: dict) -> float:
     """Max relative error of `shrunk` against the masked export, on random inputs, in onnxruntime."""
-    from onnxshrink.validate import make_inputs, resolve_shapes
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     ref = onnx.load(str(reference))
     a_sess, b_sess = ort_session(ref), ort_session(shrunk)

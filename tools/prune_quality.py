@@ -157,8 +157,8 @@ def params_of(model: onnx.ModelProto) -> int:
 
 
 def minilm(args) -> int:
+    from onnxshrink.proof.inputs import load_inputs
     from onnxshrink.prune import prune
-    from onnxshrink.validate import load_inputs
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ def onnxsim_rows(files, fraction: float, removed_goal: int, reference, cal) -> l
     import onnxsim.pruning as P
     from onnx import numpy_helper
 
-    from onnxshrink.validate import load_inputs
+    from onnxshrink.proof.inputs import load_inputs
 
     dynamic = onnx.load(str(files["model"]))
     held = dict(load_inputs(str(files["held_out"])))
@@ -391,7 +391,7 @@ def slower(args) -> int:
     from onnxshrink.prune import prune
 
     os.environ["ONNXSHRINK_THREADS"] = str(args.threads)
-    from onnxshrink.validate import parse_shapes
+    from onnxshrink.proof.inputs import parse_shapes
 
     shapes = parse_shapes(args.input_shapes)
     original = onnx.load(args.model)

@@ -105,7 +105,7 @@ class Pruner:
 
     def run(self, ratio: float, units: tuple[str, ...], validate: bool = False):
         from onnxshrink import shrink
-        from onnxshrink.prune.run import zeroed
+        from onnxshrink.prune.reference import zeroed
         from onnxshrink.prune.select import choose
 
         plans = choose(self.gset, self.importance, ratio, units=units)

@@ -102,7 +102,7 @@ def quantized(src: Path, form: str, seed: int) -> Path:
         quantize_static,
     )
 
-    from onnxshrink.validate import make_inputs, resolve_shapes
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     logging.disable(logging.WARNING)
     try:

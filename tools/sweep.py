@@ -47,7 +47,7 @@ def first_proof(model, info) -> tuple[str, str]:
     """Shrink with validation on and no recovery: ("passed" | "judged" (passed by the float64
     judge) | "rounding" | "failed" | "exception", detail)."""
     from onnxshrink import ValidationFailed, shrink
-    from onnxshrink.validate import make_inputs, resolve_shapes
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     # the first draw's sizes, as the independent check's: symbolic H and W have their own
     sizes = info.get("sizes", {})

@@ -26,8 +26,13 @@ class ConstView(Protocol):
     """What `constants` reads: the constant elements known so far (and the shape values of an
     earlier pass, when there was one)."""
 
-    opset: int
-    tensors: Mapping[str, gs.Tensor]
+    @property
+    def opset(self) -> int: ...
+
+    @property
+    def tensors(self) -> Mapping[str, gs.Tensor]:
+        """Every tensor of every scope, by name."""
+
 
     def sym(self, t: gs.Tensor | None) -> SymValue | None: ...
 
@@ -41,8 +46,13 @@ class ConstView(Protocol):
 class ShapeView(Protocol):
     """What `shape_value` and `refine_dims` read: the shape values known so far."""
 
-    opset: int
-    tensors: Mapping[str, gs.Tensor]
+    @property
+    def opset(self) -> int: ...
+
+    @property
+    def tensors(self) -> Mapping[str, gs.Tensor]:
+        """Every tensor of every scope, by name."""
+
     syms: dict[str, SymValue]
 
     def is_shape(self, t: gs.Tensor | None) -> bool: ...
@@ -55,8 +65,13 @@ class ShapeView(Protocol):
 class KeepView(Protocol):
     """What `keep` and `settle` read and grow: kept index sets per tensor axis."""
 
-    opset: int
-    tensors: Mapping[str, gs.Tensor]
+    @property
+    def opset(self) -> int: ...
+
+    @property
+    def tensors(self) -> Mapping[str, gs.Tensor]:
+        """Every tensor of every scope, by name."""
+
 
     def const(self, t: gs.Tensor | None) -> ConstInfo | None: ...
 
@@ -129,8 +144,13 @@ class KeepView(Protocol):
 class RewriteView(Protocol):
     """What `rewrite` reads (the analysis, the original values) and the edits it makes."""
 
-    opset: int
-    tensors: Mapping[str, gs.Tensor]
+    @property
+    def opset(self) -> int: ...
+
+    @property
+    def tensors(self) -> Mapping[str, gs.Tensor]:
+        """Every tensor of every scope, by name."""
+
 
     def kept(self, t: gs.Tensor, axis: int) -> np.ndarray | None: ...
 

@@ -16,10 +16,11 @@ import numpy as np
 import onnx
 
 from onnxshrink.errors import ShrinkError
+from onnxshrink.options import ALLOCATIONS, DEFAULT_UNITS
 from onnxshrink.prune import compensate as comp_mod
 from onnxshrink.prune import sensitivity as sens
 from onnxshrink.prune.calibrate import Calibration, Runner, deviation
-from onnxshrink.prune.groups import DEFAULT_UNITS, GroupSet
+from onnxshrink.prune.groups import GroupSet
 from onnxshrink.prune.select import LayerPlan, _bounded, _ignored, choose
 from onnxshrink.prune.targets import (
     Costs,
@@ -30,8 +31,6 @@ from onnxshrink.prune.targets import (
     meet_latency,
     members_of,
 )
-
-ALLOCATIONS = ("uniform", "global", "sensitivity")
 
 
 @dataclass
@@ -48,7 +47,7 @@ class Builder:
     values: dict[str, np.ndarray] = field(default_factory=dict)  # the last reference's changes
 
     def reference(self, plans: Sequence[LayerPlan], copy: bool = True) -> onnx.ModelProto:
-        from onnxshrink.prune.run import zeroed
+        from onnxshrink.prune.reference import zeroed
 
         members = members_of(self.gset, plans)
         if self.compensation is None:

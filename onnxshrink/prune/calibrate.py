@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.options import Provider
 
 # At most this many positions (rows of channels) are kept per activation for the refit: the
 # covariance of a few thousand positions is what a small calibration set can estimate anyway.
@@ -109,13 +110,14 @@ def collect(
     samples: bool = False,
     streams: Collection[tuple[str, str, int]] = (),
     seed: int = 0,
-    provider: str = "cpu",
+    provider: Provider = "cpu",
 ) -> Calibration:
     """Statistics of each activation in `activations` ({tensor: channel axis}) over `feeds`,
     and the model's outputs on them. `samples`: keep up to MAX_SAMPLES positions per
     activation (the least-squares refit needs their covariance). `streams`: blocks' (before,
     after, axis) whose cosine to measure in the same runs."""
-    from onnxshrink.validate import check_inputs, session
+    from onnxshrink.proof.inputs import check_inputs
+    from onnxshrink.proof.sessions import session
 
     check_inputs(model, feeds)  # names, dtypes and shapes, as for the proof (each named)
     # only the main graph's tensors can be outputs: a group read inside an If/Loop/Scan body has
@@ -191,13 +193,13 @@ class Runner:
     model: onnx.ModelProto
     variable: Iterable[str]
     feeds: Sequence[Mapping[str, np.ndarray]]
-    provider: str = "cpu"
+    provider: Provider = "cpu"
     values: dict[str, np.ndarray] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         import onnxruntime as ort
 
-        from onnxshrink.validate import PROVIDERS, session_threads
+        from onnxshrink.proof.sessions import EXECUTION_PROVIDERS, session_threads
 
         probe = onnx.ModelProto()
         probe.CopyFrom(self.model)
@@ -221,7 +223,7 @@ class Runner:
         so.log_severity_level = 3
         self.outputs = [o.name for o in probe.graph.output]
         self.session = ort.InferenceSession(
-            probe.SerializeToString(), so, providers=[PROVIDERS[self.provider]]
+            probe.SerializeToString(), so, providers=[EXECUTION_PROVIDERS[self.provider]]
         )
 
     def run(self, changes: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:

@@ -29,10 +29,9 @@ from onnx import helper, numpy_helper
 
 from onnxshrink.errors import ShrinkError
 from onnxshrink.masks import ONNX_SECTION  # tensors with no framework name, as in --masks-out
+from onnxshrink.options import COMPENSATIONS
 from onnxshrink.prune.calibrate import Calibration
 from onnxshrink.prune.groups import GroupSet, Member, _with, gather_slices, zero_slice
-
-MODES = ("none", "bias", "refit")
 
 
 @dataclass
@@ -78,7 +77,7 @@ class Compensation:
 def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
     """`model` (a copy) with every exact group's shared initializers untied per reader (as the
     analysis saw them), and the bias of each consumer of an exact group found or named."""
-    from onnxshrink.prune.run import zeroed
+    from onnxshrink.prune.reference import zeroed
 
     members = [_with(m, np.zeros(0, np.int64)) for g in gset.exact() for m in g.members]
     # zeroes nothing: unties (each reader its own copy to compensate) and makes Constants initializers
@@ -244,8 +243,8 @@ def changes(
     """The new values of every initializer the prune changes: the removed members' slices zeroed
     and, with `mode` "bias" or "refit", each consumer's bias (and, refit, its weights on the kept
     channels) compensated for the channels it no longer reads. Computed from the unpruned values."""
-    if mode not in MODES:
-        raise ShrinkError(f"--compensate {mode}: choose one of {', '.join(MODES)}.")
+    if mode not in COMPENSATIONS:
+        raise ShrinkError(f"--compensate {mode}: choose one of {', '.join(COMPENSATIONS)}.")
     out: dict[str, np.ndarray] = {}
 
     def value(name: str) -> np.ndarray:
@@ -348,7 +347,7 @@ def apply(comp: Compensation, values: Mapping[str, np.ndarray], copy: bool = Tru
             inits[name].CopyFrom(numpy_helper.from_array(np.asarray(v), name))
         elif name in add:
             g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
-    from onnxshrink.prune.run import retie_copies
+    from onnxshrink.prune.reference import retie_copies
 
     retie_copies(out, comp.copies)  # the readers' copies that stayed equal: one tensor again
     return out

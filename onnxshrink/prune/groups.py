@@ -121,10 +121,6 @@ class Unit:
         return out
 
 
-#: unit kinds `--prune` removes unless told otherwise (blocks only when asked: `units`)
-DEFAULT_UNITS = ("channel", "neuron", "gated_neuron", "head", "kv_group", "conv_group", "width")
-UNITS = (*DEFAULT_UNITS, "block")
-
 
 @dataclass
 class Group:
@@ -623,7 +619,7 @@ class _Finder:
         Add that nodes only it reads compute, holding weight matrices, when the other operand
         (the stream) holds none; zeroing all of it makes the operand a constant zero, and the
         Add goes with everything only it read (`ops.elementwise.Elementwise.constant_operand`)."""
-        from onnxshrink.segment import blocks as repeated
+        from onnxshrink.proof.segment import blocks as repeated
 
         branches = residual_branches(self.analysis.graph, self.analysis.handler_for)
         if not branches:

@@ -33,10 +33,10 @@ import numpy as np
 import onnx
 
 from onnxshrink.errors import ShrinkError
+from onnxshrink.options import CRITERIA, DATA_CRITERIA
 from onnxshrink.prune.calibrate import Calibration, collect
 from onnxshrink.prune.groups import Group, GroupSet, Member
 
-CRITERIA = ("l1", "l2", "random", "activation", "wanda", "fluctuation")
 # What each criterion needs, for --help and the messages.
 NEEDS = {
     "l1": "the weights alone",
@@ -46,7 +46,6 @@ NEEDS = {
     "wanda": "--inputs (Wanda: RMS of each channel x sum |w|)",
     "fluctuation": "--inputs (FLAP: variance of each channel x sum w^2; pairs with --compensate)",
 }
-DATA_CRITERIA = ("activation", "wanda", "fluctuation")
 
 
 def scores(

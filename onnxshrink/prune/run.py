@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnxshrink import ir
 from onnxshrink.analyze.replay import scoped
@@ -35,22 +34,21 @@ from onnxshrink.api import (
 )
 from onnxshrink.errors import NotShrunk, ShrinkError, ValidationFailed, file_access, first_line
 from onnxshrink.io.model import check_output, load_external
-from onnxshrink.masks import ONNX_SECTION
-from onnxshrink.options import ShrinkOptions
-from onnxshrink.progress import PhaseClock
-from onnxshrink.prune.groups import (
+from onnxshrink.options import (
+    ALLOCATIONS,
+    COMPENSATIONS,
+    DATA_CRITERIA,
     DEFAULT_UNITS,
     UNITS,
-    GroupSet,
-    Member,
-    find_groups,
-    gather_slices,
-    zero_slice,
+    ShrinkOptions,
 )
+from onnxshrink.progress import PhaseClock
+from onnxshrink.proof.inputs import check_inputs, resolve_shapes
+from onnxshrink.prune.groups import GroupSet, Member, find_groups
 from onnxshrink.prune.importance import scores
+from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.report import ModelStats, model_stats
-from onnxshrink.validate import check_inputs, resolve_shapes
 
 
 @dataclass
@@ -183,7 +181,7 @@ def prune(
     from onnxshrink.prune import allocate as alloc
     from onnxshrink.prune import compensate as comp_mod
     from onnxshrink.prune.calibrate import collect
-    from onnxshrink.prune.importance import DATA_CRITERIA, activations, block_streams
+    from onnxshrink.prune.importance import activations, block_streams
     from onnxshrink.prune.targets import Costs, LatencyMeter
 
     units = tuple(DEFAULT_UNITS if units is None else units)
@@ -194,10 +192,10 @@ def prune(
     check_options(opts)  # before the groups and importance are computed, not at the shrink
     target = _target(ratio, params, macs, latency)
     allocation = allocation or ("global" if global_ranking else "uniform")
-    if allocation not in alloc.ALLOCATIONS:
-        raise ShrinkError(f"--allocation {allocation}: choose one of {', '.join(alloc.ALLOCATIONS)}.")
-    if compensate not in comp_mod.MODES:
-        raise ShrinkError(f"--compensate {compensate}: choose one of {', '.join(comp_mod.MODES)}.")
+    if allocation not in ALLOCATIONS:
+        raise ShrinkError(f"--allocation {allocation}: choose one of {', '.join(ALLOCATIONS)}.")
+    if compensate not in COMPENSATIONS:
+        raise ShrinkError(f"--compensate {compensate}: choose one of {', '.join(COMPENSATIONS)}.")
     if not (np.isfinite(ridge) and ridge >= 0):
         raise ShrinkError(f"--ridge {ridge}: give a regularization >= 0 (1 by default).")
     needs = [
@@ -333,9 +331,9 @@ def prune(
     staged = {}
     try:
         if masks_out is not None and slices.zeroed:
-            staged[Path(masks_out)] = _stage_masks(slices.masks(), masks_out)
+            staged[Path(masks_out)] = stage_masks(slices.masks(), masks_out)
         if weights_out is not None and weights:
-            staged[Path(weights_out)] = _stage_masks(weights, weights_out)
+            staged[Path(weights_out)] = stage_masks(weights, weights_out)
         clock.lap("masks")
         # The reference is in memory: say what the input was, so that the output is written as
         # a plain shrink of it would be (external data when the input had it) and never over it.
@@ -425,7 +423,7 @@ def write_sensitivity(families, path: str | Path, title: str, how: str) -> None:
     os.close(fd)
     try:
         write_html(families, tmp, title, how)
-        _as_created(tmp)
+        as_created(tmp)
         os.replace(tmp, p)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -439,8 +437,8 @@ def predicted_error(families, chosen) -> float:
 
 def _price_feeds(proto, held_out, data, shapes, opts) -> tuple[list[Mapping[str, np.ndarray]], str]:
     """The inputs the price is measured on, and how to call them."""
+    from onnxshrink.proof.inputs import make_inputs
     from onnxshrink.prune.calibrate import feed_label
-    from onnxshrink.validate import make_inputs
 
     if held_out:
         return list(held_out), f"held-out inputs ({feed_label(held_out)})"
@@ -451,10 +449,10 @@ def _price_feeds(proto, held_out, data, shapes, opts) -> tuple[list[Mapping[str,
 
 
 def _price(proto, pruned, calibration, held_out, data, shapes, opts, meters):
+    from onnxshrink.proof.sessions import SEGMENT_BYTES, session
     from onnxshrink.prune.calibrate import run_feeds
     from onnxshrink.prune.price import Price, compare_outputs
     from onnxshrink.prune.targets import LatencyMeter
-    from onnxshrink.validate import SEGMENT_BYTES, session
 
     feeds, label = _price_feeds(proto, held_out, data, shapes, opts)
     weights = sum(
@@ -503,214 +501,3 @@ def _why_kept(result: ShrinkResult) -> str:
     return "; ".join(reasons[:3]) if reasons else "the analysis kept them"
 
 
-# ---------------------------------------------------------------------- the reference
-def zeroed(
-    model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True, retie: bool = True
-) -> onnx.ModelProto:
-    """`model` with every member's slice zeroed, a quantized one set to its zero point (`copy`
-    False: `model` itself, changed). An initializer several nodes read is first given one copy
-    per reader (as the analysis saw it), so that only the readers in the chosen groups lose
-    their slices; with `retie`, the copies that end up equal are one initializer again (as
-    masks applied to the input make them: `bind.apply`), else a reference would hold two equal
-    tensors where the masks' has one, and the shrink keeps what its input holds apart."""
-    out = model
-    if copy:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-    _constants_to_initializers(out, {m.initializer for m in members})
-    graphs = list(ir.all_graphs(out.graph))  # weights in If/Loop/Scan bodies too
-    inits = {t.name: t for g in graphs for t in g.initializer}
-    home = {t.name: g for g in graphs for t in g.initializer}
-    shared = {m.initializer for m in members if m.tensor != m.initializer}
-    chosen = {m.initializer for m in members}
-    shared |= {original for original in gset.untied.values() if original in chosen}
-    values: dict[str, np.ndarray] = {}
-    copies: dict[str, str] = {}
-    if shared:
-        for g in graphs:  # a copy lives beside its reader (untied uses share one scope)
-            for name, original in _copy_per_reader(g, gset, shared).items():
-                values[name] = numpy_helper.to_array(inits[original]).copy()
-                home[name] = g
-                copies[name] = original
-    initializer_of = {m.tensor: m.initializer for m in members}
-    for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
-        if name not in values:
-            source = inits[name] if name in inits else inits[initializer_of[name]]
-            values[name] = numpy_helper.to_array(source).copy()
-        zero_slice(values[name], axis, idx, gset.zero_of(name))
-    for name, v in values.items():
-        t = numpy_helper.from_array(v, name)
-        if name in inits:
-            inits[name].CopyFrom(t)
-        else:
-            home.get(name, out.graph).initializer.append(t)
-    if retie:
-        retie_copies(out, copies)
-    return out
-
-
-def retie_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> None:
-    """Each copy ({copy: original}) whose values equal its original's, or an earlier copy's of
-    the same original, is that tensor again: its readers read it, and the copy is dropped."""
-    graphs = list(ir.all_graphs(model.graph))
-    inits = {t.name: (g, t) for g in graphs for t in g.initializer}
-    kept: dict[str, list[tuple[str, np.ndarray]]] = {}
-    renamed: dict[str, str] = {}
-    for name, original in sorted(copies.items(), key=lambda c: (c[1], c[0])):  # a copy's copy after it
-        while original in renamed:
-            original = renamed[original]
-        if name not in inits or original not in inits:
-            continue
-        if original not in kept:
-            kept[original] = [(original, numpy_helper.to_array(inits[original][1]))]
-        g, t = inits[name]
-        v = numpy_helper.to_array(t)
-        # the original (stored where all its readers see it) or a copy beside this one: a copy
-        # in a sibling body is out of this reader's scope
-        same = next(
-            (
-                k
-                for k, w in kept[original]
-                if (k == original or inits[k][0] is g) and w.dtype == v.dtype and np.array_equal(w, v)
-            ),
-            None,
-        )
-        if same is None:
-            kept[original].append((name, v))
-            continue
-        renamed[name] = same
-        g.initializer.remove(t)
-    if renamed:
-        for g in graphs:
-            for node in g.node:
-                for i, x in enumerate(node.input):
-                    if x in renamed:
-                        node.input[i] = renamed[x]
-
-
-def _copy_per_reader(g: onnx.GraphProto, gset: GroupSet, shared: set[str]) -> dict[str, str]:
-    """Point each reader of a shared initializer at the copy the analysis gave it; {copy: original}."""
-    site_tensor = {m.site: m.tensor for grp in gset.groups for m in grp.members}
-    copies: dict[str, str] = {}
-    for node in g.node:
-        key = node.output[0] if node.output else ""
-        for i, name in enumerate(node.input):
-            if name in shared:
-                t = site_tensor.get((key, i), name)
-                if t != name and gset.untied.get(t) == name:
-                    node.input[i] = t
-                    copies[t] = name
-    return copies
-
-
-def _constants_to_initializers(model: onnx.ModelProto, names: set[str]) -> None:
-    """Nodes that produce one of `names` without inputs (Constant) become initializers: the
-    analysis saw them so (prepare does the same)."""
-    from onnxshrink.ops import facts
-    from onnxshrink.prepare import default_opset
-
-    opset = default_opset(model)
-    for g in ir.all_graphs(model.graph):  # a Constant node in a body: an initializer of it
-        for node in list(g.node):
-            if node.input or len(node.output) != 1 or node.output[0] not in names:
-                continue
-            handler, op = facts(node, opset)
-            value = handler.constant_value(op) if handler is not None else None
-            if value is not None:
-                g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
-                g.node.remove(node)
-
-
-# ---------------------------------------------------------------------- masks out
-@dataclass
-class MaskSlices:
-    """The slices the masks zero, per (name, shape) and axis, and the initializers left out."""
-
-    zeroed: dict[tuple[tuple[str, tuple[int, ...]], int], np.ndarray]
-    skipped: list[str]
-    _made: dict[str, np.ndarray] | None = field(default=None, repr=False)
-
-    def masks(self) -> dict[str, np.ndarray]:
-        """The 0/1 masks, made once."""
-        if self._made is None:
-            self._made = {}
-            for ((name, shape), axis), idx in self.zeroed.items():
-                if name not in self._made:
-                    self._made[name] = np.ones(shape, np.float32)
-                zero_slice(self._made[name], axis, idx)
-        return self._made
-
-
-def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool = True) -> MaskSlices:
-    """What the 0/1 masks of the zeroed slices are, as a framework state dict: under the
-    framework parameter names the exporter recorded (in the framework's layout), and nothing
-    else. A slice of a tensor with no framework name (a graph-only constant: an LSTM's packed
-    weights, a product the exporter folded) goes under the tensor's ONNX name in a section of
-    its own, `onnx/NAME`, which a strict loader drops and onnxshrink reads back; in a model that
-    records no framework names at all (`framework` False: paddle2onnx, tf2onnx, spox exports)
-    the tensors' names are the only names, and stand alone. An initializer several nodes share
-    with no parameter name for its slice is listed as skipped (its name would mask every reader)."""
-    shapes = {t.name: tuple(t.dims) for g in ir.all_graphs(model.graph) for t in g.initializer}
-    skipped: set[str] = set()
-    slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
-    shared = {m.initializer for m in members if m.tensor != m.initializer}
-    section = ONNX_SECTION if framework else ""
-    for m in members:
-        for p in m.params:
-            slices.append(((p.name, p.shape), p.axis, m.indices))
-        if m.params:
-            continue
-        if m.initializer not in shared and m.initializer in shapes:
-            slices.append(((section + m.initializer, shapes[m.initializer]), m.axis, m.indices))
-        else:
-            skipped.add(m.initializer)
-    return MaskSlices(gather_slices(slices), sorted(skipped))
-
-
-def _stage_masks(masks: Mapping[str, np.ndarray], path: str | Path) -> Path:
-    """The masks (or weights) written to a hidden file beside `path` (same directory, same
-    suffix), to be renamed over it."""
-    p = Path(path)
-    with file_access(path):  # an unwritable place is named as the user gave it
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=p.parent.absolute())
-        os.close(fd)
-        staged = Path(tmp)
-        try:
-            save_masks(dict(masks), staged)
-            _as_created(staged)
-        except BaseException:
-            staged.unlink(missing_ok=True)
-            raise
-    return staged
-
-
-def _as_created(path: str | Path) -> None:
-    """The permissions a file created by name would have (mkstemp's are the owner's alone)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def masks_kind(path: str | Path, flag: str = "--masks-out") -> str:
-    """The format `save_masks` writes to `path` (by its extension, any case), or a ShrinkError."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in (".npz", ".safetensors", ".pt", ".pth"):
-        raise ShrinkError(f"{flag} {path}: give a .pt, .npz or .safetensors file name.")
-    return suffix
-
-
-def save_masks(masks: dict[str, np.ndarray], path: str | Path) -> None:
-    """Write masks as .pt (torch.save of tensors), .npz or .safetensors, by the extension."""
-    p = Path(path)
-    suffix = masks_kind(p)
-    if suffix == ".npz":
-        with open(p, "wb") as f:  # a file, not a name: numpy would append ".npz" to "m.NPZ"
-            np.savez(f, **masks)  # type: ignore[arg-type]  # names are keywords
-    elif suffix == ".safetensors":
-        from safetensors.numpy import save_file
-
-        save_file({k: np.ascontiguousarray(v) for k, v in masks.items()}, str(p))
-    elif suffix in (".pt", ".pth"):
-        import torch
-
-        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in masks.items()}, p)

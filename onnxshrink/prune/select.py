@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxshrink.errors import ShrinkError
-from onnxshrink.prune.groups import DEFAULT_UNITS, GroupSet, Layer
+from onnxshrink.options import DEFAULT_UNITS
+from onnxshrink.prune.groups import GroupSet, Layer
 
 
 @dataclass

@@ -167,7 +167,7 @@ class LatencyMeter:
     threads as the proof's sessions (ONNXSHRINK_THREADS, else one per core)."""
 
     def __init__(self, model: onnx.ModelProto, feed: Mapping[str, np.ndarray], rounds: int = 7, budget: float = 0.15):
-        from onnxshrink.validate import session_threads
+        from onnxshrink.proof.sessions import session_threads
 
         self.threads = session_threads()
         self.rounds, self.budget = rounds, budget

@@ -492,7 +492,7 @@ def test_the_proof_runs_int8_activations_in_float(tmp_path):
     )
 
     from models.llama import LlamaConfig, build
-    from onnxshrink.qdq_proof import float_activations
+    from onnxshrink.proof.qdq import float_activations
 
     m = quantized_llama(tmp_path, True, accuracy_level=4)
     levels = {helper.get_attribute_value(a) for nd in m.graph.node for a in nd.attribute if a.name == "accuracy_level"}

@@ -156,7 +156,7 @@ def test_qlinear_conv_dead_filters_are_their_zero_point_and_go():
 # ------------------------------------------------------------------ the zoo, quantized
 class _Calibration:
     def __init__(self, model: onnx.ModelProto):
-        from onnxshrink.validate import make_inputs, resolve_shapes
+        from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
         self.feeds = iter(make_inputs(model, resolve_shapes(model, {}), 4, seed=5))
 

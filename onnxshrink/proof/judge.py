@@ -38,7 +38,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink.errors import first_line
-from onnxshrink.validate import EPS, ROUNDING_STEPS, ErrorTally, OutputCheck
+from onnxshrink.proof.verdict import EPS, ROUNDING_STEPS, ErrorTally, OutputCheck
 
 NARROW = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 DOUBLE = TensorProto.DOUBLE
@@ -192,8 +192,8 @@ def widened(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.
     """`model` computing in float64: the exact function of its weights (see the module doc).
     Inputs a schema admits no float64 for (Resize's scales) stay in their type, so that shape
     inference, onnxruntime and the analysis read the widened model as they read the model."""
-    from onnxshrink.emulate import tensor_types
     from onnxshrink.prepare import default_opset
+    from onnxshrink.proof.emulate import tensor_types
 
     types = tensor_types(model)
     for n in model.graph.node:
@@ -376,8 +376,8 @@ def verdict(
 
 def _judgeable(case: Case, macs_limit: float) -> str | None:
     """Why the models are not judged in float64 here (None: they are)."""
+    from onnxshrink.proof.segment import weight_bytes
     from onnxshrink.report import count_macs
-    from onnxshrink.segment import weight_bytes
 
     if weight_bytes(case.reference) > 256 * 2**20:
         return "the model is too large to compute in float64 here"

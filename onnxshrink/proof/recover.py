@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from onnxshrink.analyze import Analysis
 from onnxshrink.core.reasons import AxisKey
+from onnxshrink.proof.verdict import ValidationReport
 from onnxshrink.rewrite import RewriteResult
-from onnxshrink.validate import ValidationReport
 
 # Tries beyond the first failure (each is a whole shrink and proof): enough for ddmin to isolate
 # a few culprits among thousands of axes; past it, the smallest passing set found so far is kept.

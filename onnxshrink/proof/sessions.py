@@ -1,0 +1,270 @@
+"""onnxruntime sessions as the proof runs them: providers, threads, optimization levels, and a
+model run whole or segment by segment (`run_model`), its weights mapped, never copied."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnxshrink import ir
+from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.logs import onnxruntime_severity
+from onnxshrink.options import PROVIDERS, Provider
+
+# onnxruntime's name of each provider a run can be given (options.Provider)
+EXECUTION_PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+# onnxruntime's threads per session (0: its default, one per core). Tests set 1; a process
+# started by them (the command line) reads ONNXSHRINK_THREADS (see session_threads).
+SESSION_THREADS = 0
+
+
+THREADS_VARIABLE = "ONNXSHRINK_THREADS"
+
+
+def unrunnable_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(domain:op, node name) of the nodes of custom domains onnxruntime has no kernel for
+    (nor the model a function), which the proof cannot run."""
+    from onnxshrink.prepare.shapes import runtime_schemas
+
+    known = runtime_schemas() | {(f.domain, f.name) for f in model.functions}
+    out: dict[str, str] = {}
+    for n in (n for g in ir.all_graphs(model.graph) for n in g.node):
+        if n.domain not in ("", "ai.onnx") and (n.domain, n.op_type) not in known:
+            out.setdefault(f"{n.domain}:{n.op_type}", node_label(n))
+    return list(out.items())
+
+
+def node_label(n: onnx.NodeProto) -> str:
+    """How a message names a node: by its name, or by its output when it has none."""
+    if n.name:
+        return f"node '{n.name}'"
+    return f"the node writing '{n.output[0]}'" if n.output else "an unnamed node"
+
+
+def check_runnable(model: onnx.ModelProto, source: str) -> None:
+    """Refuse, before any work, a model whose proof onnxruntime cannot run (custom ops)."""
+    ops = unrunnable_ops(model)
+    if ops:
+        listed = ", ".join(f"{op} ({node})" for op, node in ops[:5])
+        raise ShrinkError(
+            f"{source}: onnxruntime has no kernel for {listed}, so the proof cannot run the model. "
+            "Pass --no-validate to shrink it without the proof (those nodes keep all their "
+            "channels; the rest is shrunk by the analysis alone), or prove it yourself with the "
+            "op's library registered in onnxruntime."
+        )
+
+
+def session_threads() -> int:
+    """onnxruntime's threads per session of the proof: SESSION_THREADS when set, else the
+    environment's ONNXSHRINK_THREADS (onnxruntime reads no OMP_NUM_THREADS), else 0: one per core."""
+    if SESSION_THREADS:
+        return SESSION_THREADS
+    value = os.environ.get(THREADS_VARIABLE, "").strip()
+    if not value:
+        return 0
+    if not value.isdigit():
+        raise ShrinkError(
+            f"{THREADS_VARIABLE}={value!r}: give the number of threads per onnxruntime session "
+            f"(0 or unset: one per core), or unset it."
+        )
+    return int(value)
+
+
+def _serialized(model: onnx.ModelProto) -> bytes | None:
+    """The model's bytes; None past protobuf's 2 GB limit, where upb refuses to serialize.
+    Serializing is how to tell: ByteSize() costs as much again (0.2 s for a 100 MB model whose
+    weights are inline, as a pruned model's reference is)."""
+    from google.protobuf.message import EncodeError  # type: ignore[import-untyped]
+
+    try:
+        return model.SerializeToString()
+    except EncodeError:
+        return None
+
+
+# onnxruntime's graph optimization levels, by the names its Python API gives them, in order.
+LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_ALL")
+
+
+OFF = "ORT_DISABLE_ALL"
+
+
+def default_level() -> str:
+    """The graph optimization level onnxruntime gives a session unless told otherwise: the
+    level users run their models at."""
+    import onnxruntime as ort
+
+    return ort.SessionOptions().graph_optimization_level.name
+
+
+def levels() -> list[str]:
+    """The optimization levels this onnxruntime has (LEVELS it knows, in order)."""
+    import onnxruntime as ort
+
+    known = ort.GraphOptimizationLevel.__members__
+    return [name for name in LEVELS if name in known]
+
+
+def check_provider(provider: str) -> str:
+    """The onnxruntime execution provider named by `provider`, or a ShrinkError."""
+    import onnxruntime as ort
+
+    if provider not in EXECUTION_PROVIDERS:
+        raise ShrinkError(f"--provider {provider}: choose one of {sorted(PROVIDERS)}.")
+    ep = EXECUTION_PROVIDERS[provider]
+    if ep not in ort.get_available_providers():
+        raise ShrinkError(
+            f"--provider {provider}: onnxruntime here has no {ep} (available: {ort.get_available_providers()}). Install onnxruntime-gpu for CUDA."
+        )
+    return ep
+
+
+def session(
+    model: onnx.ModelProto,
+    provider: str,
+    data_dir: str | Path | None = None,
+    level: str = OFF,
+    data: bytes | None = None,
+):
+    """An onnxruntime session of `model` at graph optimization `level` (a LEVELS name); weights
+    it keeps in external data are read (mapped) from `data_dir`, never copied into this process.
+    `data`: the model already serialized (several sessions of one model)."""
+    import onnxruntime as ort
+
+    ep = check_provider(provider)
+    so = ort.SessionOptions()
+    so.log_severity_level = onnxruntime_severity()  # its errors: ours to report
+    threads = session_threads()
+    if threads:
+        so.intra_op_num_threads = so.inter_op_num_threads = threads
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.graph_optimization_level = ort.GraphOptimizationLevel.__members__[level]
+    so.use_deterministic_compute = True  # the same inputs give the same proof (and recovery)
+    # a block-wise int4 DequantizeLinear -> MatMul fused into MatMulNBits multiplies in float32,
+    # not with A quantized to int8 at run time (see qdq_proof.float_activations)
+    so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    if data_dir is not None:
+        # Mapped external weights stay in the page cache, not this process: no packed copies,
+        # and no arena holding on to the largest temporaries (fp16 kernels widen their weights).
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        so.enable_cpu_mem_arena = False
+    data = data if data is not None else _serialized(model)
+    if data is not None:
+        return ort.InferenceSession(data, so, providers=[ep])
+    import tempfile
+
+    from onnxshrink.io.model import save_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "model.onnx"
+        save_model(model, p, external=True)
+        return ort.InferenceSession(str(p), so, providers=[ep])
+
+
+# Weights above which a proof runs a model segment by segment (one segment's weights mapped at
+# a time: see onnxshrink.segment), so that it fits in memory whatever the model's size.
+SEGMENT_BYTES = 512 * 2**20
+
+
+class RunFailed(Exception):
+    def __init__(self, message: str, loading: bool, feed: int | None = None):
+        super().__init__(message)
+        self.loading = loading  # onnxruntime refused the model (else: it failed on the inputs)
+        self.feed = feed  # the index of the feed it failed on (given inputs come first)
+
+
+def run_model(
+    model: onnx.ModelProto,
+    feeds: list[dict[str, np.ndarray]],
+    outputs: list[str],
+    provider: str,
+    data_dir: str | Path | None = None,
+    progress=None,
+    parts: list | None = None,
+    level: str = OFF,
+) -> list[list[np.ndarray]]:
+    """`outputs` of `model` on each feed, with one session at a time: the whole model, or its
+    segments in order when its weights exceed SEGMENT_BYTES (each run on every feed, its
+    results kept, its session freed), at graph optimization `level`. RunFailed when
+    onnxruntime cannot load or run it. `parts`: the segments, when already cut
+    (onnxshrink.segment.split)."""
+    from onnxshrink.proof.segment import Segment, split
+
+    parts = parts or split(model, segment_bytes(model))
+    parts = parts or [Segment(model, [i.name for i in model.graph.input], outputs)]
+    values = [dict(feed) for feed in feeds]
+    for k, part in enumerate(parts):
+        try:
+            sess = session(_inlined(part.model, own=len(parts) > 1), provider, data_dir, level)
+        except ShrinkError:
+            raise
+        except Exception as exc:
+            raise RunFailed(f"cannot be loaded by onnxruntime ({first_line(exc)})", True) from exc
+        names = [o.name for o in sess.get_outputs()]
+        wanted = [i.name for i in sess.get_inputs()]
+        for f, v in enumerate(values):
+            try:
+                v.update(zip(names, sess.run(names, {n: v[n] for n in wanted}), strict=True))
+            except Exception as exc:
+                raise RunFailed(f"fails to run in onnxruntime ({first_line(exc)})", False, f) from exc
+            if progress is not None:
+                progress.update(1)
+        del sess
+        later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs)
+        for v in values:
+            for n in [n for n in v if n not in later]:
+                del v[n]
+    return [[v[o] for o in outputs] for v in values]
+
+
+def refusals(
+    model: onnx.ModelProto, provider: str, data_dir: str | Path | None, at: Sequence[str]
+) -> dict[str, str]:
+    """The optimization levels of `at` at which onnxruntime refuses to load `model`, and why."""
+    model = _inlined(model, own=False)
+    data = _serialized(model)
+    out = {}
+    for level in at:
+        try:
+            session(model, provider, data_dir, level, data)
+        except ShrinkError:
+            raise
+        except Exception as exc:
+            out[level] = first_line(exc)
+    return out
+
+
+def segment_bytes(model: onnx.ModelProto) -> int:
+    """The weight budget of a segment: SEGMENT_BYTES, a quarter of it when the model holds
+    weights onnxruntime must be given inline (spilled masked weights: held by the segment's
+    proto, its serialization and the session at once)."""
+    from onnxshrink.io.weights import absolute
+
+    spilled = any(absolute(t) is not None for g in ir.all_graphs(model.graph) for t in g.initializer)
+    return SEGMENT_BYTES // 4 if spilled else SEGMENT_BYTES
+
+
+def _inlined(model: onnx.ModelProto, own: bool) -> onnx.ModelProto:
+    """`model` with the weights it keeps by absolute path (spilled masked weights, which
+    onnxruntime refuses to read) inline; a copy unless `own` (a segment made for this run)."""
+    from onnxshrink.io.weights import absolute, inline
+
+    def spilled(m: onnx.ModelProto) -> list[onnx.TensorProto]:  # in bodies too
+        return [t for g in ir.all_graphs(m.graph) for t in g.initializer if absolute(t) is not None]
+
+    if not spilled(model):
+        return model
+    if not own:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model = copy
+    for t in spilled(model):
+        inline(t)
+    return model
