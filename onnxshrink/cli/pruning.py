@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from onnxshrink.cli.checks import prune_targets
 from onnxshrink.cli.flags import options_from
+from onnxshrink.cli.result import Say
 from onnxshrink.errors import file_access
 from onnxshrink.options import PruneOptions, ShrinkOptions
-
-Say = Callable[[str], None]
 
 
 def write_groups(args: argparse.Namespace, say: Say) -> None:

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+#: how the command line says a line (print, or nothing under -q)
 Say = Callable[[str], None]
 
 

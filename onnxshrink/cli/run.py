@@ -14,8 +14,8 @@ from onnxshrink import __version__
 from onnxshrink.cli.checks import check_command, prune_target, report_path
 from onnxshrink.cli.flags import options_from
 from onnxshrink.cli.parser import build_parser, order_free
-from onnxshrink.cli.pruning import Say, run_prune, write_groups
-from onnxshrink.cli.result import print_result
+from onnxshrink.cli.pruning import run_prune, write_groups
+from onnxshrink.cli.result import Say, print_result
 from onnxshrink.errors import (
     ShrinkError,
     ValidationFailed,
