@@ -156,14 +156,10 @@ def _functions() -> Iterator[tuple[str, int]]:
 # TODO(redesign): empty.
 LONG_FOR_NOW = {
     "onnxshrink.prune.run.prune",
-    "onnxshrink.cli.build_parser",
     "onnxshrink.proof.comparison.compare",
     "onnxshrink.api.shrink",
-    "onnxshrink.cli.main",
     "onnxshrink.analyze.replay._replay",
     "onnxshrink.proof.qdq._integer_product",
-    "onnxshrink.cli._print_result",
-    "onnxshrink.cli._prune",
     "onnxshrink.prepare.shapes._quantized_rules",
     "onnxshrink.ops.attention.keep",
     "onnxshrink.masks.normalize",
