@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         "importance, shrunk exactly against the model with the chosen groups zeroed",
     )
     g.add_argument(
-        "--groups", metavar="FILE.json", help="write every coupled channel group (schema in the README)"
+        "--groups", metavar="FILE.json", help="write every coupled channel group (schema in docs/pruning.md)"
     )
     add_flags(g, PruneOptions)
     p.add_argument(
