@@ -157,7 +157,6 @@ def _functions() -> Iterator[tuple[str, int]]:
 LONG_FOR_NOW = {
     "onnxshrink.prune.run.prune",
     "onnxshrink.cli.build_parser",
-    "onnxshrink.proof.comparison.compare",
     "onnxshrink.api.shrink",
     "onnxshrink.cli.main",
     "onnxshrink.analyze.replay._replay",

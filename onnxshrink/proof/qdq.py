@@ -265,7 +265,9 @@ def _matrix_product(p: _Product) -> bool:
     )
     y0 = p.make("Mul", [p.make("Cast", [acc], "float", to=TensorProto.FLOAT), scale], "scaled")
     if p.bias is not None and form.beta != 0.0:
-        c = p.bias if form.beta == 1.0 else p.make("Mul", [p.bias, p.constant(np.float32(form.beta), "beta")], "beta")
+        c = p.bias
+        if form.beta != 1.0:
+            c = p.make("Mul", [p.bias, p.constant(np.float32(form.beta), "beta")], "beta")
         p.make("Add", [y0, c], "biased")
     return True
 
