@@ -127,7 +127,7 @@ class IntegerProduct:
 class Dequantizes:
     """Output 0 is input 0 dequantized elementwise, (q - zero point) * scale: the scale input 1,
     the zero point input 2 (absent: 0), per tensor or along `axis` (as the op has it: negative
-    counts from the end), in blocks of `block` along it (0: one per channel)."""
+    counts from the end), in blocks of `block` along it (0: not block-wise)."""
 
     axis: int
     block: int

@@ -156,11 +156,11 @@ def compare(
     output derived from the reference's own noise (the reference run again with the
     optimizations off) unless one is given. The shrunk model must load at every optimization
     level the reference loads at. An output off by more than the dtype's floor (or the rtol
-    given) is judged in float64 (onnxshrink.judge; `twin()` makes the shrink of the reference
+    given) is judged in float64 (onnxshrink.proof.judge; `twin()` makes the shrink of the reference
     widened to float64; `judge_macs` bounds the model size judged): another function fails,
     rounding passes, or under a given rtol fails as rounding. `*_dir`: where each model's
     external data are. With `opts.validate_layers`, only the first blocks are compared (see
-    onnxshrink.segment.prefix)."""
+    onnxshrink.proof.segment.prefix)."""
     proof = _Proof.of(reference, shrunk, opts or ShrinkOptions(), reference_dir, shrunk_dir)
     models = _compared(proof)
     runs = _Runs(proof, models)
@@ -451,7 +451,7 @@ def _judge(
     kind: str,
     judge_macs: float | None,
 ) -> None:
-    """The float64 judge on `outputs` (see onnxshrink.judge): up to judge_macs (default
+    """The float64 judge on `outputs` (see onnxshrink.proof.judge): up to judge_macs (default
     judge.MACS) when one of them failed its float32 tolerance, GRAY_MACS when all are within it."""
     if kind != "full":
         for c in outputs:

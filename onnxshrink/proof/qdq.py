@@ -306,7 +306,7 @@ def float_activations(model: onnx.ModelProto) -> onnx.ModelProto | None:
     kept over fewer channels) can round to the next integer, and the step grows through the layers
     after it, as a QuantizeLinear's does (see the module docstring). Both models are run alike.
     (onnxruntime's own fusion of a block-wise int4 DequantizeLinear into a MatMul is told the same
-    by the proof's sessions: `validate.session`.)"""
+    by the proof's sessions: `sessions.session`.)"""
     opset = default_opset(model)
 
     def levels(graph: onnx.GraphProto) -> list[onnx.AttributeProto]:
