@@ -418,8 +418,11 @@ def _judge_undecided(
     ]
     if not undecided:
         return
-    _judge(proof.reference, proof.shrunk, twin, proof.feeds, tally, ref_out, new_out, undecided, proof.eps,
-           proof.dtype, proof.shapes, proof.reference_dir, proof.shrunk_dir, kind, judge_macs)  # fmt: skip
+    if kind != "full":
+        for c in undecided:
+            c.judged = "a partial proof (--validate-layers) is not judged in float64"
+    else:
+        _judge(proof, twin, tally, ref_out, new_out, undecided, judge_macs)
     for c in undecided:
         if c.rounding is True and proof.opts.rtol is None:
             c.passed = True  # the same function: rounding
@@ -435,34 +438,25 @@ GRAY_MACS = 5e7
 
 
 def _judge(
-    reference: onnx.ModelProto,
-    shrunk: onnx.ModelProto,
+    proof: _Proof,
     twin: Callable[[], onnx.ModelProto] | None,
-    feeds: list[dict[str, np.ndarray]],
     tally: ErrorTally,
     ref_out: list[list[np.ndarray]],
     new_out: list[list[np.ndarray]],
     outputs: list[OutputCheck],
-    eps: float,
-    dtype: str,
-    shapes: dict[str, list[int]],
-    reference_dir: str | Path | None,
-    shrunk_dir: str | Path | None,
-    kind: str,
     judge_macs: float | None,
 ) -> None:
     """The float64 judge on `outputs` (see onnxshrink.proof.judge): up to judge_macs (default
     judge.MACS) when one of them failed its float32 tolerance, GRAY_MACS when all are within it."""
-    if kind != "full":
-        for c in outputs:
-            c.judged = "a partial proof (--validate-layers) is not judged in float64"
-        return
     from onnxshrink.proof.judge import MACS, Case, judge
 
     limit = MACS if judge_macs is None else judge_macs
     if all(c.passed for c in outputs):
         limit = min(limit, GRAY_MACS)
-    case = Case(reference, shrunk, feeds, ref_out, new_out, eps, dtype, shapes, reference_dir, shrunk_dir)
+    case = Case(
+        proof.reference, proof.shrunk, proof.feeds, ref_out, new_out, proof.eps, proof.dtype, proof.shapes,
+        proof.reference_dir, proof.shrunk_dir,
+    )  # fmt: skip
     judge(case, twin, tally, outputs, limit)
 
 
