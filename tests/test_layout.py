@@ -242,7 +242,6 @@ OP_TYPES_FOR_NOW = {
     "onnxshrink/prepare/computed.py",
     "onnxshrink/prepare/shapes.py",
     "onnxshrink/prune/compensate.py",
-    "onnxshrink/prune/groups.py",
     "onnxshrink/prune/run.py",
     "onnxshrink/report.py",
     "onnxshrink/rewrite.py",

@@ -244,3 +244,8 @@ class Handler:
         together: where its query heads are, so a group holding them is a head (or a K/V
         group with its query heads), of the right head_dim."""
         return None
+
+    def adds(self, node: OpNode) -> bool:
+        """Its output is the elementwise sum of its operands (a residual connection's Add): how
+        the coupled groups find a block's residual branches."""
+        return False

@@ -703,7 +703,10 @@ def residual_branches(graph: gs.Graph, handler_for: Any) -> list[Branch]:
     outputs = {id(t) for t in graph.outputs}
     found = []
     for add in graph.nodes:
-        if add.op != "Add" or len(add.inputs) != 2 or len(add.outputs) != 1:
+        handler = handler_for(add)
+        if handler is None or not handler.adds(OpNode.of(add)):
+            continue
+        if len(add.inputs) != 2 or len(add.outputs) != 1:
             continue
         yd = ir.dims(add.outputs[0])
         ops = add.inputs
