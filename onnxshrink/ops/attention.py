@@ -52,6 +52,11 @@ from onnxshrink.core import (
 )
 from onnxshrink.ops.fused_activation import MS
 
+# The two ways to cut grouped-query attention's query heads into units, named by the unit each
+# makes (`KeepView.unit`'s kind; the groups ask for one): with their K/V head, or by their rank
+# in every K/V group (a K/V head then a unit alone).
+WITH_KV_HEAD = "kv_group"
+BY_RANK = "head"
 
 # ------------------------------------------------------------------ heads as blocks
 def blocks(heads: Sequence[int] | np.ndarray, size: int, offset: int = 0) -> np.ndarray:
@@ -112,15 +117,14 @@ def keep_head_axis(
         ks.pin(t, 3)
 
 
-def tie_heads(
-    ks: KeepView, y: gs.Tensor, size: int, rep: int, query_ranks: bool | None = None
-) -> np.ndarray:
+def tie_heads(ks: KeepView, y: gs.Tensor, size: int, rep: int, kind: str | None = None) -> np.ndarray:
     """Records (for the coupled groups) that y's axis 2 holds query heads of `size` channels,
-    `rep` of them to a K/V head, which go together; returns the y index each K/V head's
-    group is tied at (its first channel), to tie the group's other slices to."""
+    `rep` of them to a K/V head, which go together (as a unit of `kind`, when that is one way
+    to cut them); returns the y index each K/V head's group is tied at (its first channel), to
+    tie the group's other slices to."""
     n = int(ks.size(y, 2) or 0)
     anchor = np.arange(n // (size * rep)) * size * rep
-    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)], query_ranks)
+    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)], kind)
     return anchor
 
 
@@ -487,7 +491,7 @@ class _PackedHeads(Handler):
         y = node.outputs[0]
         split = self.split_heads(node)
         ranks = rep > 1 and not split
-        which = False if ranks else None  # with their K/V head: unless the ranks are asked for
+        which = WITH_KV_HEAD if ranks else None  # one of two ways to cut them: `tie_ranks`
         anchor = tie_heads(ks, y, dv, rep, which)
         if len(anchor) != hkv:
             return
@@ -524,7 +528,7 @@ class _PackedHeads(Handler):
         pasts: list[gs.Tensor],
         mask: gs.Tensor | None,
     ) -> None:
-        """The other way to cut grouped-query attention into units (`CouplingLog.query_ranks`):
+        """The other way to cut grouped-query attention into units (`BY_RANK`):
         query head j * rep + r is removed with the query heads of rank r in every other K/V
         group (the kept query heads are a product, `grouped`: a rank gone from every group
         leaves each K/V head serving rep - 1), with its output channels, query dims, bias and
@@ -533,7 +537,7 @@ class _PackedHeads(Handler):
         rep = hq // hkv
         y = node.outputs[0]
         rank_at = np.arange(hq) % rep * dv  # each query head's rank, tied at that rank's first y channel
-        ks.unit(y, 2, np.arange(hq * dv), y, 2, rank_at[np.arange(hq * dv) // dv], True)
+        ks.unit(y, 2, np.arange(hq * dv), y, 2, rank_at[np.arange(hq * dv) // dv], BY_RANK)
         qi, ki, vi, bi = self.slots
         q = node.inputs[qi]
         q_rank = rank_at[np.arange(hq * d) // d]
@@ -549,18 +553,18 @@ class _PackedHeads(Handler):
         width = (hq + 2 * hkv) * d if packed else None  # the packed query's
         for t, off, at, to in parts:
             if ks.size(t, 2) == (width or len(at)):
-                ks.unit(t, 2, off + np.arange(len(at)), to, 2, at, True)
+                ks.unit(t, 2, off + np.arange(len(at)), to, 2, at, BY_RANK)
         for t in [*pasts, *node.outputs[1:3]]:
             if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
-                ks.unit(t, 1, np.arange(hkv), kt, 2, first, True)
+                ks.unit(t, 1, np.arange(hkv), kt, 2, first, BY_RANK)
         bias = ir.present(node, bi) if bi is not None else None
         if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
-            ks.unit(bias, 0, np.arange(hq * d), y, 2, q_rank, True)
-            ks.unit(bias, 0, hq * d + np.arange(hkv * (d + dv)), kt, 2, np.concatenate([k_of, v_of]), True)
+            ks.unit(bias, 0, np.arange(hq * d), y, 2, q_rank, BY_RANK)
+            ks.unit(bias, 0, hq * d + np.arange(hkv * (d + dv)), kt, 2, np.concatenate([k_of, v_of]), BY_RANK)
         if mask is not None:
-            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, rank_at, True)
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, rank_at, BY_RANK)
         for t in self.per_head(node, hq):
-            ks.unit(t, 0, np.arange(hq), y, 2, rank_at, True)
+            ks.unit(t, 0, np.arange(hq), y, 2, rank_at, BY_RANK)
 
     def split_heads(self, node: gs.Node) -> list[tuple[gs.Tensor, int]]:
         """Inputs whose heads are an axis of their own, with that axis, as `layout` accepted them

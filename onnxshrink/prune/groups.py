@@ -236,11 +236,11 @@ def find_groups(
     are then listed, not exact (they go with all their query heads)."""
     graph, untied = prepare(model, base_dir)
     opset = default_opset(model)
-    log = CouplingLog(query_ranks)
+    log = CouplingLog(_cuts(query_ranks))
     analysis = analyze(graph, opset, lookup(opset), untied, log=log)
     part = log.partition()
     index = ModelIndex(model, str(base_dir) if base_dir else None)
-    finder = _Finder(analysis, part, index, untied)
+    finder = _Finder(analysis, part, index, untied, query_ranks)
     groups, layers = finder.build()
     blocks = finder.blocks(groups, layers)
     tensors = ir.all_tensors(graph)
@@ -253,9 +253,18 @@ def find_groups(
     return result
 
 
+def _cuts(query_ranks: bool) -> tuple[str, ...]:
+    """The unit kinds to cut into where an op offers a choice (`CouplingLog.kinds`): grouped-query
+    attention's query heads as `head`s by rank, or as a `kv_group` with their K/V head."""
+    return ("head",) if query_ranks else ("kv_group",)
+
+
 class _Finder:
-    def __init__(self, analysis: Analysis, part: Partition, index: ModelIndex, untied: dict[str, str]):
+    def __init__(
+        self, analysis: Analysis, part: Partition, index: ModelIndex, untied: dict[str, str], query_ranks: bool
+    ):
         self.analysis = analysis
+        self.query_ranks = query_ranks
         self.part = part
         self.index = index
         self.untied = untied
@@ -557,7 +566,7 @@ class _Finder:
                 rank &= len(np.unique(heads // at.rep)) == len(heads)
                 out[comp] = (at.head_dim, len(idx) // at.size, bool(at.rep > 1 and rank))
                 mine.add(comp)
-            if not self.part.log.query_ranks or at.rep == 1:
+            if not self.query_ranks or at.rep == 1:
                 continue
             for i, axis in at.kv:
                 t = node.inputs[i] if i < len(node.inputs) else None
