@@ -165,7 +165,6 @@ LONG_FOR_NOW = {
     "onnxshrink.cli._print_result",
     "onnxshrink.cli._prune",
     "onnxshrink.prepare.shapes._quantized_rules",
-    "onnxshrink.ops.attention.keep",
     "onnxshrink.export.export_and_shrink",
     "onnxshrink.ops.recurrent.keep",
     "onnxshrink.analyze.cache.sliced_interface",
