@@ -244,7 +244,7 @@ def _moved_reads(
         ds = dequant_reads(graph, reader, slot, dims, set(), depth + 1)
         if ds is None or any(d.zero.size != 1 for d in ds):
             return None
-        found += [Dequant(d.zero, d.scale if d.scale is not None and d.scale.size == 1 else None) for d in ds]
+        found += [Dequant(d.zero, d.scale if d.scale is not None and d.scale.size == 1 else None, d.bits) for d in ds]
     return found or None
 
 
