@@ -297,3 +297,8 @@ class Handler:
         DequantizeLinear making an operand, the QuantizeLinear typing one, an op whose run-time
         quantization it turns off. None: it computes as it is."""
         return None
+
+    def adds(self, node: OpNode) -> bool:
+        """Its output is the elementwise sum of its operands (a residual connection's Add): how
+        the coupled groups find a block's residual branches."""
+        return False
