@@ -21,10 +21,10 @@ from onnxshrink.core.evaluate import evaluate
 from onnxshrink.core.values import ConstInfo
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
+from onnxshrink.io.skeleton import checkable
 from onnxshrink.io.weights import DataWriter, tensor_proto
 from onnxshrink.logs import route_library_logs
 from onnxshrink.prepare import inferred_shapes, retie
-from onnxshrink.prepare.shapes import checkable
 from onnxshrink.report import explain_kept
 
 T = TypeVar("T")

@@ -14,6 +14,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink.io.skeleton import FLOAT_TYPES as FLOAT_TYPES
+from onnxshrink.io.skeleton import checkable as checkable
+from onnxshrink.io.skeleton import heavy, onnx_knows, skeleton
+from onnxshrink.io.skeleton import runtime_schemas as runtime_schemas
 from onnxshrink.ir import all_graphs
 
 
@@ -22,104 +26,6 @@ def default_opset(model: onnx.ModelProto) -> int:
         if o.domain in ("", "ai.onnx"):
             return int(o.version)
     return 1
-
-
-FLOAT_TYPES = {
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.DOUBLE,
-    onnx.TensorProto.BFLOAT16,
-}
-
-
-def skeleton(
-    model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None
-) -> onnx.ModelProto:
-    """The model without its large float weights' data (shape inference needs only their dims;
-    small float constants such as Resize scales stay), its graph inputs optionally fixed to
-    concrete shapes."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    g = light.graph
-    g.name = model.graph.name or "graph"
-    g.node.extend(model.graph.node)
-    g.output.extend(model.graph.output)
-    listed = model.ir_version < 4  # IR 3: every initializer is also a graph input
-    for t in model.graph.initializer:
-        if _heavy(t):
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
-            g.initializer.append(t)
-            if listed:
-                g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    inits = {t.name for t in model.graph.initializer}
-    for i in model.graph.input:
-        if i.name in inits:
-            continue
-        vi = g.input.add()
-        vi.CopyFrom(i)
-        if input_shapes and i.name in input_shapes:
-            for d, v in zip(vi.type.tensor_type.shape.dim, input_shapes[i.name], strict=False):
-                d.Clear()
-                d.dim_value = int(v)
-    for body in list(all_graphs(g))[1:]:  # a body's weights: outer inputs of the skeleton
-        heavy = [t for t in body.initializer if _heavy(t)]
-        if heavy:
-            light_ones = [t for t in body.initializer if not _heavy(t)]
-            g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in heavy)
-            del body.initializer[:]
-            body.initializer.extend(light_ones)
-    return light
-
-
-def _heavy(t: onnx.TensorProto) -> bool:
-    """A weight whose data shape inference does not need: stored externally, or a float tensor
-    of more than 64 elements."""
-    external = t.data_location == onnx.TensorProto.EXTERNAL
-    return external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64)
-
-
-def _onnx_knows(node: onnx.NodeProto) -> bool:
-    return node.domain in ("", "ai.onnx") and onnx.defs.has(node.op_type)
-
-
-@functools.cache
-def runtime_schemas() -> frozenset[tuple[str, str]]:
-    """(domain, op) of every op onnxruntime has a schema for ("" for the ONNX domain)."""
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as rt
-
-        schemas = rt.get_all_operator_schema()
-    except Exception:
-        return frozenset()
-    return frozenset(("" if s.domain == "ai.onnx" else s.domain, s.name) for s in schemas)
-
-
-@functools.cache
-def _runtime_onnx_ops() -> frozenset[str]:
-    """Ops onnxruntime defines in the ONNX domain that onnx does not (its contrib
-    SimplifiedLayerNormalization, which its transformer optimizer writes)."""
-    return frozenset(op for domain, op in runtime_schemas() if domain == "" and not onnx.defs.has(op))
-
-
-RUNTIME_DOMAIN = "onnxshrink.onnxruntime_onnx_domain"
-
-
-def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A skeleton onnx's checker can check: ops onnxruntime defines in the ONNX domain and onnx
-    does not are moved to a domain of their own, which the checker leaves alone (everything
-    else is checked as usual)."""
-    light = skeleton(model)
-    moved = False
-    for n in light.graph.node:
-        if not _onnx_knows(n) and n.op_type in _runtime_onnx_ops():
-            n.domain = RUNTIME_DOMAIN
-            moved = True
-    if moved:
-        light.opset_import.append(onnx.helper.make_opsetid(RUNTIME_DOMAIN, 1))
-    return light
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list | None:
@@ -323,7 +229,7 @@ def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     optimizer writes), so every shape after one is unknown. onnxruntime's symbolic shape
     inference knows them: used for models that have ops onnx does not know (custom ones too:
     where it knows nothing either, what onnx inferred stays)."""
-    if all(_onnx_knows(n) for n in model.graph.node):
+    if all(onnx_knows(n) for n in model.graph.node):
         return model
     try:
         SymbolicShapeInference = _symbolic_shape_inference()  # noqa: N806  (a class)
@@ -537,7 +443,7 @@ def _branch_model(
     for name in dict.fromkeys(read):
         if name in inits:
             t = inits[name]
-            if _heavy(t):
+            if heavy(t):
                 g.input.append(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
             else:
                 g.initializer.append(t)
