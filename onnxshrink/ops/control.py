@@ -45,6 +45,7 @@ from onnxshrink.core import (
     opaque,
     register,
 )
+from onnxshrink.ops.oracle import declare_cases
 
 
 def _why(node: gs.Node, detail: str) -> Reason:
@@ -367,3 +368,9 @@ class ScanWithBatch(Handler):
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         ks.barrier(node, Reason("barrier", node.name, node.op, "Scan of opset 8 is not analyzed"))
 
+
+declare_cases(excluded={
+    "If": "its bodies' nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Loop": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Scan": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+})  # fmt: skip

@@ -67,6 +67,7 @@ from onnxshrink.ops.common import (
 )
 from onnxshrink.ops.concat import joined, keep_joined
 from onnxshrink.ops.conv import keep_groups, regroup
+from onnxshrink.ops.oracle import declare_cases
 from onnxshrink.ops.pool import _no_padding
 
 
@@ -1003,3 +1004,24 @@ class QLinearConcat(Handler):
                 kept.extend(node.inputs[i : i + 3])
         node.inputs.clear()
         node.inputs.extend(kept)
+
+
+declare_cases(excluded={
+    "DequantizeLinear": "integer data (the replay draws floats); tests/ops/test_quantize.py",
+    "QuantizeLinear": "integer outputs, which the replay does not judge; tests/ops/test_quantize.py",
+    "DynamicQuantizeLinear": "integer outputs, which the replay does not judge; "
+    "tests/ops/test_quantize.py",
+    "MatMulInteger": "integer data only; tests/ops/test_quantize.py",
+    "ConvInteger": "integer data only; tests/ops/test_quantize.py",
+    "QLinearMatMul": "integer data only; tests/ops/test_quantize.py",
+    "QLinearConv": "integer data only; tests/ops/test_quantize.py",
+    "QGemm": "integer data only; tests/test_prune_quantized.py",
+    "QLinearAdd": "integer data only; tests/test_prune_quantized.py",
+    "QLinearMul": "integer data only; tests/test_prune_quantized.py (the QOperator BERT)",
+    "QLinearSoftmax": "integer data only; tests/test_prune_quantized.py (the QOperator BERT)",
+    "QLinearGlobalAveragePool": "integer data only; tests/test_prune_quantized.py",
+    "QLinearAveragePool": "integer data only; tests/ops/test_quantize.py",
+    "QLinearConcat": "integer data only; tests/ops/test_quantize.py",
+    "QLinearSigmoid": "integer data only; tests/ops/test_quantize.py",
+    "QLinearLeakyRelu": "integer data only; tests/ops/test_quantize.py",
+})

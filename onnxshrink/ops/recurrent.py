@@ -34,6 +34,7 @@ from onnxshrink.core import (
     register,
 )
 from onnxshrink.ops.common import along
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
 
 class _Recurrent(Handler):
@@ -379,3 +380,26 @@ def _constant_weights(node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.nda
     if w is None or r is None or (b_t is not None and b is None) or h <= 0:
         return None
     return w, r, b, h
+
+
+# ------------------------------------------------------------------ oracle cases
+def _recurrent_case(op: str, rng: np.random.Generator) -> OracleCase:
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    seq, batch, feat, h = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(2, 5)), int(rng.integers(2, 5))
+    dirs = int(rng.integers(1, 3))
+    ins = [("x", "float", [seq, batch, feat]), ("W", "float", [dirs, gates * h, feat]),
+           ("R", "float", [dirs, gates * h, h]), ("B", "float", [dirs, 2 * gates * h])]  # fmt: skip
+    y = [seq, dirs, batch, h]
+    direction = "bidirectional" if dirs == 2 else "forward"
+    body = f'y, yh = {op} <hidden_size = {h}, direction = "{direction}"> (x, W, R, B)'
+    units = zero_rows(rng, h)
+    rows = [g * h + u for g in range(gates) for u in units]
+    zero = {"R": np.s_[:, :, units]} if rng.random() < 0.5 else {"W": np.s_[:, rows], "R": np.s_[:, rows]}
+    return OracleCase(op, sig(ins, [("y", y), ("yh", [dirs, batch, h])]) + f" {{ {body} }}", 17, zero=zero,
+                      needs={**needs(rng, "y", y), **needs(rng, "yh", [dirs, batch, h])})
+
+
+declare_cases(
+    dict.fromkeys(("LSTM", "GRU", "RNN"), _recurrent_case),
+    excluded={"DynamicQuantizeLSTM": "integer weights only; tests/ops/test_recurrent.py"},
+)
