@@ -164,7 +164,6 @@ LONG_FOR_NOW = {
     "onnxshrink.proof.qdq._integer_product",
     "onnxshrink.cli._print_result",
     "onnxshrink.cli._prune",
-    "onnxshrink.prepare.shapes._quantized_rules",
     "onnxshrink.ops.attention.keep",
     "onnxshrink.masks.normalize",
     "onnxshrink.export.export_and_shrink",

@@ -6,7 +6,15 @@ the ops and the rewrite import it), so a handler imports from here alone:
 """
 
 from onnxshrink.core.evaluate import EvaluationError, evaluate, evaluate_op
-from onnxshrink.core.handler import Dims, Handler, HeadAxis, OpNode, Quantized, WeightAxes
+from onnxshrink.core.handler import (
+    Dims,
+    Handler,
+    HeadAxis,
+    InputTypes,
+    OpNode,
+    Quantized,
+    WeightAxes,
+)
 from onnxshrink.core.nonzero import pattern
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
 from onnxshrink.core.registry import (
@@ -47,6 +55,7 @@ __all__ = [
     "EvaluationError",
     "Handler",
     "HeadAxis",
+    "InputTypes",
     "INTERFACE",
     "Item",
     "KeepView",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import onnx
@@ -104,6 +104,31 @@ class HeadAxis:
     rep: int = 1
     #: the (input, axis) pairs holding K/V heads (alone, or packed with the query heads)
     kv: tuple[tuple[int, int], ...] = ()
+
+
+class InputTypes(Protocol):
+    """A node's inputs as shape inference knows them, for `Handler.output_types`."""
+
+    def dims(self, i: int) -> Dims | None:
+        """Input i's dims (ints, symbolic names, None where unknown); None when its rank is
+        unknown too."""
+        ...
+
+    def known_dims(self, i: int) -> Dims:
+        """Input i's dims, which the rule needs: LookupError when unknown (the inference then
+        stops, as when one of its own rules fails)."""
+        ...
+
+    def dtype(self, i: int) -> int:
+        """Input i's ONNX element type."""
+        ...
+
+    def float_op_dims(self, op: str, inputs: Sequence[int], channels_last: bool = False) -> Dims | None:
+        """Output 0's dims if the node were the float op `op` (Conv, AveragePool) of its inputs
+        `inputs`, with its attributes; for `channels_last`, input 0 and the output are laid out
+        [N, spatial..., C]. None where the shape inference of the node itself knows them or
+        where neither does."""
+        ...
 
 
 # ---------------------------------------------------------------------- the handler
@@ -243,4 +268,14 @@ class Handler:
         """For a fused attention op whose keep closure ties each head's (or K/V head's) slices
         together: where its query heads are, so a group holding them is a head (or a K/V
         group with its query heads), of the right head_dim."""
+        return None
+
+    #: onnx's and onnxruntime's shape inference know no output types of this op (onnxruntime's
+    #: QOperator contrib ops its symbolic shape inference lacks): `output_types` declares them
+    types_unknown_to_inference: ClassVar[bool] = False
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """For an op `types_unknown_to_inference`: each output's dims (None: unknown, rank too)
+        and ONNX element type, from its inputs' (None for an output, or for all: left as shape
+        inference left it)."""
         return None

@@ -25,7 +25,9 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
+    InputTypes,
     KeepView,
     OpNode,
     Reader,
@@ -236,6 +238,14 @@ class DynamicQuantizeLSTM(_Recurrent):
     columns at their zero points, B, P and initial states 0: then each product adds nothing and
     its gates are those of the float LSTM's zero unit), and an input feature only where X is
     zero (a live unit, or a nonzero feature, no kept unit reads would still move the range)."""
+
+    types_unknown_to_inference = True
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """LSTM's Y, Y_h, Y_c of X [seq, batch, input] and W [dirs, ...]; X's type."""
+        x, w = inputs.known_dims(0), inputs.known_dims(1)
+        h = int(node.attrs.get("hidden_size", 0))
+        return [(dims, inputs.dtype(0)) for dims in ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])]
 
     gates = 4
     peepholes = True

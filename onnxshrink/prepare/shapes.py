@@ -9,11 +9,14 @@ static the dims that do not depend on the dynamic input sizes.
 from __future__ import annotations
 
 import functools
+import sys
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink.core.handler import Dims, OpNode
 from onnxshrink.io.skeleton import FLOAT_TYPES as FLOAT_TYPES
 from onnxshrink.io.skeleton import checkable as checkable
 from onnxshrink.io.skeleton import heavy, onnx_knows, skeleton
@@ -236,7 +239,7 @@ def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         # Its `infer_shapes` raises when one node's shapes stay unknown (and saves the model to
         # the working directory first): run its steps and keep whatever it inferred.
         infer = SymbolicShapeInference(2**31 - 1, True, False, 0)
-        infer.dispatcher_.update(_quantized_rules(infer))
+        infer.dispatcher_.update(_declared_rules(infer, model))
         infer._preprocess(model)
         while infer.run_:
             infer._infer_impl()
@@ -269,103 +272,81 @@ def _symbolic_shape_inference() -> type:
     return sys.modules[name].SymbolicShapeInference
 
 
-def _quantized_rules(infer) -> dict:
-    """Shape rules for onnxruntime's quantized contrib ops (the QOperator form
-    onnxruntime.quantization writes) that its symbolic shape inference lacks: each has the
-    shapes of its float op. `infer` is a SymbolicShapeInference."""
-    import sys
+def _declared_rules(infer, model: onnx.ModelProto) -> dict:
+    """Shape rules, by op type as `infer` (a SymbolicShapeInference) dispatches them, for the
+    model's ops whose handlers declare the output types shape inference lacks (onnxruntime's
+    QOperator contrib ops, which onnxruntime.quantization writes)."""
+    from onnxshrink.ops import handler_for_op
 
-    from onnx import helper
+    opset = default_opset(model)
 
-    def attr(node: onnx.NodeProto, name: str, default: int) -> int:
-        return next((int(a.i) for a in node.attribute if a.name == name), default)
+    def rule(node: onnx.NodeProto) -> None:
+        handler = handler_for_op(node.op_type, node.domain, opset)
+        if handler is None or not handler.types_unknown_to_inference:
+            return
+        types = handler.output_types(OpNode.of(node), _InferredTypes(infer, node))
+        for name, typed in zip(node.output, types or [], strict=False):
+            if name and typed is not None:
+                infer.known_vi_[name].CopyFrom(onnx.helper.make_tensor_value_info(name, typed[1], typed[0]))
 
-    def put(node: onnx.NodeProto, shape: list, dtype: int) -> None:
-        vi = helper.make_tensor_value_info(node.output[0], dtype, shape)
-        infer.known_vi_[node.output[0]].CopyFrom(vi)
+    declared = set()
+    for graph in all_graphs(model.graph):
+        for n in graph.node:
+            handler = handler_for_op(n.op_type, n.domain, opset)
+            if handler is not None and handler.types_unknown_to_inference:
+                declared.add(n.op_type)
+    return dict.fromkeys(declared, rule)
 
-    def dtype(name: str) -> int:
-        return infer.known_vi_[name].type.tensor_type.elem_type
 
-    def same(node: onnx.NodeProto) -> None:  # QLinearSoftmax, QLinearSigmoid, QLinearLeakyRelu
-        put(node, infer._get_shape(node, 0), dtype(node.input[0]))
+class _InferredTypes:
+    """A node's inputs as onnxruntime's symbolic shape inference `infer` knows them (the
+    `InputTypes` a handler's `output_types` reads)."""
 
-    def global_pool(node: onnx.NodeProto) -> None:
-        x = infer._get_shape(node, 0)
-        c = len(x) - 1 if attr(node, "channels_last", 0) else 1
-        put(node, [d if a in (0, c) else 1 for a, d in enumerate(x)], dtype(node.input[0]))
+    def __init__(self, infer, node: onnx.NodeProto) -> None:
+        self.infer = infer
+        self.node = node
 
-    def qgemm(node: onnx.NodeProto) -> None:
-        a, b = infer._get_shape(node, 0), infer._get_shape(node, 3)
-        m = a[1] if attr(node, "transA", 0) else a[0]
-        n = b[0] if attr(node, "transB", 0) else b[1]
-        y_zp = len(node.input) > 8 and node.input[8]
-        put(node, [m, n], dtype(node.input[8]) if y_zp else onnx.TensorProto.FLOAT)
+    def dims(self, i: int) -> Dims | None:
+        return self.infer._get_shape(self.node, i)
 
-    def concat(node: onnx.NodeProto) -> None:  # Y_scale, Y_zp, then (X, X_scale, X_zp) per input
-        shapes = [infer._get_shape(node, i) for i in range(2, len(node.input), 3)]
-        axis = attr(node, "axis", 0)
-        axis = axis + len(shapes[0]) if axis < 0 else axis
-        sizes = [s[axis] for s in shapes]
-        out = list(shapes[0])
-        out[axis] = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
-        put(node, out, dtype(node.input[1]))
+    def known_dims(self, i: int) -> Dims:
+        dims = self.dims(i)
+        if dims is None:
+            raise LookupError(f"{self.node.input[i]}: no shape")
+        return dims
 
-    def as_float_op(node: onnx.NodeProto, op: str, inputs: list[str], channels_last: bool) -> None:
-        """The shape of `op` (Conv, AveragePool) on `inputs` with node's attributes: its rule for
-        symbolic spatial dims, onnx's inference (already run on `node`, or on the float op
-        here) for static ones; node's type. Left unknown where neither knows."""
-        like = helper.make_node(op, inputs, list(node.output[:1]))
+    def dtype(self, i: int) -> int:
+        return self.infer.known_vi_[self.node.input[i]].type.tensor_type.elem_type
+
+    def float_op_dims(self, op: str, inputs: Sequence[int], channels_last: bool = False) -> Dims | None:
+        """For symbolic dims, its conv/pool rule; for static ones, onnx's inference of the float
+        op, unless onnx's inference of the node itself (already run) knows them."""
+        node, infer = self.node, self.infer
+        like = onnx.helper.make_node(op, [node.input[i] for i in inputs], list(node.output[:1]))
         like.attribute.extend(a for a in node.attribute if a.name != "channels_last")
-        x = infer._get_shape(node, 0)
+        x = self.dims(0)
         if x is None:
-            return
+            return None
         if all(isinstance(d, int) for d in x):
-            if op == "Conv":  # onnx's QLinearConv inference knows static shapes
-                return
-            first = [x[0], x[-1], *x[1:-1]] if channels_last else list(x)
-            graph = helper.make_graph(
-                [like], "pool", [helper.make_tensor_value_info(inputs[0], onnx.TensorProto.FLOAT, first)],
-                [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
-            )
-            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-            y = _dims(onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0])
-            if y is not None:
-                put(node, [y[0], *y[2:], y[1]] if channels_last else y, dtype(node.input[0]))
-            return
+            return None if onnx_knows(node) else _static_float_op_dims(like, x, channels_last)
         shape = infer._compute_conv_pool_shape(like, channels_last)
         infer._update_computed_dims(shape)
-        put(node, sys.modules[type(infer).__module__].get_shape_from_sympy_shape(shape), dtype(node.input[0]))
+        return sys.modules[type(infer).__module__].get_shape_from_sympy_shape(shape)
 
-    def pool(node: onnx.NodeProto) -> None:  # QLinearAveragePool: AveragePool on X
-        as_float_op(node, "AveragePool", [node.input[0]], bool(attr(node, "channels_last", 0)))
 
-    def conv(node: onnx.NodeProto) -> None:  # QLinearConv: Conv of x and w, y_zero_point's type
-        as_float_op(node, "Conv", [node.input[0], node.input[3]], False)
-        if len(node.input) > 7 and node.input[7]:
-            vi = infer.known_vi_[node.output[0]]
-            vi.type.tensor_type.elem_type = dtype(node.input[7])
-
-    def lstm(node: onnx.NodeProto) -> None:  # DynamicQuantizeLSTM: X [seq, batch, in], W [dirs, ...]
-        x, w = infer._get_shape(node, 0), infer._get_shape(node, 1)
-        h = attr(node, "hidden_size", 0)
-        shapes = ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])
-        for name, shape in zip(node.output, shapes, strict=False):
-            if name:
-                vi = helper.make_tensor_value_info(name, dtype(node.input[0]), shape)
-                infer.known_vi_[name].CopyFrom(vi)
-
-    return {
-        "QLinearAveragePool": pool,
-        "QLinearConv": conv,
-        "DynamicQuantizeLSTM": lstm,
-        "QLinearSoftmax": same,
-        "QLinearSigmoid": same,
-        "QLinearLeakyRelu": same,
-        "QLinearGlobalAveragePool": global_pool,
-        "QGemm": qgemm,
-        "QLinearConcat": concat,
-    }
+def _static_float_op_dims(like: onnx.NodeProto, x: Dims, channels_last: bool) -> Dims | None:
+    """Output 0's dims of `like` (a float op) on an input 0 of static dims `x`, by onnx's inference."""
+    helper = onnx.helper
+    first = [x[0], x[-1], *x[1:-1]] if channels_last else list(x)
+    graph = helper.make_graph(
+        [like], "pool", [helper.make_tensor_value_info(like.input[0], onnx.TensorProto.FLOAT, first)],
+        [helper.make_tensor_value_info(like.output[0], onnx.TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    y = _dims(onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0])
+    if y is None:
+        return None
+    return [y[0], *y[2:], y[1]] if channels_last else y
 
 
 def inferred_shapes(model: onnx.ModelProto, subgraphs: bool = False) -> list[onnx.ValueInfoProto]:
