@@ -24,7 +24,8 @@ from onnxshrink.io import weights
 from onnxshrink.io.skeleton import checkable
 from onnxshrink.io.weights import DataWriter, tensor_proto
 from onnxshrink.logs import route_library_logs
-from onnxshrink.prepare import inferred_shapes, retie
+from onnxshrink.ops import handler_for_op
+from onnxshrink.prepare import default_opset, inferred_shapes, retie
 from onnxshrink.report import explain_kept
 
 T = TypeVar("T")
@@ -172,13 +173,17 @@ class Rewriter:
             schema = onnx.defs.get_schema(op, self.opset, "")
         except onnx.defs.SchemaError:
             return False
-        return schema.since_version >= _FORM_SINCE.get(op, 1)
+        return schema.since_version >= self._form_since(op)
+
+    def _form_since(self, op: str) -> int:
+        handler = handler_for_op(op, "", self.opset)
+        return handler.form_since(op) if handler is not None else 1
 
     def _check_available(self, op: str) -> None:
         if not self.available(op):
             raise InternalError(
                 f"the rewrite needs a {op} node in a form the model's opset {self.opset} does not "
-                f"have (opset {_FORM_SINCE.get(op, 1)}+): that channel is kept"
+                f"have (opset {self._form_since(op)}+): that channel is kept"
             )
 
     def add_node(
@@ -337,11 +342,6 @@ class Rewriter:
                 f"{node.op} node {node.name!r}: input indices {np.flatnonzero(bad)[:8].tolist()} were "
                 "removed although live outputs read them"
             )
-
-
-# Inserted ops whose form here needs a newer opset than the op itself: multidirectional
-# broadcasting (Add, opset 7), a target shape input (Expand, 8; Tile's repeats input, 6).
-_FORM_SINCE = {"Add": 7, "Tile": 6, "Expand": 8}
 
 
 def _smallest_broadcast(values: np.ndarray) -> np.ndarray:
@@ -559,7 +559,7 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             for t in model.graph.initializer
             if t.name not in listed
         )
-    _place_initializers(model.graph, _declared_depths(original.graph))
+    _place_initializers(model.graph, _declared_depths(original.graph, default_opset(original)))
     bodies = list(ir.all_graphs(model.graph))[1:]
     inner = {n for g in bodies for n in [*(o for x in g.node for o in x.output), *(v.name for v in [*g.input, *g.output])]}
     inferred = {vi.name: vi for vi in inferred_shapes(model, subgraphs=bool(bodies))}
@@ -573,7 +573,7 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _declared_depths(graph: onnx.GraphProto) -> dict[str, int]:
+def _declared_depths(graph: onnx.GraphProto, opset: int) -> dict[str, int]:
     """How deep in the model's subgraphs each weight (initializer or Constant node) is declared:
     0 for the main graph, 1 for a body in it, ..."""
     depths: dict[str, int] = {}
@@ -582,7 +582,8 @@ def _declared_depths(graph: onnx.GraphProto) -> dict[str, int]:
         for t in g.initializer:
             depths[t.name] = depth
         for n in g.node:
-            if n.op_type == "Constant" and not n.input:
+            handler = handler_for_op(n.op_type, n.domain, opset)
+            if handler is not None and handler.is_constant and not n.input:
                 depths.update((o, depth) for o in n.output)
             for a in n.attribute:
                 for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):

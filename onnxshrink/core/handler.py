@@ -279,3 +279,13 @@ class Handler:
         and ONNX element type, from its inputs' (None for an output, or for all: left as shape
         inference left it)."""
         return None
+
+    #: its output is a value of its own, read from no input (Constant)
+    is_constant: ClassVar[bool] = False
+    #: its outputs are drawn at random, not computed (RandomNormal, Bernoulli): never folded
+    draws_random: ClassVar[bool] = False
+
+    def form_since(self, op: str) -> int:
+        """The oldest opset of the form in which the rewrite inserts a node of `op`, where that
+        form is newer than the op (Add's multidirectional broadcasting: 7)."""
+        return 1

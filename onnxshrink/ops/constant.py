@@ -21,6 +21,8 @@ _TYPED = {
 
 @register("Constant")
 class Constant(Handler):
+    is_constant = True
+
     def constant_value(self, node: OpNode) -> np.ndarray | None:
         a = node.attrs
         if "value" in a:

@@ -184,6 +184,9 @@ def zero_or_nan(ctx: ConstView, t: gs.Tensor, r: int, depth: int = 0) -> np.ndar
 class Elementwise(Handler):
     """y[i] depends on each operand at the broadcast position i only."""
 
+    def form_since(self, op: str) -> int:
+        return 7 if op == "Add" else 1  # multidirectional broadcasting
+
     def operands(self, node: gs.Node) -> list[gs.Tensor]:
         return [t for t in node.inputs if t is not None and t.name]
 

@@ -16,6 +16,7 @@ from onnxshrink.ops.oracle import declare_cases
 )
 class Random(Handler):
     deterministic = False
+    draws_random = True
 
 
 declare_cases(excluded=dict.fromkeys(

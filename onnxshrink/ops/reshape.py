@@ -702,6 +702,9 @@ class Expand(Handler):
     """Broadcast to a shape: a copied axis ties to the input; a new or widened one is free to
     keep any subset (its elements are copies), as long as the target size is rewritten."""
 
+    def form_since(self, op: str) -> int:
+        return 8  # the target shape as an input
+
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
 

@@ -187,6 +187,9 @@ class Resize(Handler):
 # ------------------------------------------------------------------ Tile
 @register("Tile")
 class Tile(Handler):
+    def form_since(self, op: str) -> int:
+        return 6  # the repeats as an input
+
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
 
