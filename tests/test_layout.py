@@ -238,11 +238,9 @@ OP_TYPES_FOR_NOW = {
     "onnxshrink/io/runtime_config.py",
     "onnxshrink/proof/judge.py",
     "onnxshrink/proof/qdq.py",
-    "onnxshrink/prepare/shapes.py",
     "onnxshrink/prune/compensate.py",
     "onnxshrink/prune/groups.py",
     "onnxshrink/prune/run.py",
-    "onnxshrink/report.py",
 }
 
 

@@ -289,3 +289,27 @@ class Handler:
         """The oldest opset of the form in which the rewrite inserts a node of `op`, where that
         form is newer than the op (Add's multidirectional broadcasting: 7)."""
         return 1
+
+    def resized_bounds(
+        self, node: OpNode, consts: Mapping[str, np.ndarray], base: Dims, now: Dims
+    ) -> list[list[int]] | None:
+        """For an op that clamps bounds into its input's size (Slice): its constant bounds
+        (starts, ends, axes, steps; `consts`: constant values by name) rewritten to output one
+        element more (or fewer) along each axis that is dynamic in the model (`base`: the input's
+        dims there) and whose output size varies with that size (`now`: the input's dims at a
+        probe's sizes). None: no such axis, or bounds that are not constants."""
+        return None
+
+    #: its bodies are alternatives, one of which runs (If's branches); else each runs
+    runs_one_body: ClassVar[bool] = False
+
+    def body_runs(self, node: OpNode, shapes: Mapping[str, list[int]], scalars: Mapping[str, int]) -> int:
+        """How many times an op with bodies runs them, where the graph fixes it (a Loop's trip
+        count, a Scan's sequence length; `shapes`: static dims and `scalars`: integer scalars'
+        values, by name); else 1."""
+        return 1
+
+    def carried(self, node: OpNode) -> list[tuple[int, int, int]]:
+        """The values an op carries through the runs of its body (a Loop's), in its outputs'
+        order: (its initial value's input, the body's input, the body's output)."""
+        return []

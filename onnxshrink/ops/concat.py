@@ -11,6 +11,7 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
     KeepView,
     OpNode,
@@ -318,6 +319,26 @@ class Slice(Handler):
 
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
+
+    def resized_bounds(
+        self, node: OpNode, consts: Mapping[str, np.ndarray], base: Dims, now: Dims
+    ) -> list[list[int]] | None:
+        # (opset < 10 gives the bounds as attributes: rare enough to leave alone)
+        ins = list(node.inputs) + [""] * (5 - len(node.inputs))
+        if len(node.inputs) < 3 or any(i and i not in consts for i in ins[1:]):
+            return None
+        starts, ends = (consts[i].reshape(-1).tolist() for i in ins[1:3])
+        axes = consts[ins[3]].reshape(-1).tolist() if ins[3] else list(range(len(starts)))
+        steps = consts[ins[4]].reshape(-1).tolist() if ins[4] else [1] * len(starts)
+        bounds, resized = [list(starts), list(ends), axes, list(steps)], False
+        for j, (a, st, en, sp) in enumerate(zip(axes, starts, ends, steps, strict=True)):
+            size = now[a + len(base) if a < 0 else a]
+            if isinstance(base[a], int) or not isinstance(size, int) or size < 1 or not size_varies(st, en, sp):
+                continue
+            c = sliced_size(size, st, en, sp)
+            bounds[0][j], bounds[1][j], bounds[3][j] = 0, c + 1 if c < size else c - 1, 1
+            resized = True
+        return bounds if resized else None
 
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         if not view.is_shape(node.inputs[0]):

@@ -22,6 +22,7 @@ from onnxshrink.io.skeleton import checkable as checkable
 from onnxshrink.io.skeleton import heavy, onnx_knows, skeleton
 from onnxshrink.io.skeleton import runtime_schemas as runtime_schemas
 from onnxshrink.ir import all_graphs
+from onnxshrink.ops import facts, handler_for_op
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -120,37 +121,26 @@ def _resized_slices(
     model: onnx.ModelProto, probe_sizes: dict[str, list[int]], probed: dict[str, onnx.ValueInfoProto]
 ) -> onnx.ModelProto | None:
     """The skeleton at `probe_sizes` (`probed`: its inferred shapes) with each Slice of an axis
-    that is dynamic in `model`, whose output size varies with that size (ops.concat.size_varies),
-    made to output one element more (or fewer) there; None when the model has none."""
-    from onnxshrink.ops.concat import size_varies, sliced_size
-
+    that is dynamic in `model`, whose output size varies with that size (its handler's
+    `resized_bounds`), made to output one element more (or fewer) there; None when the model
+    has none."""
+    opset = default_opset(model)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for n in model.graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        handler, op = facts(n, opset)
+        value = handler.constant_value(op) if handler is not None else None
+        if value is not None:
+            consts[n.output[0]] = value
     dims = {vi.name: _dims(vi) for vi in [*model.graph.input, *model.graph.value_info]}
     resized: dict[int, list[list[int]]] = {}  # node index -> its starts, ends, axes, steps
     for k, node in enumerate(model.graph.node):
-        # (opset < 10 gives the bounds as attributes: rare enough to leave to the two probes)
-        if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+        handler, op = facts(node, opset)
+        base = dims.get(node.input[0]) if node.input else None
+        now = _dims(probed[node.input[0]]) if node.input and node.input[0] in probed else None
+        if handler is None or base is None or now is None or len(base) != len(now):
             continue
-        ins = list(node.input) + [""] * (5 - len(node.input))
-        if any(i and i not in consts for i in ins[1:]):
-            continue
-        starts, ends = (consts[i].reshape(-1).tolist() for i in ins[1:3])
-        axes = consts[ins[3]].reshape(-1).tolist() if ins[3] else list(range(len(starts)))
-        steps = consts[ins[4]].reshape(-1).tolist() if ins[4] else [1] * len(starts)
-        base = dims.get(node.input[0])
-        now = _dims(probed[node.input[0]]) if node.input[0] in probed else None
-        if base is None or now is None or len(base) != len(now):
-            continue
-        bounds = [list(starts), list(ends), axes, list(steps)]
-        for j, (a, st, en, sp) in enumerate(zip(axes, starts, ends, steps, strict=True)):
-            size = now[a + len(base) if a < 0 else a]
-            if isinstance(base[a], int) or not isinstance(size, int) or size < 1 or not size_varies(st, en, sp):
-                continue
-            c = sliced_size(size, st, en, sp)
-            bounds[0][j], bounds[1][j], bounds[3][j] = 0, c + 1 if c < size else c - 1, 1
+        bounds = handler.resized_bounds(op, consts, base, now)
+        if bounds is not None:
             resized[k] = bounds
     if not resized:
         return None
@@ -172,8 +162,6 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
     skeleton): shape inference propagates values through Shape/Gather/Concat but not through
     e.g. the legacy exporter's Where(Equal(c, -1), 1, c) that builds an Expand target, and
     without the value every size downstream of it is unknown."""
-    from onnxshrink.ops import handler_for_op
-
     opset = default_opset(model)
 
     g = model.graph
@@ -276,8 +264,6 @@ def _declared_rules(infer, model: onnx.ModelProto) -> dict:
     """Shape rules, by op type as `infer` (a SymbolicShapeInference) dispatches them, for the
     model's ops whose handlers declare the output types shape inference lacks (onnxruntime's
     QOperator contrib ops, which onnxruntime.quantization writes)."""
-    from onnxshrink.ops import handler_for_op
-
     opset = default_opset(model)
 
     def rule(node: onnx.NodeProto) -> None:
@@ -386,8 +372,10 @@ def _branch_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> list[on
     # the model's weights, and the constants folded in its skeleton (Constant nodes among them)
     inits = {t.name: t for t in [*model.graph.initializer, *inferred.graph.initializer]}
     out: list[onnx.ValueInfoProto] = []
+    opset = default_opset(model)
     for node in model.graph.node:
-        if node.op_type != "If":
+        handler = handler_for_op(node.op_type, node.domain, opset)
+        if handler is None or not handler.runs_one_body:
             continue
         for attr in node.attribute:
             if attr.type != onnx.AttributeProto.GRAPH or attr.g.input:
