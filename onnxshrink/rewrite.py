@@ -366,19 +366,50 @@ def apply(
     route_library_logs()
     rw = Rewriter(analysis)
     graph, ks = analysis.graph, analysis.keep
-    # The bodies of a node kept whole (a barrier) are kept as they are, nodes and shapes.
-    frozen = {
-        id(g) for n in ks.nodes if id(n) in ks.barriers for b in ir.bodies(n) for g in ir.scopes(b)
-    }
+    frozen = _frozen_scopes(ks)
     nodes = [n for n in ks.nodes if id(rw.scope(n)) not in frozen]
     live = [n for n in nodes if ks.node_live(n)]
     dead = [n for n in nodes if not ks.node_live(n)]
+    _slice_weights(rw, ks, writer, progress)
+    _rewrite_nodes(analysis, rw, live)
+    # The original weights are no longer needed: free them before the export copies the graph.
+    analysis.consts.consts.clear()
+    ks.forget()
+    for node in dead:
+        node.inputs.clear()
+        node.outputs.clear()
+    interface = _declare_shapes(graph, ks, frozen)
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    kept_zeroed = explain_kept(analysis)
+    retie(graph, {**analysis.untied, **rw.derived})
+    arrays = _externalize(graph, writer) if writer is not None else {}
+    result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
+    result.inserted = rw.inserted
+    result.interface = interface
+    return result
+
+
+def _frozen_scopes(ks) -> set[int]:
+    """The ids of the bodies of the nodes kept whole (barriers), and of the bodies inside
+    them: they are kept as they are, nodes and shapes."""
+    return {id(g) for n in ks.nodes if id(n) in ks.barriers for b in ir.bodies(n) for g in ir.scopes(b)}
+
+
+def _slice_weights(rw: Rewriter, ks, writer: DataWriter | None, progress: Any) -> None:
+    """Slice every weight the kept nodes read to its kept indices (`progress.update(n)`: the
+    bytes of each one done)."""
     for t in list(rw.tensors.values()):
         if isinstance(t, gs.Constant) and t.name in ks.demanded:
             size = t.values.nbytes
             _slice_constant(t, ks, writer)
             if progress is not None:
                 progress.update(size)
+
+
+def _rewrite_nodes(analysis: Analysis, rw: Rewriter, live: list[gs.Node]) -> None:
+    """Let each live node's handler fix what slicing its weights left (attributes, shape
+    inputs, folded constants), then splice out the nodes that became pass-throughs."""
+    ks = analysis.keep
     for node in live:
         handler = analysis.handler_for(node)
         if handler is not None and id(node) not in ks.barriers:
@@ -386,13 +417,13 @@ def apply(
             handler.rewrite(node, rw)
             weights.trim()
     _splice(rw)
-    rw.here = graph
-    # The original weights are no longer needed: free them before the export copies the graph.
-    analysis.consts.consts.clear()
-    ks.forget()
-    for node in dead:
-        node.inputs.clear()
-        node.outputs.clear()
+    rw.here = analysis.graph
+
+
+def _declare_shapes(graph: gs.Graph, ks, frozen: set[int]) -> dict[str, dict[int, np.ndarray]]:
+    """Declare the shrunk shapes of the graph's and its bodies' inputs and outputs, and forget
+    every other tensor's (the export infers them again); returns what each graph input or
+    output keeps where it loses indices (`_interface_kept`)."""
     io = {t.name for t in [*graph.inputs, *graph.outputs]}
     interface = _interface_kept(graph, ks)
     for t in [*graph.inputs, *graph.outputs]:  # a state (KV cache) whose heads went
@@ -407,14 +438,7 @@ def apply(
         for t in g.tensors().values():
             if isinstance(t, gs.Variable) and t.name not in io and t.name not in bounds:
                 t.shape = None
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    kept_zeroed = explain_kept(analysis)
-    retie(graph, {**analysis.untied, **rw.derived})
-    arrays = _externalize(graph, writer) if writer is not None else {}
-    result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
-    result.inserted = rw.inserted
-    result.interface = interface
-    return result
+    return interface
 
 
 def _interface_kept(graph: gs.Graph, ks) -> dict[str, dict[int, np.ndarray]]:

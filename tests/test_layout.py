@@ -177,7 +177,6 @@ LONG_FOR_NOW = {
     "onnxshrink.prune.allocate.plan",
     "onnxshrink.proof.emulate.emulated",
     "onnxshrink.bind.apply.apply_masks",
-    "onnxshrink.rewrite.apply",
     "onnxshrink.analyze.replay.replay",
     "onnxshrink.analyze.keep.__init__",
 }
