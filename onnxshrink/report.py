@@ -126,12 +126,12 @@ def macs_of(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple
                     total += own
             bodies = ir.subgraphs_of(n)
             if bodies:
-                k = scope.iterations(n)
+                k = handler.body_runs(op, scope.shapes, scope.scalars) if handler is not None else 1
                 runs = [graph_macs(g, scope, times * k) for g in bodies]
                 macs = [m for m, _ in runs]
-                total += max(macs) if n.op_type == "If" else k * sum(macs)
-                if n.op_type == "Loop":
-                    scope.carry(n, bodies[0], runs[0][1])
+                total += max(macs) if handler is not None and handler.runs_one_body else k * sum(macs)
+                if handler is not None:
+                    scope.carry(n, handler.carried(op), bodies[0], runs[0][1])
         return total, scope
 
     return graph_macs(inferred.graph, _Scope({}, {}), 1)[0], per_node
@@ -167,29 +167,17 @@ class _Scope:
             shapes[t.name] = list(t.dims)
         return _Scope(shapes, scalars)
 
-    def carry(self, loop: onnx.NodeProto, body: onnx.GraphProto, inner: _Scope) -> None:
-        """A Loop's final carried values, whose shapes onnx's inference leaves unknown: the
-        shape the value keeps in every iteration (its initial, body input and body output
-        shapes all equal); `inner`: the body's scope."""
-        for k, out in enumerate(loop.output[: len(loop.input) - 2]):
-            first = self.shapes.get(loop.input[2 + k])
-            same = inner.shapes.get(body.input[2 + k].name) == first == inner.shapes.get(body.output[1 + k].name)
+    def carry(
+        self, loop: onnx.NodeProto, carried: list[tuple[int, int, int]], body: onnx.GraphProto, inner: _Scope
+    ) -> None:
+        """A Loop's final carried values (`carried`: its handler's), whose shapes onnx's inference
+        leaves unknown: the shape the value keeps in every iteration (its initial, body input
+        and body output shapes all equal); `inner`: the body's scope."""
+        for out, (i, body_in, body_out) in zip(loop.output, carried, strict=False):
+            first = self.shapes.get(loop.input[i])
+            same = inner.shapes.get(body.input[body_in].name) == first == inner.shapes.get(body.output[body_out].name)
             if out not in self.shapes and first is not None and same:
                 self.shapes[out] = first
-
-    def iterations(self, node: onnx.NodeProto) -> int:
-        """How many times a Loop or Scan runs its body, where the graph fixes it (else 1); an If
-        or any other node with a body: 1."""
-        if node.op_type == "Loop" and node.input and node.input[0] in self.scalars:
-            return max(self.scalars[node.input[0]], 0)
-        if node.op_type == "Scan":
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            n_scan = int(attrs.get("num_scan_inputs", 0))
-            shape = self.shapes.get(node.input[len(node.input) - n_scan]) if n_scan else None
-            if shape:
-                axis = list(attrs.get("scan_input_axes", [0]))[0]
-                return int(shape[axis % len(shape)])
-        return 1
 
 
 # ------------------------------------------------------------------ interface

@@ -21,10 +21,11 @@ from onnxshrink.core.evaluate import evaluate
 from onnxshrink.core.values import ConstInfo
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
+from onnxshrink.io.skeleton import checkable
 from onnxshrink.io.weights import DataWriter, tensor_proto
 from onnxshrink.logs import route_library_logs
-from onnxshrink.prepare import inferred_shapes, retie
-from onnxshrink.prepare.shapes import checkable
+from onnxshrink.ops import handler_for_op
+from onnxshrink.prepare import default_opset, inferred_shapes, retie
 from onnxshrink.report import explain_kept
 
 T = TypeVar("T")
@@ -172,13 +173,17 @@ class Rewriter:
             schema = onnx.defs.get_schema(op, self.opset, "")
         except onnx.defs.SchemaError:
             return False
-        return schema.since_version >= _FORM_SINCE.get(op, 1)
+        return schema.since_version >= self._form_since(op)
+
+    def _form_since(self, op: str) -> int:
+        handler = handler_for_op(op, "", self.opset)
+        return handler.form_since(op) if handler is not None else 1
 
     def _check_available(self, op: str) -> None:
         if not self.available(op):
             raise InternalError(
                 f"the rewrite needs a {op} node in a form the model's opset {self.opset} does not "
-                f"have (opset {_FORM_SINCE.get(op, 1)}+): that channel is kept"
+                f"have (opset {self._form_since(op)}+): that channel is kept"
             )
 
     def add_node(
@@ -339,11 +344,6 @@ class Rewriter:
             )
 
 
-# Inserted ops whose form here needs a newer opset than the op itself: multidirectional
-# broadcasting (Add, opset 7), a target shape input (Expand, 8; Tile's repeats input, 6).
-_FORM_SINCE = {"Add": 7, "Tile": 6, "Expand": 8}
-
-
 def _smallest_broadcast(values: np.ndarray) -> np.ndarray:
     """`values` with every axis along which it does not vary cut to size 1: the same addend
     under broadcasting, stored as small as it is (a folded bias is not a map)."""
@@ -366,19 +366,50 @@ def apply(
     route_library_logs()
     rw = Rewriter(analysis)
     graph, ks = analysis.graph, analysis.keep
-    # The bodies of a node kept whole (a barrier) are kept as they are, nodes and shapes.
-    frozen = {
-        id(g) for n in ks.nodes if id(n) in ks.barriers for b in ir.bodies(n) for g in ir.scopes(b)
-    }
+    frozen = _frozen_scopes(ks)
     nodes = [n for n in ks.nodes if id(rw.scope(n)) not in frozen]
     live = [n for n in nodes if ks.node_live(n)]
     dead = [n for n in nodes if not ks.node_live(n)]
+    _slice_weights(rw, ks, writer, progress)
+    _rewrite_nodes(analysis, rw, live)
+    # The original weights are no longer needed: free them before the export copies the graph.
+    analysis.consts.consts.clear()
+    ks.forget()
+    for node in dead:
+        node.inputs.clear()
+        node.outputs.clear()
+    interface = _declare_shapes(graph, ks, frozen)
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    kept_zeroed = explain_kept(analysis)
+    retie(graph, {**analysis.untied, **rw.derived})
+    arrays = _externalize(graph, writer) if writer is not None else {}
+    result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
+    result.inserted = rw.inserted
+    result.interface = interface
+    return result
+
+
+def _frozen_scopes(ks) -> set[int]:
+    """The ids of the bodies of the nodes kept whole (barriers), and of the bodies inside
+    them: they are kept as they are, nodes and shapes."""
+    return {id(g) for n in ks.nodes if id(n) in ks.barriers for b in ir.bodies(n) for g in ir.scopes(b)}
+
+
+def _slice_weights(rw: Rewriter, ks, writer: DataWriter | None, progress: Any) -> None:
+    """Slice every weight the kept nodes read to its kept indices (`progress.update(n)`: the
+    bytes of each one done)."""
     for t in list(rw.tensors.values()):
         if isinstance(t, gs.Constant) and t.name in ks.demanded:
             size = t.values.nbytes
             _slice_constant(t, ks, writer)
             if progress is not None:
                 progress.update(size)
+
+
+def _rewrite_nodes(analysis: Analysis, rw: Rewriter, live: list[gs.Node]) -> None:
+    """Let each live node's handler fix what slicing its weights left (attributes, shape
+    inputs, folded constants), then splice out the nodes that became pass-throughs."""
+    ks = analysis.keep
     for node in live:
         handler = analysis.handler_for(node)
         if handler is not None and id(node) not in ks.barriers:
@@ -386,13 +417,13 @@ def apply(
             handler.rewrite(node, rw)
             weights.trim()
     _splice(rw)
-    rw.here = graph
-    # The original weights are no longer needed: free them before the export copies the graph.
-    analysis.consts.consts.clear()
-    ks.forget()
-    for node in dead:
-        node.inputs.clear()
-        node.outputs.clear()
+    rw.here = analysis.graph
+
+
+def _declare_shapes(graph: gs.Graph, ks, frozen: set[int]) -> dict[str, dict[int, np.ndarray]]:
+    """Declare the shrunk shapes of the graph's and its bodies' inputs and outputs, and forget
+    every other tensor's (the export infers them again); returns what each graph input or
+    output keeps where it loses indices (`_interface_kept`)."""
     io = {t.name for t in [*graph.inputs, *graph.outputs]}
     interface = _interface_kept(graph, ks)
     for t in [*graph.inputs, *graph.outputs]:  # a state (KV cache) whose heads went
@@ -407,14 +438,7 @@ def apply(
         for t in g.tensors().values():
             if isinstance(t, gs.Variable) and t.name not in io and t.name not in bounds:
                 t.shape = None
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    kept_zeroed = explain_kept(analysis)
-    retie(graph, {**analysis.untied, **rw.derived})
-    arrays = _externalize(graph, writer) if writer is not None else {}
-    result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
-    result.inserted = rw.inserted
-    result.interface = interface
-    return result
+    return interface
 
 
 def _interface_kept(graph: gs.Graph, ks) -> dict[str, dict[int, np.ndarray]]:
@@ -559,7 +583,7 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
             for t in model.graph.initializer
             if t.name not in listed
         )
-    _place_initializers(model.graph, _declared_depths(original.graph))
+    _place_initializers(model.graph, _declared_depths(original.graph, default_opset(original)))
     bodies = list(ir.all_graphs(model.graph))[1:]
     inner = {n for g in bodies for n in [*(o for x in g.node for o in x.output), *(v.name for v in [*g.input, *g.output])]}
     inferred = {vi.name: vi for vi in inferred_shapes(model, subgraphs=bool(bodies))}
@@ -573,7 +597,7 @@ def export(graph: gs.Graph, original: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _declared_depths(graph: onnx.GraphProto) -> dict[str, int]:
+def _declared_depths(graph: onnx.GraphProto, opset: int) -> dict[str, int]:
     """How deep in the model's subgraphs each weight (initializer or Constant node) is declared:
     0 for the main graph, 1 for a body in it, ..."""
     depths: dict[str, int] = {}
@@ -582,7 +606,8 @@ def _declared_depths(graph: onnx.GraphProto) -> dict[str, int]:
         for t in g.initializer:
             depths[t.name] = depth
         for n in g.node:
-            if n.op_type == "Constant" and not n.input:
+            handler = handler_for_op(n.op_type, n.domain, opset)
+            if handler is not None and handler.is_constant and not n.input:
                 depths.update((o, depth) for o in n.output)
             for a in n.attribute:
                 for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):

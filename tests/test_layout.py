@@ -158,7 +158,6 @@ LONG_FOR_NOW = {
     "onnxshrink.prune.run.prune",
     "onnxshrink.api.shrink",
     "onnxshrink.analyze.replay._replay",
-    "onnxshrink.prepare.shapes._quantized_rules",
     "onnxshrink.export.export_and_shrink",
     "onnxshrink.ops.recurrent.keep",
     "onnxshrink.analyze.cache.sliced_interface",
@@ -167,7 +166,6 @@ LONG_FOR_NOW = {
     "onnxshrink.io.runtime_config._update",
     "onnxshrink.core.shape_rules.sized_dims",
     "onnxshrink.prune.allocate.plan",
-    "onnxshrink.rewrite.apply",
     "onnxshrink.analyze.replay.replay",
     "onnxshrink.analyze.keep.__init__",
 }
@@ -226,12 +224,8 @@ OP_TYPES_FOR_NOW = {
     "onnxshrink/analyze/cache.py",
     "onnxshrink/api.py",
     "onnxshrink/io/runtime_config.py",
-    "onnxshrink/prepare/computed.py",
-    "onnxshrink/prepare/shapes.py",
     "onnxshrink/prune/compensate.py",
     "onnxshrink/prune/run.py",
-    "onnxshrink/report.py",
-    "onnxshrink/rewrite.py",
 }
 
 

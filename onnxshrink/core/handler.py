@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import onnx
@@ -150,6 +150,30 @@ class RuntimeQuantized:
 
 #: an op's part in a quantized model's arithmetic, as the proof computes it (Handler.qdq_form)
 QdqForm = IntegerProduct | Dequantizes | Quantizes | RuntimeQuantized
+
+class InputTypes(Protocol):
+    """A node's inputs as shape inference knows them, for `Handler.output_types`."""
+
+    def dims(self, i: int) -> Dims | None:
+        """Input i's dims (ints, symbolic names, None where unknown); None when its rank is
+        unknown too."""
+        ...
+
+    def known_dims(self, i: int) -> Dims:
+        """Input i's dims, which the rule needs: LookupError when unknown (the inference then
+        stops, as when one of its own rules fails)."""
+        ...
+
+    def dtype(self, i: int) -> int:
+        """Input i's ONNX element type."""
+        ...
+
+    def float_op_dims(self, op: str, inputs: Sequence[int], channels_last: bool = False) -> Dims | None:
+        """Output 0's dims if the node were the float op `op` (Conv, AveragePool) of its inputs
+        `inputs`, with its attributes; for `channels_last`, input 0 and the output are laid out
+        [N, spatial..., C]. None where the shape inference of the node itself knows them or
+        where neither does."""
+        ...
 
 
 # ---------------------------------------------------------------------- the handler
@@ -302,3 +326,47 @@ class Handler:
         """Its output is the elementwise sum of its operands (a residual connection's Add): how
         the coupled groups find a block's residual branches."""
         return False
+
+    #: onnx's and onnxruntime's shape inference know no output types of this op (onnxruntime's
+    #: QOperator contrib ops its symbolic shape inference lacks): `output_types` declares them
+    types_unknown_to_inference: ClassVar[bool] = False
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """For an op `types_unknown_to_inference`: each output's dims (None: unknown, rank too)
+        and ONNX element type, from its inputs' (None for an output, or for all: left as shape
+        inference left it)."""
+        return None
+
+    #: its output is a value of its own, read from no input (Constant)
+    is_constant: ClassVar[bool] = False
+    #: its outputs are drawn at random, not computed (RandomNormal, Bernoulli): never folded
+    draws_random: ClassVar[bool] = False
+
+    def form_since(self, op: str) -> int:
+        """The oldest opset of the form in which the rewrite inserts a node of `op`, where that
+        form is newer than the op (Add's multidirectional broadcasting: 7)."""
+        return 1
+
+    def resized_bounds(
+        self, node: OpNode, consts: Mapping[str, np.ndarray], base: Dims, now: Dims
+    ) -> list[list[int]] | None:
+        """For an op that clamps bounds into its input's size (Slice): its constant bounds
+        (starts, ends, axes, steps; `consts`: constant values by name) rewritten to output one
+        element more (or fewer) along each axis that is dynamic in the model (`base`: the input's
+        dims there) and whose output size varies with that size (`now`: the input's dims at a
+        probe's sizes). None: no such axis, or bounds that are not constants."""
+        return None
+
+    #: its bodies are alternatives, one of which runs (If's branches); else each runs
+    runs_one_body: ClassVar[bool] = False
+
+    def body_runs(self, node: OpNode, shapes: Mapping[str, list[int]], scalars: Mapping[str, int]) -> int:
+        """How many times an op with bodies runs them, where the graph fixes it (a Loop's trip
+        count, a Scan's sequence length; `shapes`: static dims and `scalars`: integer scalars'
+        values, by name); else 1."""
+        return 1
+
+    def carried(self, node: OpNode) -> list[tuple[int, int, int]]:
+        """The values an op carries through the runs of its body (a Loop's), in its outputs'
+        order: (its initial value's input, the body's input, the body's output)."""
+        return []

@@ -16,6 +16,7 @@ from onnx import helper
 
 from onnxshrink.errors import ShrinkError, file_access, first_line
 from onnxshrink.io import dims
+from onnxshrink.io.skeleton import checkable
 from onnxshrink.io.weights import DataWriter, WeightStore
 from onnxshrink.ir import all_graphs
 
@@ -220,8 +221,6 @@ def check_model(model: onnx.ModelProto, source: str = "model") -> None:
     """Refuse a model onnx's checker rejects (e.g. a file cut short, losing its opset)."""
     if not model.opset_import:
         raise ShrinkError(f"{source}: not a valid ONNX model (it declares no opset); re-export it.")
-    from onnxshrink.prepare.shapes import checkable
-
     try:
         onnx.checker.check_model(checkable(model))  # the graph, without copying the weights
     except Exception as exc:

@@ -52,6 +52,15 @@ from onnxshrink.core import (
     register,
 )
 from onnxshrink.ops.fused_activation import MS
+from onnxshrink.ops.oracle import (
+    MS_HEADER,
+    OPSET23,
+    OracleCase,
+    declare_cases,
+    needs,
+    sig,
+    zero_rows,
+)
 
 # The two ways to cut grouped-query attention's query heads into units, named by the unit each
 # makes (`KeepView.unit`'s kind; the groups ask for one): with their K/V head, or by their rank
@@ -1049,3 +1058,56 @@ class OnnxRotary(_Rotary):
     """X, cos_cache, sin_cache[, position_ids]."""
 
     cos_slot = 1
+
+
+# ------------------------------------------------------------------ oracle cases
+def _attention_case(op: str, rng: np.random.Generator) -> OracleCase:
+    """Fused attention, one of its forms at random; heads of 2 dims."""
+    s, heads = int(rng.integers(2, 5)), int(rng.choice([2, 4]))
+    d = 2
+    h = heads * d
+    if op == "MultiHeadAttention":
+        ins = [("q", "float", [1, s, h]), ("k", "float", [1, s, h]), ("v", "float", [1, s, h]), ("B", "float", [3 * h])]
+        body = f"y = com.microsoft.MultiHeadAttention <num_heads = {heads}> (q, k, v, B)"
+        return OracleCase(op, MS_HEADER + sig(ins, [("y", [1, s, h])]) + f" {{ {body} }}", 17,
+                          needs=needs(rng, "y", [1, s, h]))
+    form = rng.choice(["contrib", "3d", "4d"])
+    if form == "contrib":
+        ins = [("x", "float", [1, s, 8]), ("W", "float", [8, 3 * h]), ("B", "float", [3 * h])]
+        body = f"y = com.microsoft.Attention <num_heads = {heads}> (x, W, B)"
+        return OracleCase(op, MS_HEADER + sig(ins, [("y", [1, s, h])]) + f" {{ {body} }}", 17,
+                          zero={"W": np.s_[:, zero_rows(rng, 3 * h)]}, needs=needs(rng, "y", [1, s, h]))
+    if form == "3d":
+        ins = [("q", "float", [1, s, h]), ("k", "float", [1, s, h]), ("v", "float", [1, s, h])]
+        body = f"y = Attention <q_num_heads = {heads}, kv_num_heads = {heads}> (q, k, v)"
+        return OracleCase(op, OPSET23 + sig(ins, [("y", [1, s, h])]) + f" {{ {body} }}", 23,
+                          needs=needs(rng, "y", [1, s, h]))
+    kv = int(rng.choice([1, heads]))
+    q, k = [1, heads, s, d], [1, kv, s, d]
+    ins = [("q", "float", q), ("k", "float", k), ("v", "float", k)]
+    body = f"y = Attention <is_causal = {int(rng.integers(0, 2))}> (q, k, v)"
+    return OracleCase(op, OPSET23 + sig(ins, [("y", q)]) + f" {{ {body} }}", 23, needs=needs(rng, "y", q))
+
+
+def _rotary_case(op: str, rng: np.random.Generator) -> OracleCase:
+    s, heads, d = int(rng.integers(2, 5)), int(rng.choice([1, 2])), 4
+    angles = np.arange(s)[:, None] * (1.0 / 10000 ** (np.arange(d // 2) / (d // 2)))[None, :]
+    values = {"C": np.cos(angles), "S": np.sin(angles), "P": np.arange(s).reshape(1, s)}
+    x = [1, s, heads * d]
+    caches = [("C", "float", [s, d // 2]), ("S", "float", [s, d // 2]), ("P", "int64", [1, s])]
+    if rng.random() < 0.5:
+        body = f"y = com.microsoft.RotaryEmbedding <num_heads = {heads}> (x, P, C, S)"
+        return OracleCase(op, MS_HEADER + sig([("x", "float", x), *caches], [("y", x)]) + f" {{ {body} }}",
+                          17, values=values, needs=needs(rng, "y", x))
+    body = f"y = RotaryEmbedding <num_heads = {heads}> (x, C, S, P)"
+    return OracleCase(op, OPSET23 + sig([("x", "float", x), *caches], [("y", x)]) + f" {{ {body} }}",
+                      23, values=values, needs=needs(rng, "y", x))
+
+
+declare_cases(
+    {"Attention": _attention_case, "MultiHeadAttention": _attention_case, "RotaryEmbedding": _rotary_case},
+    excluded={
+        "GroupQueryAttention": "empty optional inputs (past key/value) before the ones it needs, "
+        "which the replay cannot feed; tests/ops/test_fused.py",
+    },
+)

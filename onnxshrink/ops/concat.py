@@ -11,6 +11,7 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
     KeepView,
     OpNode,
@@ -26,6 +27,7 @@ from onnxshrink.core import (
     shape_operands,
 )
 from onnxshrink.ops.common import const_or_live, ints
+from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig
 
 
 def _expand_axis(m: np.ndarray, v: np.ndarray, axis: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -318,6 +320,26 @@ class Slice(Handler):
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
 
+    def resized_bounds(
+        self, node: OpNode, consts: Mapping[str, np.ndarray], base: Dims, now: Dims
+    ) -> list[list[int]] | None:
+        # (opset < 10 gives the bounds as attributes: rare enough to leave alone)
+        ins = list(node.inputs) + [""] * (5 - len(node.inputs))
+        if len(node.inputs) < 3 or any(i and i not in consts for i in ins[1:]):
+            return None
+        starts, ends = (consts[i].reshape(-1).tolist() for i in ins[1:3])
+        axes = consts[ins[3]].reshape(-1).tolist() if ins[3] else list(range(len(starts)))
+        steps = consts[ins[4]].reshape(-1).tolist() if ins[4] else [1] * len(starts)
+        bounds, resized = [list(starts), list(ends), axes, list(steps)], False
+        for j, (a, st, en, sp) in enumerate(zip(axes, starts, ends, steps, strict=True)):
+            size = now[a + len(base) if a < 0 else a]
+            if isinstance(base[a], int) or not isinstance(size, int) or size < 1 or not size_varies(st, en, sp):
+                continue
+            c = sliced_size(size, st, en, sp)
+            bounds[0][j], bounds[1][j], bounds[3][j] = 0, c + 1 if c < size else c - 1, 1
+            resized = True
+        return bounds if resized else None
+
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         if not view.is_shape(node.inputs[0]):
             return None
@@ -561,3 +583,33 @@ class Gather(Handler):
             ky = rw.kept(y, axis + along)
             idx = np.compress(ky, idx, axis=along) if ky is not None else idx
         rw.replace_input(node, 1, pos[idx].astype(idx.dtype))
+
+
+# ------------------------------------------------------------------ oracle cases
+def _concat_case(op: str, rng: np.random.Generator) -> OracleCase:
+    """Concat, Split, Slice, Gather of an input [1, c, h, w] along its channels."""
+    c, h, w = layout_dims(rng)
+    x = [1, c, h, w]
+    ins = [("x", "float", x)]
+    if op == "Concat":
+        ins = [("x", "float", x), ("z", "float", [1, c + 1, h, w])]
+        y = [1, 2 * c + 1, h, w]
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Concat <axis = 1> (x, z) }", 17, needs=needs(rng, "y", y))
+    if op == "Split":
+        ins.append(("P", "int64", [2]))
+        outs = [("y", [1, 1, h, w]), ("z", [1, c - 1, h, w])]
+        return OracleCase(op, sig(ins, outs) + " { y, z = Split <axis = 1> (x, P) }", 17, values={"P": [1, c - 1]},
+                          needs={**needs(rng, "y", outs[0][1]), **needs(rng, "z", outs[1][1])})
+    if op == "Slice":
+        ins += [("St", "int64", [1]), ("En", "int64", [1]), ("Ax", "int64", [1])]
+        y = [1, c - 1, h, w]
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Slice (x, St, En, Ax) }", 17,
+                          values={"St": [1], "En": [c], "Ax": [1]}, needs=needs(rng, "y", y))
+    idx = sorted(rng.choice(c, size=int(rng.integers(1, c + 1)), replace=False).tolist())  # Gather
+    ins.append(("I", "int64", [len(idx)]))
+    y = [1, len(idx), h, w]
+    return OracleCase(op, sig(ins, [("y", y)]) + " { y = Gather <axis = 1> (x, I) }", 17, values={"I": idx},
+                      needs=needs(rng, "y", y))
+
+
+declare_cases(dict.fromkeys(("Concat", "Split", "Slice", "Gather"), _concat_case))

@@ -8,6 +8,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, OpNode, register
+from onnxshrink.ops.oracle import declare_cases
 
 # value_* attributes and the dtype each holds
 _TYPED = {
@@ -20,6 +21,8 @@ _TYPED = {
 
 @register("Constant")
 class Constant(Handler):
+    is_constant = True
+
     def constant_value(self, node: OpNode) -> np.ndarray | None:
         a = node.attrs
         if "value" in a:
@@ -42,3 +45,6 @@ class Constant(Handler):
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         ks.pin(node.outputs[0])
+
+
+declare_cases(excluded={"Constant": "no input"})

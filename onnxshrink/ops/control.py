@@ -37,6 +37,7 @@ from onnxshrink.core import (
     ConstView,
     Handler,
     KeepView,
+    OpNode,
     Reason,
     RewriteView,
     ShapeView,
@@ -45,6 +46,7 @@ from onnxshrink.core import (
     opaque,
     register,
 )
+from onnxshrink.ops.oracle import declare_cases
 
 
 def _why(node: gs.Node, detail: str) -> Reason:
@@ -146,8 +148,20 @@ def fill_dims(y: gs.Tensor, new: list | None) -> list | None:
     return [o if isinstance(o, int) or n is None else n for o, n in zip(old, new, strict=True)]
 
 
+def scan_length(node: OpNode, shapes: Mapping[str, list[int]]) -> int:
+    """A Scan's sequence length: its first scanned input's size along its scan axis (1 unknown)."""
+    n_scan = int(node.attrs.get("num_scan_inputs", 0))
+    shape = shapes.get(node.inputs[len(node.inputs) - n_scan]) if n_scan else None
+    if not shape:
+        return 1
+    axis = list(node.attrs.get("scan_input_axes", [0]))[0]
+    return int(shape[axis % len(shape)])
+
+
 @register("If")
 class If(Handler):
+    runs_one_body = True
+
     @staticmethod
     def branches(node: gs.Node) -> list[gs.Graph]:
         return [node.attrs["then_branch"], node.attrs["else_branch"]]
@@ -204,6 +218,14 @@ class If(Handler):
 
 @register("Loop")
 class Loop(Handler):
+    def body_runs(self, node: OpNode, shapes: Mapping[str, list[int]], scalars: Mapping[str, int]) -> int:
+        """M, its trip count."""
+        m = node.inputs[0] if node.inputs else ""
+        return max(scalars[m], 0) if m in scalars else 1
+
+    def carried(self, node: OpNode) -> list[tuple[int, int, int]]:
+        return [(2 + k, 2 + k, 1 + k) for k in range(len(node.inputs) - 2)]
+
     @staticmethod
     def layout(node: gs.Node) -> tuple[gs.Graph, int, int] | None:
         """(body, loop-carried count, scan-output count), when the body matches the node."""
@@ -272,6 +294,9 @@ class Loop(Handler):
 
 @register("Scan", since=9)
 class Scan(Handler):
+    def body_runs(self, node: OpNode, shapes: Mapping[str, list[int]], scalars: Mapping[str, int]) -> int:
+        return scan_length(node, shapes)
+
     @staticmethod
     def layout(node: gs.Node) -> tuple[gs.Graph, int, list[int], list[int]] | None:
         """(body, state count, each scan input's axis, each scan output's axis), when the body
@@ -364,6 +389,15 @@ class Scan(Handler):
 class ScanWithBatch(Handler):
     """Scan of opset 8 (a batch axis and sequence lengths): kept whole."""
 
+    def body_runs(self, node: OpNode, shapes: Mapping[str, list[int]], scalars: Mapping[str, int]) -> int:
+        return scan_length(node, shapes)
+
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         ks.barrier(node, Reason("barrier", node.name, node.op, "Scan of opset 8 is not analyzed"))
 
+
+declare_cases(excluded={
+    "If": "its bodies' nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Loop": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+    "Scan": "its body's nodes are analyzed (and replayed) each on its own; tests/ops/test_control.py",
+})  # fmt: skip

@@ -35,6 +35,7 @@ from onnxshrink.core import (
     static_batch1,
 )
 from onnxshrink.ops.common import along, channel_expand
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
 
 class _ConvBase(Handler):
@@ -434,3 +435,29 @@ def weight_holder(node: gs.Node, w_slot: int) -> tuple[gs.Node | None, int]:
     ):
         return None, 0
     return dq, 0
+
+
+# ------------------------------------------------------------------ oracle cases
+def _conv_case(op: str, rng: np.random.Generator) -> OracleCase:
+    cin = int(rng.choice([2, 4, 6]))
+    group = int(rng.choice([g for g in (1, 2, cin) if cin % g == 0]))
+    cout = group * int(rng.integers(1, 3))
+    k = int(rng.choice([1, 3]))
+    pad = k // 2 if rng.random() < 0.5 else 0
+    h = w = 4
+    if op == "Conv":
+        wshape = [cout, cin // group, k, k]
+        oh = h + 2 * pad - k + 1
+    else:
+        wshape = [cin, cout // group, k, k]
+        oh = h - 2 * pad + k - 1
+    y = [1, cout, oh, oh]
+    attrs = f"<group = {group}, pads = [{pad}, {pad}, {pad}, {pad}]>"
+    text = sig([("x", "float", [1, cin, h, w]), ("W", "float", wshape), ("B", "float", [cout])], [("y", y)])
+    zero: dict = {"W": np.s_[zero_rows(rng, wshape[0])]}
+    if rng.random() < 0.5:
+        zero = {"W": np.s_[:, zero_rows(rng, wshape[1])]}
+    return OracleCase(op, text + f" {{ y = {op} {attrs} (x, W, B) }}", 17, zero=zero, needs=needs(rng, "y", y))
+
+
+declare_cases({"Conv": _conv_case, "ConvTranspose": _conv_case})

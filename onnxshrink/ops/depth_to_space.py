@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, Reason, compress, register
 from onnxshrink.ops.common import along, channel_expand
+from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig
 
 
 @register("DepthToSpace")
@@ -67,3 +68,16 @@ class DepthToSpace(Handler):
         assert kx is not None and ky is not None  # static (checked above)
         ks.need(x, 1, ky[owner], why=ks.reason_ids(y, 1)[owner])  # an output channel: its block
         ks.keep(y, 1, np.bincount(owner, weights=kx, minlength=co) > 0, why)
+
+
+# ------------------------------------------------------------------ oracle cases
+def _depth_to_space_case(op: str, rng: np.random.Generator) -> OracleCase:
+    c, _, _ = layout_dims(rng)
+    x = [1, 4 * c, 2, 2]
+    y = [1, c, 4, 4]
+    mode = rng.choice(["DCR", "CRD"])
+    return OracleCase(op, sig([("x", "float", x)], [("y", y)]) + f' {{ y = DepthToSpace <blocksize = 2, mode = "{mode}"> (x) }}',
+                      17, needs=needs(rng, "y", y))
+
+
+declare_cases({"DepthToSpace": _depth_to_space_case})

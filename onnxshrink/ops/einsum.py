@@ -18,6 +18,7 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, OpNode, Reason, register
 from onnxshrink.ops.common import along
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
 Terms = tuple[str, str, str]
 
@@ -137,3 +138,21 @@ class Einsum(Handler):
         axis = term.index(ch)
         others = tuple(i for i in range(nz.ndim) if i != axis)
         return np.asarray(nz.any(axis=others)) if others else np.asarray(nz)
+
+
+# ------------------------------------------------------------------ oracle cases
+def _einsum_case(op: str, rng: np.random.Generator) -> OracleCase:
+    b, i, j, k = (int(v) for v in rng.integers(1, 4, size=4))
+    eq = str(rng.choice(["bij,bjk->bik", "bij,jk->bik", "bij,bkj->bik", "bij,bik->bjk"]))
+    a_term, b_term, out = eq.replace("->", ",").split(",")
+    size = {"b": b, "i": i, "j": j + 1, "k": k + 1}
+    shape = {t: [size[ch] for ch in t] for t in (a_term, b_term, out)}
+    weight = len(b_term) == 2 or rng.random() < 0.5
+    name = "W" if weight else "w"
+    ins = [("x", "float", shape[a_term]), (name, "float", shape[b_term])]
+    zero = {"W": np.s_[zero_rows(rng, shape[b_term][0])]} if weight else {}
+    text = sig(ins, [("y", shape[out])]) + f' {{ y = Einsum <equation = "{eq}"> (x, {name}) }}'
+    return OracleCase(op, text, 17, zero=zero, needs=needs(rng, "y", shape[out]))
+
+
+declare_cases({"Einsum": _einsum_case})

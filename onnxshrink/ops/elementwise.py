@@ -34,6 +34,7 @@ from onnxshrink.core import (
     shape_operands,
 )
 from onnxshrink.ops.common import const_or_live, couple_broadcast, dtype_of
+from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig, zero_rows
 
 
 def _from_inputs(t: gs.Tensor, reader: Reader) -> bool:
@@ -182,6 +183,9 @@ def zero_or_nan(ctx: ConstView, t: gs.Tensor, r: int, depth: int = 0) -> np.ndar
 @register(*[op for op in UNARY if op != "Identity"], *NARY)
 class Elementwise(Handler):
     """y[i] depends on each operand at the broadcast position i only."""
+
+    def form_since(self, op: str) -> int:
+        return 7 if op == "Add" else 1  # multidirectional broadcasting
 
     def operands(self, node: gs.Node) -> list[gs.Tensor]:
         return [t for t in node.inputs if t is not None and t.name]
@@ -443,3 +447,95 @@ class CastLike(Dropout):
 @register("Identity")
 class Identity(Elementwise):
     is_alias = True
+
+
+# ------------------------------------------------------------------ oracle cases
+_UNARY_CASES = (
+    "Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Celu", "Cos", "Cosh",
+    "Elu", "Erf", "Exp", "Floor", "HardSigmoid", "HardSwish", "IsInf", "IsNaN", "LeakyRelu",
+    "Log", "Mish", "Neg", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin",
+    "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "ThresholdedRelu", "Identity",
+)  # fmt: skip
+_BINARY_CASES = (
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Equal", "Greater", "Less",
+    "GreaterOrEqual", "LessOrEqual",
+)  # fmt: skip
+_COMPARES = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual")
+
+
+def _unary_case(op: str, rng: np.random.Generator) -> OracleCase:
+    c, h, w = int(rng.integers(2, 6)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    x = [1, c, h, w]
+    out_t = "bool" if op in ("IsInf", "IsNaN") else "float"
+    attrs = {"Celu": " <alpha = 1.5>", "ThresholdedRelu": " <alpha = 0.7>"}.get(op, "")
+    text = sig([("x", "float", x)], [("y", x)], out_t)
+    opset = 18 if op == "Mish" else 17
+    return OracleCase(op, text + f" {{ y = {op}{attrs} (x) }}", opset, needs=needs(rng, "y", x))
+
+
+def _binary_case(op: str, rng: np.random.Generator) -> OracleCase:
+    c, h, w = int(rng.integers(2, 5)), int(rng.integers(1, 4)), int(rng.integers(2, 4))
+    x = [1, c, h, w]
+    other = [[1, c, h, w], [1, c, 1, 1], [c, 1, 1], [1, 1, h, w], [w]][int(rng.integers(0, 5))]
+    weight = rng.random() < 0.4  # the second operand a constant (a bias, a scale)
+    b = "B" if weight else "b"
+    ins = [("x", "float", x)] + ([] if weight else [("b", "float", other)])
+    if weight:
+        ins.append(("B", "float", other))
+    text = sig(ins, [("y", x)], "bool" if op in _COMPARES else "float")
+    zero = {"B": np.s_[..., 0]} if weight and rng.random() < 0.5 else {}
+    return OracleCase(op, text + f" {{ y = {op} (x, {b}) }}", 17, zero=zero, needs=needs(rng, "y", x))
+
+
+def _prelu_case(op: str, rng: np.random.Generator) -> OracleCase:
+    c = int(rng.integers(2, 6))
+    x = [1, c, 2, 3]
+    text = sig([("x", "float", x), ("S", "float", [c, 1, 1])], [("y", x)])
+    return OracleCase(op, text + " { y = PRelu (x, S) }", 17, zero={"S": np.s_[zero_rows(rng, c)]},
+                      needs=needs(rng, "y", x))
+
+
+def _mod_case(op: str, rng: np.random.Generator) -> OracleCase:
+    x = [1, int(rng.integers(2, 5)), 3]
+    text = sig([("x", "float", x), ("b", "float", x)], [("y", x)])
+    return OracleCase(op, text + " { y = Mod <fmod = 1> (x, b) }", 17, needs=needs(rng, "y", x))
+
+
+def _where_case(op: str, rng: np.random.Generator) -> OracleCase:
+    x = [1, int(rng.integers(2, 5)), 3]
+    text = sig([("c", "bool", x), ("a", "float", x), ("b", "float", [x[1], 1])], [("y", x)])
+    return OracleCase(op, text + " { y = Where (c, a, b) }", 17, needs=needs(rng, "y", x))
+
+
+def _clip_case(op: str, rng: np.random.Generator) -> OracleCase:
+    x = [1, int(rng.integers(2, 5)), 3]
+    text = sig([("x", "float", x), ("Lo", "float", []), ("Hi", "float", [])], [("y", x)])
+    return OracleCase(op, text + " { y = Clip (x, Lo, Hi) }", 17, values={"Lo": -0.5, "Hi": 0.7},
+                      needs=needs(rng, "y", x))
+
+
+def _same_shape_case(op: str, rng: np.random.Generator) -> OracleCase:
+    """Cast, CastLike, Dropout, Gelu: y of x's shape."""
+    c, h, w = layout_dims(rng)
+    x = [1, c, h, w]
+    ins = [("x", "float", x)]
+    if op == "CastLike":
+        ins.append(("L", "float", [1]))
+    body = {"Cast": "Cast <to = 1> (x)", "CastLike": "CastLike (x, L)"}.get(op, f"{op} (x)")
+    return OracleCase(op, sig(ins, [("y", x)]) + f" {{ y = {body} }}", 20 if op == "Gelu" else 17,
+                      needs=needs(rng, "y", x))
+
+
+declare_cases(
+    {
+        **dict.fromkeys(_UNARY_CASES, _unary_case),
+        **dict.fromkeys(_BINARY_CASES, _binary_case),
+        **dict.fromkeys(("Cast", "CastLike", "Dropout", "Gelu"), _same_shape_case),
+        "PRelu": _prelu_case, "Mod": _mod_case, "Where": _where_case, "Clip": _clip_case,
+    },
+    excluded={
+        "And": "boolean data only", "Or": "boolean data only", "Xor": "boolean data only",
+        "Not": "boolean data only", "BitShift": "integer data only",
+        "Swish": "onnxruntime here has no kernel for it (opset 24)",
+    },
+)  # fmt: skip

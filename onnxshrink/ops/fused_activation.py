@@ -27,6 +27,7 @@ from onnxshrink.core import (
 )
 from onnxshrink.ops.common import const_or_live
 from onnxshrink.ops.elementwise import Elementwise
+from onnxshrink.ops.oracle import MS_HEADER, OracleCase, declare_cases, needs, sig, zero_rows
 
 MS = "com.microsoft"
 
@@ -118,3 +119,21 @@ class BiasAdd(_Fused):
 @register("QuickGelu", "Gelu", domain=MS)
 class FusedUnary(_Fused):
     bias_slot = None
+
+
+# ------------------------------------------------------------------ oracle cases
+def _fused_case(op: str, rng: np.random.Generator) -> OracleCase:
+    s, c = int(rng.integers(1, 4)), int(rng.choice([4, 6, 8]))
+    x = [1, s, c]
+    vec = op in ("BiasGelu", "FastGelu")
+    ins = [("x", "float", x)] + ([("B", "float", [c])] if vec else [])
+    args = "x, B" if vec else "x"
+    text = sig(ins, [("y", x)]) + f" {{ y = com.microsoft.{op} ({args}) }}"
+    return OracleCase(op, MS_HEADER + text, 17, zero={"B": np.s_[zero_rows(rng, c)]} if vec else {},
+                      needs=needs(rng, "y", x))
+
+
+declare_cases(
+    dict.fromkeys(("BiasGelu", "FastGelu", "QuickGelu"), _fused_case),
+    excluded={"BiasAdd": "onnxruntime has a CUDA kernel only (tests/ops/test_fused.py checks its rule)"},
+)

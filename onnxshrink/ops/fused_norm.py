@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
@@ -20,6 +21,7 @@ from onnxshrink.core import Handler, KeepView, OpNode, Reason, RewriteView, Weig
 from onnxshrink.ops.common import couple_broadcast
 from onnxshrink.ops.fused_activation import MS, add_to_bias
 from onnxshrink.ops.norm import StatNormalization
+from onnxshrink.ops.oracle import MS_HEADER, OracleCase, declare_cases, needs, sig
 
 
 class _SkipNorm(StatNormalization):
@@ -120,3 +122,25 @@ class EmbedLayerNorm(Handler):
                 ks.pin(out, 2, why)
         if len(node.outputs) > 1:
             ks.pin(node.outputs[1])  # mask_index
+
+
+# ------------------------------------------------------------------ oracle cases
+def _skip_norm_case(op: str, rng: np.random.Generator) -> OracleCase:
+    s, c = int(rng.integers(1, 4)), int(rng.choice([4, 6, 8]))
+    x = [1, s, c]
+    ins = [("x", "float", x), ("skip", "float", x), ("G", "float", [c])]
+    if op == "SkipLayerNormalization":
+        ins += [("Be", "float", [c]), ("Bi", "float", [c])]
+    args = ", ".join(n for n, _, _ in ins)
+    text = sig(ins, [("y", x)]) + f" {{ y = com.microsoft.{op} <epsilon = 1e-5> ({args}) }}"
+    return OracleCase(op, MS_HEADER + text, 17, needs=needs(rng, "y", x))
+
+
+declare_cases(
+    dict.fromkeys(("SkipLayerNormalization", "SkipSimplifiedLayerNormalization"), _skip_norm_case),
+    excluded={
+        "SimplifiedLayerNormalization": "onnx's checker refuses it in the ONNX domain, where "
+        "onnxruntime defines it (tests/ops/test_fused.py runs it)",
+        "EmbedLayerNormalization": "its data inputs are token ids (integers)",
+    },
+)

@@ -29,6 +29,7 @@ from onnxshrink.core import (
     register,
 )
 from onnxshrink.ops.common import const_or_live, couple_broadcast
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
 
 def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:
@@ -434,3 +435,30 @@ class MatMul(Handler):
         # axes lose (a constant A, W @ x, loses rows of W)
         delta = rw.kept_part(y, delta)
         rw.add_constant(node, 0, delta.astype(b0.dtype), int(removed.sum()))
+
+
+# ------------------------------------------------------------------ oracle cases
+def _gemm_case(op: str, rng: np.random.Generator) -> OracleCase:
+    m, k, n = int(rng.integers(1, 4)), int(rng.integers(2, 6)), int(rng.integers(2, 6))
+    ta, tb = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+    a = [k, m] if ta else [m, k]
+    b = [n, k] if tb else [k, n]
+    text = sig([("a", "float", a), ("B", "float", b), ("C", "float", [n])], [("y", [m, n])])
+    zero = {"B": np.s_[zero_rows(rng, b[0])]}
+    return OracleCase(op, text + f" {{ y = Gemm <transA = {ta}, transB = {tb}> (a, B, C) }}", 17,
+                      zero=zero, needs=needs(rng, "y", [m, n]))
+
+
+def _matmul_case(op: str, rng: np.random.Generator) -> OracleCase:
+    s, k, n = int(rng.integers(1, 4)), int(rng.integers(2, 6)), int(rng.integers(2, 5))
+    lead = [1, 2] if rng.random() < 0.5 else [1]
+    a = [*lead, s, k]
+    if rng.random() < 0.6:
+        text = sig([("a", "float", a), ("B", "float", [k, n])], [("y", [*lead, s, n])])
+        return OracleCase(op, text + " { y = MatMul (a, B) }", 17, zero={"B": np.s_[zero_rows(rng, k)]},
+                          needs=needs(rng, "y", [*lead, s, n]))
+    text = sig([("a", "float", a), ("b", "float", [*lead, k, n])], [("y", [*lead, s, n])])
+    return OracleCase(op, text + " { y = MatMul (a, b) }", 17, needs=needs(rng, "y", [*lead, s, n]))
+
+
+declare_cases({"Gemm": _gemm_case, "MatMul": _matmul_case})

@@ -51,6 +51,7 @@ from onnxshrink.ops.common import (
     dtype_of,
     ints,
 )
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
 
 @register("BatchNormalization")
@@ -598,3 +599,45 @@ class GroupNorm(AxisNormalization):
         if layout is None or kept is None or kept.all():
             return
         node.attrs["num_groups"] = int(kept.sum()) // layout[1]
+
+
+# ------------------------------------------------------------------ oracle cases
+def _norm_case(op: str, rng: np.random.Generator) -> OracleCase:
+    c = int(rng.choice([2, 4, 6]))
+    x = [1, c, 3, 2]
+    vec = [("S", "float", [c]), ("B", "float", [c])]
+    if op == "BatchNormalization":
+        ins = [("x", "float", x), *vec, ("M", "float", [c]), ("V", "float", [c])]
+        body, values = "y = BatchNormalization (x, S, B, M, V)", {"V": np.abs(np.linspace(0.5, 2, c))}
+        return OracleCase(op, sig(ins, [("y", x)]) + f" {{ {body} }}", 15, values=values,
+                          zero={"S": np.s_[zero_rows(rng, c)]}, needs=needs(rng, "y", x))
+    if op == "InstanceNormalization":
+        return OracleCase(op, sig([("x", "float", x), *vec], [("y", x)]) + " { y = InstanceNormalization (x, S, B) }",
+                          17, needs=needs(rng, "y", x))
+    if op == "GroupNormalization":
+        g = int(rng.choice([1, 2]))
+        return OracleCase(op, sig([("x", "float", x), *vec], [("y", x)]) + f" {{ y = GroupNormalization <num_groups = {g}> (x, S, B) }}",
+                          21, needs=needs(rng, "y", x))
+    if op == "LayerNormalization":
+        axis = int(rng.choice([-1, -2]))
+        shape = x[axis:]
+        ins = [("x", "float", x), ("S", "float", shape), ("B", "float", shape)]
+        return OracleCase(op, sig(ins, [("y", x)]) + f" {{ y = LayerNormalization <axis = {axis}> (x, S, B) }}", 17,
+                          needs=needs(rng, "y", x))
+    if op == "LRN":
+        return OracleCase(op, sig([("x", "float", x)], [("y", x)]) + " { y = LRN <size = 3> (x) }", 17, needs=needs(rng, "y", x))
+    if op == "MeanVarianceNormalization":
+        return OracleCase(op, sig([("x", "float", x)], [("y", x)]) + f" {{ y = {op} (x) }}", 17, needs=needs(rng, "y", x))
+    axis = int(rng.integers(1, 4))
+    attr = " <p = 2, axis = 1>" if op == "LpNormalization" else f" <axis = {axis}>"
+    return OracleCase(op, sig([("x", "float", x)], [("y", x)]) + f" {{ y = {op}{attr} (x) }}", 17, needs=needs(rng, "y", x))
+
+
+declare_cases(
+    dict.fromkeys(
+        ("BatchNormalization", "InstanceNormalization", "GroupNormalization", "LayerNormalization", "LRN",
+         "MeanVarianceNormalization", "Softmax", "LogSoftmax", "Hardmax", "LpNormalization"),
+        _norm_case,
+    ),
+    excluded={"RMSNormalization": "onnxruntime here has no kernel for it (opset 23)"},
+)  # fmt: skip

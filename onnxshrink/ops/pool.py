@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, Reason, register
 from onnxshrink.ops.common import channelwise_constants
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig
 
 
 def _no_padding(node: gs.Node) -> bool:
@@ -52,3 +54,24 @@ class Pool(Handler):
             ks.pin(x, 1, why)
             ks.pin(y, 1, why)
             ks.couple(node.outputs[1], 1, y, 1)
+
+
+# ------------------------------------------------------------------ oracle cases
+def _pool_case(op: str, rng: np.random.Generator) -> OracleCase:
+    c = int(rng.integers(2, 5))
+    x = [1, c, 4, 4]
+    if op.startswith("Global"):
+        return OracleCase(op, sig([("x", "float", x)], [("y", [1, c, 1, 1])]) + f" {{ y = {op} (x) }}", 17,
+                          needs=needs(rng, "y", [1, c, 1, 1]))
+    pad = int(rng.integers(0, 2))
+    y = [1, c, 4 + 2 * pad - 1, 4 + 2 * pad - 1]
+    attrs = f"kernel_shape = [2, 2], pads = [{pad}, {pad}, {pad}, {pad}]"
+    if op == "AveragePool":
+        attrs += f", count_include_pad = {int(rng.integers(0, 2))}"
+    return OracleCase(op, sig([("x", "float", x)], [("y", y)]) + f" {{ y = {op} <{attrs}> (x) }}", 17,
+                      needs=needs(rng, "y", y))
+
+
+declare_cases(dict.fromkeys(
+    ("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"), _pool_case
+))

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
@@ -48,7 +49,9 @@ from onnxshrink.core import (
     ConstInfo,
     ConstView,
     Dequantizes,
+    Dims,
     Handler,
+    InputTypes,
     KeepView,
     OpNode,
     Quantized,
@@ -70,6 +73,7 @@ from onnxshrink.ops.common import (
 )
 from onnxshrink.ops.concat import joined, keep_joined
 from onnxshrink.ops.conv import keep_groups, regroup
+from onnxshrink.ops.oracle import declare_cases
 from onnxshrink.ops.pool import _no_padding
 
 
@@ -702,6 +706,13 @@ class QLinearConv(ConvInteger):
     """x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias: ConvInteger requantized, with
     an int32 bias and per-channel w_scale, w_zp."""
 
+    types_unknown_to_inference = True  # for symbolic spatial dims: onnx's knows static ones
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """Conv's dims of x and w; y_zero_point's type."""
+        dims = inputs.float_op_dims("Conv", (0, 3))
+        return None if dims is None else [(dims, inputs.dtype(7 if node.has_input(7) else 0))]
+
     x_slot, w_slot, x_zp, w_zp = 0, 3, 2, 5
     per_output = (4, 5, 8)
     w_scales = (4,)
@@ -716,6 +727,15 @@ MS = "com.microsoft"
 class QGemm(_IntegerProduct):
     """A, a_scale, a_zp, B, b_scale, b_zp, C (int32 bias), y_scale, y_zp (both absent: a float
     output); alpha, transA, transB: Gemm on integers, requantized."""
+
+    types_unknown_to_inference = True
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """Gemm's [M, N]; y_zp's type, or float without it."""
+        a, b = inputs.known_dims(0), inputs.known_dims(3)
+        m = a[1] if node.attrs.get("transA", 0) else a[0]
+        n = b[0] if node.attrs.get("transB", 0) else b[1]
+        return [([m, n], inputs.dtype(8) if node.has_input(8) else onnx.TensorProto.FLOAT)]
 
     x_slot, w_slot, x_zp, w_zp = 0, 3, 2, 5
     per_output = (4, 5, 6)
@@ -842,6 +862,11 @@ class QLinearSoftmax(Handler):
     """X, X_scale, X_zp, Y_scale, Y_zp; axis, opset: Softmax of the dequantized input,
     requantized. It normalizes over `axis` (from `axis` on, flattened, for opset < 13)."""
 
+    types_unknown_to_inference = True
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        return [(inputs.dims(0), inputs.dtype(0))]
+
     evaluate_with_ort = True
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
@@ -866,6 +891,14 @@ class QLinearSoftmax(Handler):
 class QLinearGlobalAveragePool(Handler):
     """X, x_scale, x_zp, y_scale, y_zp; channels_last: the mean over the spatial axes of each
     channel, requantized."""
+
+    types_unknown_to_inference = True
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """X's dims, each spatial one 1."""
+        x = inputs.known_dims(0)
+        c = len(x) - 1 if node.attrs.get("channels_last", 0) else 1
+        return [([d if a in (0, c) else 1 for a, d in enumerate(x)], inputs.dtype(0))]
 
     evaluate_with_ort = True
 
@@ -923,6 +956,11 @@ class QLinearAveragePool(QLinearGlobalAveragePool):
     """X, x_scale, x_zp, y_scale, y_zp; AveragePool's attributes and channels_last: each
     channel's windows averaged in float, requantized (per-tensor parameters)."""
 
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """AveragePool's dims of X."""
+        dims = inputs.float_op_dims("AveragePool", (0,), bool(node.attrs.get("channels_last", 0)))
+        return None if dims is None else [(dims, inputs.dtype(0))]
+
     def window(self, node: gs.Node, r: int) -> list[int] | None:
         if not _no_padding(node) and int(node.attrs.get("count_include_pad", 0)):
             return None
@@ -933,6 +971,11 @@ class QLinearAveragePool(QLinearGlobalAveragePool):
 @register("QLinearSigmoid", "QLinearLeakyRelu", domain=MS)
 class QLinearUnary(Handler):
     """X, X_scale, X_zp, Y_scale, Y_zp (per tensor): quantize(f(dequantize(x))), elementwise."""
+
+    types_unknown_to_inference = True
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        return [(inputs.dims(0), inputs.dtype(0))]
 
     evaluate_with_ort = True
 
@@ -960,6 +1003,18 @@ class QLinearUnary(Handler):
 class QLinearConcat(Handler):
     """Y_scale, Y_zp, then (X, X_scale, X_zp) per part; axis: each part requantized to Y's
     scale and zero point (all per tensor), elementwise, then joined as Concat joins."""
+
+    types_unknown_to_inference = True
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """The parts' dims, their sizes along `axis` summed (unknown unless all are static)."""
+        shapes = [inputs.known_dims(i) for i in range(2, len(node.inputs), 3)]
+        axis = int(node.attrs.get("axis", 0))
+        axis = axis + len(shapes[0]) if axis < 0 else axis
+        static = [d for d in (s[axis] for s in shapes) if isinstance(d, int)]
+        out = list(shapes[0])
+        out[axis] = sum(static) if len(static) == len(shapes) else None
+        return [(out, inputs.dtype(1))]
 
     evaluate_with_ort = True
 
@@ -1014,3 +1069,24 @@ class QLinearConcat(Handler):
                 kept.extend(node.inputs[i : i + 3])
         node.inputs.clear()
         node.inputs.extend(kept)
+
+
+declare_cases(excluded={
+    "DequantizeLinear": "integer data (the replay draws floats); tests/ops/test_quantize.py",
+    "QuantizeLinear": "integer outputs, which the replay does not judge; tests/ops/test_quantize.py",
+    "DynamicQuantizeLinear": "integer outputs, which the replay does not judge; "
+    "tests/ops/test_quantize.py",
+    "MatMulInteger": "integer data only; tests/ops/test_quantize.py",
+    "ConvInteger": "integer data only; tests/ops/test_quantize.py",
+    "QLinearMatMul": "integer data only; tests/ops/test_quantize.py",
+    "QLinearConv": "integer data only; tests/ops/test_quantize.py",
+    "QGemm": "integer data only; tests/test_prune_quantized.py",
+    "QLinearAdd": "integer data only; tests/test_prune_quantized.py",
+    "QLinearMul": "integer data only; tests/test_prune_quantized.py (the QOperator BERT)",
+    "QLinearSoftmax": "integer data only; tests/test_prune_quantized.py (the QOperator BERT)",
+    "QLinearGlobalAveragePool": "integer data only; tests/test_prune_quantized.py",
+    "QLinearAveragePool": "integer data only; tests/ops/test_quantize.py",
+    "QLinearConcat": "integer data only; tests/ops/test_quantize.py",
+    "QLinearSigmoid": "integer data only; tests/ops/test_quantize.py",
+    "QLinearLeakyRelu": "integer data only; tests/ops/test_quantize.py",
+})

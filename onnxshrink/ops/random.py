@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from onnxshrink.core import Handler, register
+from onnxshrink.ops.oracle import declare_cases
 
 
 @register(
@@ -15,3 +16,10 @@ from onnxshrink.core import Handler, register
 )
 class Random(Handler):
     deterministic = False
+    draws_random = True
+
+
+declare_cases(excluded=dict.fromkeys(
+    ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"),
+    "not a function of its inputs",
+))

@@ -25,7 +25,9 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
+    InputTypes,
     KeepView,
     OpNode,
     Reader,
@@ -34,6 +36,7 @@ from onnxshrink.core import (
     register,
 )
 from onnxshrink.ops.common import along
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
 
 class _Recurrent(Handler):
@@ -236,6 +239,14 @@ class DynamicQuantizeLSTM(_Recurrent):
     its gates are those of the float LSTM's zero unit), and an input feature only where X is
     zero (a live unit, or a nonzero feature, no kept unit reads would still move the range)."""
 
+    types_unknown_to_inference = True
+
+    def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
+        """LSTM's Y, Y_h, Y_c of X [seq, batch, input] and W [dirs, ...]; X's type."""
+        x, w = inputs.known_dims(0), inputs.known_dims(1)
+        h = int(node.attrs.get("hidden_size", 0))
+        return [(dims, inputs.dtype(0)) for dims in ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])]
+
     gates = 4
     peepholes = True
     state_inputs = (5, 6)
@@ -379,3 +390,26 @@ def _constant_weights(node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.nda
     if w is None or r is None or (b_t is not None and b is None) or h <= 0:
         return None
     return w, r, b, h
+
+
+# ------------------------------------------------------------------ oracle cases
+def _recurrent_case(op: str, rng: np.random.Generator) -> OracleCase:
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    seq, batch, feat, h = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(2, 5)), int(rng.integers(2, 5))
+    dirs = int(rng.integers(1, 3))
+    ins = [("x", "float", [seq, batch, feat]), ("W", "float", [dirs, gates * h, feat]),
+           ("R", "float", [dirs, gates * h, h]), ("B", "float", [dirs, 2 * gates * h])]  # fmt: skip
+    y = [seq, dirs, batch, h]
+    direction = "bidirectional" if dirs == 2 else "forward"
+    body = f'y, yh = {op} <hidden_size = {h}, direction = "{direction}"> (x, W, R, B)'
+    units = zero_rows(rng, h)
+    rows = [g * h + u for g in range(gates) for u in units]
+    zero = {"R": np.s_[:, :, units]} if rng.random() < 0.5 else {"W": np.s_[:, rows], "R": np.s_[:, rows]}
+    return OracleCase(op, sig(ins, [("y", y), ("yh", [dirs, batch, h])]) + f" {{ {body} }}", 17, zero=zero,
+                      needs={**needs(rng, "y", y), **needs(rng, "yh", [dirs, batch, h])})
+
+
+declare_cases(
+    dict.fromkeys(("LSTM", "GRU", "RNN"), _recurrent_case),
+    excluded={"DynamicQuantizeLSTM": "integer weights only; tests/ops/test_recurrent.py"},
+)

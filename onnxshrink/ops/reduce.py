@@ -39,6 +39,7 @@ from onnxshrink.core import (
 )
 from onnxshrink.ops.common import dtype_of, ints
 from onnxshrink.ops.norm import rescale_rms, rms_chain
+from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig
 
 
 def centered_square(node: gs.Node, reader: Reader) -> tuple[gs.Tensor, gs.Tensor] | None:
@@ -287,3 +288,22 @@ class Reduce(Handler):
         removed_squares = rw.add_node("Mul", [square, removed_share], "removed_squares", dtype=dtype)
         rw.add_to_output(y.inputs[0], 0, removed_squares)
         rw.record_fold(node, removed, "variance with its original divisor")
+
+
+# ------------------------------------------------------------------ oracle cases
+def _reduce_case(op: str, rng: np.random.Generator) -> OracleCase:
+    x = [1, int(rng.integers(2, 5)), 3, 2]
+    axes = sorted(rng.choice(4, size=int(rng.integers(1, 3)), replace=False).tolist())
+    keep = int(rng.integers(0, 2))
+    y = [1 if a in axes else d for a, d in enumerate(x)] if keep else [d for a, d in enumerate(x) if a not in axes]
+    opset = 18 if rng.random() < 0.5 else 11
+    if opset >= 18 or op == "ReduceSum" and opset >= 13:
+        text = sig([("x", "float", x), ("A", "int64", [len(axes)])], [("y", y)])
+        return OracleCase(op, text + f" {{ y = {op} <keepdims = {keep}> (x, A) }}", opset, values={"A": axes},
+                          needs=needs(rng, "y", y))
+    text = sig([("x", "float", x)], [("y", y)])
+    return OracleCase(op, text + f" {{ y = {op} <axes = [{', '.join(map(str, axes))}], keepdims = {keep}> (x) }}",
+                      opset, needs=needs(rng, "y", y))
+
+
+declare_cases(dict.fromkeys(REDUCE, _reduce_case))

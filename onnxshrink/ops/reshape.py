@@ -38,6 +38,7 @@ from onnxshrink.core import (
     sized_dims,
 )
 from onnxshrink.ops.common import couple_broadcast, ints
+from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig
 
 Group = tuple[list[int], list[int]]
 
@@ -701,6 +702,9 @@ class Expand(Handler):
     """Broadcast to a shape: a copied axis ties to the input; a new or widened one is free to
     keep any subset (its elements are copies), as long as the target size is rewritten."""
 
+    def form_since(self, op: str) -> int:
+        return 8  # the target shape as an input
+
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
 
@@ -786,3 +790,38 @@ class Range(Handler):
         for t in node.inputs:
             ks.demand(t)
         ks.pin(node.outputs[0])
+
+
+# ------------------------------------------------------------------ oracle cases
+def _reshape_case(op: str, rng: np.random.Generator) -> OracleCase:
+    """Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand of an input [1, c, h, w]."""
+    c, h, w = layout_dims(rng)
+    x = [1, c, h, w]
+    ins = [("x", "float", x)]
+    if op == "Reshape":
+        y = [1, c, h * w] if rng.random() < 0.5 else [1, 2, c // 2, h, w]
+        ins.append(("S", "int64", [len(y)]))
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Reshape (x, S) }", 17, values={"S": y}, needs=needs(rng, "y", y))
+    if op == "Flatten":
+        return OracleCase(op, sig(ins, [("y", [1, c * h * w])]) + " { y = Flatten (x) }", 17, needs=needs(rng, "y", [1, c * h * w]))
+    if op == "Transpose":
+        perm = [0, *(1 + rng.permutation(3)).tolist()]
+        y = [x[p] for p in perm]
+        return OracleCase(op, sig(ins, [("y", y)]) + f" {{ y = Transpose <perm = [{', '.join(map(str, perm))}]> (x) }}", 17,
+                          needs=needs(rng, "y", y))
+    if op == "Squeeze":
+        ins.append(("A", "int64", [1]))
+        return OracleCase(op, sig(ins, [("y", [c, h, w])]) + " { y = Squeeze (x, A) }", 17, values={"A": [0]}, needs=needs(rng, "y", [c, h, w]))
+    if op == "Unsqueeze":
+        ins.append(("A", "int64", [1]))
+        y = [1, c, 1, h, w]
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Unsqueeze (x, A) }", 17, values={"A": [2]}, needs=needs(rng, "y", y))
+    ins = [("x", "float", [1, c, 1, w]), ("S", "int64", [4])]  # Expand
+    y = [2, c, h, w]
+    return OracleCase(op, sig(ins, [("y", y)]) + " { y = Expand (x, S) }", 17, values={"S": y}, needs=needs(rng, "y", y))
+
+
+declare_cases(
+    dict.fromkeys(("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Expand"), _reshape_case),
+    excluded={"ConstantOfShape": "reads a shape, not data", "Range": "reads scalars, not data"},
+)

@@ -7,6 +7,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.core import DimRef, Handler, KeepView, Opaque, ShapeView, SymValue, register
+from onnxshrink.ops.oracle import declare_cases
 
 
 class _SizesOf(Handler):
@@ -37,3 +38,6 @@ class Size(_SizesOf):
         x = node.inputs[0]
         r = ir.rank(x) or 0
         return SymValue((Opaque(frozenset(DimRef(x.name, a) for a in range(r))),), scalar=True)
+
+
+declare_cases(excluded={"Shape": "reads sizes only", "Size": "reads sizes only"})

@@ -20,6 +20,7 @@ from onnxshrink.core import (
     register,
 )
 from onnxshrink.ops.common import channelwise_constants, ints
+from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig
 
 
 def _per_axis(
@@ -186,6 +187,9 @@ class Resize(Handler):
 # ------------------------------------------------------------------ Tile
 @register("Tile")
 class Tile(Handler):
+    def form_since(self, op: str) -> int:
+        return 6  # the repeats as an input
+
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
 
@@ -205,3 +209,31 @@ class Tile(Handler):
             return
         touched = {a for a, k in enumerate(reps.reshape(-1)) if int(k) != 1}
         _per_axis(node, ks, x, y, touched, Reason("structure", node.name, node.op, "tiled axis"))
+
+
+# ------------------------------------------------------------------ oracle cases
+def _spatial_case(op: str, rng: np.random.Generator) -> OracleCase:
+    """Pad, Resize, Upsample, Tile of an input [1, c, h, w]."""
+    c, h, w = layout_dims(rng)
+    x = [1, c, h, w]
+    ins = [("x", "float", x)]
+    if op == "Pad":
+        ins.append(("P", "int64", [8]))
+        y = [1, c, h + 2, w + 1]
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Pad (x, P) }", 17, values={"P": [0, 0, 1, 0, 0, 0, 1, 1]},
+                          needs=needs(rng, "y", y))
+    if op == "Tile":
+        ins.append(("R", "int64", [4]))
+        y = [1, c, 2 * h, w]
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Tile (x, R) }", 17, values={"R": [1, 1, 2, 1]}, needs=needs(rng, "y", y))
+    y = [1, c, 2 * h, 2 * w]
+    if op == "Upsample":
+        ins.append(("S", "float", [4]))
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Upsample (x, S) }", 9, values={"S": [1, 1, 2, 2]},
+                          needs=needs(rng, "y", y))
+    ins += [("R", "float", [0]), ("S", "float", [4])]
+    return OracleCase(op, sig(ins, [("y", y)]) + " { y = Resize (x, R, S) }", 17, values={"R": [], "S": [1, 1, 2, 2]},
+                      needs=needs(rng, "y", y))
+
+
+declare_cases(dict.fromkeys(("Pad", "Resize", "Upsample", "Tile"), _spatial_case))

@@ -30,12 +30,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxshrink.core.handler import Handler
 from onnxshrink.io.weights import WeightStore
 from onnxshrink.ir import all_graphs
-from onnxshrink.prepare.shapes import FLOAT_TYPES
+from onnxshrink.ops import handler_for_op
+from onnxshrink.prepare.shapes import FLOAT_TYPES, default_opset
 
-# Ops whose value is drawn, not computed: never constants.
-_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 # Past this many bytes of products, the model is left as written (they would be held in memory).
 MAX_FOLDED_BYTES = 1 << 30
 
@@ -45,6 +45,15 @@ class _Component:
     nodes: list[int] = field(default_factory=list)
     leaves: set[str] = field(default_factory=set)  # initializers and Constant outputs read
     outputs: list[str] = field(default_factory=list)  # computed tensors a non-constant node reads
+
+
+def _is_constant(handler: Handler | None) -> bool:
+    return handler is not None and handler.is_constant
+
+
+def _is_constant_node(node: onnx.NodeProto, opset: int) -> bool:
+    """A Constant node (its handler says: a value read from no input)."""
+    return _is_constant(handler_for_op(node.op_type, node.domain, opset))
 
 
 def _tensor_bytes(elem_type: int, dims: list[int]) -> int:
@@ -79,15 +88,14 @@ def _plan(model: onnx.ModelProto) -> _Plan | None:
     if model.ir_version >= 4:  # an initializer listed as an input can be fed: not a constant
         inits = {k: t for k, t in inits.items() if k not in graph_inputs}
     nodes = list(g.node)
-    const_nodes = {
-        k
-        for k, n in enumerate(nodes)
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1
-    }
+    opset = default_opset(model)
+    handlers = [handler_for_op(n.op_type, n.domain, opset) for n in nodes]
+    const_nodes = {k for k, n in enumerate(nodes) if _is_constant(handlers[k]) and len(n.output) == 1}
+    drawn = {k for k, h in enumerate(handlers) if h is not None and h.draws_random}  # never constants
     constant = set(inits) | {nodes[k].output[0] for k in const_nodes}
     computed: list[int] = []
     for k, n in enumerate(nodes):
-        if k in const_nodes or not n.input or n.domain not in ("", "ai.onnx") or n.op_type in _RANDOM:
+        if k in const_nodes or not n.input or n.domain not in ("", "ai.onnx") or k in drawn:
             continue
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
             continue
@@ -159,7 +167,8 @@ def fold_computed_weights(
     for n in kept_nodes:
         still_read |= set(n.input) | _subgraph_reads(n)
     del g.node[:]
-    g.node.extend(n for n in kept_nodes if not (n.op_type == "Constant" and n.output[0] not in still_read))
+    opset = default_opset(model)
+    g.node.extend(n for n in kept_nodes if not (_is_constant_node(n, opset) and n.output[0] not in still_read))
     keep_inits = [t for t in g.initializer if t.name in still_read]
     del g.initializer[:]
     g.initializer.extend(keep_inits)
@@ -263,7 +272,8 @@ def _evaluate(
             feeds[name] = np.asarray(store.array(t, base_dir or "."))
         else:
             feeds[name] = numpy_helper.to_array(t)
-    const_outputs = {nodes[k].output[0]: k for k, n in enumerate(nodes) if n.op_type == "Constant" and n.output}
+    opset = default_opset(model)
+    const_outputs = {nodes[k].output[0]: k for k, n in enumerate(nodes) if _is_constant_node(n, opset) and n.output}
     sub_nodes = [nodes[const_outputs[x]] for x in sorted(comp.leaves) if x in const_outputs]
     sub_nodes += [nodes[k] for k in sorted(comp.nodes)]
     graph = helper.make_graph(

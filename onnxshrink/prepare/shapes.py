@@ -9,12 +9,20 @@ static the dims that do not depend on the dynamic input sizes.
 from __future__ import annotations
 
 import functools
+import sys
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink.core.handler import Dims, OpNode
+from onnxshrink.io.skeleton import FLOAT_TYPES as FLOAT_TYPES
+from onnxshrink.io.skeleton import checkable as checkable
+from onnxshrink.io.skeleton import heavy, onnx_knows, skeleton
+from onnxshrink.io.skeleton import runtime_schemas as runtime_schemas
 from onnxshrink.ir import all_graphs
+from onnxshrink.ops import facts, handler_for_op
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -22,104 +30,6 @@ def default_opset(model: onnx.ModelProto) -> int:
         if o.domain in ("", "ai.onnx"):
             return int(o.version)
     return 1
-
-
-FLOAT_TYPES = {
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.DOUBLE,
-    onnx.TensorProto.BFLOAT16,
-}
-
-
-def skeleton(
-    model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None
-) -> onnx.ModelProto:
-    """The model without its large float weights' data (shape inference needs only their dims;
-    small float constants such as Resize scales stay), its graph inputs optionally fixed to
-    concrete shapes."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    g = light.graph
-    g.name = model.graph.name or "graph"
-    g.node.extend(model.graph.node)
-    g.output.extend(model.graph.output)
-    listed = model.ir_version < 4  # IR 3: every initializer is also a graph input
-    for t in model.graph.initializer:
-        if _heavy(t):
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
-            g.initializer.append(t)
-            if listed:
-                g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    inits = {t.name for t in model.graph.initializer}
-    for i in model.graph.input:
-        if i.name in inits:
-            continue
-        vi = g.input.add()
-        vi.CopyFrom(i)
-        if input_shapes and i.name in input_shapes:
-            for d, v in zip(vi.type.tensor_type.shape.dim, input_shapes[i.name], strict=False):
-                d.Clear()
-                d.dim_value = int(v)
-    for body in list(all_graphs(g))[1:]:  # a body's weights: outer inputs of the skeleton
-        heavy = [t for t in body.initializer if _heavy(t)]
-        if heavy:
-            light_ones = [t for t in body.initializer if not _heavy(t)]
-            g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in heavy)
-            del body.initializer[:]
-            body.initializer.extend(light_ones)
-    return light
-
-
-def _heavy(t: onnx.TensorProto) -> bool:
-    """A weight whose data shape inference does not need: stored externally, or a float tensor
-    of more than 64 elements."""
-    external = t.data_location == onnx.TensorProto.EXTERNAL
-    return external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64)
-
-
-def _onnx_knows(node: onnx.NodeProto) -> bool:
-    return node.domain in ("", "ai.onnx") and onnx.defs.has(node.op_type)
-
-
-@functools.cache
-def runtime_schemas() -> frozenset[tuple[str, str]]:
-    """(domain, op) of every op onnxruntime has a schema for ("" for the ONNX domain)."""
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as rt
-
-        schemas = rt.get_all_operator_schema()
-    except Exception:
-        return frozenset()
-    return frozenset(("" if s.domain == "ai.onnx" else s.domain, s.name) for s in schemas)
-
-
-@functools.cache
-def _runtime_onnx_ops() -> frozenset[str]:
-    """Ops onnxruntime defines in the ONNX domain that onnx does not (its contrib
-    SimplifiedLayerNormalization, which its transformer optimizer writes)."""
-    return frozenset(op for domain, op in runtime_schemas() if domain == "" and not onnx.defs.has(op))
-
-
-RUNTIME_DOMAIN = "onnxshrink.onnxruntime_onnx_domain"
-
-
-def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A skeleton onnx's checker can check: ops onnxruntime defines in the ONNX domain and onnx
-    does not are moved to a domain of their own, which the checker leaves alone (everything
-    else is checked as usual)."""
-    light = skeleton(model)
-    moved = False
-    for n in light.graph.node:
-        if not _onnx_knows(n) and n.op_type in _runtime_onnx_ops():
-            n.domain = RUNTIME_DOMAIN
-            moved = True
-    if moved:
-        light.opset_import.append(onnx.helper.make_opsetid(RUNTIME_DOMAIN, 1))
-    return light
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list | None:
@@ -211,37 +121,26 @@ def _resized_slices(
     model: onnx.ModelProto, probe_sizes: dict[str, list[int]], probed: dict[str, onnx.ValueInfoProto]
 ) -> onnx.ModelProto | None:
     """The skeleton at `probe_sizes` (`probed`: its inferred shapes) with each Slice of an axis
-    that is dynamic in `model`, whose output size varies with that size (ops.concat.size_varies),
-    made to output one element more (or fewer) there; None when the model has none."""
-    from onnxshrink.ops.concat import size_varies, sliced_size
-
+    that is dynamic in `model`, whose output size varies with that size (its handler's
+    `resized_bounds`), made to output one element more (or fewer) there; None when the model
+    has none."""
+    opset = default_opset(model)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for n in model.graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        handler, op = facts(n, opset)
+        value = handler.constant_value(op) if handler is not None else None
+        if value is not None:
+            consts[n.output[0]] = value
     dims = {vi.name: _dims(vi) for vi in [*model.graph.input, *model.graph.value_info]}
     resized: dict[int, list[list[int]]] = {}  # node index -> its starts, ends, axes, steps
     for k, node in enumerate(model.graph.node):
-        # (opset < 10 gives the bounds as attributes: rare enough to leave to the two probes)
-        if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+        handler, op = facts(node, opset)
+        base = dims.get(node.input[0]) if node.input else None
+        now = _dims(probed[node.input[0]]) if node.input and node.input[0] in probed else None
+        if handler is None or base is None or now is None or len(base) != len(now):
             continue
-        ins = list(node.input) + [""] * (5 - len(node.input))
-        if any(i and i not in consts for i in ins[1:]):
-            continue
-        starts, ends = (consts[i].reshape(-1).tolist() for i in ins[1:3])
-        axes = consts[ins[3]].reshape(-1).tolist() if ins[3] else list(range(len(starts)))
-        steps = consts[ins[4]].reshape(-1).tolist() if ins[4] else [1] * len(starts)
-        base = dims.get(node.input[0])
-        now = _dims(probed[node.input[0]]) if node.input[0] in probed else None
-        if base is None or now is None or len(base) != len(now):
-            continue
-        bounds = [list(starts), list(ends), axes, list(steps)]
-        for j, (a, st, en, sp) in enumerate(zip(axes, starts, ends, steps, strict=True)):
-            size = now[a + len(base) if a < 0 else a]
-            if isinstance(base[a], int) or not isinstance(size, int) or size < 1 or not size_varies(st, en, sp):
-                continue
-            c = sliced_size(size, st, en, sp)
-            bounds[0][j], bounds[1][j], bounds[3][j] = 0, c + 1 if c < size else c - 1, 1
+        bounds = handler.resized_bounds(op, consts, base, now)
+        if bounds is not None:
             resized[k] = bounds
     if not resized:
         return None
@@ -263,8 +162,6 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
     skeleton): shape inference propagates values through Shape/Gather/Concat but not through
     e.g. the legacy exporter's Where(Equal(c, -1), 1, c) that builds an Expand target, and
     without the value every size downstream of it is unknown."""
-    from onnxshrink.ops import handler_for_op
-
     opset = default_opset(model)
 
     g = model.graph
@@ -323,14 +220,14 @@ def contrib_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     optimizer writes), so every shape after one is unknown. onnxruntime's symbolic shape
     inference knows them: used for models that have ops onnx does not know (custom ones too:
     where it knows nothing either, what onnx inferred stays)."""
-    if all(_onnx_knows(n) for n in model.graph.node):
+    if all(onnx_knows(n) for n in model.graph.node):
         return model
     try:
         SymbolicShapeInference = _symbolic_shape_inference()  # noqa: N806  (a class)
         # Its `infer_shapes` raises when one node's shapes stay unknown (and saves the model to
         # the working directory first): run its steps and keep whatever it inferred.
         infer = SymbolicShapeInference(2**31 - 1, True, False, 0)
-        infer.dispatcher_.update(_quantized_rules(infer))
+        infer.dispatcher_.update(_declared_rules(infer, model))
         infer._preprocess(model)
         while infer.run_:
             infer._infer_impl()
@@ -363,103 +260,79 @@ def _symbolic_shape_inference() -> type:
     return sys.modules[name].SymbolicShapeInference
 
 
-def _quantized_rules(infer) -> dict:
-    """Shape rules for onnxruntime's quantized contrib ops (the QOperator form
-    onnxruntime.quantization writes) that its symbolic shape inference lacks: each has the
-    shapes of its float op. `infer` is a SymbolicShapeInference."""
-    import sys
+def _declared_rules(infer, model: onnx.ModelProto) -> dict:
+    """Shape rules, by op type as `infer` (a SymbolicShapeInference) dispatches them, for the
+    model's ops whose handlers declare the output types shape inference lacks (onnxruntime's
+    QOperator contrib ops, which onnxruntime.quantization writes)."""
+    opset = default_opset(model)
 
-    from onnx import helper
+    def rule(node: onnx.NodeProto) -> None:
+        handler = handler_for_op(node.op_type, node.domain, opset)
+        if handler is None or not handler.types_unknown_to_inference:
+            return
+        types = handler.output_types(OpNode.of(node), _InferredTypes(infer, node))
+        for name, typed in zip(node.output, types or [], strict=False):
+            if name and typed is not None:
+                infer.known_vi_[name].CopyFrom(onnx.helper.make_tensor_value_info(name, typed[1], typed[0]))
 
-    def attr(node: onnx.NodeProto, name: str, default: int) -> int:
-        return next((int(a.i) for a in node.attribute if a.name == name), default)
+    declared = set()
+    for graph in all_graphs(model.graph):
+        for n in graph.node:
+            handler = handler_for_op(n.op_type, n.domain, opset)
+            if handler is not None and handler.types_unknown_to_inference:
+                declared.add(n.op_type)
+    return dict.fromkeys(declared, rule)
 
-    def put(node: onnx.NodeProto, shape: list, dtype: int) -> None:
-        vi = helper.make_tensor_value_info(node.output[0], dtype, shape)
-        infer.known_vi_[node.output[0]].CopyFrom(vi)
 
-    def dtype(name: str) -> int:
-        return infer.known_vi_[name].type.tensor_type.elem_type
+class _InferredTypes:
+    """A node's inputs as onnxruntime's symbolic shape inference `infer` knows them (the
+    `InputTypes` a handler's `output_types` reads)."""
 
-    def same(node: onnx.NodeProto) -> None:  # QLinearSoftmax, QLinearSigmoid, QLinearLeakyRelu
-        put(node, infer._get_shape(node, 0), dtype(node.input[0]))
+    def __init__(self, infer, node: onnx.NodeProto) -> None:
+        self.infer = infer
+        self.node = node
 
-    def global_pool(node: onnx.NodeProto) -> None:
-        x = infer._get_shape(node, 0)
-        c = len(x) - 1 if attr(node, "channels_last", 0) else 1
-        put(node, [d if a in (0, c) else 1 for a, d in enumerate(x)], dtype(node.input[0]))
+    def dims(self, i: int) -> Dims | None:
+        return self.infer._get_shape(self.node, i)
 
-    def qgemm(node: onnx.NodeProto) -> None:
-        a, b = infer._get_shape(node, 0), infer._get_shape(node, 3)
-        m = a[1] if attr(node, "transA", 0) else a[0]
-        n = b[0] if attr(node, "transB", 0) else b[1]
-        y_zp = len(node.input) > 8 and node.input[8]
-        put(node, [m, n], dtype(node.input[8]) if y_zp else onnx.TensorProto.FLOAT)
+    def known_dims(self, i: int) -> Dims:
+        dims = self.dims(i)
+        if dims is None:
+            raise LookupError(f"{self.node.input[i]}: no shape")
+        return dims
 
-    def concat(node: onnx.NodeProto) -> None:  # Y_scale, Y_zp, then (X, X_scale, X_zp) per input
-        shapes = [infer._get_shape(node, i) for i in range(2, len(node.input), 3)]
-        axis = attr(node, "axis", 0)
-        axis = axis + len(shapes[0]) if axis < 0 else axis
-        sizes = [s[axis] for s in shapes]
-        out = list(shapes[0])
-        out[axis] = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
-        put(node, out, dtype(node.input[1]))
+    def dtype(self, i: int) -> int:
+        return self.infer.known_vi_[self.node.input[i]].type.tensor_type.elem_type
 
-    def as_float_op(node: onnx.NodeProto, op: str, inputs: list[str], channels_last: bool) -> None:
-        """The shape of `op` (Conv, AveragePool) on `inputs` with node's attributes: its rule for
-        symbolic spatial dims, onnx's inference (already run on `node`, or on the float op
-        here) for static ones; node's type. Left unknown where neither knows."""
-        like = helper.make_node(op, inputs, list(node.output[:1]))
+    def float_op_dims(self, op: str, inputs: Sequence[int], channels_last: bool = False) -> Dims | None:
+        """For symbolic dims, its conv/pool rule; for static ones, onnx's inference of the float
+        op, unless onnx's inference of the node itself (already run) knows them."""
+        node, infer = self.node, self.infer
+        like = onnx.helper.make_node(op, [node.input[i] for i in inputs], list(node.output[:1]))
         like.attribute.extend(a for a in node.attribute if a.name != "channels_last")
-        x = infer._get_shape(node, 0)
+        x = self.dims(0)
         if x is None:
-            return
+            return None
         if all(isinstance(d, int) for d in x):
-            if op == "Conv":  # onnx's QLinearConv inference knows static shapes
-                return
-            first = [x[0], x[-1], *x[1:-1]] if channels_last else list(x)
-            graph = helper.make_graph(
-                [like], "pool", [helper.make_tensor_value_info(inputs[0], onnx.TensorProto.FLOAT, first)],
-                [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
-            )
-            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-            y = _dims(onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0])
-            if y is not None:
-                put(node, [y[0], *y[2:], y[1]] if channels_last else y, dtype(node.input[0]))
-            return
+            return None if onnx_knows(node) else _static_float_op_dims(like, x, channels_last)
         shape = infer._compute_conv_pool_shape(like, channels_last)
         infer._update_computed_dims(shape)
-        put(node, sys.modules[type(infer).__module__].get_shape_from_sympy_shape(shape), dtype(node.input[0]))
+        return sys.modules[type(infer).__module__].get_shape_from_sympy_shape(shape)
 
-    def pool(node: onnx.NodeProto) -> None:  # QLinearAveragePool: AveragePool on X
-        as_float_op(node, "AveragePool", [node.input[0]], bool(attr(node, "channels_last", 0)))
 
-    def conv(node: onnx.NodeProto) -> None:  # QLinearConv: Conv of x and w, y_zero_point's type
-        as_float_op(node, "Conv", [node.input[0], node.input[3]], False)
-        if len(node.input) > 7 and node.input[7]:
-            vi = infer.known_vi_[node.output[0]]
-            vi.type.tensor_type.elem_type = dtype(node.input[7])
-
-    def lstm(node: onnx.NodeProto) -> None:  # DynamicQuantizeLSTM: X [seq, batch, in], W [dirs, ...]
-        x, w = infer._get_shape(node, 0), infer._get_shape(node, 1)
-        h = attr(node, "hidden_size", 0)
-        shapes = ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])
-        for name, shape in zip(node.output, shapes, strict=False):
-            if name:
-                vi = helper.make_tensor_value_info(name, dtype(node.input[0]), shape)
-                infer.known_vi_[name].CopyFrom(vi)
-
-    return {
-        "QLinearAveragePool": pool,
-        "QLinearConv": conv,
-        "DynamicQuantizeLSTM": lstm,
-        "QLinearSoftmax": same,
-        "QLinearSigmoid": same,
-        "QLinearLeakyRelu": same,
-        "QLinearGlobalAveragePool": global_pool,
-        "QGemm": qgemm,
-        "QLinearConcat": concat,
-    }
+def _static_float_op_dims(like: onnx.NodeProto, x: Dims, channels_last: bool) -> Dims | None:
+    """Output 0's dims of `like` (a float op) on an input 0 of static dims `x`, by onnx's inference."""
+    helper = onnx.helper
+    first = [x[0], x[-1], *x[1:-1]] if channels_last else list(x)
+    graph = helper.make_graph(
+        [like], "pool", [helper.make_tensor_value_info(like.input[0], onnx.TensorProto.FLOAT, first)],
+        [helper.make_tensor_value_info(like.output[0], onnx.TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    y = _dims(onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0])
+    if y is None:
+        return None
+    return [y[0], *y[2:], y[1]] if channels_last else y
 
 
 def inferred_shapes(model: onnx.ModelProto, subgraphs: bool = False) -> list[onnx.ValueInfoProto]:
@@ -499,8 +372,10 @@ def _branch_shapes(model: onnx.ModelProto, inferred: onnx.ModelProto) -> list[on
     # the model's weights, and the constants folded in its skeleton (Constant nodes among them)
     inits = {t.name: t for t in [*model.graph.initializer, *inferred.graph.initializer]}
     out: list[onnx.ValueInfoProto] = []
+    opset = default_opset(model)
     for node in model.graph.node:
-        if node.op_type != "If":
+        handler = handler_for_op(node.op_type, node.domain, opset)
+        if handler is None or not handler.runs_one_body:
             continue
         for attr in node.attribute:
             if attr.type != onnx.AttributeProto.GRAPH or attr.g.input:
@@ -537,7 +412,7 @@ def _branch_model(
     for name in dict.fromkeys(read):
         if name in inits:
             t = inits[name]
-            if _heavy(t):
+            if heavy(t):
                 g.input.append(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
             else:
                 g.initializer.append(t)
