@@ -12,8 +12,7 @@ every index.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -21,16 +20,16 @@ import onnx_graphsurgeon as gs
 from onnx import helper, numpy_helper
 
 from onnxshrink import ir
+from onnxshrink.core.handler import OpNode
+from onnxshrink.core.registry import Lookup
 
 
-def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[str, tuple[str, int]]:
+def state_pairs(graph: gs.Graph, handler_for: Lookup) -> dict[str, tuple[str, int]]:
     """Graph output name -> (the graph input it extends, the axis it extends along), for every
     output each of whose producers (through Identity and If branches) is either a node whose
     handler says that output extends that graph input (`Handler.extends`: Concat(past, new), a
     fused attention's present), or a node not extending any graph input; each input paired with
     one output only."""
-    from onnxshrink.core.handler import OpNode
-
     inputs = {t.name for t in graph.inputs}
     pairs: dict[str, tuple[str, int]] = {}
     for out in graph.outputs:
@@ -42,7 +41,7 @@ def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[
                 break
             handler = handler_for(node)
             j = next(k for k, y in enumerate(node.outputs) if y is t)
-            extended = handler.extends(OpNode.of(node)).get(j) if handler is not None else None
+            extended = handler.extends(OpNode.of(node)).get(j)
             if extended is None:
                 continue
             i, axis = extended
@@ -71,7 +70,7 @@ def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[
     return pairs
 
 
-def free_axes(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[str, set[int]]:
+def free_axes(graph: gs.Graph, handler_for: Lookup) -> dict[str, set[int]]:
     """Graph input or output name -> the axes the interface does not pin: a state pair's axes
     other than the one it extends along."""
     out: dict[str, set[int]] = {}

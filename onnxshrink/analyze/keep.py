@@ -13,7 +13,7 @@ live node reads it and none of its axes is empty; a node is live when one of its
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,10 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.cache import free_axes
 from onnxshrink.analyze.constants import ConstContext
+from onnxshrink.analyze.coupling import CouplingLog
 from onnxshrink.analyze.replay import Replayed, ReplayError, reaches, replay
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
+from onnxshrink.core.registry import Lookup
 from onnxshrink.core.symbols import SymValue
 from onnxshrink.core.values import ConstInfo
 from onnxshrink.errors import InternalError
@@ -38,11 +40,11 @@ class KeepState:
         graph: gs.Graph,
         consts: ConstContext,
         syms: dict[str, SymValue],
-        handler_for: Callable[[gs.Node], Any],
+        handler_for: Lookup,
         pins: Iterable[AxisKey] = (),
         mode: str = "rules",
         free_inputs: bool = False,
-        log: Any = None,
+        log: CouplingLog | None = None,
     ):
         self.graph = graph
         # Records what the handlers tie and pin (analyze.coupling.CouplingLog), for the coupled
@@ -469,13 +471,9 @@ class KeepState:
         handler = self.handler_for(node)
         if node.outputs and all(t.name in self.syms for t in node.outputs) and not ir.bodies(node):
             # A shape computation: its values flow on symbolically; consumers decide.
-            sizes = handler.sizes_only if handler is not None else ()
             for i, t in enumerate(node.inputs):
                 if t is not None and t.name:
-                    self.demand(t, pin=i not in sizes)
-            return
-        if handler is None:
-            self.barrier(node, Reason("unsupported", node.name, node.op, "no handler for this op"))
+                    self.demand(t, pin=i not in handler.sizes_only)
             return
         self._visiting = node
         try:
@@ -605,12 +603,12 @@ class KeepState:
             if not self.node_live(node):
                 continue
             handler = self.handler_for(node)
-            if handler is not None and id(node) not in self.barriers:
+            if id(node) not in self.barriers:
                 handler.settle(node, self)
             for i, t in enumerate(node.inputs):
                 if t is None or t.name not in self.demanded:
                     continue
-                if handler is not None and i in handler.may_drop_inputs(node):
+                if i in handler.may_drop_inputs(node):
                     continue
                 self._keep_one_per_axis(t, Reason("structure", node.name, node.op, "an input needs at least one channel"))
         for t in self.graph.outputs:  # a graph output exists, even a state no other output reads

@@ -41,6 +41,7 @@ from onnxshrink.analyze.coupling import CouplingLog, Partition
 from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
 from onnxshrink.core.handler import OpNode, WeightAxes
 from onnxshrink.core.reasons import LIVE
+from onnxshrink.core.registry import Lookup
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 from onnxshrink.quantized import Dequant, along_axis, dequant_of, same_zero
 
@@ -694,7 +695,7 @@ class Branch:
     nodes: list[gs.Node]
 
 
-def residual_branches(graph: gs.Graph, handler_for: Any) -> list[Branch]:
+def residual_branches(graph: gs.Graph, handler_for: Lookup) -> list[Branch]:
     """Every Add of two tensors of its output's shape where one operand is a branch (the nodes
     only it reads hold a weight matrix) and the other is not: a residual branch."""
     from onnxshrink import ir
@@ -742,7 +743,7 @@ def _owned(t: gs.Tensor, add: gs.Node, order: dict[int, int], outputs: set[int])
     return list(owned.values())
 
 
-def _reads_matrix(node: gs.Node, handler_for: Any) -> bool:
+def _reads_matrix(node: gs.Node, handler_for: Lookup) -> bool:
     handler = handler_for(node)
     if handler is None:
         return False
