@@ -13,8 +13,8 @@ live node reads it and none of its axes is empty; a node is live when one of its
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -24,12 +24,16 @@ from onnxshrink.analyze.cache import free_axes
 from onnxshrink.analyze.constants import ConstContext
 from onnxshrink.analyze.coupling import CouplingLog
 from onnxshrink.analyze.replay import Replayed, ReplayError, reaches, replay
+from onnxshrink.core.handler import Dims
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
 from onnxshrink.core.registry import Lookup
 from onnxshrink.core.symbols import SymValue
 from onnxshrink.core.values import ConstInfo
+from onnxshrink.core.views import IndexMask
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
+
+T = TypeVar("T")
 
 
 class KeepState:
@@ -92,7 +96,7 @@ class KeepState:
             for body in ir.bodies(node):  # its handler ties the body's inputs and outputs
                 for t in [*body.inputs, *body.outputs]:
                     self._consumers.setdefault(t.name, []).append(node)
-        self._memo: dict = {}
+        self._memo: dict[Hashable, Any] = {}  # each key's own type: the compute it was given
         self._changes = 0
         self._queue: deque[gs.Node] = deque()
         self._queued: set[int] = set()
@@ -102,13 +106,13 @@ class KeepState:
         """Drop what was derived from the weights (kept sets and reasons stay)."""
         self._memo.clear()
 
-    def memo(self, key, compute):
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
         """Facts a handler derives from constants (e.g. a weight's zero pattern) once per run."""
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
 
-    def dims(self, t: gs.Tensor) -> list | None:
+    def dims(self, t: gs.Tensor) -> Dims | None:
         return ir.dims(t)
 
     def size(self, t: gs.Tensor, axis: int) -> int | None:
@@ -239,7 +243,7 @@ class KeepState:
             self.pin(t)
 
     def keep(
-        self, t: gs.Tensor, axis: int, mask, reason: Reason = LIVE, why: np.ndarray | None = None
+        self, t: gs.Tensor, axis: int, mask: IndexMask, reason: Reason = LIVE, why: np.ndarray | None = None
     ) -> None:
         st = self._state(t)
         arr = st[axis] if axis < len(st) else None
@@ -258,7 +262,7 @@ class KeepState:
         self._reasons(t, axis)[new] = why[new] if why is not None else self._rid(reason)
         self._touch(t)
 
-    def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
+    def need(self, t: gs.Tensor, axis: int, mask: IndexMask, why: np.ndarray | None = None) -> None:
         """The kept outputs of the node being visited read these indices of its input `t`.
         With --analysis replay, found by replaying the node instead, for the inputs a replay
         draws (computed, floating point); a weight's or an integer input's needs stay the rule's."""

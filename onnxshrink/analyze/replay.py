@@ -269,7 +269,7 @@ def _identity(a: np.ndarray) -> int | None:
         return held[1]
     address = id(a)
 
-    def gone(ref: weakref.ref, address: int = address) -> None:
+    def gone(ref: weakref.ref[np.ndarray], address: int = address) -> None:
         if _IDENTITIES.get(address, (None,))[0] is ref:
             del _IDENTITIES[address]
 
@@ -283,7 +283,7 @@ def _identity(a: np.ndarray) -> int | None:
 
 # Constants of this size and more are keyed by identity (`_identity`), smaller ones by bytes.
 _IDENTITY_BYTES = 1 << 16
-_IDENTITIES: dict[int, tuple[weakref.ref, int]] = {}
+_IDENTITIES: dict[int, tuple[weakref.ref[np.ndarray], int]] = {}
 _NUMBERS = itertools.count()
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
+from onnxshrink.core.handler import Dims
 from onnxshrink.core.symbols import DimRef, MaxOf, Prod, SymValue, item_size, opaque, own_axes
 from onnxshrink.core.views import ConstView, ShapeView
 
@@ -58,7 +59,7 @@ def sized_dims(
     *,
     broadcast: bool = False,
     zero_copies: bool = False,
-) -> list | None:
+) -> Dims | None:
     """Output dims from a size input (Expand and ConstantOfShape targets, Reshape's shape).
     `broadcast`: the size broadcasts with input 0's dims (Expand); `zero_copies`: a 0 copies
     the input's dim (Reshape), left as inferred."""
@@ -116,7 +117,7 @@ def sized_dims(
     return new
 
 
-def _inferred_dim(x: list | None, rest: list) -> int | None:
+def _inferred_dim(x: Dims | None, rest: Dims) -> int | None:
     """A Reshape's -1 dim: x's element count over the other output dims', when the dynamic
     dims cancel by name (shape inference leaves it unknown inside an If branch)."""
     if x is None:
@@ -126,9 +127,11 @@ def _inferred_dim(x: list | None, rest: list) -> int | None:
         if isinstance(d, str) and d in right:
             left.remove(d)
             right.remove(d)
-    if not all(isinstance(d, int) and d > 0 for d in [*left, *right]):
+    static_left = [d for d in left if isinstance(d, int) and d > 0]
+    static_right = [d for d in right if isinstance(d, int) and d > 0]
+    if len(static_left) != len(left) or len(static_right) != len(right):
         return None
-    num, den = int(np.prod(left, dtype=np.int64)), int(np.prod(right, dtype=np.int64))
+    num, den = int(np.prod(static_left, dtype=np.int64)), int(np.prod(static_right, dtype=np.int64))
     return num // den if den and num % den == 0 else None
 
 
@@ -140,7 +143,7 @@ def _dim_name(t: gs.Tensor, axis: int) -> str | None:
     return v if isinstance(v, str) and v and not v.startswith("unk__") else None
 
 
-def elementwise_dims(node: gs.Node, same_shape: bool) -> list | None:
+def elementwise_dims(node: gs.Node, same_shape: bool) -> Dims | None:
     """Unknown output dims from the inputs: copied for same-shape ops, broadcast otherwise
     (known when some input has a size > 1, or all share one symbol or 1)."""
     yd = ir.dims(node.outputs[0])

@@ -30,6 +30,7 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
     KeepView,
     OpNode,
@@ -166,7 +167,7 @@ class AxisNormalization(Handler):
     # amplifies one ulp of the mean): fold with the runtime's kernel, as the model will run it.
     evaluate_with_ort = True
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return elementwise_dims(node, same_shape=True)
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:

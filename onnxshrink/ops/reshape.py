@@ -19,6 +19,7 @@ from onnxshrink.core import (
     ConstInfo,
     ConstView,
     DimRef,
+    Dims,
     Handler,
     KeepView,
     MaxOf,
@@ -478,7 +479,7 @@ class Reshape(Handler):
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         return vector_of(node, view)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return sized_dims(node, ir.present(node, 1), consts, view, zero_copies=True)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
@@ -553,7 +554,7 @@ class Transpose(Handler):
     def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
         return self.perm(node, rank) if i == 0 else None
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         x, yd = ir.dims(node.inputs[0]), ir.dims(node.outputs[0])
         if x is None or yd is None or len(x) != len(yd):
             return None
@@ -605,7 +606,7 @@ class Squeeze(Handler):
             return SymValue(a.items, scalar=True)
         return opaque_value(node, view)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         x, yd = ir.dims(node.inputs[0]), ir.dims(node.outputs[0])
         axes = _squeeze_axes(node, consts, node.inputs[0])
         if x is None or yd is None or axes is None or len(x) - len(axes) != len(yd):
@@ -657,7 +658,7 @@ class Unsqueeze(Handler):
         axes = ints(node, reader, "axes", 1)
         return None if axes is None or r is None else ir.norm_axes(axes, r)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         x, yd, axes = ir.dims(node.inputs[0]), ir.dims(node.outputs[0]), self.axes(node, consts)
         if x is None or yd is None or axes is None or len(x) + len(axes) != len(yd):
             return None
@@ -717,7 +718,7 @@ class Expand(Handler):
             return SymValue(a.items * n)
         return a if n in (1, len(a.items)) else opaque_value(node, view)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return sized_dims(node, ir.present(node, 1), consts, view, broadcast=True)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
@@ -749,7 +750,7 @@ class Expand(Handler):
 
 @register("ConstantOfShape")
 class ConstantOfShape(Handler):
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return sized_dims(node, node.inputs[0], consts, view)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
