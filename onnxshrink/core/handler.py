@@ -118,6 +118,8 @@ class Handler:
     deterministic: ClassVar[bool] = True
     #: output 0 is input 0 itself (Identity): a name that stands for its input
     is_alias: ClassVar[bool] = False
+    #: output j is output j of whichever of its bodies runs (If): what it returns is made there
+    returns_body_outputs: ClassVar[bool] = False
 
     # -------------------------------------------------------------- analysis
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:

@@ -149,6 +149,8 @@ def fill_dims(y: gs.Tensor, new: Dims | None) -> Dims | None:
 
 @register("If")
 class If(Handler):
+    returns_body_outputs = True
+
     @staticmethod
     def branches(node: gs.Node) -> list[gs.Graph]:
         return [node.attrs["then_branch"], node.attrs["else_branch"]]
