@@ -51,6 +51,7 @@ from onnxshrink.ops.common import (
     couple_same,
     dtype_of,
     ints,
+    pin_normalized,
 )
 
 
@@ -183,12 +184,7 @@ class AxisNormalization(Handler):
         if r is None or axes is None:
             ks.barrier(node)
             return
-        ks.demand(x, pin=False)
-        why = Reason("normalization", node.name, node.op)
-        for a in axes:
-            ks.pin(x, a, why)
-            ks.pin(y, a, why)
-        couple_same(ks, node, x, y)
+        pin_normalized(ks, node, axes)
         for t in node.inputs[1:]:
             ks.demand(t)  # scale / bias over the normalized axes: kept whole
         for extra in node.outputs[1:]:  # saved mean / inverse std-dev (LayerNormalization)
