@@ -81,25 +81,32 @@ class KeepState:
         self.barriers: dict[int, Reason] = {}
         # id(node) -> (name, op, what a handler found worth reporting: a replay's finding)
         self.notes: dict[int, tuple[str, str, str]] = {}
-        self._consumers: dict[str, list[gs.Node]] = {}
-        self._producer: dict[str, gs.Node] = {}
         # tensor -> the nodes whose keep rule read its kept set (by id(node)): a rule may read a
         # tensor it neither reads nor writes (a Reshape whose target is Shape(t) ties its output
         # to t's axes), and must run again when that set grows, as for its own tensors.
         self._readers: dict[str, dict[int, gs.Node]] = {}
         self.nodes = ir.flat_nodes(graph)  # every node of every scope, in topological order
-        for node in self.nodes:
-            for t in node.inputs:
-                self._consumers.setdefault(t.name, []).append(node)
-            for t in node.outputs:
-                self._producer[t.name] = node
-            for body in ir.bodies(node):  # its handler ties the body's inputs and outputs
-                for t in [*body.inputs, *body.outputs]:
-                    self._consumers.setdefault(t.name, []).append(node)
+        self._consumers, self._producer = self._links(self.nodes)
         self._memo: dict[Hashable, Any] = {}  # each key's own type: the compute it was given
         self._changes = 0
         self._queue: deque[gs.Node] = deque()
         self._queued: set[int] = set()
+
+    @staticmethod
+    def _links(nodes: list[gs.Node]) -> tuple[dict[str, list[gs.Node]], dict[str, gs.Node]]:
+        """Each tensor's consumers (a node with bodies consumes their inputs and outputs too: its
+        handler ties them) and its producer, by name."""
+        consumers: dict[str, list[gs.Node]] = {}
+        producer: dict[str, gs.Node] = {}
+        for node in nodes:
+            for t in node.inputs:
+                consumers.setdefault(t.name, []).append(node)
+            for t in node.outputs:
+                producer[t.name] = node
+            for body in ir.bodies(node):
+                for t in [*body.inputs, *body.outputs]:
+                    consumers.setdefault(t.name, []).append(node)
+        return consumers, producer
 
     # ---------------------------------------------------------------- queries
     def forget(self) -> None:
