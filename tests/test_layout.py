@@ -160,7 +160,6 @@ LONG_FOR_NOW = {
     "onnxshrink.proof.comparison.compare",
     "onnxshrink.api.shrink",
     "onnxshrink.cli.main",
-    "onnxshrink.analyze.replay._replay",
     "onnxshrink.proof.qdq._integer_product",
     "onnxshrink.cli._print_result",
     "onnxshrink.cli._prune",
@@ -168,18 +167,13 @@ LONG_FOR_NOW = {
     "onnxshrink.ops.attention.keep",
     "onnxshrink.masks.normalize",
     "onnxshrink.export.export_and_shrink",
-    "onnxshrink.ops.recurrent.keep",
     "onnxshrink.proof.inputs.resolve_shapes",
     "onnxshrink.prune.sensitivity.write_html",
-    "onnxshrink.ops.conv.keep",
     "onnxshrink.io.runtime_config._update",
-    "onnxshrink.core.shape_rules.sized_dims",
     "onnxshrink.prune.allocate.plan",
     "onnxshrink.proof.emulate.emulated",
     "onnxshrink.bind.apply.apply_masks",
     "onnxshrink.rewrite.apply",
-    "onnxshrink.analyze.replay.replay",
-    "onnxshrink.analyze.keep.__init__",
 }
 
 
