@@ -39,7 +39,7 @@ from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze, lookup
 from onnxshrink.analyze.coupling import CouplingLog, Partition
 from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
-from onnxshrink.core.handler import OpNode, WeightAxes
+from onnxshrink.core.handler import Handler, OpNode, WeightAxes
 from onnxshrink.core.reasons import LIVE
 from onnxshrink.core.registry import Lookup
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
@@ -604,7 +604,7 @@ class _Finder:
             return Unit("gated_neuron" if self._gated(comp, handlers) else "neuron", 1)
         return Unit("channel", 1)
 
-    def _gated(self, comp: int, handlers: list) -> bool:
+    def _gated(self, comp: int, handlers: list[Handler]) -> bool:
         """Does an elementwise product of two operands carrying the component combine it?"""
         return any(
             h is not None and h.multiplies(OpNode.of(n)) and self._carriers(comp, n) >= 2
