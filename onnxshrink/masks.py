@@ -25,7 +25,7 @@ asks for them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +227,21 @@ def read_masks(path: str | Path, fmt: str = "auto") -> dict[str, np.ndarray]:
 
 def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet:
     """A masks file's content as {parameter name: mask}, in whatever format it came."""
+    fmt = _format(raw, fmt, source)
+    values = Values()
+    out = MaskSet(format=fmt, values=values)
+    if fmt == "torch-ao" and "state" in raw:
+        _from_sparsifier(raw, out, source)
+    elif fmt == "ao-data":
+        _from_data_sparsifier(raw, out, values, source)
+    else:  # every entry must be a tensor or an array
+        _FROM_LEAVES.get(fmt, _from_flat)(leaves(raw, source), out, values, source)
+    _check_found(out, source)
+    return out
+
+
+def _format(raw: Mapping, fmt: str, source: str) -> str:
+    """The format `raw` is read as (`fmt`, or detected), once it is known to be one."""
     if fmt not in MASKS_FORMATS:
         raise ShrinkError(f"--masks-format {fmt}: choose one of {', '.join(MASKS_FORMATS)}.")
     if not isinstance(raw, Mapping) or not raw:
@@ -240,69 +255,104 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
             f"{{parameter: {{'mask': tensor}}}} a torch.ao sparsifier saves (format '{fmt}'). Give "
             "the sparsifier's state_dict(), or a flat dict of {name: mask}."
         )
-    out = MaskSet(format=fmt)
-    values = Values()
-    out.values = values
-    if fmt == "torch-ao" and "state" in raw:
-        for fqn, st in raw["state"].items():
-            if isinstance(st, Mapping) and "mask" in st:
-                out.masks[fqn] = read_mask(fqn, st["mask"], source)
-    elif fmt == "ao-data":
-        container = _leaves(raw.get("_container", {}))
-        for name, st in raw["state"].items():
-            if isinstance(st, Mapping) and "mask" in st:
-                out.masks[name] = read_mask(name, st["mask"], source)
-                orig = container.get(f"parametrizations.{name}.original")
-                if orig is not None:
-                    values[name] = orig
-    else:
-        flat = leaves(raw, source)  # every entry must be a tensor or an array
-        if fmt == "torch-prune":
-            for k, v in flat.items():
-                if k.endswith("_mask"):
-                    out.masks[k[: -len("_mask")]] = read_mask(k, v, source)
-                elif k.endswith("_orig"):
-                    values[k[: -len("_orig")]] = v
-        elif fmt == "nni-wrapped":
-            for k, v in flat.items():
-                found = _NNI_WRAPPED.match(k)
-                if found is None:
-                    continue
-                name = ".".join(p for p in (found["module"], found["param"]) if p)
-                if found["mask"]:
-                    out.masks[name] = read_mask(k, v, source)
-                else:
-                    values[name] = v
-        elif fmt == "torch-ao":
-            for k, v in flat.items():
-                found = _PARAM.match(k)
-                if found is None:
-                    continue
-                name = f"{found['module']}.{found['param']}"
-                if k.endswith(".mask"):
-                    out.masks[name] = read_mask(k, v, source)
-                else:
-                    values[name] = v
-        elif fmt == "dpu":
-            for k, v in flat.items():
-                module = k[: -len(".mask")] if k.endswith(".mask") else k
-                arr = v.read()
-                check_binary(k, arr, source)
-                flags = np.array(arr.reshape(-1))  # one flag per output channel: small
-                v.done(arr)
-                out.masks[f"{module}.weight"] = flags
-                out.masks[f"{module}.bias"] = flags
-                out.optional.add(f"{module}.bias")
-        elif fmt == "state-dict":
-            for k, v in flat.items():
-                if np.issubdtype(v.dtype, np.floating):
-                    arr = v.read()
-                    out.masks[k] = compact(arr != 0)
-                    v.done(arr)
-                    values[k] = v
-        else:  # flat, nni; `onnx/NAME`: an ONNX tensor with no framework name (--masks-out)
-            out.masks = {k.removeprefix(ONNX_SECTION): read_mask(k, v, source) for k, v in flat.items()}
-    if not out.masks and fmt == "torch-ao" and len(values):
+    return fmt
+
+
+def _from_sparsifier(raw: Mapping, out: MaskSet, source: str) -> None:
+    """torch-ao: a sparsifier's state_dict(), {"state": {fqn: {"mask": m}}, "groups": ...}."""
+    for fqn, st in raw["state"].items():
+        if isinstance(st, Mapping) and "mask" in st:
+            out.masks[fqn] = read_mask(fqn, st["mask"], source)
+
+
+def _from_data_sparsifier(raw: Mapping, out: MaskSet, values: Values, source: str) -> None:
+    """ao-data: a data sparsifier's state_dict(), its data's original values in its container."""
+    container = _leaves(raw.get("_container", {}))
+    for name, st in raw["state"].items():
+        if isinstance(st, Mapping) and "mask" in st:
+            out.masks[name] = read_mask(name, st["mask"], source)
+            orig = container.get(f"parametrizations.{name}.original")
+            if orig is not None:
+                values[name] = orig
+
+
+def _from_torch_prune(flat: dict[str, Leaf], out: MaskSet, values: Values, source: str) -> None:
+    """torch-prune: "w_mask" with "w_orig"."""
+    for k, v in flat.items():
+        if k.endswith("_mask"):
+            out.masks[k[: -len("_mask")]] = read_mask(k, v, source)
+        elif k.endswith("_orig"):
+            values[k[: -len("_orig")]] = v
+
+
+def _from_nni_wrapped(flat: dict[str, Leaf], out: MaskSet, values: Values, source: str) -> None:
+    """nni-wrapped: "m._nni_wrapper.w" with "..w_mask"."""
+    for k, v in flat.items():
+        found = _NNI_WRAPPED.match(k)
+        if found is None:
+            continue
+        name = ".".join(p for p in (found["module"], found["param"]) if p)
+        if found["mask"]:
+            out.masks[name] = read_mask(k, v, source)
+        else:
+            values[name] = v
+
+
+def _from_parametrized(flat: dict[str, Leaf], out: MaskSet, values: Values, source: str) -> None:
+    """torch-ao: the state dict of a model a sparsifier prepared (its parametrizations)."""
+    for k, v in flat.items():
+        found = _PARAM.match(k)
+        if found is None:
+            continue
+        name = f"{found['module']}.{found['param']}"
+        if k.endswith(".mask"):
+            out.masks[name] = read_mask(k, v, source)
+        else:
+            values[name] = v
+
+
+def _from_dpu(flat: dict[str, Leaf], out: MaskSet, values: Values, source: str) -> None:
+    """dpu: one output-channel mask per layer, for its weight and (if it has one) its bias."""
+    for k, v in flat.items():
+        module = k[: -len(".mask")] if k.endswith(".mask") else k
+        arr = v.read()
+        check_binary(k, arr, source)
+        flags = np.array(arr.reshape(-1))  # one flag per output channel: small
+        v.done(arr)
+        out.masks[f"{module}.weight"] = flags
+        out.masks[f"{module}.bias"] = flags
+        out.optional.add(f"{module}.bias")
+
+
+def _from_state_dict(flat: dict[str, Leaf], out: MaskSet, values: Values, source: str) -> None:
+    """state-dict: masked weights, whose zeros are the masks."""
+    for k, v in flat.items():
+        if np.issubdtype(v.dtype, np.floating):
+            arr = v.read()
+            out.masks[k] = compact(arr != 0)
+            v.done(arr)
+            values[k] = v
+
+
+def _from_flat(flat: dict[str, Leaf], out: MaskSet, values: Values, source: str) -> None:
+    """flat, nni; `onnx/NAME`: an ONNX tensor with no framework name (--masks-out)."""
+    out.masks = {k.removeprefix(ONNX_SECTION): read_mask(k, v, source) for k, v in flat.items()}
+
+
+# the formats whose entries are tensors, each read by its own reader (others: `_from_flat`)
+_FROM_LEAVES: dict[str, Callable[[dict[str, Leaf], MaskSet, Values, str], None]] = {
+    "torch-prune": _from_torch_prune,
+    "nni-wrapped": _from_nni_wrapped,
+    "torch-ao": _from_parametrized,
+    "dpu": _from_dpu,
+    "state-dict": _from_state_dict,
+}
+
+
+def _check_found(out: MaskSet, source: str) -> None:
+    """Masks were found (else an error that says what was)."""
+    values = out.values
+    if not out.masks and out.format == "torch-ao" and len(values):
         raise ShrinkError(
             f"{source}: holds the original weights of a model a torch.ao sparsifier prepared "
             f"(e.g. '{next(iter(values))}'), but not its masks (torch.ao keeps them out of the "
@@ -312,9 +362,8 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
         )
     if not out.masks:
         raise ShrinkError(
-            f"{source}: no masks found in it as format '{fmt}'. Name the format with --masks-format."
+            f"{source}: no masks found in it as format '{out.format}'. Name the format with --masks-format."
         )
-    return out
 
 
 def weight_values(raw: Mapping, source: str = "weights") -> Values:

@@ -1,14 +1,18 @@
 """Everything a run can be told, in one place: `ShrinkOptions` (a shrink: `shrink`,
 `export_and_shrink`, and the shrink inside every prune) and `PruneOptions` (what `prune` adds),
 and every choice list, each a `Literal` whose values the command line and the checks read.
+
+Each option the command line offers carries its `Flag` (its flags, help and metavar) on its
+field; its default, value type and choices are read from the field itself, so that an option
+is declared once and the CLI builds its parser from the fields (see onnxshrink.cli.flags).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 if TYPE_CHECKING:  # kept light: the CLI builds its parser from this module
     import numpy as np
@@ -50,6 +54,66 @@ UNITS = choices(Unit)
 DEFAULT_UNITS: tuple[Unit, ...] = ("channel", "neuron", "gated_neuron", "head", "kv_group", "conv_group", "width")
 
 
+# ---------------------------------------------------------------------- the command line's flags
+@dataclass(frozen=True)
+class Flag:
+    """How an option is given on the command line (the field holds its default and type).
+
+    names: its flag(s), e.g. ("--draws",).
+    help: its help text, defaults and all.
+    metavar: what its value is called in the help (None: argparse's own, or its choices).
+    several: it takes one or more values.
+    extend: each time it is given, its values are added to the earlier ones.
+    gives: for a yes/no option, its value when the flag is given (None: not its default).
+    reads: what the given value is read as before it becomes the option ("shapes": the
+        `name:d0,d1` shapes; "inputs": the inputs in a .npz file, one batch).
+    """
+
+    names: tuple[str, ...]
+    help: str
+    metavar: str | None = None
+    several: bool = False
+    extend: bool = False
+    gives: bool | None = None
+    reads: Literal["shapes", "inputs"] | None = None
+
+
+def flagged(default: Any, *names: str, help: str, **how: Any) -> Any:
+    """A dataclass field with `default` that the command line offers as `names` (see Flag)."""
+    return field(default=default, metadata={"flag": Flag(names, help, **how)})
+
+
+def flag_of(option: Field[Any]) -> Flag | None:
+    """The flag an option is given by on the command line, or None when it has none."""
+    return option.metadata.get("flag")
+
+
+def _annotation(option: Field[Any]) -> list[str]:
+    """The alternatives of an option's annotation (`float | None` -> ["float", "None"])."""
+    return [part.strip() for part in str(option.type).split("|")]
+
+
+def choices_of(option: Field[Any]) -> tuple[str, ...] | None:
+    """The values an option chooses from: its choice list's, when its type is one (a Literal
+    above, or None); None for any other option."""
+    for name in _annotation(option):
+        kind = globals().get(name)
+        if get_origin(kind) is Literal:
+            return choices(kind)
+    return None
+
+
+def number_of(option: Field[Any]) -> type | None:
+    """int or float when an option is a number (or None), else None."""
+    numbers: dict[str, type] = {"int": int, "float": float}
+    return next((numbers[name] for name in _annotation(option) if name in numbers), None)
+
+
+def is_switch(option: Field[Any]) -> bool:
+    """Whether an option is a yes/no one (a flag given or not)."""
+    return "bool" in _annotation(option)
+
+
 @dataclass(frozen=True)
 class ShrinkOptions:
     """How to shrink, prove and write.
@@ -83,23 +147,87 @@ class ShrinkOptions:
     progress: show progress bars on stderr for the long phases (when it is a terminal).
     """
 
-    validate: bool = True
-    input_shapes: Mapping[str, list[int]] | None = None
-    inputs: list[dict[str, np.ndarray]] | None = None
-    draws: int = 3
-    seed: int = 0
-    rtol: float | None = None
-    atol: float = 0.0
-    provider: Provider = "cpu"
-    validate_layers: int | None = None
-    keep_failed: bool = False
-    analysis: Analysis = "rules"
-    recover: bool = True
-    allow_unbound: bool = False
-    masks_format: MasksFormat = "auto"
-    weights: str | Path | Mapping[str, Any] | None = None
-    input_masked: bool | None = None
-    external_data: bool | None = None
+    validate: bool = flagged(
+        True, "--no-validate", help="skip the onnxruntime proof (not recommended)"
+    )
+    input_shapes: Mapping[str, list[int]] | None = flagged(
+        None,
+        "--input-shapes",
+        several=True,
+        extend=True,
+        metavar="NAME:D0,D1",
+        reads="shapes",
+        help="shapes for validation inputs with dynamic dims, e.g. input:1,3,224,224",
+    )
+    inputs: list[dict[str, np.ndarray]] | None = flagged(
+        None,
+        "--inputs",
+        metavar="FILE.npz",
+        reads="inputs",
+        help="validation inputs to use besides the random ones; with --prune, also the "
+        "calibration inputs of --criterion activation/wanda/fluctuation, --compensate and "
+        "--allocation sensitivity (a batch of samples along the batch axis)",
+    )
+    draws: int = flagged(3, "--draws", help="random input draws for validation (default 3)")
+    seed: int = flagged(0, "--seed", help="seed of the random inputs (default 0)")
+    rtol: float | None = flagged(
+        None,
+        "--rtol",
+        help="allowed error relative to the output's magnitude (default: 1e-5 for fp32 models, "
+        "9.8e-3 when the model computes in fp16, 7.8e-2 in bf16: ten machine epsilons)",
+    )
+    atol: float = flagged(
+        0.0, "--atol", help="allowed absolute error on top of --rtol (default 0)"
+    )
+    provider: Provider = flagged(
+        "cpu", "--provider", help="onnxruntime execution provider (default cpu)"
+    )
+    validate_layers: int | None = flagged(
+        None,
+        "--validate-layers",
+        metavar="N",
+        help="prove only the first N repeated blocks (layers) of the model, by their outputs: a "
+        "quicker check of a large model (default: prove the whole model)",
+    )
+    keep_failed: bool = flagged(
+        False, "--keep-failed", help="write the output even when validation fails"
+    )
+    analysis: Analysis = flagged(
+        "rules",
+        "--analysis",
+        help="rules: each op's handler says what its outputs need (default); replay: every node "
+        "is replayed in onnxruntime to find it (slower; a cross-check of the rules)",
+    )
+    recover: bool = flagged(
+        True,
+        "--no-recover",
+        help="when the proof fails, fail (exit 1) instead of keeping the removals responsible",
+    )
+    allow_unbound: bool = flagged(
+        False, "--allow-unbound", help="go on when some masks match no initializer"
+    )
+    masks_format: MasksFormat = flagged(
+        "auto",
+        "--masks-format",
+        help="how to read the masks file (default: detected from its content)",
+    )
+    weights: str | Path | Mapping[str, Any] | None = flagged(
+        None,
+        "--weights",
+        metavar="STATE_DICT",
+        help="the original weights (.pt/.npz/.safetensors state dict): masks whose weights the "
+        "exporter renamed or folded (legacy exporter, BatchNorm) then bind by value",
+    )
+    input_masked: bool | None = flagged(
+        None,
+        "--unmasked-input",
+        gives=False,
+        help="the model was exported before (some of) the masks were applied: apply them all "
+        "(by default masks that the model's zeros contradict are refused)",
+    )
+    external_data: bool | None = flagged(
+        None, "--external-data", gives=True, help="write the weights to <output>.data"
+    )
     log: Callable[[str], None] | None = None
     progress: bool = False
 
@@ -148,25 +276,131 @@ class PruneOptions:
     price: measure what the prune cost on `held_out` (else `data`, else random inputs).
     """
 
-    ratio: float | None = None
-    params: float | None = None
-    macs: float | None = None
-    latency: float | None = None
-    criterion: Criterion = "l1"
-    allocation: Allocation | None = None
-    global_ranking: bool = False
-    compensate: Compensation = "none"
-    ridge: float = 1.0
-    ignore: Sequence[str] = ()
-    round_to: int | None = None
-    max_layer_ratio: float = 1.0
-    units: Sequence[Unit] | None = None
+    ratio: float | None = flagged(
+        None,
+        "--prune",
+        metavar="RATIO",
+        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first "
+        "(of all groups with --allocation global or sensitivity)",
+    )
+    params: float | None = flagged(
+        None,
+        "--prune-to-params",
+        metavar="F",
+        help="prune until F of the input's parameters are left (e.g. 0.5), counted exactly",
+    )
+    macs: float | None = flagged(
+        None,
+        "--prune-to-macs",
+        metavar="F",
+        help="prune until F of the input's MACs are left (e.g. 0.5), counted exactly",
+    )
+    latency: float | None = flagged(
+        None,
+        "--prune-to-latency",
+        metavar="F",
+        help="prune until the model runs in F of the input's latency (e.g. 0.6), measured with "
+        "onnxruntime on this machine (ONNXSHRINK_THREADS threads; one per core when unset)",
+    )
+    criterion: Criterion = flagged(
+        "l1",
+        "--criterion",
+        help="importance (default l1). Needs: l1, l2 (group L1/L2 magnitude, Torch-Pruning's): "
+        "the weights alone; random: --seed; activation (mean |x| x sum |w|), wanda (Wanda: RMS of x "
+        "x sum |w|), fluctuation (FLAP: variance of x x sum w^2; pairs with --compensate): --inputs",
+    )
+    allocation: Allocation | None = flagged(
+        None,
+        "--allocation",
+        help="where to prune: uniform (RATIO of every layer; the default), global (all layers "
+        "ranked together, importance divided by the layer's mean), sensitivity (each layer's "
+        "channels, heads or neurons pruned alone at several ratios on --inputs, and the target "
+        "met where the output changes least; needs --inputs)",
+    )
+    global_ranking: bool = flagged(
+        False, "--global-ranking", help="the same as --allocation global"
+    )
+    compensate: Compensation = flagged(
+        "none",
+        "--compensate",
+        help="bias (FLAP): replace each removed channel by its mean on --inputs, folded into the "
+        "bias of every layer that read it; refit: also refit those layers' weights on the kept "
+        "channels (ridge least squares, see --ridge). The pruned model is then proven against the "
+        "input with the groups zeroed and these values changed (--weights-out writes them). "
+        "Needs --inputs (default none)",
+    )
+    ridge: float = flagged(
+        1.0,
+        "--ridge",
+        metavar="R",
+        help="--compensate refit: the regularization, R x the kept channels' mean variance "
+        "(default 1; small calibration sets need it large)",
+    )
+    ignore: Sequence[str] = flagged(
+        (),
+        "--ignore",
+        several=True,
+        extend=True,
+        metavar="PATTERN",
+        help="leave alone the layers whose weights, parameters, nodes or op types match (fnmatch)",
+    )
+    round_to: int | None = flagged(
+        None, "--round-to", metavar="N", help="keep channel counts multiples of N (e.g. 8)"
+    )
+    max_layer_ratio: float = flagged(
+        1.0,
+        "--max-layer-ratio",
+        help="remove at most this fraction of any layer (a layer always keeps one group)",
+    )
+    units: Sequence[Unit] | None = flagged(
+        None,
+        "--units",
+        several=True,
+        metavar="KIND",
+        help="the unit kinds --prune may remove: channel, neuron, gated_neuron, head (with "
+        "grouped-query attention and without kv_group: the query heads of one rank in every K/V "
+        "group), kv_group, "
+        "conv_group, width (a residual stream's channel), block (a repeated block's residual "
+        "branches; with --criterion activation ranked by their influence on --inputs); "
+        "default: all but block",
+    )
+    # given on the command line by --inputs, the shrink's validation inputs
     data: list[Mapping[str, np.ndarray]] | None = None
-    held_out: list[Mapping[str, np.ndarray]] | None = None
-    sensitivity: str | Path | None = None
-    masks_out: str | Path | None = None
-    weights_out: str | Path | None = None
-    price: bool = True
+    held_out: list[Mapping[str, np.ndarray]] | None = flagged(
+        None,
+        "--held-out",
+        metavar="FILE.npz",
+        reads="inputs",
+        help="inputs the price of the prune is measured on (error, cosine, top-1, against the "
+        "input model); default: the --inputs (calibration) ones, labelled so",
+    )
+    sensitivity: str | Path | None = flagged(
+        None,
+        "--sensitivity",
+        metavar="FILE.html",
+        help="write each family's measured sensitivity (output error against the ratio pruned): "
+        "a self-contained HTML page with the picture and the table (needs --inputs)",
+    )
+    masks_out: str | Path | None = flagged(
+        None,
+        "--masks-out",
+        metavar="FILE",
+        help="write the chosen masks (.pt, .npz, .safetensors), named by framework parameter",
+    )
+    weights_out: str | Path | None = flagged(
+        None,
+        "--weights-out",
+        metavar="FILE",
+        help="with --compensate: write the values it changed (.pt, .npz, .safetensors), named by "
+        "framework parameter: loaded into the original model with --masks-out applied, they make "
+        "the pruned model (those with no framework parameter under onnx/NAME)",
+    )
+    price: bool = flagged(
+        True,
+        "--no-price",
+        help="do not measure what the prune cost (its outputs on --held-out or --inputs against the "
+        "input's, and the latency before and after), printed and reported by default",
+    )
 
     def but(self, **changes: Any) -> PruneOptions:
         """A copy with `changes`; unknown names are refused (a TypeError naming them)."""

@@ -5,18 +5,26 @@ ConvInteger's or MatMulInteger's weight, a QLinearConv's weight, a MatMulNBits' 
 reads as (q - zero point) * scale. Removing one of its elements means removing its dequantized
 value: setting it to its zero point (per tensor, per channel or per block, as the op that reads
 it says), not to 0, which reads as -zero point * scale. Both the prune (its groups, its
-compensation) and a mask on an integer weight (`bind.apply`) mean this, and read the zero point
-and scales here, from the nodes that read the constant, whatever the graph is held as (an
-onnx-graphsurgeon node or an onnx NodeProto): an `Inputs` gives the node's constant inputs.
+compensation) and a mask on an integer weight (`bind.apply`) mean this, and find how the
+constant is dequantized here (`dequant_reads`: one walk, so that the two cannot disagree on a
+zero point), whatever the graph is held as (an onnx-graphsurgeon graph or an onnx model's
+nodes): a `Readers` says what the walk asks of the graph, an `Inputs` gives a node's constant
+inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
+
+from onnxshrink.core.handler import Handler, OpNode
+
+N = TypeVar("N")
+#: how many value-moving ops (Gather, Reshape, ...) the walk follows from the constant
+MAX_MOVES = 8
 
 
 @dataclass
@@ -165,3 +173,110 @@ def same_zero(found: list[Dequant]) -> bool:
         d.bits == found[0].bits and d.zero.shape == found[0].zero.shape and np.array_equal(d.zero, found[0].zero)
         for d in found
     )
+
+
+# ---------------------------------------------------------------------- the walk
+@dataclass
+class Moved(Generic[N]):
+    """Where a node moves a constant's values (its output 0): the (node, input) that read them
+    there, and that tensor's dims (-1 where dynamic; None: unknown)."""
+
+    readers: list[tuple[N, int]]
+    dims: tuple[int, ...] | None
+
+
+class Readers(Protocol[N]):
+    """A graph as the walk reads it (its nodes of type N: an onnx-graphsurgeon node, or the
+    index of an onnx model's node)."""
+
+    def facts(self, node: N) -> tuple[Handler | None, OpNode]:
+        """The node's handler (None: an op no handler knows) and static facts."""
+        ...
+
+    def inputs(self, node: N) -> Inputs:
+        """The node's inputs, as `dequant_of` reads them."""
+        ...
+
+    def applied_scale(self, node: N, i: int) -> np.ndarray | None:
+        """`Handler.applied_scale` where the graph can tell it, else None (unknown)."""
+        ...
+
+    def moved(self, node: N, i: int) -> Moved[N] | None:
+        """Where `node`'s output 0 (which holds values of its input i) is read; None where
+        the values leave the walk: a graph's output (given out as the integers they are), a
+        change of element type (they no longer read as the constant's integers)."""
+        ...
+
+
+def dequant_reads(
+    graph: Readers[N], node: N, i: int, shape: tuple[int, ...], params: set[str], depth: int = 0
+) -> list[Dequant] | None:
+    """How input i of `node` (a constant of `shape`) is dequantized: by `node` itself, or, where
+    `node` only moves its values (a Gather of an integer embedding table, a Reshape), by every
+    reader of what it moves them to (quantize_dynamic's and the QOperator form's embeddings:
+    Gather, then DequantizeLinear or QLinearAdd). None: read as plain integers. The names of the
+    zero points and scales read (vectors sliced with the constant) are added to `params`."""
+    handler, op = graph.facts(node)
+    if handler is None:
+        return None
+    q = handler.quantized_input(op, i, len(shape))
+    if q is not None:
+        d = dequant_of(q, shape, graph.inputs(node), params)
+        if d is not None and not q.scales:
+            d.scale = along_axis(graph.applied_scale(node, i), q.axis, shape)
+        return [d] if d is not None else None
+    if depth >= MAX_MOVES or i not in handler.moves_values(op):
+        return None
+    moved = graph.moved(node, i)
+    return _moved_reads(graph, moved, shape, depth) if moved is not None else None
+
+
+def _moved_reads(
+    graph: Readers[N], moved: Moved[N], shape: tuple[int, ...], depth: int
+) -> list[Dequant] | None:
+    """How every reader of moved values dequantizes them (readers of their sizes only aside).
+    Through a move only a per-tensor zero point holds: it is every element's wherever it goes;
+    so does a per-tensor scale, and another is unknown here (None). Where the moved tensor's
+    dims are unknown the constant's stand for them (past a move only their rank can matter)."""
+    dims = moved.dims if moved.dims is not None else shape
+    found: list[Dequant] = []
+    for reader, slot in _value_readers(graph, moved.readers):
+        ds = dequant_reads(graph, reader, slot, dims, set(), depth + 1)
+        if ds is None or any(d.zero.size != 1 for d in ds):
+            return None
+        found += [Dequant(d.zero, d.scale if d.scale is not None and d.scale.size == 1 else None, d.bits) for d in ds]
+    return found or None
+
+
+def _value_readers(graph: Readers[N], readers: Iterable[tuple[N, int]]) -> list[tuple[N, int]]:
+    """The readers of a tensor's values: not those of its sizes only (Shape, Size)."""
+    out = []
+    for node, slot in readers:
+        handler, _ = graph.facts(node)
+        if handler is None or slot not in handler.sizes_only:
+            out.append((node, slot))
+    return out
+
+
+@dataclass
+class Readings(Generic[N]):
+    """How a constant's readers read it: the dequantizations found, and the readers that read it
+    as plain integers."""
+
+    found: list[Dequant]
+    plain: list[N]
+
+
+def readings(
+    graph: Readers[N], readers: Iterable[tuple[N, int]], shape: tuple[int, ...], params: set[str]
+) -> Readings[N]:
+    """How each (node, input) of `readers` that reads the values of a constant of `shape` reads
+    it (`dequant_reads`)."""
+    out: Readings[N] = Readings([], [])
+    for node, slot in _value_readers(graph, readers):
+        ds = dequant_reads(graph, node, slot, shape, params)
+        if ds is None:
+            out.plain.append(node)
+        else:
+            out.found += ds
+    return out

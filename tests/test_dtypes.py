@@ -3,7 +3,7 @@
 The default tolerance follows the dtype the model computes in (ten machine epsilons), and the
 printed figures say which it was. onnxruntime runs fp16 on the CPU; bf16 it mostly cannot (no
 Add, MatMul, Conv or Relu kernel, and no bf16 arrays in its Python API), so the proof emulates
-bf16 arithmetic (onnxshrink.emulate). Each result is checked here independently too: fp16 in
+bf16 arithmetic (onnxshrink/proof/emulate.py). Each result is checked here independently too: fp16 in
 onnxruntime, bf16 with onnx's numpy reference evaluator (bf16 arithmetic through ml_dtypes).
 """
 

@@ -877,7 +877,7 @@ def masked_reference(model: onnx.ModelProto, masks) -> onnx.ModelProto:
 
 
 def check_in_onnxruntime(reference: onnx.ModelProto, shrunk: onnx.ModelProto) -> None:
-    """Independently of onnxshrink.validate: the shrunk model loads, has the reference's
+    """Independently of onnxshrink.proof: the shrunk model loads, has the reference's
     outputs, matches it on 2 random inputs (a dynamic batch of 2, then 3) within RTOL of each
     output's max magnitude (or by rounding only: models.randgraph.rounding_only), and has no
     more float parameters."""

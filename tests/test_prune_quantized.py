@@ -443,6 +443,29 @@ def test_a_dynamically_quantized_block_goes_with_its_integer_weights():
     assert [n.op_type for n in result.model.graph.node].count("MatMulInteger") == 1
 
 
+def test_a_table_whose_gathered_rows_are_also_measured_has_one_zero_for_mask_and_prune():
+    """The groups and a mask find a quantized weight's zero point by one walk
+    (`quantized.dequant_reads`): a Shape of the gathered rows reads their sizes, not their
+    values, so the table is still quantized for both (the groups used to read it as plain
+    integers and leave it out, while a mask on it went to its zero point)."""
+    from onnxshrink.bind.graph import ModelIndex
+    from onnxshrink.testing import model_from_text
+
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (int64[1, S] ids, uint8[10, 8] Tq, float Ts, uint8 Tz, float[8, 3] W) => (float[1, S, 3] y) {
+      te = Gather (Tq, ids)
+      t = DequantizeLinear (te, Ts, Tz)
+      n = Shape (te)
+      r = Reshape (t, n)
+      y = MatMul (r, W)
+    }"""
+    rng = np.random.default_rng(3)
+    model = model_from_text(text, values={"Tq": rng.integers(0, 256, (10, 8)), "Ts": 0.02, "Tz": 131})
+    gset = find_groups(model)
+    assert int(gset.zero_of("Tq")) == int(ModelIndex(model).zero_of("Tq")) == 131
+    assert ("Tq", 1) in {(m.initializer, m.axis) for g in gset.groups for m in g.members}
+
+
 # ------------------------------------------------------------------ onnxruntime.quantization
 class _Calibration:
     def __init__(self, path):

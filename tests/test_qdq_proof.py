@@ -1,4 +1,4 @@
-"""The proof runs QDQ products in integers (onnxshrink/qdq_proof.py): exact when zero terms are
+"""The proof runs QDQ products in integers (onnxshrink/proof/qdq.py): exact when zero terms are
 removed, where float32 sums move by an ulp and a QuantizeLinear after them can round the other way."""
 
 import numpy as np

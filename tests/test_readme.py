@@ -6,6 +6,7 @@ parameters are counted here (`params`)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -275,7 +276,7 @@ g (float[1,3,8,8] x, bool c) => (float[1,4,8,8] y) {
 
 
 def test_if_bodies_are_analyzed_in_place_and_exact():
-    """README, Control flow: bodies are analyzed in place; a weight both branches read (W2) is
+    """docs/models.md, Control flow: bodies are analyzed in place; a weight both branches read (W2) is
     sliced once where it is stored; each branch computes as before."""
     rng = np.random.default_rng(3)
     model = onnx.parser.parse_model(IF_MODEL)
@@ -408,3 +409,86 @@ def test_groups_to_masks_builds_masks_an_unmasked_input_shrinks_with(tmp_path):
     small = onnx.load(out)
     assert params(small) == branches_params(4, 3)
     assert error_against(with_masks(model, dict(np.load(masks))), small) <= 1e-5
+
+
+# Three 3x3 convs at 24x24 (16 -> 48 -> 48 -> 8 channels): about 16 M multiply-adds, enough
+# for onnxruntime's run time to follow the channels removed.
+TIMED = """
+g (float[1,16,24,24] x, float[48,16,3,3] W1, float[48] B1, float[48,48,3,3] W2, float[48] B2,
+   float[8,48,3,3] W3, float[8] B3) => (float[1,8,24,24] y) {
+  a = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  r = Relu(a)
+  b = Conv<pads=[1,1,1,1]>(r, W2, B2)
+  s = Relu(b)
+  y = Conv<pads=[1,1,1,1]>(s, W3, B3)
+}
+"""
+
+
+def test_prune_to_latency_is_measured_and_the_result_proven(tmp_path):
+    """README, Prune: `--prune-to-latency 0.6`: the plan is searched on the latency onnxruntime
+    measures (never predicted); the model written is the input with the chosen groups zeroed,
+    and it runs faster than the input."""
+    model = tiny(TIMED, seed=3)
+    path, out, masks, r = (tmp_path / n for n in ("m.onnx", "small.onnx", "masks.npz", "r.json"))
+    onnx.save(model, path)
+    argv = [str(path), "--prune-to-latency", "0.6", "-o", str(out), "--masks-out", str(masks), "--report", str(r), "-q"]
+    assert main(argv) == 0
+    rep, small = report(r), onnx.load(out)
+    assert rep["target"] == {"kind": "latency", "value": 0.6}
+    assert 0 < rep["reached"] < 1  # the measured ratio of the model written: faster than the input
+    assert params(small) < params(model)
+    assert error_against(with_masks(model, dict(np.load(masks))), small) <= 1e-5
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Where a file the documents name by its path (`rewrite.py`, `ops/conv.py`, `tools/bench.py`) lives.
+SOURCES = [p.relative_to(ROOT).as_posix() for d in ("onnxshrink", "tools", "models", "tests") for p in (ROOT / d).rglob("*.py")]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_the_documents_links_and_named_files_exist():
+    """Every link between the README and docs/ reaches a file and a heading there, and every
+    source file they name (`analyze/fallback.py`, `tools/kv_check.py`) exists: a module that
+    moved in the package is followed in the documents."""
+    missing = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith("http"):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (doc.parent / file).resolve() if file else doc
+            if not dest.exists():
+                missing.append(f"{doc.name}: link {target}")
+            elif anchor:
+                headings = re.findall(r"^#+ (.+)$", dest.read_text(), re.M)
+                if anchor not in {_anchor(h) for h in headings}:
+                    missing.append(f"{doc.name}: anchor {target}")
+        for name in set(re.findall(r"`(?:python )?([\w/]+\.py)\b", text)):
+            if not any(s == name or s.endswith("/" + name) for s in SOURCES):
+                missing.append(f"{doc.name}: {name}")
+    assert missing == []
+
+
+def _test_exists(ref: str) -> bool:
+    """`file` (a test module or folder under tests/) or `file::test` (a test function in it)."""
+    file, _, test = ref.strip().partition("::")
+    path = ROOT / "tests" / file
+    source = path.with_suffix(".py")
+    if not test:
+        return source.exists() or path.is_dir()
+    return source.exists() and re.search(rf"^def {re.escape(test)}\(", source.read_text(), re.M) is not None
+
+
+def test_every_test_the_promises_name_exists():
+    """tests/PROMISES.md: each test it names (`file`, `file::test`) is there to run."""
+    table = (ROOT / "tests" / "PROMISES.md").read_text()
+    refs = [ref for line in table.splitlines()[4:] for ref in line.rstrip(" |").rpartition(" | ")[2].split(", ")]
+    assert len(refs) > 100
+    assert [ref for ref in refs if not _test_exists(ref)] == []

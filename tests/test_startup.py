@@ -178,7 +178,7 @@ SESSION_THREADS = """
 import sys
 sys.path.insert(0, {root!r})
 import onnx
-from onnxshrink.validate import session
+from onnxshrink.proof.sessions import session
 s = session(onnx.load("m.onnx"), "cpu")
 o = s.get_session_options()
 print(o.intra_op_num_threads, o.inter_op_num_threads, o.get_session_config_entry("session.intra_op.allow_spinning")

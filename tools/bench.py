@@ -33,7 +33,7 @@ Measured per (model, variant):
   RSS). It includes reading and parsing the model, which the call does itself, and whatever
   onnxruntime allocates for constant evaluation. Also given as a multiple of the input's size
   on disk (.onnx + .data); for the tiny zoo models that ratio is dominated by fixed costs;
-* exactness: `onnxshrink.validate.compare(masked, shrunk)` on the files as written (3 random
+* exactness: `onnxshrink.proof.compare(masked, shrunk)` on the files as written (3 random
   draws with onnxruntime), reporting the largest max |shrunk - masked| / max |masked| over the
   outputs;
 * onnxruntime CPU latency with 1 intra-op and 1 inter-op thread, default graph optimizations,

@@ -17,6 +17,7 @@ inner axes are not units.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,10 +37,11 @@ class _Block:
 class CouplingLog:
     """The ties and pins the keep closure's handlers declared (each recorded once)."""
 
-    def __init__(self, query_ranks: bool = False) -> None:
-        # grouped-query attention's query heads as units by their rank in every K/V group (the
-        # K/V heads then units of their own), not with their K/V head (`KeepView.unit`)
-        self.query_ranks = query_ranks
+    def __init__(self, kinds: Collection[str] = ()) -> None:
+        # Where an op ties the same indices into units more than one way (`KeepView.unit` with
+        # a kind: grouped-query attention's query heads with their K/V head, or by rank), the
+        # kinds of unit kept; a tie of another kind is not recorded (both would merge the units)
+        self.kinds = frozenset(kinds)
         self.sizes: dict[AxisKey, int] = {}
         self.equal: dict[tuple[AxisKey, AxisKey], gs.Node | None] = {}
         self.mapped: dict[tuple[AxisKey, AxisKey], np.ndarray] = {}
@@ -79,8 +81,19 @@ class CouplingLog:
             self.mapped[(k1, k2)] = np.asarray(idx, dtype=np.int64).reshape(-1)
 
     def pairs(
-        self, n1: str, a1: int, s1: int, idx1: np.ndarray, n2: str, a2: int, s2: int, idx2: np.ndarray
+        self,
+        n1: str,
+        a1: int,
+        s1: int,
+        idx1: np.ndarray,
+        n2: str,
+        a2: int,
+        s2: int,
+        idx2: np.ndarray,
+        kind: str | None = None,
     ) -> None:
+        if kind is not None and kind not in self.kinds:
+            return  # a way to cut these indices into units other than the one asked for
         k1, k2 = self._axis(n1, a1, s1), self._axis(n2, a2, s2)
         if k1 is not None and k2 is not None:
             self.paired[(k1, k2)] = (idx1.astype(np.int64), idx2.astype(np.int64))

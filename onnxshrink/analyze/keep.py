@@ -393,18 +393,15 @@ class KeepState:
         t2: gs.Tensor,
         a2: int,
         idx2: np.ndarray,
-        query_ranks: bool | None = None,
+        kind: str | None = None,
     ) -> None:
         """Records (for the coupled groups) that index idx1[k] of t1's axis a1 is removed only
         together with idx2[k] of t2's axis a2 (a grouped conv's groups). Keeps nothing.
-        `query_ranks`: a tie of one of the two ways grouped-query attention's query heads are
-        units (False: with their K/V head; True: by their rank in every K/V group), recorded
-        only when the log asks for that way (`CouplingLog.query_ranks`); None: always."""
+        `kind`: the unit kind of one of several ways to cut the same indices (the log records
+        it only when asked for that kind: `CouplingLog.kinds`); None: every way."""
         n1, n2 = self.size(t1, a1), self.size(t2, a2)
-        if query_ranks is not None and self.log is not None and query_ranks != self.log.query_ranks:
-            return
         if self.log is not None and n1 is not None and n2 is not None:
-            self.log.pairs(t1.name, a1, n1, np.asarray(idx1), t2.name, a2, n2, np.asarray(idx2))
+            self.log.pairs(t1.name, a1, n1, np.asarray(idx1), t2.name, a2, n2, np.asarray(idx2), kind)
 
     def normalizes(self, t: gs.Tensor, axis: int) -> None:
         """Records (for the coupled groups) that a LayerNorm or RMSNorm normalizes over `t`'s

@@ -165,54 +165,72 @@ def apply_masks(
     if not bound.bindings:
         return model
     index = bound.index if bound.index is not None and bound.index.model is model else None
-    index = index or ModelIndex(model, base_dir)
-    ref = onnx.ModelProto()
-    ref.CopyFrom(model)
-    graphs = list(all_graphs(ref.graph))
-    nodes = [n for g in graphs for n in g.node]  # as ModelIndex numbers them
-    inits = {t.name: t for g in graphs for t in g.initializer}
-    for name, k in index.constant_nodes.items():  # weights held by Constant nodes: their tensor
-        inits[name] = _constant_value_attribute(nodes[k], index.inits[name])
-    taken = set(inits) | {o for n in nodes for o in n.output} | {i.name for g in graphs for i in g.input}
+    ref = _Reference(model, index or ModelIndex(model, base_dir), spill)
     per_init: dict[str, list[Binding]] = defaultdict(list)
     for b in bound.bindings:
         if b.attach is not None:
-            _attach(ref, nodes, index, b, taken)
+            _attach(ref.model, ref.nodes, ref.index, b, ref.taken)
         else:
             per_init[b.initializer].append(b)
     for name, bindings in per_init.items():
-        arr = index.array(name)
-        groups: dict[tuple[int, ...], list[Site]] = defaultdict(list)
+        ref.mask(name, bindings, bound.shared)
+        weights.trim()  # the mapped weight read goes back to the page cache
+    return ref.model
+
+
+class _Reference:
+    """The reference model being made: a copy of the model, its nodes as `ModelIndex` numbers
+    them, its weights by name, and the names taken."""
+
+    def __init__(self, model: onnx.ModelProto, index: ModelIndex, spill: DataWriter | None):
+        self.index, self.spill = index, spill
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(model)
+        graphs = list(all_graphs(self.model.graph))
+        self.nodes = [n for g in graphs for n in g.node]  # as ModelIndex numbers them
+        self.inits = {t.name: t for g in graphs for t in g.initializer}
+        for name, k in index.constant_nodes.items():  # weights held by Constant nodes: their tensor
+            self.inits[name] = _constant_value_attribute(self.nodes[k], index.inits[name])
+        outputs = {o for n in self.nodes for o in n.output}
+        self.taken = set(self.inits) | outputs | {i.name for g in graphs for i in g.input}
+
+    def mask(self, name: str, bindings: list[Binding], shared: dict[str, list[str]]) -> None:
+        """Initializer `name` with its bindings' masks applied, one variant per set of bindings
+        its readers see: the first in its place, each other a copy its readers are pointed to
+        (its owner's name recorded in `shared`)."""
+        index = self.index
+        readers: dict[tuple[int, ...], list[Site]] = defaultdict(list)
         for s in index.sites[name]:
-            groups[tuple(j for j, b in enumerate(bindings) if b.sites is None or s in b.sites)].append(s)
+            readers[tuple(j for j, b in enumerate(bindings) if b.sites is None or s in b.sites)].append(s)
+        arr = index.array(name)
         fill = index.zero_of(name)  # a quantized weight's masked elements: its zero point
-        variants = {key: _masked(arr, [bindings[j] for j in key], fill) for key in groups}
+        variants = {key: _masked(arr, [bindings[j] for j in key], fill) for key in readers}
         first, *others = sorted(variants, key=lambda key: (len(key) > 0, key))
+        t = self.inits[name]
         held = name in index.constant_nodes  # a Constant node's tensor keeps its own name
-        _store(inits[name], variants[first], None if held else spill, inits[name].name if held else None)
-        made: list[tuple[str, np.ndarray]] = [(inits[name].name, variants[first])]
+        _store(t, variants[first], None if held else self.spill, t.name if held else None)
+        made: list[tuple[str, np.ndarray]] = [(t.name, variants[first])]
         for key in others:
             # a variant equal to one already stored is that tensor (as the prune reties its copies)
             same = next((n for n, v in made if np.array_equal(v, variants[key])), None)
-            if same is not None:
-                if same != inits[name].name:
-                    for s in groups[key]:
-                        nodes[s.node].input[s.input] = same
-                continue
-            owner = bindings[key[0]].mask
-            copy = owner if owner not in taken else f"{name}__{owner}"
-            while copy in taken:
-                copy += "_"
-            taken.add(copy)
-            ref.graph.initializer.append(onnx.TensorProto())
-            _store(ref.graph.initializer[-1], variants[key], spill, copy)
-            made.append((copy, variants[key]))
-            for s in groups[key]:
-                nodes[s.node].input[s.input] = copy  # in the main graph: seen from every body
-            bound.shared.setdefault(name, []).append(owner)
-        del variants
-        weights.trim()  # the mapped weight read goes back to the page cache
-    return ref
+            if same is None:
+                owner = bindings[key[0]].mask
+                same = self._copy(name, owner, variants[key])
+                made.append((same, variants[key]))
+                shared.setdefault(name, []).append(owner)
+            if same != t.name:
+                for s in readers[key]:  # (a copy is in the main graph: seen from every body)
+                    self.nodes[s.node].input[s.input] = same
+
+    def _copy(self, name: str, owner: str, values: np.ndarray) -> str:
+        """A new initializer holding `values`, named after the parameter `owner` when free."""
+        copy = owner if owner not in self.taken else f"{name}__{owner}"
+        while copy in self.taken:
+            copy += "_"
+        self.taken.add(copy)
+        self.model.graph.initializer.append(onnx.TensorProto())
+        _store(self.model.graph.initializer[-1], values, self.spill, copy)
+        return copy
 
 
 def _constant_value_attribute(node: onnx.NodeProto, value: onnx.TensorProto) -> onnx.TensorProto:

@@ -20,11 +20,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxshrink.core.handler import WeightAxes
+from onnxshrink.core.handler import Handler, OpNode, WeightAxes
 from onnxshrink.io.weights import WeightStore
 from onnxshrink.ir import all_graphs
 from onnxshrink.ops import facts
-from onnxshrink.quantized import Dequant, dequant_of, same_zero
+from onnxshrink.quantized import Moved, Readers, readings, same_zero
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ class ModelIndex:
 
         self.model = model
         self._zeros: dict[str, np.ndarray | None] = {}  # zero_of, by initializer
+        self._readers: _ModelReaders | None = None
         graphs = list(all_graphs(model.graph))  # weights read or held in If/Loop/Scan bodies too
         self.nodes = [n for g in graphs for n in g.node]
         self.opset = default_opset(model)
@@ -198,15 +199,10 @@ class ModelIndex:
             return self._zeros[name]
         if name not in self.inits or self.inits[name].data_type in FLOAT_TYPES:
             return None
-        shape = self.shapes[name]
-        found: list[Dequant] = []
-        plain: list[str] = []
-        for s in self.sites.get(name, []):
-            ds = self._dequant_reads(s.node, s.input, shape, 0)
-            if ds is None:
-                plain.append(self.nodes[s.node].name or self.nodes[s.node].op_type)
-            else:
-                found.extend(ds)
+        sites = [(s.node, s.input) for s in self.sites.get(name, [])]
+        got = readings(self.readers, sites, self.shapes[name], set())
+        found = got.found
+        plain = [self.nodes[k].name or self.nodes[k].op_type for k in got.plain]
         if not found:
             self._zeros[name] = None
             return None
@@ -220,36 +216,12 @@ class ModelIndex:
         self._zeros[name] = found[0].fill()
         return self._zeros[name]
 
-    def _dequant_reads(self, k: int, i: int, shape: tuple[int, ...], depth: int) -> list[Dequant] | None:
-        """How input i of node k (a constant of `shape`) is dequantized: by the node itself, or,
-        where it only moves the values (a Gather of an integer embedding table, a Reshape), by
-        every reader of what it moves them to, with one zero point for every element (only a
-        per-tensor one holds wherever the values go). None: read as plain integers."""
-        handler, op = self.facts[k]
-        if handler is None:
-            return None
-        node = self.nodes[k]
-        q = handler.quantized_input(op, i, len(shape))
-        if q is not None:
-            d = dequant_of(q, shape, _ProtoInputs(self, node), set())
-            return [d] if d is not None else None
-        if depth >= 8 or i not in handler.moves_values(op) or len(node.output) != 1:
-            return None
-        if any(o.name == node.output[0] for g in all_graphs(self.model.graph) for o in g.output):
-            return None  # the graph gives the integers out as they are
-        readers = self.consumers.get(node.output[0], [])
-        if not readers:
-            return None
-        found: list[Dequant] = []
-        for ck, ci in readers:
-            h, _ = self.facts[ck]
-            if h is not None and ci in h.sizes_only:
-                continue
-            ds = self._dequant_reads(ck, ci, shape, depth + 1)
-            if ds is None or any(d.zero.size != 1 for d in ds):
-                return None
-            found.extend(ds)
-        return found or None
+    @property
+    def readers(self) -> Readers[int]:
+        """The model's nodes, by index, as `quantized.dequant_reads` walks them."""
+        if self._readers is None:
+            self._readers = _ModelReaders(self)
+        return self._readers
 
     # ------------------------------------------------------------------ layouts
     def axes(self, site: Site) -> WeightAxes | None:
@@ -302,3 +274,37 @@ class _ProtoInputs:
     def constant(self, slot: int) -> tuple[str, np.ndarray] | None:
         name = self.index.resolve(self.node.input[slot]) if self.given(slot) else None
         return (name, np.asarray(self.index.array(name))) if name is not None else None
+
+
+class _ModelReaders:
+    """A model's nodes (by index in `ModelIndex.nodes`), as `quantized.dequant_reads` walks
+    them. Element types are the ones the model records (initializers, value_info, a graph's
+    inputs and outputs); the scale a graph applies after an integer op is not read (a mask
+    needs only the zero point)."""
+
+    def __init__(self, index: ModelIndex):
+        self.index = index
+        graphs = list(all_graphs(index.model.graph))
+        self.outputs = {o.name for g in graphs for o in g.output}
+        self.types = {
+            v.name: v.type.tensor_type.elem_type for g in graphs for v in [*g.input, *g.value_info, *g.output]
+        }
+        self.types |= {name: t.data_type for name, t in index.inits.items()}
+
+    def facts(self, node: int) -> tuple[Handler | None, OpNode]:
+        return self.index.facts[node]
+
+    def inputs(self, node: int) -> _ProtoInputs:
+        return _ProtoInputs(self.index, self.index.nodes[node])
+
+    def applied_scale(self, node: int, i: int) -> np.ndarray | None:
+        return None
+
+    def moved(self, node: int, i: int) -> Moved[int] | None:
+        proto = self.index.nodes[node]
+        if len(proto.output) != 1 or proto.output[0] in self.outputs:
+            return None  # (a graph output: the graph gives the integers out as they are)
+        x, y = self.types.get(proto.input[i]), self.types.get(proto.output[0])
+        if x and y and x != y:
+            return None
+        return Moved(self.index.consumers.get(proto.output[0], []), None)

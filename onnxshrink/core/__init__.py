@@ -6,7 +6,19 @@ the ops and the rewrite import it), so a handler imports from here alone:
 """
 
 from onnxshrink.core.evaluate import EvaluationError, evaluate, evaluate_op
-from onnxshrink.core.handler import Dims, Handler, HeadAxis, OpNode, Quantized, WeightAxes
+from onnxshrink.core.handler import (
+    Dequantizes,
+    Dims,
+    Handler,
+    HeadAxis,
+    IntegerProduct,
+    OpNode,
+    QdqForm,
+    Quantized,
+    Quantizes,
+    RuntimeQuantized,
+    WeightAxes,
+)
 from onnxshrink.core.nonzero import pattern
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
 from onnxshrink.core.registry import (
@@ -42,12 +54,14 @@ __all__ = [
     "AxisKey",
     "ConstInfo",
     "ConstView",
+    "Dequantizes",
     "DimRef",
     "Dims",
     "EvaluationError",
     "Handler",
     "HeadAxis",
     "INTERFACE",
+    "IntegerProduct",
     "Item",
     "KeepView",
     "LIVE",
@@ -57,10 +71,13 @@ __all__ = [
     "Opaque",
     "PROOF",
     "Prod",
+    "QdqForm",
     "Quantized",
+    "Quantizes",
     "Reader",
     "Reason",
     "RewriteView",
+    "RuntimeQuantized",
     "ShapeView",
     "SymValue",
     "WeightAxes",

@@ -106,6 +106,52 @@ class HeadAxis:
     kv: tuple[tuple[int, int], ...] = ()
 
 
+@dataclass(frozen=True)
+class IntegerProduct:
+    """Output 0 sums products of inputs 0 and 1, which integer kernels compute exactly from
+    quantized operands: a convolution (`window`: the attributes ConvInteger takes, as the op has
+    them) or a matrix product (MatMulInteger, after the transposes `trans_a`, `trans_b`; times
+    `alpha`). A weight's per-channel scale runs along input 1's axis `out_axis`; `bias`: the
+    input added after (times `beta`), None: none."""
+
+    window: Mapping[str, Any] | None
+    out_axis: int
+    bias: int | None = None
+    trans_a: bool = False
+    trans_b: bool = False
+    alpha: float = 1.0
+    beta: float = 1.0
+
+
+@dataclass(frozen=True)
+class Dequantizes:
+    """Output 0 is input 0 dequantized elementwise, (q - zero point) * scale: the scale input 1,
+    the zero point input 2 (absent: 0), per tensor or along `axis` (as the op has it: negative
+    counts from the end), in blocks of `block` along it (0: not block-wise)."""
+
+    axis: int
+    block: int
+
+
+@dataclass(frozen=True)
+class Quantizes:
+    """Output 0 is input 0 quantized: of its zero point's type (input 2), without one `dtype`."""
+
+    dtype: int
+
+
+@dataclass(frozen=True)
+class RuntimeQuantized:
+    """The op may quantize a float operand at run time, as its INT attribute `attribute` asks
+    (0: it computes in float32)."""
+
+    attribute: str
+
+
+#: an op's part in a quantized model's arithmetic, as the proof computes it (Handler.qdq_form)
+QdqForm = IntegerProduct | Dequantizes | Quantizes | RuntimeQuantized
+
+
 # ---------------------------------------------------------------------- the handler
 class Handler:
     """One op family. Subclasses override what differs from "a barrier that folds nothing"."""
@@ -246,3 +292,15 @@ class Handler:
         together: where its query heads are, so a group holding them is a head (or a K/V
         group with its query heads), of the right head_dim."""
         return None
+
+    def qdq_form(self, node: OpNode) -> QdqForm | None:
+        """Its part in a quantized model's arithmetic, which the proof computes as integer kernels
+        do (proof/qdq.py): a product of dequantized operands it runs in integers, the
+        DequantizeLinear making an operand, the QuantizeLinear typing one, an op whose run-time
+        quantization it turns off. None: it computes as it is."""
+        return None
+
+    def adds(self, node: OpNode) -> bool:
+        """Its output is the elementwise sum of its operands (a residual connection's Add): how
+        the coupled groups find a block's residual branches."""
+        return False

@@ -139,8 +139,12 @@ class KeepView(Protocol):
         t2: gs.Tensor,
         a2: int,
         idx2: np.ndarray,
-        query_ranks: bool | None = None,
-    ) -> None: ...
+        kind: str | None = None,
+    ) -> None:
+        """Index idx1[k] of t1's axis a1 goes only with idx2[k] of t2's axis a2 (for the coupled
+        groups). `kind`: where an op offers several ways to cut the same indices into units,
+        the kind of unit this tie makes (the groups keep the ties of the kinds they are asked
+        for, `CouplingLog.kinds`); None: a tie every way holds."""
 
     def normalizes(self, t: gs.Tensor, axis: int) -> None: ...
 

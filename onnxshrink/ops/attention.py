@@ -30,6 +30,7 @@ use when asked (`--units head` without `kv_group`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -52,6 +53,11 @@ from onnxshrink.core import (
 )
 from onnxshrink.ops.fused_activation import MS
 
+# The two ways to cut grouped-query attention's query heads into units, named by the unit each
+# makes (`KeepView.unit`'s kind; the groups ask for one): with their K/V head, or by their rank
+# in every K/V group (a K/V head then a unit alone).
+WITH_KV_HEAD = "kv_group"
+BY_RANK = "head"
 
 # ------------------------------------------------------------------ heads as blocks
 def blocks(heads: Sequence[int] | np.ndarray, size: int, offset: int = 0) -> np.ndarray:
@@ -112,15 +118,14 @@ def keep_head_axis(
         ks.pin(t, 3)
 
 
-def tie_heads(
-    ks: KeepView, y: gs.Tensor, size: int, rep: int, query_ranks: bool | None = None
-) -> np.ndarray:
+def tie_heads(ks: KeepView, y: gs.Tensor, size: int, rep: int, kind: str | None = None) -> np.ndarray:
     """Records (for the coupled groups) that y's axis 2 holds query heads of `size` channels,
-    `rep` of them to a K/V head, which go together; returns the y index each K/V head's
-    group is tied at (its first channel), to tie the group's other slices to."""
+    `rep` of them to a K/V head, which go together (as a unit of `kind`, when that is one way
+    to cut them); returns the y index each K/V head's group is tied at (its first channel), to
+    tie the group's other slices to."""
     n = int(ks.size(y, 2) or 0)
     anchor = np.arange(n // (size * rep)) * size * rep
-    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)], query_ranks)
+    ks.unit(y, 2, np.arange(n), y, 2, anchor[np.arange(n) // (size * rep)], kind)
     return anchor
 
 
@@ -221,15 +226,7 @@ class ContribAttention(Handler):
         caches = self.caches(node, ks, heads)
         ab = ir.present(node, 5)  # attention_bias [B or 1, heads or 1, S, T]
         mask = ab if ab is not None and heads > 1 and ir.rank(ab) == 4 and ir.static_dim(ab, 1) == heads else None
-        ours = [*(caches or ()), *([mask] if mask is not None else [])]
-        ks.demand(x, pin=False)
-        ks.demand(wt, pin=False)
-        ks.demand(bias, pin=False)
-        for t in node.inputs[3:]:
-            if t is not None and t.name and any(t is c for c in ours):
-                ks.demand(t, pin=False)
-            else:
-                ks.demand(t if t is not None and t.name else None)
+        self.demand(node, ks, [*(caches or ()), *([mask] if mask is not None else [])])
         ks.couple(x, 0, y, 0)
         ks.couple(x, 1, y, 1)
         why = Reason("structure", node.name, node.op, "a head's dims go together")
@@ -252,13 +249,7 @@ class ContribAttention(Handler):
         for off, size in ((0, q), (q, k), (q + k, v)):
             cols[blocks(kept, size // heads, off)] = True
             head_of[off : off + size] = np.arange(size) // (size // heads)
-        anchor = tie_heads(ks, y, v // heads, 1)
-        if len(anchor) == heads:
-            ks.unit(wt, 1, np.arange(q + k + v), y, 2, anchor[head_of])
-            for t in caches or ():
-                ks.unit(t, 2, np.arange(heads), y, 2, anchor)
-            if mask is not None:
-                ks.unit(mask, 1, np.arange(heads), y, 2, anchor)
+        self.tie(ks, node, got, head_of, caches or [], mask)
         keep_blocks(ks, y, 2, np.repeat(need, v // heads), why)
         for t in caches or ():
             keep_blocks(ks, t, 2, need, why)
@@ -272,6 +263,40 @@ class ContribAttention(Handler):
         for t in node.outputs[1:]:
             if not any(t is c for c in caches or ()):
                 ks.pin(t)
+
+    def demand(self, node: gs.Node, ks: KeepView, ours: list[gs.Tensor]) -> None:
+        """Every input: x, the weights, the bias and `ours` (the caches and per-head attention
+        bias) constrained here, the others whole."""
+        for i in range(3):
+            ks.demand(ir.present(node, i), pin=False)
+        for t in node.inputs[3:]:
+            if t is not None and t.name and any(t is c for c in ours):
+                ks.demand(t, pin=False)
+            else:
+                ks.demand(t if t is not None and t.name else None)
+
+    def tie(
+        self,
+        ks: KeepView,
+        node: gs.Node,
+        got: tuple[int, int, int, int],
+        head_of: np.ndarray,
+        caches: list[gs.Tensor],
+        mask: gs.Tensor | None,
+    ) -> None:
+        """Records (for the coupled groups) what goes with a head: its output channels, its packed
+        weight columns (`head_of`: each column's head), its slice of the caches [2, B, heads, T,
+        d] and of a per-head attention bias [B, heads, S, T]."""
+        heads, _, _, v = got
+        wt, y = node.inputs[1], node.outputs[0]
+        anchor = tie_heads(ks, y, v // heads, 1)
+        if len(anchor) != heads:
+            return
+        ks.unit(wt, 1, np.arange(len(head_of)), y, 2, anchor[head_of])
+        for t in caches:
+            ks.unit(t, 2, np.arange(heads), y, 2, anchor)
+        if mask is not None:
+            ks.unit(mask, 1, np.arange(heads), y, 2, anchor)
 
     def caches(self, node: gs.Node, ks: KeepView, heads: int) -> list[gs.Tensor] | None:
         """The past input and the present output when read, each [2, B, heads, T, d]: a head's
@@ -307,6 +332,25 @@ class ContribAttention(Handler):
 
 
 # ------------------------------------------------------------------ packed-hidden forms
+@dataclass
+class _Roles:
+    """A packed-hidden attention node's inputs by what they hold of the heads."""
+
+    q: gs.Tensor
+    packed: bool  # Q, K and V packed in the query [B, S, (hq + 2 hkv) d]
+    kv_ins: list[gs.Tensor]  # key and value inputs [B, S, hkv * d] (not packed, not split)
+    split: list[tuple[gs.Tensor, int]]  # inputs whose heads are an axis, with it (`split_heads`)
+    q_split: bool  # the query among them
+    bias: gs.Tensor | None
+    pasts: list[gs.Tensor]  # past key/value [B, hkv, P, d]
+    mask: gs.Tensor | None  # an attention mask or bias with a query-head axis
+    per_head: list[gs.Tensor]  # [hq] inputs (a head sink)
+
+    def per_head_inputs(self) -> list[gs.Tensor]:
+        """The inputs besides Q, K, V and bias that hold heads (the cache, mask, head sink)."""
+        return [*self.pasts, *self.per_head, *([self.mask] if self.mask is not None else [])]
+
+
 class _PackedHeads(Handler):
     """Query, key and value as [B, S, heads * head_dim] inputs (projected before the op)."""
 
@@ -382,47 +426,77 @@ class _PackedHeads(Handler):
         if got is None or ir.rank(y) != 3:
             ks.barrier(node, Reason("barrier", node.name, node.op, "head layout unknown"))
             return
-        hq, hkv, d, dv, packed = got
+        hq, hkv = got[0], got[1]
+        roles = self.roles(node, got)
+        self.demand(node, ks, roles)
+        self.structure(node, ks, roles)
+        if self.every_head(node, ks, node.outputs[3:], hq, hkv):
+            every_head(ks, node, y, "a per-head input or output")
+        need_q, need_kv = self.needed_heads(node, ks, got, roles)
+        q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
+        self.keep_heads(node, ks, got, roles, q_heads, kv_heads)
+        self.tie(ks, node, got, roles.pasts, roles.mask)
+
+    def roles(self, node: gs.Node, got: tuple[int, int, int, int, bool]) -> _Roles:
+        """The node's inputs by what they hold of the heads (`got`: its `layout`)."""
+        hq, hkv, _, _, packed = got
         qi, ki, vi, bi = self.slots
         q = node.inputs[qi]
         split = self.split_heads(node)
-        q_split = any(q is t for t, _ in split)
         kv_ins = [] if packed else [ir.present(node, ki), ir.present(node, vi)]
-        kv_ins = [t for t in kv_ins if t is not None and not any(t is u for u, _ in split)]
-        bias = ir.present(node, bi) if bi is not None else None
-        pasts = self.pasts(node, hkv)
-        mask = self.head_mask(node, hq)
-        per_head = self.per_head(node, hq)
-        ours = [*pasts, *per_head, *([mask] if mask is not None else [])]
-        for t in [q, *kv_ins, *(t for t, _ in split), bias, *ours]:
+        return _Roles(
+            q,
+            packed,
+            [t for t in kv_ins if t is not None and not any(t is u for u, _ in split)],
+            split,
+            any(q is t for t, _ in split),
+            ir.present(node, bi) if bi is not None else None,
+            self.pasts(node, hkv),
+            self.head_mask(node, hq),
+            self.per_head(node, hq),
+        )
+
+    def demand(self, node: gs.Node, ks: KeepView, roles: _Roles) -> None:
+        """Every input: those holding heads constrained here, the others whole."""
+        qi, ki, vi, bi = self.slots
+        ours = roles.per_head_inputs()
+        for t in [roles.q, *roles.kv_ins, *(t for t, _ in roles.split), roles.bias, *ours]:
             ks.demand(t, pin=False)
         for i, t in enumerate(node.inputs):
             if i not in (qi, ki, vi, bi) and not any(t is o for o in ours):
                 ks.demand(t if t is not None and t.name else None)
+
+    def structure(self, node: gs.Node, ks: KeepView, roles: _Roles) -> None:
+        """Batch tied to the output's, every position a key, a head's dims and parts whole."""
+        y, q = node.outputs[0], roles.q
         ks.couple(q, 0, y, 0)
         ks.couple(q, 1, y, 1)
         key = Reason("structure", node.name, node.op, "every position is a key")
-        for t in kv_ins:
+        for t in roles.kv_ins:
             ks.couple(t, 0, y, 0)
             ks.pin(t, 1, key)
-        if packed or q_split:
+        if roles.packed or roles.q_split:
             ks.pin(q, 1, key)
-        for t, a in split:  # heads an axis; the positions, parts (Q, K, V) and a head's dims whole
+        for t, a in roles.split:  # heads an axis; the positions, parts (Q, K, V) and a head's dims whole
             ks.couple(t, 0, y, 0)
             for b in range(1, ir.rank(t) or 0):
                 if b != a:
                     ks.pin(t, b, Reason("structure", node.name, node.op, "a head's positions, parts and dims go together"))
-        for t in pasts:  # [B, kv heads, past positions, d]: a K/V head's slice of the cache
+        for t in roles.pasts:  # [B, kv heads, past positions, d]: a K/V head's slice of the cache
             ks.couple(t, 0, y, 0)
             ks.pin(t, 2, key)
             ks.pin(t, 3, Reason("structure", node.name, node.op, "a head's dims go together"))
-        pin_but_heads(ks, node, mask)
-        if self.every_head(node, ks, node.outputs[3:], hq, hkv):
-            every_head(ks, node, y, "a per-head input or output")
-        need_q = heads_read(ks.kept(y, 2), hq)
+        pin_but_heads(ks, node, roles.mask)
+
+    def needed_heads(
+        self, node: gs.Node, ks: KeepView, got: tuple[int, int, int, int, bool], roles: _Roles
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(query heads, K/V heads) a kept output or another reader of an input reads (what
+        other readers keep of the inputs stays too, and only as whole heads)."""
+        hq, hkv, d, _, packed = got
+        need_q = heads_read(ks.kept(node.outputs[0], 2), hq)
         need_kv = np.zeros(hkv, bool)
-        # What other readers keep of the inputs stays too, and only as whole heads.
-        kq = ks.kept(q, 2)
+        kq = ks.kept(roles.q, 2)
         if packed:
             kq = np.ones((hq + 2 * hkv) * d, bool) if kq is None else kq
             need_q |= heads_read(kq[: hq * d], hq)
@@ -430,45 +504,57 @@ class _PackedHeads(Handler):
             need_kv |= heads_read(kq[(hq + hkv) * d :], hkv)
         else:
             need_q |= heads_read(kq, hq)
-            for t in kv_ins:
+            for t in roles.kv_ins:
                 need_kv |= heads_read(ks.kept(t, 2), hkv)
-        for t, a in split:  # its query heads are its K/V heads (layout: hq == hkv)
+        for t, a in roles.split:  # its query heads are its K/V heads (layout: hq == hkv)
             need_kv |= heads_read(ks.kept(t, a), hkv)
-        for t in pasts:
+        for t in roles.pasts:
             need_kv |= heads_read(ks.kept(t, 1), hkv)
-        if mask is not None:
-            need_q |= heads_read(ks.kept(mask, mask_heads(mask)), hq)
-        for t in per_head:
+        if roles.mask is not None:
+            need_q |= heads_read(ks.kept(roles.mask, mask_heads(roles.mask)), hq)
+        for t in roles.per_head:
             need_q |= heads_read(ks.kept(t, 0), hq)
         for out in node.outputs[1:3]:  # present key / value: [B, kv heads, T, d]
             if ks.is_read(out):
                 need_kv |= heads_read(ks.kept(out, 1) if ir.rank(out) == 4 else None, hkv)
-        q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
+        return need_q, need_kv
+
+    def keep_heads(
+        self,
+        node: gs.Node,
+        ks: KeepView,
+        got: tuple[int, int, int, int, bool],
+        roles: _Roles,
+        q_heads: np.ndarray,
+        kv_heads: np.ndarray,
+    ) -> None:
+        """Keep the kept heads' blocks of every input and output that holds heads."""
+        _, _, d, dv, packed = got
+        y, q = node.outputs[0], roles.q
         why = Reason("structure", node.name, node.op, "a head's dims go together")
         keep_blocks(ks, y, 2, np.repeat(q_heads, dv), why)
         qcols = np.repeat(q_heads, d)
         kcols, vcols = np.repeat(kv_heads, d), np.repeat(kv_heads, dv)
         if packed:
             keep_blocks(ks, q, 2, np.concatenate([qcols, kcols, vcols]), why)
-        elif not q_split:
+        elif not roles.q_split:
             keep_blocks(ks, q, 2, qcols, why)
-        for t, cols in zip(kv_ins, (kcols, vcols), strict=False):
+        for t, cols in zip(roles.kv_ins, (kcols, vcols), strict=False):
             keep_blocks(ks, t, 2, cols, why)
-        for t, a in split:
+        for t, a in roles.split:
             keep_blocks(ks, t, a, q_heads if t is q else kv_heads, why)
-        if bias is not None:
-            keep_blocks(ks, bias, 0, np.concatenate([qcols, kcols, vcols]), why)
-        for t in pasts:
+        if roles.bias is not None:
+            keep_blocks(ks, roles.bias, 0, np.concatenate([qcols, kcols, vcols]), why)
+        for t in roles.pasts:
             keep_blocks(ks, t, 1, kv_heads, why)
-        if mask is not None:
-            keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
-        for t in per_head:
+        if roles.mask is not None:
+            keep_blocks(ks, roles.mask, mask_heads(roles.mask), q_heads, why)
+        for t in roles.per_head:
             keep_blocks(ks, t, 0, q_heads, why)
         for out in node.outputs[1:3]:
             keep_head_axis(ks, out, kv_heads, y, why)
         for out in node.outputs[3:]:
             ks.pin(out)
-        self.tie(ks, node, got, pasts, mask)
 
     def tie(
         self,
@@ -487,7 +573,7 @@ class _PackedHeads(Handler):
         y = node.outputs[0]
         split = self.split_heads(node)
         ranks = rep > 1 and not split
-        which = False if ranks else None  # with their K/V head: unless the ranks are asked for
+        which = WITH_KV_HEAD if ranks else None  # one of two ways to cut them: `tie_ranks`
         anchor = tie_heads(ks, y, dv, rep, which)
         if len(anchor) != hkv:
             return
@@ -524,7 +610,7 @@ class _PackedHeads(Handler):
         pasts: list[gs.Tensor],
         mask: gs.Tensor | None,
     ) -> None:
-        """The other way to cut grouped-query attention into units (`CouplingLog.query_ranks`):
+        """The other way to cut grouped-query attention into units (`BY_RANK`):
         query head j * rep + r is removed with the query heads of rank r in every other K/V
         group (the kept query heads are a product, `grouped`: a rank gone from every group
         leaves each K/V head serving rep - 1), with its output channels, query dims, bias and
@@ -533,7 +619,7 @@ class _PackedHeads(Handler):
         rep = hq // hkv
         y = node.outputs[0]
         rank_at = np.arange(hq) % rep * dv  # each query head's rank, tied at that rank's first y channel
-        ks.unit(y, 2, np.arange(hq * dv), y, 2, rank_at[np.arange(hq * dv) // dv], True)
+        ks.unit(y, 2, np.arange(hq * dv), y, 2, rank_at[np.arange(hq * dv) // dv], BY_RANK)
         qi, ki, vi, bi = self.slots
         q = node.inputs[qi]
         q_rank = rank_at[np.arange(hq * d) // d]
@@ -549,18 +635,18 @@ class _PackedHeads(Handler):
         width = (hq + 2 * hkv) * d if packed else None  # the packed query's
         for t, off, at, to in parts:
             if ks.size(t, 2) == (width or len(at)):
-                ks.unit(t, 2, off + np.arange(len(at)), to, 2, at, True)
+                ks.unit(t, 2, off + np.arange(len(at)), to, 2, at, BY_RANK)
         for t in [*pasts, *node.outputs[1:3]]:
             if ir.rank(t) == 4 and ks.size(t, 1) == hkv:
-                ks.unit(t, 1, np.arange(hkv), kt, 2, first, True)
+                ks.unit(t, 1, np.arange(hkv), kt, 2, first, BY_RANK)
         bias = ir.present(node, bi) if bi is not None else None
         if bias is not None and ks.size(bias, 0) == (hq + hkv) * d + hkv * dv:
-            ks.unit(bias, 0, np.arange(hq * d), y, 2, q_rank, True)
-            ks.unit(bias, 0, hq * d + np.arange(hkv * (d + dv)), kt, 2, np.concatenate([k_of, v_of]), True)
+            ks.unit(bias, 0, np.arange(hq * d), y, 2, q_rank, BY_RANK)
+            ks.unit(bias, 0, hq * d + np.arange(hkv * (d + dv)), kt, 2, np.concatenate([k_of, v_of]), BY_RANK)
         if mask is not None:
-            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, rank_at, True)
+            ks.unit(mask, mask_heads(mask), np.arange(hq), y, 2, rank_at, BY_RANK)
         for t in self.per_head(node, hq):
-            ks.unit(t, 0, np.arange(hq), y, 2, rank_at, True)
+            ks.unit(t, 0, np.arange(hq), y, 2, rank_at, BY_RANK)
 
     def split_heads(self, node: gs.Node) -> list[tuple[gs.Tensor, int]]:
         """Inputs whose heads are an axis of their own, with that axis, as `layout` accepted them
@@ -829,7 +915,30 @@ class OnnxAttention(_PackedHeads):
             ks.pin(t, 2, key)
             ks.pin(t, 3, dims)
         pin_but_heads(ks, node, mask)
-        need_q = heads_read(ks.kept(y, 1), hq) | heads_read(ks.kept(q, 1), hq)
+        need_q, need_kv = self.four_d_needs(node, ks, got, pasts, mask)
+        q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
+        why = Reason("structure", node.name, node.op, "a head's query, key and value go together")
+        for t in (q, y):
+            keep_blocks(ks, t, 1, q_heads, why)
+        for t in (k, v, *pasts):
+            keep_blocks(ks, t, 1, kv_heads, why)
+        if mask is not None:
+            keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
+        for j, out in enumerate(node.outputs[1:3]):
+            keep_head_axis(ks, out, kv_heads, y, why, last=v if j == 1 else None)
+        qk = node.outputs[3] if len(node.outputs) > 3 else None
+        if qk is not None:
+            keep_head_axis(ks, qk, q_heads, y, why)
+        self.tie_four_d(ks, node, got, pasts, mask)
+
+    def four_d_needs(
+        self, node: gs.Node, ks: KeepView, got: tuple[int, int], pasts: list[gs.Tensor], mask: gs.Tensor | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The 4-D form's (query heads, K/V heads) read: by the kept outputs (the scores too), by
+        other readers of the inputs; all where something carries every head."""
+        hq, hkv = got
+        q, k, v = node.inputs[:3]
+        need_q = heads_read(ks.kept(node.outputs[0], 1), hq) | heads_read(ks.kept(q, 1), hq)
         need_kv = heads_read(ks.kept(k, 1), hkv) | heads_read(ks.kept(v, 1), hkv)
         for t in pasts:
             need_kv |= heads_read(ks.kept(t, 1), hkv)
@@ -843,19 +952,17 @@ class OnnxAttention(_PackedHeads):
             need_q |= heads_read(ks.kept(qk, 1), hq) if ir.rank(qk) == 4 else True
         if self.every_head(node, ks, (), hq, hkv):
             need_q[:], need_kv[:] = True, True
-        q_heads, kv_heads = grouped(need_q, need_kv, hq // hkv)
-        why = Reason("structure", node.name, node.op, "a head's query, key and value go together")
-        for t in (q, y):
-            keep_blocks(ks, t, 1, q_heads, why)
-        for t in (k, v, *pasts):
-            keep_blocks(ks, t, 1, kv_heads, why)
-        if mask is not None:
-            keep_blocks(ks, mask, mask_heads(mask), q_heads, why)
-        for j, out in enumerate(node.outputs[1:3]):
-            keep_head_axis(ks, out, kv_heads, y, why, last=v if j == 1 else None)
-        if qk is not None:
-            keep_head_axis(ks, qk, q_heads, y, why)
-        # for the coupled groups: a K/V head goes with its query heads (and their scores)
+        return need_q, need_kv
+
+    def tie_four_d(
+        self, ks: KeepView, node: gs.Node, got: tuple[int, int], pasts: list[gs.Tensor], mask: gs.Tensor | None
+    ) -> None:
+        """Records (for the coupled groups) that in the 4-D form a K/V head goes with its query
+        heads (and their scores, mask slices, cache)."""
+        hq, hkv = got
+        q, k, v = node.inputs[:3]
+        y = node.outputs[0]
+        qk = node.outputs[3] if len(node.outputs) > 3 else None
         rep = hq // hkv
         group = np.arange(hq) // rep * rep  # each query head's group, by its first query head
         for t in (q, y, qk):

@@ -23,6 +23,7 @@ from onnxshrink.core import (
     ConstInfo,
     ConstView,
     Handler,
+    IntegerProduct,
     KeepView,
     OpNode,
     Reader,
@@ -348,9 +349,15 @@ def _weight_dtype(rw: RewriteView, node: gs.Node) -> np.dtype:
     return np.asarray(w).dtype
 
 
+# Conv's attributes that place its window, which ConvInteger takes as they are
+CONV_WINDOW = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
 @register("Conv")
 class Conv(_ConvBase):
-    pass
+    def qdq_form(self, node: OpNode) -> IntegerProduct:
+        window = {k: v for k, v in node.attrs.items() if k in CONV_WINDOW}
+        return IntegerProduct(window, out_axis=0, bias=2)
 
 
 @register("ConvTranspose")

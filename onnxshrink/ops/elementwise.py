@@ -327,6 +327,9 @@ class Elementwise(Handler):
     def multiplies(self, node: OpNode) -> bool:
         return node.op == "Mul"
 
+    def adds(self, node: OpNode) -> bool:
+        return node.op == "Add"
+
     def absorb_addend(self, node: gs.Node, i: int, values: np.ndarray, rw: RewriteView) -> bool:
         """Add(y, C): a constant added to y goes into C."""
         other = [k for k, t in enumerate(node.inputs) if k != i]

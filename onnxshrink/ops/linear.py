@@ -19,6 +19,7 @@ from onnxshrink.core import (
     ConstView,
     Dims,
     Handler,
+    IntegerProduct,
     KeepView,
     OpNode,
     RewriteView,
@@ -142,6 +143,11 @@ class Gemm(Handler):
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
         return {"weight": 1, "bias": 2}
 
+    def qdq_form(self, node: OpNode) -> IntegerProduct:
+        trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
+        alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+        return IntegerProduct(None, 0 if trans_b else 1, 2, trans_a, trans_b, alpha, beta)
+
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         a = inputs[0]
         if a is None:
@@ -240,6 +246,9 @@ class MatMul(Handler):
 
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
         return {"weight": 1}
+
+    def qdq_form(self, node: OpNode) -> IntegerProduct:
+        return IntegerProduct(None, out_axis=1)
 
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         a = inputs[0]

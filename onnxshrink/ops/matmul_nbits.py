@@ -38,6 +38,7 @@ from onnxshrink.core import (
     Reader,
     Reason,
     RewriteView,
+    RuntimeQuantized,
     WeightAxes,
     compress,
     register,
@@ -139,6 +140,10 @@ class MatMulNBits(Handler):
 
     def param_inputs(self, node: OpNode, constant: Sequence[bool]) -> Mapping[str, int]:
         return {"weight": B, "bias": BIAS}
+
+    def qdq_form(self, node: OpNode) -> RuntimeQuantized:
+        """At accuracy_level 4 onnxruntime quantizes A to int8 per block at run time."""
+        return RuntimeQuantized("accuracy_level")
 
     def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
         """B: codes packed `bits` to a byte, in blocks along axis 1 with a scale and zero point

@@ -41,15 +41,18 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx import TensorProto
 
 from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dequantizes,
     Handler,
     KeepView,
     OpNode,
     Quantized,
+    Quantizes,
     Reader,
     Reason,
     RewriteView,
@@ -127,6 +130,11 @@ class QuantizeDequantize(Handler):
         zp = 2 if node.has_input(2) else None
         axis = ir.norm_axis(int(node.attrs.get("axis", 1)), max(rank, 1))
         return Quantized((1,), zp, axis, block=int(node.attrs.get("block_size", 0)))
+
+    def qdq_form(self, node: OpNode) -> Dequantizes | Quantizes | None:
+        if node.op == "DequantizeLinear":
+            return Dequantizes(int(node.attrs.get("axis", 1)), self.blocked_size(node))
+        return Quantizes(int(node.attrs.get("output_dtype", 0)) or TensorProto.UINT8)
 
     def blocked(self, node: gs.Node | OpNode) -> bool:
         return int(node.attrs.get("block_size", 0)) != 0
@@ -250,6 +258,9 @@ class QuantizeDequantize(Handler):
 @register("QuantizeLinear", "DequantizeLinear", domain="com.microsoft")
 class ContribQuantizeDequantize(QuantizeDequantize):
     """onnxruntime's own Q/DQ (16-bit and 4-bit types before ONNX had them): the same ops."""
+
+    def qdq_form(self, node: OpNode) -> None:
+        return None  # the proof computes the standard ops' QDQ products in integers only
 
 
 @register("DynamicQuantizeLinear", since=11)

@@ -1,5 +1,15 @@
 """The proof: the shrunk model against the reference in onnxruntime, as users run them.
 
+Its surface is the proof itself and what a caller hands it:
+
+- `compare(reference, shrunk, opts)`: run both, each output against its tolerance, the float64
+  judge where float32 cannot decide; it returns a `ValidationReport` (one `OutputCheck` per
+  output).
+- `parse_shapes`, `load_inputs`, `check_inputs`: the shapes and arrays given on the command line;
+  `resolve_shapes`, `make_inputs`: the shapes chosen for dynamic dims and the random draws.
+
+The modules, by subject (their other functions are imported from them where needed):
+
 - `verdict`: per output, its error against its tolerance; the report.
 - `inputs`: the shapes chosen for dynamic dims, random draws, inputs given in files.
 - `sessions`: onnxruntime sessions, levels, threads; a model run whole or in segments.
@@ -17,28 +27,15 @@ from onnxshrink.proof.inputs import (
     parse_shapes,
     resolve_shapes,
 )
-from onnxshrink.proof.sessions import (
-    check_provider,
-    check_runnable,
-    run_model,
-    session,
-    session_threads,
-)
-from onnxshrink.proof.verdict import ErrorTally, OutputCheck, ValidationReport
+from onnxshrink.proof.verdict import OutputCheck, ValidationReport
 
 __all__ = [
-    "ErrorTally",
     "OutputCheck",
     "ValidationReport",
     "check_inputs",
-    "check_provider",
-    "check_runnable",
     "compare",
     "load_inputs",
     "make_inputs",
     "parse_shapes",
     "resolve_shapes",
-    "run_model",
-    "session",
-    "session_threads",
 ]

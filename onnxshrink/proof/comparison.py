@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,22 +33,6 @@ from onnxshrink.proof.verdict import (
     default_tolerance,
     output_tolerance,
 )
-
-
-def _not_run(
-    tally: ErrorTally,
-    opts: ShrinkOptions,
-    rtol: float,
-    shapes: dict[str, list[int]],
-    draws: int,
-    error: str,
-    t0: float,
-) -> ValidationReport:
-    checks = [OutputCheck(n, [], float("inf"), float("inf"), False) for n in tally.names]
-    return ValidationReport(
-        False, rtol, opts.atol, draws, opts.provider, shapes, checks,
-        time.perf_counter() - t0, error,
-    )  # fmt: skip
 
 
 def _reference_failed(
@@ -92,6 +77,70 @@ def _reference_failed(
     return f"{text}. Give real inputs it runs on with --inputs."
 
 
+@dataclass
+class _Proof:
+    """What one proof is given: both models (`*_dir`: where their external data are), the
+    options, the arithmetic its tolerance follows, the inputs it runs on."""
+
+    reference: onnx.ModelProto
+    shrunk: onnx.ModelProto
+    opts: ShrinkOptions
+    reference_dir: str | Path | None
+    shrunk_dir: str | Path | None
+    dtype: str
+    eps: float
+    base: float  # the rtol given, or the dtype's floor
+    t0: float
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    feeds: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+    @staticmethod
+    def of(
+        reference: onnx.ModelProto,
+        shrunk: onnx.ModelProto,
+        opts: ShrinkOptions,
+        reference_dir: str | Path | None,
+        shrunk_dir: str | Path | None,
+    ) -> _Proof:
+        """The proof of `shrunk` against `reference`: its clock started, its inputs drawn."""
+        dtype, eps = arithmetic(reference)
+        base = opts.rtol if opts.rtol is not None else default_tolerance(eps)
+        t0 = time.perf_counter()
+        proof = _Proof(reference, shrunk, opts, reference_dir, shrunk_dir, dtype, eps, base, t0)
+        proof.shapes = resolve_shapes(reference, opts.input_shapes or {})
+        proof.feeds = list(opts.inputs or []) + make_inputs(reference, proof.shapes, opts.draws, opts.seed)
+        return proof
+
+    def report(self, checks: list[OutputCheck]) -> ValidationReport:
+        """The report of these checks: passed when every one did."""
+        passed, opts = all(c.passed for c in checks), self.opts
+        return ValidationReport(
+            passed, self.base, opts.atol, len(self.feeds), opts.provider, self.shapes, checks
+        )
+
+    def not_run(self, tally: ErrorTally, error: str) -> ValidationReport:
+        """The report of a shrunk model that did not load or run (`error`: why)."""
+        checks = [OutputCheck(n, [], float("inf"), float("inf"), False) for n in tally.names]
+        return ValidationReport(
+            False, self.base, self.opts.atol, len(self.feeds), self.opts.provider, self.shapes, checks,
+            time.perf_counter() - self.t0, error,
+        )  # fmt: skip
+
+
+@dataclass
+class _Compared:
+    """The two models as the proof runs them, `kind` the part ("full": whole), with `outputs`
+    compared; `integer`: their quantized products computed in integers; `detail`: how, for the
+    report."""
+
+    reference: onnx.ModelProto
+    shrunk: onnx.ModelProto
+    outputs: list[str]
+    kind: str = "full"
+    integer: bool = False
+    detail: list[str] = field(default_factory=list)
+
+
 def compare(
     reference: onnx.ModelProto,
     shrunk: onnx.ModelProto,
@@ -107,180 +156,280 @@ def compare(
     output derived from the reference's own noise (the reference run again with the
     optimizations off) unless one is given. The shrunk model must load at every optimization
     level the reference loads at. An output off by more than the dtype's floor (or the rtol
-    given) is judged in float64 (onnxshrink.judge; `twin()` makes the shrink of the reference
+    given) is judged in float64 (onnxshrink.proof.judge; `twin()` makes the shrink of the reference
     widened to float64; `judge_macs` bounds the model size judged): another function fails,
     rounding passes, or under a given rtol fails as rounding. `*_dir`: where each model's
     external data are. With `opts.validate_layers`, only the first blocks are compared (see
-    onnxshrink.segment.prefix)."""
-    from onnxshrink.progress import bar
+    onnxshrink.proof.segment.prefix)."""
+    proof = _Proof.of(reference, shrunk, opts or ShrinkOptions(), reference_dir, shrunk_dir)
+    models = _compared(proof)
+    runs = _Runs(proof, models)
+    # The emulated products are what quantized kernels compute; at the default level
+    # onnxruntime fuses the model's remaining Q/DQ pairs into int8 kernels that requantize
+    # each step on their own, and a deep network's output then moves by whole quantization
+    # steps with any change of float order (ResNet-50, QDQ: 0.1 between the levels for the
+    # reference itself). Both models run with optimizations off; each still loads at every level.
+    level = OFF if models.integer else default_level()
+    ref_out, level = _reference_outputs(proof, runs, level, models.detail)
+    noise, noise_out = _reference_noise(runs, level, models.outputs, ref_out, models.detail)
+    models.detail += [_how_run(proof, level), runs.order()]
+    tally = ErrorTally(models.outputs)
+    new_out, failure = _run_shrunk(proof, models, runs, level, ref_out)
+    if new_out is None:
+        return _finished(proof.not_run(tally, failure), proof, models, level)
+    checks = _checks(proof, tally, ref_out, new_out, noise_out, noise)
+    report = _finished(proof.report(checks), proof, models, level)
+    _judge_undecided(proof, models.kind, report, tally, ref_out, new_out, twin, judge_macs)
+    return report
+
+
+def _finished(report: ValidationReport, proof: _Proof, models: _Compared, level: str) -> ValidationReport:
+    """`report` with what was proven and how, and the time it took."""
+    report.kind, report.detail = models.kind, "; ".join(models.detail)
+    report.dtype, report.eps = proof.dtype, proof.eps
+    report.level, report.rtol_given = level, proof.opts.rtol is not None
+    report.seconds = time.perf_counter() - proof.t0
+    return report
+
+
+def _compared(proof: _Proof) -> _Compared:
+    """The models the proof runs: the first blocks with `--validate-layers`, else the whole
+    models; each computed as its kernels compute it where onnxruntime would not (both alike)."""
     from onnxshrink.proof.emulate import emulated, needs_emulation
     from onnxshrink.proof.qdq import float_activations, integer_products
-    from onnxshrink.proof.segment import blocks, prefix, split
 
-    opts = opts or ShrinkOptions()
-    atol = opts.atol
-    detail = []
-    dtype, eps = arithmetic(reference)
-    base = opts.rtol if opts.rtol is not None else default_tolerance(eps)
-    t0 = time.perf_counter()
-    shapes = resolve_shapes(reference, opts.input_shapes or {})
-    feeds = list(opts.inputs or []) + make_inputs(reference, shapes, opts.draws, opts.seed)
-    outputs = [o.name for o in reference.graph.output]
-    kind, ref_model, new_model = "full", reference, shrunk
+    opts = proof.opts
+    models = _Compared(proof.reference, proof.shrunk, [o.name for o in proof.reference.graph.output])
     if opts.validate_layers is not None:
-        found = blocks(reference)
-        if found is None:
-            raise ShrinkError(
-                "--validate-layers: the model's node order has no repeated blocks to count; "
-                "validate it whole (omit --validate-layers)."
-            )
-        n = opts.validate_layers
-        if n < found.count:  # else the whole model is proven
-            head = prefix(reference, found.end(n))
-            tail = prefix(shrunk, 0, head.outputs) if head is not None else None
-            if head is None or tail is None:
-                raise ShrinkError(
-                    f"--validate-layers {n}: the tensors after block {n} are not all in the shrunk "
-                    "model (or their types are unknown); validate it whole (omit --validate-layers)."
-                )
-            ref_model, new_model, outputs = head.model, tail.model, head.outputs
-            kind = f"first {n} of {found.count} repeated blocks"
-            detail.append(f"{head.nodes} of {len(reference.graph.node)} nodes; compared: {', '.join(outputs)}")
-    if needs_emulation(ref_model):
-        ref_model, new_model = emulated(ref_model), emulated(new_model)
-        detail.append(
+        _first_blocks(models, opts.validate_layers)
+    if needs_emulation(models.reference):
+        models.reference, models.shrunk = emulated(models.reference), emulated(models.shrunk)
+        models.detail.append(
             "bfloat16 arithmetic emulated in float32, each bfloat16 tensor rounded to bfloat16: "
             "onnxruntime has few bfloat16 kernels"
         )
-    integer = integer_products(ref_model, reference_dir)
+    integer = integer_products(models.reference, proof.reference_dir)
     if integer is not None:  # both alike: the reference's products, and the shrunk model's
-        ref_model, new_model = integer, integer_products(new_model, shrunk_dir) or new_model
-        detail.append(
+        models.reference = integer
+        models.shrunk = integer_products(models.shrunk, proof.shrunk_dir) or models.shrunk
+        models.integer = True
+        models.detail.append(
             "products of dequantized operands accumulated in integers, as quantized kernels do: "
             "in float32 a QuantizeLinear after them can round differently when zero terms are removed"
         )
-    floats = float_activations(ref_model)
+    floats = float_activations(models.reference)
     if floats is not None:
-        ref_model, new_model = floats, float_activations(new_model) or new_model
-        detail.append(
+        models.reference, models.shrunk = floats, float_activations(models.shrunk) or models.shrunk
+        models.detail.append(
             "MatMulNBits with float32 activations (accuracy_level 0): at run time int8 activations "
             "can round differently when float rounding moves a value by an ulp"
         )
-    tally = ErrorTally(outputs)
-    ref_parts = split(ref_model, segment_bytes(ref_model))
-    new_parts = split(new_model, segment_bytes(new_model))
-    counts = [len(p) if p else 1 for p in (ref_parts, new_parts)]
-    level = default_level()
-    if integer is not None:
-        # The emulated products are what quantized kernels compute; at the default level
-        # onnxruntime fuses the model's remaining Q/DQ pairs into int8 kernels that requantize
-        # each step on their own, and a deep network's output then moves by whole quantization
-        # steps with any change of float order (ResNet-50, QDQ: 0.1 between the levels for the
-        # reference itself). Both models run with optimizations off; each still loads at every level.
-        level = OFF
+    return models
 
-    def run_reference(at: str, what: str) -> list[list[np.ndarray]]:
-        with bar(len(feeds) * counts[0], what, "run", opts.progress) as progress:
-            return run_model(ref_model, feeds, outputs, opts.provider, reference_dir, progress, ref_parts, at)
 
-    try:  # as users run it
-        ref_out = run_reference(level, "proof: reference")
+def _first_blocks(models: _Compared, n: int) -> None:
+    """`models` cut to their first `n` repeated blocks (`--validate-layers n`), compared on the
+    tensors after them; left whole when the model has no more than `n`."""
+    from onnxshrink.proof.segment import blocks, prefix
+
+    reference, shrunk = models.reference, models.shrunk
+    found = blocks(reference)
+    if found is None:
+        raise ShrinkError(
+            "--validate-layers: the model's node order has no repeated blocks to count; "
+            "validate it whole (omit --validate-layers)."
+        )
+    if n >= found.count:  # the whole model is proven
+        return
+    head = prefix(reference, found.end(n))
+    tail = prefix(shrunk, 0, head.outputs) if head is not None else None
+    if head is None or tail is None:
+        raise ShrinkError(
+            f"--validate-layers {n}: the tensors after block {n} are not all in the shrunk "
+            "model (or their types are unknown); validate it whole (omit --validate-layers)."
+        )
+    models.reference, models.shrunk, models.outputs = head.model, tail.model, head.outputs
+    models.kind = f"first {n} of {found.count} repeated blocks"
+    compared = ", ".join(head.outputs)
+    models.detail.append(f"{head.nodes} of {len(reference.graph.node)} nodes; compared: {compared}")
+
+
+class _Runs:
+    """Both models run on the proof's feeds, one session at a time, each whole or in segments
+    (split by weight bytes), with a progress bar."""
+
+    def __init__(self, proof: _Proof, models: _Compared):
+        from onnxshrink.proof.segment import split
+
+        self.proof, self.models = proof, models
+        self.parts = [split(m, segment_bytes(m)) for m in (models.reference, models.shrunk)]
+        self.counts = [len(p) if p else 1 for p in self.parts]
+
+    def reference(self, at: str, what: str) -> list[list[np.ndarray]]:
+        """The reference's outputs on every feed, at graph optimization level `at`."""
+        return self._run(0, self.models.reference, self.proof.reference_dir, at, what)
+
+    def shrunk(self, at: str) -> list[list[np.ndarray]]:
+        """The shrunk model's outputs on every feed, at graph optimization level `at`."""
+        return self._run(1, self.models.shrunk, self.proof.shrunk_dir, at, "proof: shrunk")
+
+    def order(self) -> str:
+        """How they ran, for the report."""
+        segments = f", in {self.counts[0]} and {self.counts[1]} segments" if max(self.counts) > 1 else ""
+        return "reference, then shrunk model" + segments
+
+    def _run(
+        self, k: int, model: onnx.ModelProto, data_dir: str | Path | None, at: str, what: str
+    ) -> list[list[np.ndarray]]:
+        from onnxshrink.progress import bar
+
+        opts, feeds, outputs = self.proof.opts, self.proof.feeds, self.models.outputs
+        with bar(len(feeds) * self.counts[k], what, "run", opts.progress) as progress:
+            return run_model(model, feeds, outputs, opts.provider, data_dir, progress, self.parts[k], at)
+
+
+def _reference_outputs(
+    proof: _Proof, runs: _Runs, level: str, detail: list[str]
+) -> tuple[list[list[np.ndarray]], str]:
+    """The reference's outputs as users run it (at `level`), and the level they ran at: with the
+    optimizations off where it does not load at `level`. ShrinkError when it does not run."""
+    try:
+        return runs.reference(level, "proof: reference"), level
     except RunFailed as exc:
         if not exc.loading or level == OFF:
-            raise ShrinkError(_reference_failed(reference, opts, shapes, exc)) from exc
+            raise ShrinkError(_reference_failed(proof.reference, proof.opts, proof.shapes, exc)) from exc
         detail.append(
             f"the reference does not load at onnxruntime's default optimizations ({level}: "
             f"{exc}): both models run with them off"
         )
-        level = OFF
         try:
-            ref_out = run_reference(OFF, "proof: reference")
+            return runs.reference(OFF, "proof: reference"), OFF
         except RunFailed as exc2:
-            raise ShrinkError(_reference_failed(reference, opts, shapes, exc2)) from exc2
+            raise ShrinkError(_reference_failed(proof.reference, proof.opts, proof.shapes, exc2)) from exc2
+
+
+def _reference_noise(
+    runs: _Runs, level: str, outputs: list[str], ref_out: list[list[np.ndarray]], detail: list[str]
+) -> tuple[dict[str, float | None], list[list[np.ndarray]] | None]:
+    """The reference's own noise per output (None: not measured), and its outputs that measured
+    it: the same inputs in another valid float order (optimizations off, when it ran with them)."""
     noise: dict[str, float | None] = dict.fromkeys(outputs)
-    noise_out = None
-    if level != OFF:  # the reference's own noise: the same inputs, another valid float order
-        try:
-            noise_out = run_reference(OFF, "proof: reference's noise")
-        except RunFailed as exc:
-            detail.append(f"the reference's noise not measured: with optimizations off it {exc}")
-        else:
-            spread = ErrorTally(outputs)
-            for r_run, o_run in zip(ref_out, noise_out, strict=True):
-                spread.add(r_run, o_run)
-            noise = {n: spread.relative(n) for n in outputs}
-    floor = f"rtol {default_tolerance(eps):g} for {dtype} arithmetic"
-    if level != OFF:
-        how = f"onnxruntime's default graph optimizations ({level}), as users run it"
-        if opts.rtol is None:
-            how += f"; tolerance per output: {NOISE_FACTOR:g} x the reference's own noise (its outputs with them off), and at least {floor}"
-    else:
-        how = f"onnxruntime with graph optimizations off ({OFF})" + ("" if opts.rtol is not None else f"; {floor}")
-    detail.append(how)
-    detail.append(
-        "reference, then shrunk model"
-        + (f", in {counts[0]} and {counts[1]} segments" if max(counts) > 1 else "")
-    )
-
-    def finish(report: ValidationReport) -> ValidationReport:
-        report.kind, report.detail, report.dtype, report.eps = kind, "; ".join(detail), dtype, eps
-        report.level, report.rtol_given = level, opts.rtol is not None
-        report.seconds = time.perf_counter() - t0
-        return report
-
+    if level == OFF:
+        return noise, None
     try:
-        with bar(len(feeds) * counts[1], "proof: shrunk", "run", opts.progress) as progress:
-            new_out = run_model(
-                new_model, feeds, outputs, opts.provider, shrunk_dir, progress, new_parts, level
-            )
+        noise_out = runs.reference(OFF, "proof: reference's noise")
+    except RunFailed as exc:
+        detail.append(f"the reference's noise not measured: with optimizations off it {exc}")
+        return noise, None
+    spread = ErrorTally(outputs)
+    for r_run, o_run in zip(ref_out, noise_out, strict=True):
+        spread.add(r_run, o_run)
+    return {n: spread.relative(n) for n in outputs}, noise_out
+
+
+def _how_run(proof: _Proof, level: str) -> str:
+    """How the models ran and what their tolerance is, for the report."""
+    floor = f"rtol {default_tolerance(proof.eps):g} for {proof.dtype} arithmetic"
+    given = proof.opts.rtol is not None
+    if level == OFF:
+        return f"onnxruntime with graph optimizations off ({OFF})" + ("" if given else f"; {floor}")
+    how = f"onnxruntime's default graph optimizations ({level}), as users run it"
+    if not given:
+        how += (
+            f"; tolerance per output: {NOISE_FACTOR:g} x the reference's own noise (its outputs with "
+            f"them off), and at least {floor}"
+        )
+    return how
+
+
+def _run_shrunk(
+    proof: _Proof, models: _Compared, runs: _Runs, level: str, ref_out: list[list[np.ndarray]]
+) -> tuple[list[list[np.ndarray]] | None, str]:
+    """The shrunk model's outputs at `level`, or None and why it failed: it did not run there,
+    or onnxruntime refuses it at a level it loads the reference at."""
+    try:
+        new_out = runs.shrunk(level)
     except RunFailed as exc:
         at = f" at {level}" if exc.loading and level != OFF else ""
-        return finish(_not_run(tally, opts, base, shapes, len(feeds), f"{exc}{at}", t0))
-    if kind != "full":
-        for name, r, s in zip(outputs, ref_out[0], new_out[0], strict=True):
-            if r.shape != s.shape:
-                raise ShrinkError(
-                    f"--validate-layers: tensor '{name}' after the blocks has shape {list(s.shape)} "
-                    f"in the shrunk model, {list(r.shape)} in the reference: not comparable there; "
-                    "validate it whole (omit --validate-layers)."
-                )
-    refused = _refused_levels(ref_model, new_model, opts.provider, reference_dir, shrunk_dir, level, max(counts))
+        return None, f"{exc}{at}"
+    if models.kind != "full":
+        _same_frontier_shapes(models.outputs, ref_out[0], new_out[0])
+    refused = _refused_levels(
+        models.reference, models.shrunk, proof.opts.provider, proof.reference_dir, proof.shrunk_dir, level,
+        max(runs.counts),
+    )  # fmt: skip
     if refused is not None:
         failure, note = refused
         if failure:
-            return finish(_not_run(tally, opts, base, shapes, len(feeds), failure, t0))
-        detail.append(note)
+            return None, failure
+        models.detail.append(note)
+    return new_out, ""
+
+
+def _same_frontier_shapes(outputs: list[str], ref_out: list[np.ndarray], new_out: list[np.ndarray]) -> None:
+    """A partial proof compares the tensors after the blocks: ShrinkError when one's shape differs."""
+    for name, r, s in zip(outputs, ref_out, new_out, strict=True):
+        if r.shape != s.shape:
+            raise ShrinkError(
+                f"--validate-layers: tensor '{name}' after the blocks has shape {list(s.shape)} "
+                f"in the shrunk model, {list(r.shape)} in the reference: not comparable there; "
+                "validate it whole (omit --validate-layers)."
+            )
+
+
+def _checks(
+    proof: _Proof,
+    tally: ErrorTally,
+    ref_out: list[list[np.ndarray]],
+    new_out: list[list[np.ndarray]],
+    noise_out: list[list[np.ndarray]] | None,
+    noise: dict[str, float | None],
+) -> list[OutputCheck]:
+    """Each output's worst error over the feeds against its tolerance."""
     for k, (r_run, s_run) in enumerate(zip(ref_out, new_out, strict=True)):
         tally.add(r_run, s_run, noise_out[k] if noise_out is not None else None)
-    tolerances = {n: output_tolerance(opts.rtol, eps, dtype, noise[n]) for n in outputs}
-    checks = tally.checks({n: t[0] for n, t in tolerances.items()}, atol)
+    tolerances = {n: output_tolerance(proof.opts.rtol, proof.eps, proof.dtype, noise[n]) for n in tally.names}
+    checks = tally.checks({n: t[0] for n, t in tolerances.items()}, proof.opts.atol)
     for c in checks:
         c.tolerance, c.noise = tolerances[c.name][1], noise[c.name]
-    report = finish(
-        ValidationReport(
-            all(c.passed for c in checks), base, atol, len(feeds), opts.provider, shapes, checks
-        )
-    )
-    # Above the floor, float32 cannot tell rounding from a wrong model of the same size (a
-    # weight changed by 1e-4 moves a noisy model's outputs as much as its own rounding does):
-    # the float64 judge decides, where it can (a model past GRAY_MACS passes within the noise).
+    return checks
+
+
+def _judge_undecided(
+    proof: _Proof,
+    kind: str,
+    report: ValidationReport,
+    tally: ErrorTally,
+    ref_out: list[list[np.ndarray]],
+    new_out: list[list[np.ndarray]],
+    twin: Callable[[], onnx.ModelProto] | None,
+    judge_macs: float | None,
+) -> None:
+    """Above the floor, float32 cannot tell rounding from a wrong model of the same size (a
+    weight changed by 1e-4 moves a noisy model's outputs as much as its own rounding does): the
+    float64 judge decides the outputs there, where it can (a model past GRAY_MACS passes within
+    the noise), and `report` follows its verdicts."""
+    atol, base = proof.opts.atol, proof.base
     undecided = [
         c
-        for c in checks
+        for c in report.outputs
         if (tally.exact[c.name] and c.max_abs_error > atol + base * tally.mag[c.name])
         or c.name in tally.values_differ
     ]
-    if undecided:
-        _judge(reference, shrunk, twin, feeds, tally, ref_out, new_out, undecided, eps, dtype, shapes,
-               reference_dir, shrunk_dir, kind, judge_macs)  # fmt: skip
+    if not undecided:
+        return
+    if kind != "full":
         for c in undecided:
-            if c.rounding is True and opts.rtol is None:
-                c.passed = True  # the same function: rounding
-            elif c.rounding is False:
-                c.passed = False  # another function, within the noise or not
-        report.passed = all(c.passed for c in checks)
-        report.seconds = time.perf_counter() - t0
-    return report
+            c.judged = "a partial proof (--validate-layers) is not judged in float64"
+    else:
+        _judge(proof, twin, tally, ref_out, new_out, undecided, judge_macs)
+    for c in undecided:
+        if c.rounding is True and proof.opts.rtol is None:
+            c.passed = True  # the same function: rounding
+        elif c.rounding is False:
+            c.passed = False  # another function, within the noise or not
+    report.passed = all(c.passed for c in report.outputs)
+    report.seconds = time.perf_counter() - proof.t0
 
 
 # Multiply-adds of a model whose outputs above the floor but within the reference's noise are
@@ -289,34 +438,25 @@ GRAY_MACS = 5e7
 
 
 def _judge(
-    reference: onnx.ModelProto,
-    shrunk: onnx.ModelProto,
+    proof: _Proof,
     twin: Callable[[], onnx.ModelProto] | None,
-    feeds: list[dict[str, np.ndarray]],
     tally: ErrorTally,
     ref_out: list[list[np.ndarray]],
     new_out: list[list[np.ndarray]],
     outputs: list[OutputCheck],
-    eps: float,
-    dtype: str,
-    shapes: dict[str, list[int]],
-    reference_dir: str | Path | None,
-    shrunk_dir: str | Path | None,
-    kind: str,
     judge_macs: float | None,
 ) -> None:
-    """The float64 judge on `outputs` (see onnxshrink.judge): up to judge_macs (default
+    """The float64 judge on `outputs` (see onnxshrink.proof.judge): up to judge_macs (default
     judge.MACS) when one of them failed its float32 tolerance, GRAY_MACS when all are within it."""
-    if kind != "full":
-        for c in outputs:
-            c.judged = "a partial proof (--validate-layers) is not judged in float64"
-        return
     from onnxshrink.proof.judge import MACS, Case, judge
 
     limit = MACS if judge_macs is None else judge_macs
     if all(c.passed for c in outputs):
         limit = min(limit, GRAY_MACS)
-    case = Case(reference, shrunk, feeds, ref_out, new_out, eps, dtype, shapes, reference_dir, shrunk_dir)
+    case = Case(
+        proof.reference, proof.shrunk, proof.feeds, ref_out, new_out, proof.eps, proof.dtype, proof.shapes,
+        proof.reference_dir, proof.shrunk_dir,
+    )  # fmt: skip
     judge(case, twin, tally, outputs, limit)
 
 

@@ -39,6 +39,17 @@ def needs_emulation(model: onnx.ModelProto, types: dict[str, int] | None = None)
     )
 
 
+def _float32_interface(g: onnx.GraphProto, inits: set[str]) -> None:
+    """The graph's bfloat16 inputs and outputs declared float32 (an input holds bfloat16 values
+    already: the proof's feeds are made so)."""
+    for vi in g.input:
+        if vi.name not in inits and vi.type.tensor_type.elem_type == BF16:
+            vi.type.tensor_type.elem_type = F32
+    for vi in g.output:
+        if vi.type.tensor_type.elem_type == BF16:
+            vi.type.tensor_type.elem_type = F32
+
+
 def emulated(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` computing in float32 with every bfloat16 tensor rounded to bfloat16 (see
     the module docstring). The model's own tensor names are kept (they name float32 tensors
@@ -78,13 +89,7 @@ def emulated(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes.append(helper.make_node("Cast", [bf16], [name], to=F32, name=fresh(f"{name}__widen")))
         return raw
 
-    for vi in g.input:
-        if vi.name not in inits and vi.type.tensor_type.elem_type == BF16:
-            vi.type.tensor_type.elem_type = F32
-            # the input holds bfloat16 values already (the proof's feeds are made so)
-    for vi in g.output:
-        if vi.type.tensor_type.elem_type == BF16:
-            vi.type.tensor_type.elem_type = F32
+    _float32_interface(g, inits)
     for node in model.graph.node:
         n = onnx.NodeProto()
         n.CopyFrom(node)

@@ -98,6 +98,28 @@ def resolve_shapes(
     the model's shapes infer at 16, else the smallest size its own downsampling survives (see
     `survived_size`)."""
     inputs = graph_inputs(model)
+    shapes, symbols = _given_shapes(inputs, given)
+    required = _required_dims(model, [i for i in inputs if i.name not in shapes])
+    for inp in inputs:  # a dim name an op requires a size of takes that size (unless given)
+        for k, d in enumerate(inp.type.tensor_type.shape.dim):
+            size = required.get(inp.name, {}).get(k)
+            if size is not None and d.HasField("dim_param") and d.dim_param:
+                symbols.setdefault(d.dim_param, size)
+
+    def at(size: int) -> dict[str, list[int]]:
+        return _shapes_at(inputs, shapes, symbols, required, size)
+
+    if not _free_dims(inputs, shapes, symbols):
+        return at(DEFAULT_SIZE)
+    size = survived_size(model, at)
+    return at(size if size is not None else DEFAULT_SIZE)
+
+
+def _given_shapes(
+    inputs: list[onnx.ValueInfoProto], given: Mapping[str, list[int]]
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """The shapes given (--input-shapes), checked against the model's inputs, and the sizes they
+    give the dim names; ShrinkError for a shape that does not fit its input."""
     names = {i.name for i in inputs}
     for n in given:
         if n not in names:
@@ -122,43 +144,47 @@ def resolve_shapes(
                 if d.HasField("dim_param"):
                     symbols.setdefault(d.dim_param, v)
             shapes[inp.name] = shape
-    required = _required_dims(model, [i for i in inputs if i.name not in shapes])
-    for inp in inputs:
-        for k, d in enumerate(inp.type.tensor_type.shape.dim):
-            size = required.get(inp.name, {}).get(k)
-            if size is not None and d.HasField("dim_param") and d.dim_param:
-                symbols.setdefault(d.dim_param, size)
-    free = [
-        inp
-        for inp in inputs
-        if inp.name not in shapes
+    return shapes, symbols
+
+
+def _free_dims(
+    inputs: list[onnx.ValueInfoProto], shapes: Mapping[str, list[int]], symbols: Mapping[str, int]
+) -> bool:
+    """Has an input no shape was given for a dynamic dim past its first that nothing sizes?"""
+    return any(
+        inp.name not in shapes
         and any(
             not d.HasField("dim_value") and k > 0 and d.dim_param not in symbols
             for k, d in enumerate(inp.type.tensor_type.shape.dim)
         )
-    ]
+        for inp in inputs
+    )
 
-    def at(size: int) -> dict[str, list[int]]:
-        chosen, named = dict(shapes), dict(symbols)
-        for inp in inputs:
-            if inp.name in chosen:
-                continue
-            shape = []
-            for k, d in enumerate(inp.type.tensor_type.shape.dim):
-                if d.HasField("dim_value"):
-                    shape.append(d.dim_value)
-                elif k in required.get(inp.name, {}) and not d.dim_param:
-                    shape.append(required[inp.name][k])
-                else:
-                    default = 2 if k == 0 else size
-                    shape.append(named.setdefault(d.dim_param, default) if d.dim_param else default)
-            chosen[inp.name] = shape
-        return chosen
 
-    if not free:
-        return at(DEFAULT_SIZE)
-    size = survived_size(model, at)
-    return at(size if size is not None else DEFAULT_SIZE)
+def _shapes_at(
+    inputs: list[onnx.ValueInfoProto],
+    shapes: Mapping[str, list[int]],
+    symbols: Mapping[str, int],
+    required: Mapping[str, Mapping[int, int]],
+    size: int,
+) -> dict[str, list[int]]:
+    """Every input's shape with its free dynamic dims at `size` (2 for a leading batch axis): the
+    given shapes, static dims, the sizes ops require, one size per dim name."""
+    chosen, named = dict(shapes), dict(symbols)
+    for inp in inputs:
+        if inp.name in chosen:
+            continue
+        shape = []
+        for k, d in enumerate(inp.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            elif k in required.get(inp.name, {}) and not d.dim_param:
+                shape.append(required[inp.name][k])
+            else:
+                default = 2 if k == 0 else size
+                shape.append(named.setdefault(d.dim_param, default) if d.dim_param else default)
+        chosen[inp.name] = shape
+    return chosen
 
 
 def _required_dims(model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto]) -> dict[str, dict[int, int]]:

@@ -22,15 +22,25 @@ onnxruntime's ConvInteger with a weight zero point per channel (it takes one), s
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxshrink.core import Dequantizes, IntegerProduct, QdqForm, Quantizes, RuntimeQuantized
+from onnxshrink.ops import facts
+from onnxshrink.prepare import default_opset
 from onnxshrink.prepare.shapes import inferred_shapes
 
 EIGHT_BIT = (TensorProto.INT8, TensorProto.UINT8)
+
+
+def _qdq_form(node: onnx.NodeProto, opset: int) -> QdqForm | None:
+    """What `node` is in the quantized arithmetic, as its handler declares it (Handler.qdq_form)."""
+    handler, op = facts(node, opset)
+    return handler.qdq_form(op) if handler is not None else None
 
 
 class _Graph:
@@ -39,6 +49,7 @@ class _Graph:
     def __init__(self, model: onnx.ModelProto, base_dir: str | Path | None):
         g = model.graph
         self.model = model
+        self.opset = default_opset(model)
         self.base_dir = str(base_dir) if base_dir is not None else ""
         self.inits = {t.name: t for t in g.initializer}
         self.producer = {o: n for n in g.node for o in n.output}
@@ -50,18 +61,22 @@ class _Graph:
         self.taken = set(self.types) | {x for n in g.node for x in [*n.input, *n.output]}
         self.added: list[onnx.TensorProto] = []
 
+    def made_by(self, name: str) -> tuple[onnx.NodeProto | None, QdqForm | None]:
+        """The node making tensor `name` (None: a graph input or initializer) and its QDQ form."""
+        node = self.producer.get(name)
+        return node, _qdq_form(node, self.opset) if node is not None else None
+
     def type_of(self, name: str) -> int | None:
         """The element type of a tensor: declared, a QuantizeLinear's (its zero point's, or its
         output_dtype), else inferred (once, for the whole graph)."""
         if name in self.types:
             return self.types[name]
-        q = self.producer.get(name)
-        if q is not None and q.op_type == "QuantizeLinear" and q.domain in ("", "ai.onnx"):
-            attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
+        q, form = self.made_by(name)
+        if q is not None and isinstance(form, Quantizes):
             if len(q.input) > 2 and q.input[2] in self.inits:
                 return self.types[q.input[2]]
             if len(q.input) < 3 or not q.input[2]:
-                return int(attrs.get("output_dtype", 0)) or TensorProto.UINT8
+                return form.dtype
         if not self.inferred:
             self.inferred = True
             for vi in inferred_shapes(self.model):
@@ -96,16 +111,10 @@ class _Operand:
 
 
 def _dequantized(g: _Graph, name: str) -> _Operand | None:
-    dq = g.producer.get(name)
-    if (
-        dq is None
-        or dq.op_type != "DequantizeLinear"
-        or dq.domain not in ("", "ai.onnx")
-        or len(dq.input) < 2
-    ):
+    dq, form = g.made_by(name)
+    if dq is None or not isinstance(form, Dequantizes) or len(dq.input) < 2:
         return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
-    if int(attrs.get("block_size", 0)) != 0 or g.type_of(dq.input[0]) not in EIGHT_BIT:
+    if form.block != 0 or g.type_of(dq.input[0]) not in EIGHT_BIT:
         return None
     scale = g.value(dq.input[1])
     if scale is None or scale.dtype != np.float32:
@@ -113,7 +122,7 @@ def _dequantized(g: _Graph, name: str) -> _Operand | None:
     zero = g.value(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else np.zeros((), np.int32)
     if zero is None:
         return None
-    return _Operand(dq.input[0], scale, zero, int(attrs.get("axis", 1)))
+    return _Operand(dq.input[0], scale, zero, form.axis)
 
 
 def _per_tensor(p: np.ndarray) -> bool:
@@ -145,113 +154,122 @@ def _scalar(g: _Graph, values: np.ndarray, dtype: np.dtype, hint: str) -> str:
     return g.constant(np.asarray(values).reshape(()).astype(dtype), hint)
 
 
-def _integer_product(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
-    """The nodes computing `node` (Conv, MatMul or Gemm of two dequantized operands) in integers,
-    or None when it does not qualify."""
-    if node.domain not in ("", "ai.onnx") or len(node.input) < 2 or len(node.output) != 1:
+@dataclass
+class _Product:
+    """One product being rewritten in integers: its operands, the weight (b's initializer, when
+    it is one), and the nodes made so far, each named after the product's output `y`."""
+
+    g: _Graph
+    y: str
+    a: _Operand
+    b: _Operand
+    form: IntegerProduct
+    bias: str | None
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.w = self.g.inits.get(self.b.q)
+        self.rank_b = len(self.w.dims) if self.w is not None else None
+        self.a_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(self.g.type_of(self.a.q) or 0))
+        self.b_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(self.g.type_of(self.b.q) or 0))
+
+    def make(self, op: str, inputs: list[str], hint: str, **kw) -> str:
+        name = self.g.fresh(f"{self.y}__int_{hint}")
+        self.nodes.append(helper.make_node(op, inputs, [name], name=name, **kw))
+        return name
+
+    def constant(self, values: np.ndarray, hint: str) -> str:
+        return self.g.constant(values, f"{self.y}__int_{hint}")
+
+    def a_zero(self) -> str:
+        return _scalar(self.g, self.a.zero, self.a_dtype, f"{self.y}__int_a_zero")
+
+    def per_column(self) -> bool:
+        """Is b's scale per tensor, or per column of a 2-D weight (along its output axis)?"""
+        axis = self.form.out_axis
+        column = self.w is not None and self.rank_b == 2 and _along(self.b, axis, 2, self.w.dims[axis])
+        return column or (_per_tensor(self.b.scale) and _per_tensor(self.b.zero))
+
+
+def _integer_product(g: _Graph, node: onnx.NodeProto, form: IntegerProduct) -> list[onnx.NodeProto] | None:
+    """The nodes computing `node` (a product of two dequantized operands, `form` its handler's
+    declaration) in integers, or None when it does not qualify."""
+    if len(node.input) < 2 or len(node.output) != 1:
         return None
     a, b = _dequantized(g, node.input[0]), _dequantized(g, node.input[1])
     if a is None or b is None or not (_per_tensor(a.scale) and _per_tensor(a.zero)):
         return None
-    attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-    w = g.inits.get(b.q)
-    rank_b = len(w.dims) if w is not None else None
-    y = node.output[0]
-    out: list[onnx.NodeProto] = []
-
-    def make(op: str, inputs: list[str], hint: str, **kw) -> str:
-        name = g.fresh(f"{y}__int_{hint}")
-        out.append(helper.make_node(op, inputs, [name], name=name, **kw))
-        return name
-
-    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    a_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(g.type_of(a.q) or 0))
-    b_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(g.type_of(b.q) or 0))
-
-    def az() -> str:
-        return _scalar(g, a.zero, a_dtype, f"{y}__int_a_zero")
-
-    if node.op_type == "Conv":
-        if w is None or rank_b is None or not _along(b, 0, rank_b, w.dims[0]):
-            return None
-        conv_attrs = {
-            k: v
-            for k, v in attrs.items()
-            if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
-        }
-        per_channel = [1, -1] + [1] * (rank_b - 2)
-        zero = b.zero.astype(np.int64).reshape([-1] + [1] * (rank_b - 1) if b.zero.size > 1 else ())
-        centered = np.asarray(g.value(b.q), dtype=np.int64) - zero
-        if _exact_in_float32(centered, a_dtype, a.zero):
-            # float32 holds every partial sum exactly: the float kernel computes the integer sum
-            x = make(
-                "Sub",
-                [
-                    make("Cast", [a.q], "x", to=TensorProto.FLOAT),
-                    g.constant(a.zero.astype(np.float32).reshape(()), f"{y}__int_x_zero"),
-                ],
-                "x_centered",
-            )
-            w_zero = g.constant(zero.astype(np.float32), f"{y}__int_w_zero")
-            w_centered = make(
-                "Sub", [make("Cast", [b.q], "w", to=TensorProto.FLOAT), w_zero], "w_centered"
-            )
-            acc = make("Conv", [x, w_centered], "acc", **conv_attrs)
-        elif np.unique(b.zero).size == 1:
-            bz = _scalar(g, b.zero.reshape(-1)[:1], b_dtype, f"{y}__int_w_zero")
-            acc = make(
-                "Cast",
-                [make("ConvInteger", [a.q, b.q, az(), bz], "acc32", **conv_attrs)],
-                "acc",
-                to=TensorProto.FLOAT,
-            )
-        else:
-            return None  # onnxruntime's ConvInteger takes one weight zero point
-        scale = g.constant(
-            (a.scale.reshape(()) * b.scale.reshape(-1)).reshape(
-                per_channel if b.scale.size > 1 else ()
-            ),
-            f"{y}__int_scale",
-        )
-        y0 = make("Mul", [acc, scale], "scaled")
-        if bias is not None:
-            shape = g.constant(np.array(per_channel, np.int64), f"{y}__int_bias_shape")
-            y0 = make("Add", [y0, make("Reshape", [bias, shape], "bias")], "biased")
-    elif node.op_type == "MatMul":
-        per_column = w is not None and rank_b == 2 and _along(b, 1, 2, w.dims[1])
-        if not (per_column or (_per_tensor(b.scale) and _per_tensor(b.zero))):
-            return None
-        bz = g.constant(b.zero.astype(b_dtype), f"{y}__int_b_zero")
-        acc = make("MatMulInteger", [a.q, b.q, az(), bz], "acc")
-        scale = g.constant((a.scale.reshape(()) * b.scale).astype(np.float32), f"{y}__int_scale")
-        y0 = make("Mul", [make("Cast", [acc], "float", to=TensorProto.FLOAT), scale], "scaled")
-    elif node.op_type == "Gemm":
-        trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
-        n_axis = 0 if trans_b else 1
-        per_column = w is not None and rank_b == 2 and _along(b, n_axis, 2, w.dims[n_axis])
-        if not (per_column or (_per_tensor(b.scale) and _per_tensor(b.zero))):
-            return None
-        aq = make("Transpose", [a.q], "a_t", perm=[1, 0]) if trans_a else a.q
-        bq = make("Transpose", [b.q], "b_t", perm=[1, 0]) if trans_b else b.q
-        bz = g.constant(b.zero.astype(b_dtype), f"{y}__int_b_zero")
-        acc = make("MatMulInteger", [aq, bq, az(), bz], "acc")
-        alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
-        scale = g.constant(
-            (a.scale.reshape(()) * b.scale * np.float32(alpha)).astype(np.float32),
-            f"{y}__int_scale",
-        )
-        y0 = make("Mul", [make("Cast", [acc], "float", to=TensorProto.FLOAT), scale], "scaled")
-        if bias is not None and beta != 0.0:
-            c = (
-                bias
-                if beta == 1.0
-                else make("Mul", [bias, g.constant(np.float32(beta), f"{y}__int_beta")], "beta")
-            )
-            y0 = make("Add", [y0, c], "biased")
-    else:
+    bias = node.input[form.bias] if form.bias is not None and len(node.input) > form.bias else ""
+    p = _Product(g, node.output[0], a, b, form, bias or None)
+    made = _convolution(p) if form.window is not None else _matrix_product(p)
+    if not made:
         return None
-    out[-1].output[0] = y  # the last node writes the product's own output
-    return out
+    p.nodes[-1].output[0] = p.y  # the last node writes the product's own output
+    return p.nodes
+
+
+def _convolution(p: _Product) -> bool:
+    """A Conv in integers (False: it does not qualify): exact in float32 when every partial sum
+    is, else as ConvInteger (one weight zero point); scaled per output channel, the bias added."""
+    w, rank_b, b = p.w, p.rank_b, p.b
+    assert p.form.window is not None
+    if w is None or rank_b is None or not _along(b, p.form.out_axis, rank_b, w.dims[p.form.out_axis]):
+        return False
+    per_channel = [1, -1] + [1] * (rank_b - 2)
+    zero = b.zero.astype(np.int64).reshape([-1] + [1] * (rank_b - 1) if b.zero.size > 1 else ())
+    centered = np.asarray(p.g.value(b.q), dtype=np.int64) - zero
+    if _exact_in_float32(centered, p.a_dtype, p.a.zero):
+        acc = _float_conv_of_integers(p, zero)
+    elif np.unique(b.zero).size == 1:
+        bz = _scalar(p.g, b.zero.reshape(-1)[:1], p.b_dtype, f"{p.y}__int_w_zero")
+        acc32 = p.make("ConvInteger", [p.a.q, b.q, p.a_zero(), bz], "acc32", **p.form.window)
+        acc = p.make("Cast", [acc32], "acc", to=TensorProto.FLOAT)
+    else:
+        return False  # onnxruntime's ConvInteger takes one weight zero point
+    scale = p.constant(
+        (p.a.scale.reshape(()) * b.scale.reshape(-1)).reshape(per_channel if b.scale.size > 1 else ()),
+        "scale",
+    )
+    y0 = p.make("Mul", [acc, scale], "scaled")
+    if p.bias is not None:
+        shape = p.constant(np.array(per_channel, np.int64), "bias_shape")
+        p.make("Add", [y0, p.make("Reshape", [p.bias, shape], "bias")], "biased")
+    return True
+
+
+def _float_conv_of_integers(p: _Product, zero: np.ndarray) -> str:
+    """float32 holds every partial sum exactly: the float kernel computes the integer sum of
+    (x - zero point) and (w - zero point)."""
+    assert p.form.window is not None
+    x = p.make("Cast", [p.a.q], "x", to=TensorProto.FLOAT)
+    x_zero = p.constant(p.a.zero.astype(np.float32).reshape(()), "x_zero")
+    x_centered = p.make("Sub", [x, x_zero], "x_centered")
+    w_zero = p.constant(zero.astype(np.float32), "w_zero")
+    w = p.make("Cast", [p.b.q], "w", to=TensorProto.FLOAT)
+    w_centered = p.make("Sub", [w, w_zero], "w_centered")
+    return p.make("Conv", [x_centered, w_centered], "acc", **p.form.window)
+
+
+def _matrix_product(p: _Product) -> bool:
+    """A MatMul or Gemm in integers (False: it does not qualify): MatMulInteger of the operands
+    (transposed first as the op says), scaled (times alpha), the bias added (times beta)."""
+    form = p.form
+    if not p.per_column():
+        return False
+    aq = p.make("Transpose", [p.a.q], "a_t", perm=[1, 0]) if form.trans_a else p.a.q
+    bq = p.make("Transpose", [p.b.q], "b_t", perm=[1, 0]) if form.trans_b else p.b.q
+    bz = p.constant(p.b.zero.astype(p.b_dtype), "b_zero")
+    acc = p.make("MatMulInteger", [aq, bq, p.a_zero(), bz], "acc")
+    scale = p.constant(
+        (p.a.scale.reshape(()) * p.b.scale * np.float32(form.alpha)).astype(np.float32), "scale"
+    )
+    y0 = p.make("Mul", [p.make("Cast", [acc], "float", to=TensorProto.FLOAT), scale], "scaled")
+    if p.bias is not None and form.beta != 0.0:
+        c = p.bias
+        if form.beta != 1.0:
+            c = p.make("Mul", [p.bias, p.constant(np.float32(form.beta), "beta")], "beta")
+        p.make("Add", [y0, c], "biased")
+    return True
 
 
 def integer_products(
@@ -263,8 +281,9 @@ def integer_products(
     nodes: list[onnx.NodeProto] = []
     changed = False
     for node in model.graph.node:
-        if node.op_type in ("Conv", "MatMul", "Gemm"):
-            replaced = _integer_product(g, node)
+        form = _qdq_form(node, g.opset)
+        if isinstance(form, IntegerProduct):
+            replaced = _integer_product(g, node, form)
             if replaced is not None:
                 nodes += replaced
                 changed = True
@@ -287,15 +306,17 @@ def float_activations(model: onnx.ModelProto) -> onnx.ModelProto | None:
     kept over fewer channels) can round to the next integer, and the step grows through the layers
     after it, as a QuantizeLinear's does (see the module docstring). Both models are run alike.
     (onnxruntime's own fusion of a block-wise int4 DequantizeLinear into a MatMul is told the same
-    by the proof's sessions: `validate.session`.)"""
+    by the proof's sessions: `sessions.session`.)"""
+    opset = default_opset(model)
+
     def levels(graph: onnx.GraphProto) -> list[onnx.AttributeProto]:
-        return [
-            a
-            for n in graph.node
-            if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"
-            for a in n.attribute
-            if a.name == "accuracy_level" and a.i != 0
-        ]
+        """The attributes asking for run-time quantization (nonzero) in `graph`'s nodes."""
+        out = []
+        for n in graph.node:
+            form = _qdq_form(n, opset)
+            if isinstance(form, RuntimeQuantized):
+                out += [a for a in n.attribute if a.name == form.attribute and a.i != 0]
+        return out
 
     if not levels(model.graph):  # (no copy of a model that has nothing to change)
         return None

@@ -9,7 +9,7 @@ keeping suffices: each try is a full analysis, rewrite and proof with those axes
 result keeps every other removal, and the report names what was kept back: each is a bug to
 report. The same inputs and seed give the same tries in the same order, so the same result.
 
-A failure the proof calls rounding (onnxshrink.judge: the same function in float64) never comes
+A failure the proof calls rounding (onnxshrink.proof.judge: the same function in float64) never comes
 here: no removal is responsible for rounding. A result no smaller than the input is not written
 (api.shrink says so).
 """

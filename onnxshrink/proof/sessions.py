@@ -169,7 +169,7 @@ def session(
 
 
 # Weights above which a proof runs a model segment by segment (one segment's weights mapped at
-# a time: see onnxshrink.segment), so that it fits in memory whatever the model's size.
+# a time: see onnxshrink.proof.segment), so that it fits in memory whatever the model's size.
 SEGMENT_BYTES = 512 * 2**20
 
 
@@ -194,7 +194,7 @@ def run_model(
     segments in order when its weights exceed SEGMENT_BYTES (each run on every feed, its
     results kept, its session freed), at graph optimization `level`. RunFailed when
     onnxruntime cannot load or run it. `parts`: the segments, when already cut
-    (onnxshrink.segment.split)."""
+    (onnxshrink.proof.segment.split)."""
     from onnxshrink.proof.segment import Segment, split
 
     parts = parts or split(model, segment_bytes(model))

@@ -43,7 +43,7 @@ from onnxshrink.core.handler import Handler, OpNode, WeightAxes
 from onnxshrink.core.reasons import LIVE
 from onnxshrink.core.registry import Lookup
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
-from onnxshrink.quantized import Dequant, along_axis, dequant_of, same_zero
+from onnxshrink.quantized import Dequant, Moved, readings, same_zero
 
 SCHEMA = "onnxshrink.groups/1"
 KV_ALONE = (
@@ -237,11 +237,11 @@ def find_groups(
     are then listed, not exact (they go with all their query heads)."""
     graph, untied = prepare(model, base_dir)
     opset = default_opset(model)
-    log = CouplingLog(query_ranks)
+    log = CouplingLog(_cuts(query_ranks))
     analysis = analyze(graph, opset, lookup(opset), untied, log=log)
     part = log.partition()
     index = ModelIndex(model, str(base_dir) if base_dir else None)
-    finder = _Finder(analysis, part, index, untied)
+    finder = _Finder(analysis, part, index, untied, query_ranks)
     groups, layers = finder.build()
     blocks = finder.blocks(groups, layers)
     tensors = ir.all_tensors(graph)
@@ -254,9 +254,18 @@ def find_groups(
     return result
 
 
+def _cuts(query_ranks: bool) -> tuple[str, ...]:
+    """The unit kinds to cut into where an op offers a choice (`CouplingLog.kinds`): grouped-query
+    attention's query heads as `head`s by rank, or as a `kv_group` with their K/V head."""
+    return ("head",) if query_ranks else ("kv_group",)
+
+
 class _Finder:
-    def __init__(self, analysis: Analysis, part: Partition, index: ModelIndex, untied: dict[str, str]):
+    def __init__(
+        self, analysis: Analysis, part: Partition, index: ModelIndex, untied: dict[str, str], query_ranks: bool
+    ):
         self.analysis = analysis
+        self.query_ranks = query_ranks
         self.part = part
         self.index = index
         self.untied = untied
@@ -269,6 +278,7 @@ class _Finder:
         # K/V heads without their query heads (`query_ranks`), with their head_dim
         self.kv_alone: dict[int, int] = {}
         self.heads = self._fused_heads()
+        self.readers = _GraphReaders(analysis)
 
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
@@ -352,64 +362,14 @@ class _Finder:
         point and scale are recorded (`dequant`), and they are marked as its parameters."""
         if t.name in self.dequant:
             return True
-        found: list[Dequant] = []
         params: set[str] = set()
-        shape = tuple(int(n) for n in t.shape)
-        for node in t.outputs:
-            i = next(k for k, x in enumerate(node.inputs) if x is t)
-            ds = self._dequant_reads(node, i, shape, params)
-            if ds is None:
-                return False
-            found.extend(ds)
-        if not same_zero(found):
+        readers = [(node, next(k for k, x in enumerate(node.inputs) if x is t)) for node in t.outputs]
+        got = readings(self.readers, readers, tuple(int(n) for n in t.shape), params)
+        if got.plain or not same_zero(got.found):
             return False
-        self.dequant[t.name] = found[0]
+        self.dequant[t.name] = got.found[0]
         self.quant_params |= params
         return True
-
-    def _dequant_reads(
-        self, node: gs.Node, i: int, shape: tuple[int, ...], params: set[str], depth: int = 0
-    ) -> list[Dequant] | None:
-        """How input i of `node` (a constant of `shape`) is dequantized: by `node` itself, or,
-        where `node` only moves its values (a Gather of an integer embedding table, a Reshape),
-        by every reader of what it moves them to (quantize_dynamic's and the QOperator form's
-        embeddings: Gather, then DequantizeLinear or QLinearAdd). Through such a move only a
-        per-tensor zero point and scale hold: they are every element's wherever it goes. None:
-        not read as quantized."""
-        handler = self.analysis.handler_for(node)
-        if handler is None:
-            return None
-        op = OpNode.of(node)
-        q = handler.quantized_input(op, i, len(shape))
-        if q is not None:
-            d = self._dequant(node, q, shape, params)
-            if d is not None and not q.scales:
-                d.scale = along_axis(handler.applied_scale(node, i), q.axis, shape)
-            return [d] if d is not None else None
-        y = node.outputs[0] if len(node.outputs) == 1 else None
-        x = node.inputs[i]
-        if depth >= 8 or i not in handler.moves_values(op) or y is None or not y.outputs:
-            return None
-        if y.dtype != x.dtype or ir.dims(y) is None or any(y is o for o in self.analysis.graph.outputs):
-            return None  # a Cast that changes the values' type, or a value the graph gives out
-        found: list[Dequant] = []
-        moved: set[str] = set()
-        for reader in y.outputs:
-            k = next(j for j, v in enumerate(reader.inputs) if v is y)
-            dims = tuple(d if isinstance(d, int) else -1 for d in ir.dims(y) or [])
-            ds = self._dequant_reads(reader, k, dims, moved, depth + 1)
-            if ds is None or moved or any(
-                d.zero.size != 1 or (d.scale is not None and d.scale.size != 1) for d in ds
-            ):
-                return None
-            found.extend(ds)
-        return found
-
-    @staticmethod
-    def _dequant(node: gs.Node, q, shape: tuple[int, ...], params: set[str]) -> Dequant | None:
-        """The zero point and scale `q` names on `node`, shaped against a tensor of `shape`; None
-        when a zero point is not a constant or does not fit (then the tensor is no member)."""
-        return dequant_of(q, shape, _NodeInputs(node), params)
 
     def _read_as(
         self, node: gs.Node, i: int, rank: int, depth: int = 0
@@ -558,7 +518,7 @@ class _Finder:
                 rank &= len(np.unique(heads // at.rep)) == len(heads)
                 out[comp] = (at.head_dim, len(idx) // at.size, bool(at.rep > 1 and rank))
                 mine.add(comp)
-            if not self.part.log.query_ranks or at.rep == 1:
+            if not self.query_ranks or at.rep == 1:
                 continue
             for i, axis in at.kv:
                 t = node.inputs[i] if i < len(node.inputs) else None
@@ -704,7 +664,10 @@ def residual_branches(graph: gs.Graph, handler_for: Lookup) -> list[Branch]:
     outputs = {id(t) for t in graph.outputs}
     found = []
     for add in graph.nodes:
-        if add.op != "Add" or len(add.inputs) != 2 or len(add.outputs) != 1:
+        handler = handler_for(add)
+        if handler is None or not handler.adds(OpNode.of(add)):
+            continue
+        if len(add.inputs) != 2 or len(add.outputs) != 1:
             continue
         yd = ir.dims(add.outputs[0])
         ops = add.inputs
@@ -776,6 +739,32 @@ def gather_slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, i
     for key, axis, idx in items:
         gathered.setdefault((key, axis), []).append(idx)
     return {k: np.unique(np.concatenate(v)) for k, v in gathered.items()}
+
+
+class _GraphReaders:
+    """The analysis' graph, as `quantized.dequant_reads` walks it."""
+
+    def __init__(self, analysis: Analysis):
+        self.handler_for = analysis.handler_for
+        self.outputs = {id(t) for g in ir.scopes(analysis.graph) for t in g.outputs}
+
+    def facts(self, node: gs.Node) -> tuple[Handler | None, OpNode]:
+        return self.handler_for(node), OpNode.of(node)
+
+    def inputs(self, node: gs.Node) -> _NodeInputs:
+        return _NodeInputs(node)
+
+    def applied_scale(self, node: gs.Node, i: int) -> np.ndarray | None:
+        handler = self.handler_for(node)
+        return handler.applied_scale(node, i) if handler is not None else None
+
+    def moved(self, node: gs.Node, i: int) -> Moved[gs.Node] | None:
+        y = node.outputs[0] if len(node.outputs) == 1 else None
+        if y is None or id(y) in self.outputs or y.dtype != node.inputs[i].dtype:
+            return None  # a value the graph gives out, or a Cast that changes the values' type
+        readers = [(r, k) for r in y.outputs for k, v in enumerate(r.inputs) if v is y]
+        dims = ir.dims(y)
+        return Moved(readers, tuple(d if isinstance(d, int) else -1 for d in dims) if dims is not None else None)
 
 
 class _NodeInputs:

@@ -1,6 +1,6 @@
 """DepthToSpace (ops/depth_to_space.py): channels go as whole blocks, constants fold after it.
 
-Also the worked example of the README's "Adding an op": the handler's rules checked on one node
+Also the worked example of docs/architecture.md's "Adding an op": the handler's rules checked on one node
 with the test bench (onnxshrink.testing), then end to end with validation off.
 """
 

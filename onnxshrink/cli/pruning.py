@@ -1,0 +1,132 @@
+"""The command line's groups and prune: `--groups FILE.json` writes the model's coupled channel
+groups; `--prune` (or a --prune-to-* target) prunes, and says what it removed and wrote."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from onnxshrink.cli.checks import prune_targets
+from onnxshrink.cli.flags import options_from
+from onnxshrink.cli.result import Say
+from onnxshrink.errors import file_access
+from onnxshrink.options import PruneOptions, ShrinkOptions
+
+
+def write_groups(args: argparse.Namespace, say: Say) -> None:
+    """Write the model's coupled channel groups to --groups, and say them layer by layer."""
+    from onnxshrink.io.model import load_model
+    from onnxshrink.prune import find_groups
+
+    model = load_model(Path(args.model))
+    groups = find_groups(model, name=args.model)
+    with file_access(args.groups):
+        Path(args.groups).write_text(json.dumps(groups.to_dict()))
+    exact = groups.exact()
+    say(
+        f"[I] {len(groups.groups)} coupled group(s) in {len(groups.layers)} layer(s), "
+        f"{len(exact)} removable exactly; written to {args.groups}"
+    )
+    for layer in groups.layers:
+        n = sum(groups.groups[i].exact for i in layer.groups)
+        first = groups.groups[layer.groups[0]]
+        why = "" if n else f" (not exact: {first.reason})"
+        say(f"[I]     {layer.name}: {len(layer.groups)} {first.unit.kind}(s), {n} exact{why}")
+
+
+def run_prune(args: argparse.Namespace, options: ShrinkOptions, say: Say) -> Any:
+    """Prune the model as the command line says (calibrating on the shrink's --inputs), say
+    what was removed and written, and return the prune's result."""
+    from onnxshrink.prune import prune
+
+    told = options_from(args, PruneOptions, data=options.inputs)
+    keywords = {f.name: getattr(told, f.name) for f in fields(told) if f.name != "ratio"}
+    try:
+        result = prune(args.model, told.ratio, args.output, **keywords, options=options)
+    except Exception as exc:
+        failed = getattr(exc, "result", None)
+        if failed is not None:
+            say("[E] the pruned model does not match the model with the chosen groups zeroed")
+        raise
+    say(
+        f"[I] pruned {len(result.removed())} group(s) ({told.criterion}, {result.allocation} "
+        f"allocation, compensation {result.compensate}); per layer:"
+    )
+    if not result.removed():
+        say(f"[W] nothing was pruned ({_why_nothing(result, args)}): the output is the input, shrunk as it is")
+    _say_sizes(result, say)
+    _say_written(result, args, say)
+    return result
+
+
+def _why_nothing(result: Any, args: argparse.Namespace) -> str:
+    """Why a prune removed no group."""
+    flag, value = (prune_targets(args) or [("--prune", args.ratio)])[0]
+    layers = [p for p in result.plans if p.total]
+    if layers and all(p.ignored for p in layers):
+        return f"every layer matched --ignore {' '.join(args.ignore)}"
+    if not layers:
+        return "no layer has an exact group to remove"
+    return f"{flag} {value} of each layer rounds to none"
+
+
+def _say_sizes(result: Any, say: Say) -> None:
+    """What each layer lost, and the sizes and target reached."""
+    from onnxshrink.report import human
+
+    for plan in result.plans:
+        if plan.total:
+            note = " (ignored)" if plan.ignored else ""
+            say(f"[I]     {plan.layer.name}: {len(plan.removed)} of {plan.total} {plan.layer.kind}(s){note}")
+    after = result.shrink.after
+    say(
+        f"[I] parameters {human(result.original.params)} -> {human(after.params)}, "
+        f"MACs {human(result.original.macs)} -> {human(after.macs)} (the unpruned input -> pruned)"
+    )
+    if result.target is not None and result.target.kind != "ratio":
+        what = {"params": "parameters", "macs": "MACs", "latency": "measured latency"}[result.target.kind]
+        say(
+            f"[I] {result.target.flag()} {result.target.value:g}: {result.reached:.3f} of the "
+            f"input's {what}"
+        )
+    if result.predicted is not None:
+        say(f"[I] relative output error the sensitivity predicts: {result.predicted:.4g}")
+
+
+def _say_written(result: Any, args: argparse.Namespace, say: Say) -> None:
+    """The files the prune wrote besides the model (--sensitivity, --masks-out, --weights-out)."""
+    if args.sensitivity:
+        say(f"[I] sensitivity of {len(result.families or [])} family(ies) written to {args.sensitivity}")
+    if args.masks_out and not result.masks:
+        say(f"[W] no masks written to {args.masks_out}: nothing was pruned")
+    elif args.masks_out:
+        from onnxshrink.masks import ONNX_SECTION
+
+        onnx_only = sum(name.startswith(ONNX_SECTION) for name in result.masks)
+        say(
+            f"[I] masks written to {args.masks_out} ({len(result.masks) - onnx_only} parameter(s)"
+            + (
+                f"; {onnx_only} ONNX tensor(s) with no framework name, under '{ONNX_SECTION}'"
+                if onnx_only
+                else ""
+            )
+            + ")"
+        )
+    if args.weights_out and not result.weights:
+        say(f"[W] nothing written to {args.weights_out}: the compensation changed no value")
+    elif args.weights_out:
+        say(
+            f"[I] changed values written to {args.weights_out} ({len(result.weights)} tensor(s)"
+            + (
+                f"; {len(result.unnamed_weights)} with no framework parameter of that value, "
+                "under onnx/NAME"
+                if result.unnamed_weights
+                else ""
+            )
+            + ")"
+        )
+    for name in result.skipped_masks:
+        say(f"[W] no mask written for shared initializer {name!r}: no parameter name recorded")
