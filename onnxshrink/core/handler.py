@@ -34,7 +34,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink.core.symbols import SymValue
 from onnxshrink.core.values import ConstInfo
-from onnxshrink.core.views import ConstView, KeepView, RewriteView, ShapeView
+from onnxshrink.core.views import AttributeValue, ConstView, KeepView, RewriteView, ShapeView
 
 Dims = list[int | str | None]
 
@@ -114,7 +114,7 @@ class IntegerProduct:
     `alpha`). A weight's per-channel scale runs along input 1's axis `out_axis`; `bias`: the
     input added after (times `beta`), None: none."""
 
-    window: Mapping[str, Any] | None
+    window: Mapping[str, AttributeValue] | None
     out_axis: int
     bias: int | None = None
     trans_a: bool = False
