@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -15,9 +15,13 @@ from onnx import numpy_helper
 from onnxshrink import ir
 from onnxshrink.core.handler import OpNode
 from onnxshrink.core.nonzero import pattern
+from onnxshrink.core.registry import Lookup
 from onnxshrink.ir import is_float
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
 from onnxshrink.prepare.shapes import contrib_shapes
+
+if TYPE_CHECKING:  # the analysis imports every op; explain_kept only reads one it is given
+    from onnxshrink.analyze import Analysis
 
 
 @dataclass
@@ -236,7 +240,7 @@ class KeptGroup:
     module: str = ""  # the module reading it, when the exporter named the weight apart
 
 
-def _is_weight(t: gs.Constant, handler_for: Callable[[gs.Node], Any]) -> bool:
+def _is_weight(t: gs.Constant, handler_for: Lookup) -> bool:
     """Read as a layer's weight (a Conv, Gemm or MatMul weight, an embedding table), not a
     rotary table or a mask."""
     for n in t.outputs:
@@ -251,7 +255,7 @@ def _is_weight(t: gs.Constant, handler_for: Callable[[gs.Node], Any]) -> bool:
     return False
 
 
-def explain_kept(analysis) -> list[KeptGroup]:
+def explain_kept(analysis: Analysis) -> list[KeptGroup]:
     """For every all-zero slice of a weight (rank >= 2) the shrunk model still holds, the root
     reason it was kept. Run on the rewritten graph (its values are the shrunk weights), before
     initializer names are merged back: a slice is zero when all its kept entries are."""

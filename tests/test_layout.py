@@ -157,17 +157,10 @@ def _functions() -> Iterator[tuple[str, int]]:
 LONG_FOR_NOW = {
     "onnxshrink.prune.run.prune",
     "onnxshrink.api.shrink",
-    "onnxshrink.analyze.replay._replay",
     "onnxshrink.export.export_and_shrink",
-    "onnxshrink.ops.recurrent.keep",
-    "onnxshrink.analyze.cache.sliced_interface",
     "onnxshrink.prune.sensitivity.write_html",
-    "onnxshrink.ops.conv.keep",
     "onnxshrink.io.runtime_config._update",
-    "onnxshrink.core.shape_rules.sized_dims",
     "onnxshrink.prune.allocate.plan",
-    "onnxshrink.analyze.replay.replay",
-    "onnxshrink.analyze.keep.__init__",
 }
 
 
@@ -221,7 +214,6 @@ def op_type_comparisons(path: Path) -> list[str]:
 
 # Files that still compare op types while the redesign lands. TODO(redesign): empty.
 OP_TYPES_FOR_NOW = {
-    "onnxshrink/analyze/cache.py",
     "onnxshrink/api.py",
     "onnxshrink/io/runtime_config.py",
     "onnxshrink/prune/compensate.py",

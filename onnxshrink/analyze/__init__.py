@@ -7,12 +7,12 @@ handlers of onnxshrink.ops, and for an op none claims, its replay in onnxruntime
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import onnx_graphsurgeon as gs
 
 import onnxshrink.ops  # noqa: F401  (registers every handler the lookup finds)
 from onnxshrink.analyze.constants import ConstContext, propagate_constants
+from onnxshrink.analyze.coupling import CouplingLog
 from onnxshrink.analyze.fallback import FALLBACK
 from onnxshrink.analyze.keep import KeepState
 from onnxshrink.analyze.replay import scoped
@@ -48,7 +48,7 @@ def analyze(
     pins: frozenset[AxisKey] = frozenset(),
     mode: str = "rules",
     free_inputs: bool = False,
-    log: Any = None,
+    log: CouplingLog | None = None,
     progress: bool = False,
 ) -> Analysis:
     """`pins`: tensor axes kept whole whatever the analysis finds (after a failed proof);

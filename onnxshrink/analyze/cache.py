@@ -12,8 +12,7 @@ every index.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -21,28 +20,28 @@ import onnx_graphsurgeon as gs
 from onnx import helper, numpy_helper
 
 from onnxshrink import ir
+from onnxshrink.core.handler import OpNode
+from onnxshrink.core.registry import Lookup
 
 
-def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[str, tuple[str, int]]:
+def state_pairs(graph: gs.Graph, handler_for: Lookup) -> dict[str, tuple[str, int]]:
     """Graph output name -> (the graph input it extends, the axis it extends along), for every
     output each of whose producers (through Identity and If branches) is either a node whose
     handler says that output extends that graph input (`Handler.extends`: Concat(past, new), a
     fused attention's present), or a node not extending any graph input; each input paired with
     one output only."""
-    from onnxshrink.core.handler import OpNode
-
     inputs = {t.name for t in graph.inputs}
     pairs: dict[str, tuple[str, int]] = {}
     for out in graph.outputs:
         found: set[tuple[str, int]] = set()
         ok = True
-        for t, node in _producers(out):
-            if node is None or node.op in ("If", "Identity"):
+        for t, node in _producers(out, handler_for):
+            if node is None or _copies(node, handler_for):
                 ok = False  # a graph input itself, or a form not followed
                 break
             handler = handler_for(node)
             j = next(k for k, y in enumerate(node.outputs) if y is t)
-            extended = handler.extends(OpNode.of(node)).get(j) if handler is not None else None
+            extended = handler.extends(OpNode.of(node)).get(j)
             if extended is None:
                 continue
             i, axis = extended
@@ -71,7 +70,7 @@ def state_pairs(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[
     return pairs
 
 
-def free_axes(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[str, set[int]]:
+def free_axes(graph: gs.Graph, handler_for: Lookup) -> dict[str, set[int]]:
     """Graph input or output name -> the axes the interface does not pin: a state pair's axes
     other than the one it extends along."""
     out: dict[str, set[int]] = {}
@@ -85,22 +84,30 @@ def free_axes(graph: gs.Graph, handler_for: Callable[[gs.Node], Any]) -> dict[st
     return out
 
 
-def _producers(t: gs.Tensor) -> Iterator[tuple[gs.Tensor, gs.Node | None]]:
-    """(tensor, its producer) of `t` and, through Identity and If, of what it is a copy of."""
+def _copies(node: gs.Node, handler_for: Lookup) -> bool:
+    """Does `node` return a copy of a tensor made elsewhere (an alias, a body's output)?"""
+    handler = handler_for(node)
+    return handler.is_alias or handler.runs_one_body
+
+
+def _producers(t: gs.Tensor, handler_for: Lookup) -> Iterator[tuple[gs.Tensor, gs.Node | None]]:
+    """(tensor, its producer) of `t` and, through aliases (Identity) and the bodies whose outputs
+    a node returns (If), of what it is a copy of."""
     node = t.inputs[0] if t.inputs else None
     if node is None:
         yield t, None
         return
-    if node.op == "Identity" and node.inputs:
-        yield from _producers(node.inputs[0])
+    handler = handler_for(node)
+    if handler.is_alias and node.inputs:
+        yield from _producers(node.inputs[0], handler_for)
         return
-    if node.op == "If":
+    if handler.runs_one_body:
         j = next(k for k, y in enumerate(node.outputs) if y is t)
         for body in ir.bodies(node):
             if j >= len(body.outputs):
                 yield t, node
                 return
-            yield from _producers(body.outputs[j])
+            yield from _producers(body.outputs[j], handler_for)
         return
     yield t, node
 
@@ -114,71 +121,94 @@ def sliced_interface(
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    taken = {n for sub in ir.all_graphs(g) for node in sub.node for n in [*node.input, *node.output]}
-    taken |= {v.name for v in [*g.input, *g.output]} | {t.name for t in g.initializer}
-
-    def fresh(hint: str) -> str:
-        k, name = 0, hint
-        while name in taken:
-            k += 1
-            name = f"{hint}_{k}"
-        taken.add(name)
-        return name
-
-    def const(values: np.ndarray, hint: str) -> str:
-        name = fresh(hint)
-        g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
-        return name
-
+    names = _Names(g)
     opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 1)
     front: list[onnx.NodeProto] = []
     for vi in g.input:
-        axes = interface.get(vi.name)
-        if not axes:
-            continue
-        dims = vi.type.tensor_type.shape.dim
-        rank = len(dims)
-        current = vi.name
-        for axis, kept in sorted(axes.items()):
-            size = dims[axis].dim_value
-            kept = np.asarray(kept, np.int64)
-            removed = size - len(kept)
-            pads = [0] * (2 * rank)
-            pads[rank + axis] = removed
-            padded = fresh(f"{vi.name}_padded")
-            if opset >= 11:
-                front.append(helper.make_node("Pad", [current, const(np.asarray(pads), "pads")], [padded]))
-            else:
-                front.append(helper.make_node("Pad", [current], [padded], pads=pads))
-            where = np.full(size, len(kept), np.int64)  # a removed index: a zero padded slot
-            where[kept] = np.arange(len(kept))
-            whole = fresh(f"{vi.name}_whole")
-            front.append(helper.make_node("Gather", [padded, const(where, "where")], [whole], axis=axis))
-            current = whole
-            dims[axis].dim_value = len(kept)
-        _rename_reads(g, vi.name, current, skip=front)
+        if interface.get(vi.name):
+            _widen_input(g, vi, interface[vi.name], names, opset, front)
     nodes = list(g.node)
     del g.node[:]
     g.node.extend([*front, *nodes])
     for vi in g.output:
-        axes = interface.get(vi.name)
-        if not axes:
-            continue
-        dims = vi.type.tensor_type.shape.dim
-        whole = fresh(f"{vi.name}_whole")
-        for node in g.node:
-            node.output[:] = [whole if o == vi.name else o for o in node.output]
-        _rename_reads(g, vi.name, whole)
-        current = whole
-        for k, (axis, kept) in enumerate(sorted(axes.items())):
-            last = k == len(axes) - 1
-            nxt = vi.name if last else fresh(f"{vi.name}_part")
-            g.node.append(
-                helper.make_node("Gather", [current, const(np.asarray(kept), "kept")], [nxt], axis=axis)
-            )
-            dims[axis].dim_value = len(kept)
-            current = nxt
+        if interface.get(vi.name):
+            _narrow_output(g, vi, interface[vi.name], names)
     return out
+
+
+class _Names:
+    """Fresh names in a graph (and its bodies), and the int64 initializers made under them."""
+
+    def __init__(self, g: onnx.GraphProto):
+        self.g = g
+        self.taken = {n for sub in ir.all_graphs(g) for node in sub.node for n in [*node.input, *node.output]}
+        self.taken |= {v.name for v in [*g.input, *g.output]} | {t.name for t in g.initializer}
+
+    def fresh(self, hint: str) -> str:
+        k, name = 0, hint
+        while name in self.taken:
+            k += 1
+            name = f"{hint}_{k}"
+        self.taken.add(name)
+        return name
+
+    def const(self, values: np.ndarray, hint: str) -> str:
+        name = self.fresh(hint)
+        self.g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), name))
+        return name
+
+
+def _widen_input(
+    g: onnx.GraphProto,
+    vi: onnx.ValueInfoProto,
+    axes: Mapping[int, np.ndarray],
+    names: _Names,
+    opset: int,
+    front: list[onnx.NodeProto],
+) -> None:
+    """Graph input `vi` taken at its kept indices of `axes`: the nodes `front` gains scatter it
+    back to its full size (zeros at the removed indices), and the graph reads that instead."""
+    dims = vi.type.tensor_type.shape.dim
+    rank = len(dims)
+    current = vi.name
+    for axis, kept in sorted(axes.items()):
+        size = dims[axis].dim_value
+        kept = np.asarray(kept, np.int64)
+        pads = [0] * (2 * rank)
+        pads[rank + axis] = size - len(kept)
+        padded = names.fresh(f"{vi.name}_padded")
+        if opset >= 11:
+            front.append(helper.make_node("Pad", [current, names.const(np.asarray(pads), "pads")], [padded]))
+        else:
+            front.append(helper.make_node("Pad", [current], [padded], pads=pads))
+        where = np.full(size, len(kept), np.int64)  # a removed index: a zero padded slot
+        where[kept] = np.arange(len(kept))
+        whole = names.fresh(f"{vi.name}_whole")
+        front.append(helper.make_node("Gather", [padded, names.const(where, "where")], [whole], axis=axis))
+        current = whole
+        dims[axis].dim_value = len(kept)
+    _rename_reads(g, vi.name, current, skip=front)
+
+
+def _narrow_output(
+    g: onnx.GraphProto, vi: onnx.ValueInfoProto, axes: Mapping[int, np.ndarray], names: _Names
+) -> None:
+    """Graph output `vi` returned at its kept indices of `axes`: what computed it is renamed,
+    and Gathers of the kept indices make the output from it."""
+    dims = vi.type.tensor_type.shape.dim
+    whole = names.fresh(f"{vi.name}_whole")
+    for node in g.node:
+        node.output[:] = [whole if o == vi.name else o for o in node.output]
+    _rename_reads(g, vi.name, whole)
+    current = whole
+    for k, (axis, kept) in enumerate(sorted(axes.items())):
+        last = k == len(axes) - 1
+        nxt = vi.name if last else names.fresh(f"{vi.name}_part")
+        g.node.append(
+            helper.make_node("Gather", [current, names.const(np.asarray(kept), "kept")], [nxt], axis=axis)
+        )
+        dims[axis].dim_value = len(kept)
+        current = nxt
 
 
 def _rename_reads(g: onnx.GraphProto, old: str, new: str, skip: Iterable[onnx.NodeProto] = ()) -> None:

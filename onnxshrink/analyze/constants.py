@@ -7,7 +7,7 @@ exact (structural, with exact zeros from the weights), never guessed from sample
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,24 +15,25 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.core.evaluate import EvaluationError, evaluate
+from onnxshrink.core.handler import Handler
+from onnxshrink.core.registry import Lookup
+from onnxshrink.core.symbols import SymValue
 from onnxshrink.core.values import ConstInfo
 from onnxshrink.io import weights
-
-Lookup = Callable[[gs.Node], Any]
 
 
 class ConstContext:
     """What a handler's `constants` method can read (core.views.ConstView)."""
 
-    def __init__(self, graph: gs.Graph, opset: int, lookup: Lookup, syms: Mapping | None = None):
+    def __init__(self, graph: gs.Graph, opset: int, lookup: Lookup, syms: Mapping[str, SymValue] | None = None):
         self.graph = graph
         self.opset = opset
         self.lookup = lookup
         self.tensors = ir.all_tensors(graph)
-        self.syms = syms or {}  # shape values from an earlier pass, when there was one
+        self.syms: Mapping[str, SymValue] = syms or {}  # shape values from an earlier pass, when there was one
         self.consts: dict[str, ConstInfo] = {}
 
-    def sym(self, t: gs.Tensor | None) -> Any:  # a shapes.SymValue (that module imports this one)
+    def sym(self, t: gs.Tensor | None) -> SymValue | None:
         return None if t is None else self.syms.get(t.name)
 
     def const(self, t: gs.Tensor | None) -> ConstInfo | None:
@@ -52,20 +53,20 @@ class ConstContext:
 
     def evaluate(self, node: gs.Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         handler = self.lookup(node)
-        return evaluate(node, inputs, self.opset, ort=bool(handler and handler.evaluate_with_ort))
+        return evaluate(node, inputs, self.opset, ort=handler.evaluate_with_ort)
 
 
-def foldable(handler: Any) -> bool:
+def foldable(handler: Handler) -> bool:
     """May a node with all-constant inputs be evaluated to a constant? Not when it reads sizes
     (they change when axes are pruned) or is not a function of its inputs (random ops)."""
-    return handler is None or (handler.deterministic and not handler.sizes_only)
+    return handler.deterministic and not handler.sizes_only
 
 
 def propagate_constants(
     graph: gs.Graph,
     opset: int,
     handler_for: Lookup,
-    syms: Mapping | None = None,
+    syms: Mapping[str, SymValue] | None = None,
     progress: bool = False,
 ) -> ConstContext:
     """Walk the graph in topological order, recording constant elements of every tensor. Where
@@ -76,7 +77,9 @@ def propagate_constants(
         return _propagate(graph, opset, handler_for, syms, shown)
 
 
-def _propagate(graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping | None, shown: Any) -> ConstContext:
+def _propagate(
+    graph: gs.Graph, opset: int, handler_for: Lookup, syms: Mapping[str, SymValue] | None, shown: Any
+) -> ConstContext:
     ctx = ConstContext(graph, opset, handler_for, syms)
     for t in ctx.tensors.values():
         if isinstance(t, gs.Constant):
@@ -93,10 +96,7 @@ def _walk(graph: gs.Graph, ctx: ConstContext, handler_for: Lookup, shown: Any) -
     for node in graph.nodes:
         subgraphs = ir.bodies(node)
         if subgraphs:
-            handler = handler_for(node)
-            seeds = handler.body_constants(node, ctx) if handler is not None else None
-            for name, c in (seeds or {}).items():
-                ctx.consts[name] = c
+            ctx.consts.update(handler_for(node).body_constants(node, ctx) or {})
             for body in subgraphs:
                 _walk(body, ctx, handler_for, shown)
         ins = [ir.present(node, i) for i in range(len(node.inputs))]
@@ -109,7 +109,7 @@ def _walk(graph: gs.Graph, ctx: ConstContext, handler_for: Lookup, shown: Any) -
         handler = handler_for(node)
         if full_const and foldable(handler) and node.inputs and not subgraphs:
             outs = _fold(node, ctx)
-        if outs is None and handler is not None:
+        if outs is None:
             try:
                 outs = handler.constants(node, ctx)
             except EvaluationError:

@@ -46,7 +46,7 @@ class CouplingLog:
         self.equal: dict[tuple[AxisKey, AxisKey], gs.Node | None] = {}
         self.mapped: dict[tuple[AxisKey, AxisKey], np.ndarray] = {}
         self.paired: dict[tuple[AxisKey, AxisKey], tuple[np.ndarray, np.ndarray]] = {}
-        self.blocks: dict[tuple, _Block] = {}
+        self.blocks: dict[tuple[tuple[AxisKey, ...], tuple[AxisKey, ...]], _Block] = {}  # by its sides
         self.pins: dict[AxisKey, list[Reason]] = defaultdict(list)
         self.normalized: set[AxisKey] = set()  # axes a LayerNorm/RMSNorm normalizes
 

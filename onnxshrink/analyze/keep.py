@@ -13,8 +13,8 @@ live node reads it and none of its axes is empty; a node is live when one of its
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -22,12 +22,18 @@ import onnx_graphsurgeon as gs
 from onnxshrink import ir
 from onnxshrink.analyze.cache import free_axes
 from onnxshrink.analyze.constants import ConstContext
+from onnxshrink.analyze.coupling import CouplingLog
 from onnxshrink.analyze.replay import Replayed, ReplayError, reaches, replay
+from onnxshrink.core.handler import Dims
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
+from onnxshrink.core.registry import Lookup
 from onnxshrink.core.symbols import SymValue
 from onnxshrink.core.values import ConstInfo
+from onnxshrink.core.views import IndexMask
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
+
+T = TypeVar("T")
 
 
 class KeepState:
@@ -38,11 +44,11 @@ class KeepState:
         graph: gs.Graph,
         consts: ConstContext,
         syms: dict[str, SymValue],
-        handler_for: Callable[[gs.Node], Any],
+        handler_for: Lookup,
         pins: Iterable[AxisKey] = (),
         mode: str = "rules",
         free_inputs: bool = False,
-        log: Any = None,
+        log: CouplingLog | None = None,
     ):
         self.graph = graph
         # Records what the handlers tie and pin (analyze.coupling.CouplingLog), for the coupled
@@ -75,38 +81,45 @@ class KeepState:
         self.barriers: dict[int, Reason] = {}
         # id(node) -> (name, op, what a handler found worth reporting: a replay's finding)
         self.notes: dict[int, tuple[str, str, str]] = {}
-        self._consumers: dict[str, list[gs.Node]] = {}
-        self._producer: dict[str, gs.Node] = {}
         # tensor -> the nodes whose keep rule read its kept set (by id(node)): a rule may read a
         # tensor it neither reads nor writes (a Reshape whose target is Shape(t) ties its output
         # to t's axes), and must run again when that set grows, as for its own tensors.
         self._readers: dict[str, dict[int, gs.Node]] = {}
         self.nodes = ir.flat_nodes(graph)  # every node of every scope, in topological order
-        for node in self.nodes:
-            for t in node.inputs:
-                self._consumers.setdefault(t.name, []).append(node)
-            for t in node.outputs:
-                self._producer[t.name] = node
-            for body in ir.bodies(node):  # its handler ties the body's inputs and outputs
-                for t in [*body.inputs, *body.outputs]:
-                    self._consumers.setdefault(t.name, []).append(node)
-        self._memo: dict = {}
+        self._consumers, self._producer = self._links(self.nodes)
+        self._memo: dict[Hashable, Any] = {}  # each key's own type: the compute it was given
         self._changes = 0
         self._queue: deque[gs.Node] = deque()
         self._queued: set[int] = set()
+
+    @staticmethod
+    def _links(nodes: list[gs.Node]) -> tuple[dict[str, list[gs.Node]], dict[str, gs.Node]]:
+        """Each tensor's consumers (a node with bodies consumes their inputs and outputs too: its
+        handler ties them) and its producer, by name."""
+        consumers: dict[str, list[gs.Node]] = {}
+        producer: dict[str, gs.Node] = {}
+        for node in nodes:
+            for t in node.inputs:
+                consumers.setdefault(t.name, []).append(node)
+            for t in node.outputs:
+                producer[t.name] = node
+            for body in ir.bodies(node):
+                for t in [*body.inputs, *body.outputs]:
+                    consumers.setdefault(t.name, []).append(node)
+        return consumers, producer
 
     # ---------------------------------------------------------------- queries
     def forget(self) -> None:
         """Drop what was derived from the weights (kept sets and reasons stay)."""
         self._memo.clear()
 
-    def memo(self, key, compute):
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
         """Facts a handler derives from constants (e.g. a weight's zero pattern) once per run."""
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
 
-    def dims(self, t: gs.Tensor) -> list | None:
+    def dims(self, t: gs.Tensor) -> Dims | None:
         return ir.dims(t)
 
     def size(self, t: gs.Tensor, axis: int) -> int | None:
@@ -237,7 +250,7 @@ class KeepState:
             self.pin(t)
 
     def keep(
-        self, t: gs.Tensor, axis: int, mask, reason: Reason = LIVE, why: np.ndarray | None = None
+        self, t: gs.Tensor, axis: int, mask: IndexMask, reason: Reason = LIVE, why: np.ndarray | None = None
     ) -> None:
         st = self._state(t)
         arr = st[axis] if axis < len(st) else None
@@ -256,7 +269,7 @@ class KeepState:
         self._reasons(t, axis)[new] = why[new] if why is not None else self._rid(reason)
         self._touch(t)
 
-    def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
+    def need(self, t: gs.Tensor, axis: int, mask: IndexMask, why: np.ndarray | None = None) -> None:
         """The kept outputs of the node being visited read these indices of its input `t`.
         With --analysis replay, found by replaying the node instead, for the inputs a replay
         draws (computed, floating point); a weight's or an integer input's needs stay the rule's."""
@@ -466,13 +479,9 @@ class KeepState:
         handler = self.handler_for(node)
         if node.outputs and all(t.name in self.syms for t in node.outputs) and not ir.bodies(node):
             # A shape computation: its values flow on symbolically; consumers decide.
-            sizes = handler.sizes_only if handler is not None else ()
             for i, t in enumerate(node.inputs):
                 if t is not None and t.name:
-                    self.demand(t, pin=i not in sizes)
-            return
-        if handler is None:
-            self.barrier(node, Reason("unsupported", node.name, node.op, "no handler for this op"))
+                    self.demand(t, pin=i not in handler.sizes_only)
             return
         self._visiting = node
         try:
@@ -602,12 +611,12 @@ class KeepState:
             if not self.node_live(node):
                 continue
             handler = self.handler_for(node)
-            if handler is not None and id(node) not in self.barriers:
+            if id(node) not in self.barriers:
                 handler.settle(node, self)
             for i, t in enumerate(node.inputs):
                 if t is None or t.name not in self.demanded:
                     continue
-                if handler is not None and i in handler.may_drop_inputs(node):
+                if i in handler.may_drop_inputs(node):
                     continue
                 self._keep_one_per_axis(t, Reason("structure", node.name, node.op, "an input needs at least one channel"))
         for t in self.graph.outputs:  # a graph output exists, even a state no other output reads

@@ -269,7 +269,7 @@ def _identity(a: np.ndarray) -> int | None:
         return held[1]
     address = id(a)
 
-    def gone(ref: weakref.ref, address: int = address) -> None:
+    def gone(ref: weakref.ref[np.ndarray], address: int = address) -> None:
         if _IDENTITIES.get(address, (None,))[0] is ref:
             del _IDENTITIES[address]
 
@@ -283,7 +283,7 @@ def _identity(a: np.ndarray) -> int | None:
 
 # Constants of this size and more are keyed by identity (`_identity`), smaller ones by bytes.
 _IDENTITY_BYTES = 1 << 16
-_IDENTITIES: dict[int, tuple[weakref.ref, int]] = {}
+_IDENTITIES: dict[int, tuple[weakref.ref[np.ndarray], int]] = {}
 _NUMBERS = itertools.count()
 
 
@@ -577,23 +577,38 @@ def replay(
     runner = NodeRunner.of(node, inputs, opset, live)
     key = None
     if enough is None and known is None and whole:  # a whole replay: the same node and form, the same one
-        h = hashlib.blake2b(runner.key, digest_size=20)
-        h.update(repr((seed, sorted((i, list(a)) for i, a in axes.items()))).encode())
-        for i, (mask, value) in sorted(fixed.items()):
-            for a in (np.asarray(mask), np.asarray(value)):
-                h.update(f"|{i}{a.dtype.str}{a.shape}".encode())
-                h.update(np.ascontiguousarray(a).data)
-        key = h.digest()
+        key = _whole_replay_key(runner, seed, axes, fixed)
         if key in _REPLAYS:
             _REPLAYS.move_to_end(key)
             return _REPLAYS[key]
     found = _replay(runner, inputs, live, axes, seed, fixed, enough, known, whole, presumed)
     if key is not None:
-        _REPLAYS[key] = found
-        held = sum(_nbytes(r) for r in _REPLAYS.values())
-        while len(_REPLAYS) > 1 and held > _REPLAYS_BYTES:
-            held -= _nbytes(_REPLAYS.popitem(last=False)[1])
+        _remember(key, found)
     return found
+
+
+def _whole_replay_key(
+    runner: NodeRunner,
+    seed: int,
+    axes: Mapping[int, Sequence[int]],
+    fixed: Mapping[int, tuple[np.ndarray, np.ndarray]],
+) -> bytes:
+    """What a whole replay's finding depends on: the node's form, the draws, the constant elements."""
+    h = hashlib.blake2b(runner.key, digest_size=20)
+    h.update(repr((seed, sorted((i, list(a)) for i, a in axes.items()))).encode())
+    for i, (mask, value) in sorted(fixed.items()):
+        for a in (np.asarray(mask), np.asarray(value)):
+            h.update(f"|{i}{a.dtype.str}{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).data)
+    return h.digest()
+
+
+def _remember(key: bytes, found: Replayed) -> None:
+    """Keep a whole replay's finding, the least recently used ones going past _REPLAYS_BYTES."""
+    _REPLAYS[key] = found
+    held = sum(_nbytes(r) for r in _REPLAYS.values())
+    while len(_REPLAYS) > 1 and held > _REPLAYS_BYTES:
+        held -= _nbytes(_REPLAYS.popitem(last=False)[1])
 
 
 def _nbytes(found: Replayed) -> int:
@@ -621,111 +636,166 @@ def _replay(
     whole: bool,
     presumed: Mapping[tuple[int, int], np.ndarray] | None = None,
 ) -> Replayed:
-    rng = np.random.default_rng(seed)
+    draws = _Draws(runner, live, fixed, seed)
     live_inputs = [k for k, is_live in enumerate(live) if is_live]
-    depends: list[np.ndarray] = []
-    bases: list[list[np.ndarray | None] | None] = [None] * len(DRAWS)
-    outs: list[list[np.ndarray] | None] = [None] * len(DRAWS)
-
-    def base_of(d: int) -> list[np.ndarray | None]:
-        """Draw d's base values, drawn when first asked for (a draw no probe reaches costs no
-        drawing: redrawing a large input whole costs more than running a cheap node)."""
-        base = bases[d]
-        if base is None:
-            scale, sign = DRAWS[d][0]
-            base = bases[d] = [
-                _fix(_draw(rng, a, scale, sign), fixed.get(i)) if live[i] and a is not None else a
-                for i, a in enumerate(runner.templates)
-            ]
-        return base
-
     if not whole and not any(
         _unsettled(fixed.get(i), known, i, axis, runner.templates[i].shape).any()  # type: ignore[union-attr]
         for i in live_inputs
         for axis in axes.get(i, ())
     ):
-        # Nothing to probe: nothing drawn or run (the outputs' shapes and types are those of
-        # the runner's first run).
-        zeros = [np.zeros(shape, dtype) for shape, dtype in runner.forms]
-        sizes = {i: runner.templates[i].shape for i in live_inputs}  # type: ignore[union-attr]
-        return Replayed(
-            {
-                (i, axis): [[np.zeros((sizes[i][axis], n), bool) for n in o.shape] for o in zeros]
-                for i in live_inputs
-                for axis in axes.get(i, ())
-            },
-            [np.zeros(o.shape, bool) for o in zeros],
-            zeros,
-        )
+        return _unprobed(runner, live_inputs, axes)
     # Without `whole`, only the first draw's base runs here; the others when a slice is probed.
-    for d, (_, (new_scale, new_sign)) in enumerate(DRAWS if whole else DRAWS[:1]):
-        base = base_of(d)
-        outs[d] = runner.run(base)
-        if not d:
-            depends = [np.zeros(o.shape, dtype=bool) for o in outs[0]]  # type: ignore[union-attr]
-        for i in live_inputs if whole else ():
-            # The whole input redrawn: every element it reaches (a scalar input too).
-            values = _draw(rng, base[i], new_scale, new_sign)  # type: ignore[arg-type]
-            out = outs[d]
-            assert out is not None
-            redrawn = list(base)
-            redrawn[i] = _fix(values, fixed.get(i))
-            for o, after in enumerate(runner.run(redrawn)):
-                _same_shape(out[o], after)
-                depends[o] |= _changed(out[o], after)
-    first = outs[0]
+    draws.run_bases(live_inputs if whole else None)
+    first = draws.outs[0]
     assert first is not None
     relation: dict[tuple[int, int], list[list[np.ndarray]]] = {}
     joint: dict[tuple[int, int], np.ndarray] = {}
     for i in live_inputs:
-        shape = base_of(0)[i].shape  # type: ignore[union-attr]
+        shape = draws.base(0)[i].shape  # type: ignore[union-attr]
         for axis in axes.get(i, ()):
             rel = relation.setdefault(
                 (i, axis), [[np.zeros((shape[axis], n), bool) for n in o.shape] for o in first]
             )
             pending = _unsettled(fixed.get(i), known, i, axis, shape)
-            for d, (_, (new_scale, new_sign)) in enumerate(DRAWS):
-                # Nothing left to show: changes that reach every index of every output axis
-                # (the relation is a union over draws), or all the caller asks.
-                full = np.ones(shape[axis], bool)
-                for rel_o in rel:
-                    for r in rel_o:
-                        full &= r.all(axis=1)
-                pending &= ~full
-                if enough is not None:
-                    for j in np.flatnonzero(pending):
-                        if enough(i, axis, [[r[j] for r in rel_o] for rel_o in rel]):
-                            pending[j] = False
-                todo = np.flatnonzero(pending)
+            for d in range(len(DRAWS)):
+                todo = _still_to_show(rel, pending, i, axis, enough)
                 if not len(todo):
                     break
-                x = base_of(d)[i]
-                assert x is not None
-                # The new values of the slices to probe (slice k: slice todo[k] of the input).
-                fresh = _draw(rng, np.take(x, todo, axis=axis), new_scale, new_sign)
-                if i in fixed:
-                    mask, value = (np.take(np.broadcast_to(f, shape), todo, axis=axis) for f in fixed[i])
-                    fresh = np.where(mask, value, fresh).astype(fresh.dtype)
-                out = outs[d]
-                if out is None:
-                    out = outs[d] = runner.run(base_of(d))
-                    for o, after in enumerate(out):
-                        _same_shape(first[o], after)
-                alone = np.ones(len(todo), bool)  # (places in todo) still to probe alone
-                if enough is not None and presumed is not None and (i, axis) in presumed:
-                    together = np.asarray(presumed[(i, axis)], bool)[todo]
-                    if together.sum() > 1:
-                        rows = _together(runner, base_of(d), out, i, axis, todo[together], fresh[_at(axis, together)], depends)
-                        if enough(i, axis, rows):
-                            for o, rows_o in enumerate(rows):
-                                for b, row in enumerate(rows_o):
-                                    rel[o][b][todo[together]] |= row
-                            pending[todo[together]] = False
-                            alone &= ~together
-                            joint.setdefault((i, axis), np.zeros(shape[axis], bool))[todo[together]] = True
-                if alone.any():
-                    _probe(runner, base_of(d), out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, depends)
-    return Replayed(relation, depends, first, joint)
+                _probe_draw(draws, d, i, axis, todo, rel, pending, enough, presumed, joint)
+    return Replayed(relation, draws.depends, first, joint)
+
+
+class _Draws:
+    """The draws of one replay: each draw's base values (drawn when first asked for: a draw no
+    probe reaches costs no drawing, and redrawing a large input whole costs more than running a
+    cheap node), its base run's outputs, and the output elements some live element changes."""
+
+    def __init__(
+        self,
+        runner: NodeRunner,
+        live: Sequence[bool],
+        fixed: Mapping[int, tuple[np.ndarray, np.ndarray]],
+        seed: int,
+    ):
+        self.runner, self.live, self.fixed = runner, live, fixed
+        self.rng = np.random.default_rng(seed)
+        self.depends: list[np.ndarray] = []
+        self.bases: list[list[np.ndarray | None] | None] = [None] * len(DRAWS)
+        self.outs: list[list[np.ndarray] | None] = [None] * len(DRAWS)
+
+    def base(self, d: int) -> list[np.ndarray | None]:
+        """Draw d's base values."""
+        base = self.bases[d]
+        if base is None:
+            scale, sign = DRAWS[d][0]
+            base = self.bases[d] = [
+                _fix(_draw(self.rng, a, scale, sign), self.fixed.get(i)) if self.live[i] and a is not None else a
+                for i, a in enumerate(self.runner.templates)
+            ]
+        return base
+
+    def out(self, d: int) -> list[np.ndarray]:
+        """Draw d's base run's outputs (run when first asked for, after the first draw's)."""
+        out = self.outs[d]
+        if out is None:
+            first = self.outs[0]
+            assert first is not None
+            out = self.outs[d] = self.runner.run(self.base(d))
+            for o, after in enumerate(out):
+                _same_shape(first[o], after)
+        return out
+
+    def run_bases(self, whole: Sequence[int] | None) -> None:
+        """Run the first draw's base; with `whole` (the live inputs), every draw's, each input
+        of `whole` also redrawn whole: every element it reaches (a scalar input too)."""
+        for d, (_, (new_scale, new_sign)) in enumerate(DRAWS if whole is not None else DRAWS[:1]):
+            base = self.base(d)
+            out = self.outs[d] = self.runner.run(base)
+            if not d:
+                self.depends = [np.zeros(o.shape, dtype=bool) for o in out]
+            for i in whole or ():
+                values = _draw(self.rng, base[i], new_scale, new_sign)  # type: ignore[arg-type]
+                redrawn = list(base)
+                redrawn[i] = _fix(values, self.fixed.get(i))
+                for o, after in enumerate(self.runner.run(redrawn)):
+                    _same_shape(out[o], after)
+                    self.depends[o] |= _changed(out[o], after)
+
+
+def _unprobed(runner: NodeRunner, live_inputs: list[int], axes: Mapping[int, Sequence[int]]) -> Replayed:
+    """A replay with nothing to probe: nothing drawn or run (the outputs' shapes and types are
+    those of the runner's first run, their values zeros)."""
+    zeros = [np.zeros(shape, dtype) for shape, dtype in runner.forms]
+    sizes = {i: runner.templates[i].shape for i in live_inputs}  # type: ignore[union-attr]
+    return Replayed(
+        {
+            (i, axis): [[np.zeros((sizes[i][axis], n), bool) for n in o.shape] for o in zeros]
+            for i in live_inputs
+            for axis in axes.get(i, ())
+        },
+        [np.zeros(o.shape, bool) for o in zeros],
+        zeros,
+    )
+
+
+def _still_to_show(
+    rel: list[list[np.ndarray]], pending: np.ndarray, i: int, axis: int, enough: Enough | None
+) -> np.ndarray:
+    """The pending slices a probe may still show something of, `pending` updated: not those
+    whose changes reach every index of every output axis already (the relation is a union over
+    draws), nor those whose changes are all the caller asks (`enough`)."""
+    full = np.ones(len(pending), bool)
+    for rel_o in rel:
+        for r in rel_o:
+            full &= r.all(axis=1)
+    pending &= ~full
+    if enough is not None:
+        for j in np.flatnonzero(pending):
+            if enough(i, axis, [[r[j] for r in rel_o] for rel_o in rel]):
+                pending[j] = False
+    return np.flatnonzero(pending)
+
+
+def _probe_draw(
+    draws: _Draws,
+    d: int,
+    i: int,
+    axis: int,
+    todo: np.ndarray,
+    rel: list[list[np.ndarray]],
+    pending: np.ndarray,
+    enough: Enough | None,
+    presumed: Mapping[tuple[int, int], np.ndarray] | None,
+    joint: dict[tuple[int, int], np.ndarray],
+) -> None:
+    """Draw d's probes of the slices `todo` of input i along `axis`: the presumed ones together
+    first (settled when that run's changes are `enough`), then each other one alone."""
+    new_scale, new_sign = DRAWS[d][1]
+    x = draws.base(d)[i]
+    assert x is not None
+    shape = x.shape
+    # The new values of the slices to probe (slice k: slice todo[k] of the input).
+    fresh = _draw(draws.rng, np.take(x, todo, axis=axis), new_scale, new_sign)
+    if i in draws.fixed:
+        mask, value = (np.take(np.broadcast_to(f, shape), todo, axis=axis) for f in draws.fixed[i])
+        fresh = np.where(mask, value, fresh).astype(fresh.dtype)
+    out = draws.out(d)
+    alone = np.ones(len(todo), bool)  # (places in todo) still to probe alone
+    if enough is not None and presumed is not None and (i, axis) in presumed:
+        together = np.asarray(presumed[(i, axis)], bool)[todo]
+        if together.sum() > 1:
+            rows = _together(
+                draws.runner, draws.base(d), out, i, axis, todo[together], fresh[_at(axis, together)], draws.depends
+            )
+            if enough(i, axis, rows):
+                for o, rows_o in enumerate(rows):
+                    for b, row in enumerate(rows_o):
+                        rel[o][b][todo[together]] |= row
+                pending[todo[together]] = False
+                alone &= ~together
+                joint.setdefault((i, axis), np.zeros(shape[axis], bool))[todo[together]] = True
+    if alone.any():
+        _probe(draws.runner, draws.base(d), out, i, axis, todo[alone], fresh[_at(axis, alone)], rel, draws.depends)
 
 
 def _unsettled(

@@ -11,19 +11,17 @@ arithmetic: then the referenced axes are pinned, they must keep their size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.analyze.constants import ConstContext
+from onnxshrink.core.handler import Dims
+from onnxshrink.core.registry import Lookup
 from onnxshrink.core.shape_rules import is_integer_output, opaque_value
 from onnxshrink.core.symbols import SymValue
-
-if TYPE_CHECKING:  # the views handlers receive (implemented here and in constants.py)
-    pass
 
 
 class ShapeSyms:
@@ -55,13 +53,13 @@ class ShapeSyms:
 
 
 def propagate_shapes(
-    graph: gs.Graph, consts: ConstContext, lookup: Callable[[gs.Node], Any]
+    graph: gs.Graph, consts: ConstContext, lookup: Lookup
 ) -> dict[str, SymValue]:
     """Symbolic values of every shape value in the graph, each node's handler giving its rule."""
     view = ShapeSyms(consts, ir.all_tensors(graph))
     for node in ir.flat_nodes(graph):
         handler = lookup(node)
-        if handler is None or not node.outputs:
+        if not node.outputs:
             continue
         try:
             out = handler.shape_value(node, view)
@@ -77,7 +75,7 @@ def refine_shapes(
     graph: gs.Graph,
     syms: dict[str, SymValue],
     consts: ConstContext,
-    lookup: Callable[[gs.Node], Any],
+    lookup: Lookup,
 ) -> bool:
     """Fill output dims that shape inference left unknown but the size inputs of Expand,
     ConstantOfShape and Reshape give (e.g. Expand(0, Shape(W)[0:1]), a zero bias the exporter
@@ -90,7 +88,7 @@ def refine_shapes(
     changed = False
     for node in ir.flat_nodes(graph):
         handler = lookup(node)
-        if handler is None or not node.outputs:
+        if not node.outputs:
             continue
         for y, new in zip(node.outputs, handler.refine_output_dims(node, consts, view), strict=False):
             if y.name not in outputs:  # the interface keeps the dims it declares
@@ -98,7 +96,7 @@ def refine_shapes(
     return changed
 
 
-def _fill(y: gs.Tensor, new: list | None) -> bool:
+def _fill(y: gs.Tensor, new: Dims | None) -> bool:
     """Give `y` the dims `new` (computed only where `y`'s were not static); True if any changed."""
     if new is None or new == list(ir.dims(y) or []):
         return False

@@ -21,7 +21,8 @@ class EvaluationError(RuntimeError):
     pass
 
 
-def _attrs(node: gs.Node) -> dict:
+def _attrs(node: gs.Node) -> dict[str, Any]:
+    """The node's attributes as onnx.helper.make_node takes them (a tensor as a TensorProto)."""
     out = {}
     for k, v in node.attrs.items():
         if isinstance(v, gs.Tensor):  # tensor attribute (e.g. ConstantOfShape value)
@@ -32,7 +33,7 @@ def _attrs(node: gs.Node) -> dict:
 
 def op_model(
     op: str,
-    attrs: dict,
+    attrs: dict[str, Any],
     inputs: Sequence[np.ndarray | None],
     n_outputs: int,
     opset: int,

@@ -34,7 +34,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink.core.symbols import SymValue
 from onnxshrink.core.values import ConstInfo
-from onnxshrink.core.views import ConstView, KeepView, RewriteView, ShapeView
+from onnxshrink.core.views import AttributeValue, ConstView, KeepView, RewriteView, ShapeView
 
 Dims = list[int | str | None]
 
@@ -114,7 +114,7 @@ class IntegerProduct:
     `alpha`). A weight's per-channel scale runs along input 1's axis `out_axis`; `bias`: the
     input added after (times `beta`), None: none."""
 
-    window: Mapping[str, Any] | None
+    window: Mapping[str, AttributeValue] | None
     out_axis: int
     bias: int | None = None
     trans_a: bool = False
@@ -188,6 +188,9 @@ class Handler:
     deterministic: ClassVar[bool] = True
     #: output 0 is input 0 itself (Identity): a name that stands for its input
     is_alias: ClassVar[bool] = False
+    #: its bodies are alternatives, one of which runs, and output j is that body's output j
+    #: (If's branches): what it returns is made there, and only one body's work is done
+    runs_one_body: ClassVar[bool] = False
 
     # -------------------------------------------------------------- analysis
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
@@ -356,9 +359,6 @@ class Handler:
         dims there) and whose output size varies with that size (`now`: the input's dims at a
         probe's sizes). None: no such axis, or bounds that are not constants."""
         return None
-
-    #: its bodies are alternatives, one of which runs (If's branches); else each runs
-    runs_one_body: ClassVar[bool] = False
 
     def body_runs(self, node: OpNode, shapes: Mapping[str, list[int]], scalars: Mapping[str, int]) -> int:
         """How many times an op with bodies runs them, where the graph fixes it (a Loop's trip

@@ -9,7 +9,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.core.symbols import DimRef, MaxOf, Prod, SymValue, item_size, opaque, own_axes
+from onnxshrink.core.handler import Dims
+from onnxshrink.core.symbols import DimRef, Item, MaxOf, Prod, SymValue, item_size, opaque, own_axes
 from onnxshrink.core.views import ConstView, ShapeView
 
 
@@ -58,15 +59,11 @@ def sized_dims(
     *,
     broadcast: bool = False,
     zero_copies: bool = False,
-) -> list | None:
+) -> Dims | None:
     """Output dims from a size input (Expand and ConstantOfShape targets, Reshape's shape).
     `broadcast`: the size broadcasts with input 0's dims (Expand); `zero_copies`: a 0 copies
     the input's dim (Reshape), left as inferred."""
-    if size_in is None:
-        return None
-    v = consts.value(size_in)
-    s = view.syms.get(size_in.name)
-    items = [int(x) for x in v.reshape(-1)] if v is not None else (list(s.items) if s else None)
+    items = _size_items(size_in, consts, view) if size_in is not None else None
     dims = ir.dims(node.outputs[0])
     if items is None or dims is None or len(dims) != len(items):
         return None
@@ -104,19 +101,32 @@ def sized_dims(
         if size is not None:
             new[p] = size
     if zero_copies and items.count(-1) == 1 and not isinstance(new[items.index(-1)], int):
-        x_dims, rest = ir.dims(node.inputs[0]), [d for k, d in enumerate(new) if items[k] != -1]
-        merged = [set(a) for a in (own_axes(it, node.inputs[0]) for it in items) if a]
-        if x_dims and merged and sum(len(a) for a in merged) == len(set().union(*merged)):
-            # a size that is the product of input axes cancels them, whatever their sizes
-            x_dims = [d for k, d in enumerate(x_dims) if not any(k in a for a in merged)]
-            rest = [d for k, d in enumerate(new) if items[k] != -1 and not own_axes(items[k], node.inputs[0])]
-        inferred = _inferred_dim(x_dims, rest)
+        inferred = _minus_one_dim(node.inputs[0], items, new)
         if inferred is not None:
             new[items.index(-1)] = inferred
     return new
 
 
-def _inferred_dim(x: list | None, rest: list) -> int | None:
+def _size_items(size_in: gs.Tensor, consts: ConstView, view: ShapeView) -> list[Item] | None:
+    """The elements of a size input: its values when constant, else its shape value's items."""
+    v = consts.value(size_in)
+    s = view.syms.get(size_in.name)
+    return [int(x) for x in v.reshape(-1)] if v is not None else (list(s.items) if s else None)
+
+
+def _minus_one_dim(x: gs.Tensor, items: list[Item], new: Dims) -> int | None:
+    """A Reshape's -1 dim (at the one -1 of `items`, the target's) from input `x`'s dims and
+    the other output dims `new`."""
+    x_dims, rest = ir.dims(x), [d for k, d in enumerate(new) if items[k] != -1]
+    merged = [set(a) for a in (own_axes(it, x) for it in items) if a]
+    if x_dims and merged and sum(len(a) for a in merged) == len(set().union(*merged)):
+        # a size that is the product of input axes cancels them, whatever their sizes
+        x_dims = [d for k, d in enumerate(x_dims) if not any(k in a for a in merged)]
+        rest = [d for k, d in enumerate(new) if items[k] != -1 and not own_axes(items[k], x)]
+    return _inferred_dim(x_dims, rest)
+
+
+def _inferred_dim(x: Dims | None, rest: Dims) -> int | None:
     """A Reshape's -1 dim: x's element count over the other output dims', when the dynamic
     dims cancel by name (shape inference leaves it unknown inside an If branch)."""
     if x is None:
@@ -126,9 +136,11 @@ def _inferred_dim(x: list | None, rest: list) -> int | None:
         if isinstance(d, str) and d in right:
             left.remove(d)
             right.remove(d)
-    if not all(isinstance(d, int) and d > 0 for d in [*left, *right]):
+    static_left = [d for d in left if isinstance(d, int) and d > 0]
+    static_right = [d for d in right if isinstance(d, int) and d > 0]
+    if len(static_left) != len(left) or len(static_right) != len(right):
         return None
-    num, den = int(np.prod(left, dtype=np.int64)), int(np.prod(right, dtype=np.int64))
+    num, den = int(np.prod(static_left, dtype=np.int64)), int(np.prod(static_right, dtype=np.int64))
     return num // den if den and num % den == 0 else None
 
 
@@ -140,7 +152,7 @@ def _dim_name(t: gs.Tensor, axis: int) -> str | None:
     return v if isinstance(v, str) and v and not v.startswith("unk__") else None
 
 
-def elementwise_dims(node: gs.Node, same_shape: bool) -> list | None:
+def elementwise_dims(node: gs.Node, same_shape: bool) -> Dims | None:
     """Unknown output dims from the inputs: copied for same-shape ops, broadcast otherwise
     (known when some input has a size > 1, or all share one symbol or 1)."""
     yd = ir.dims(node.outputs[0])

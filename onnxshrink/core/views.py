@@ -9,9 +9,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import onnx_graphsurgeon as gs
 
 from onnxshrink.core.reasons import Reason
@@ -19,6 +20,15 @@ from onnxshrink.core.symbols import SymValue
 from onnxshrink.core.values import ConstInfo
 
 T = TypeVar("T")
+
+#: indices of one axis: a boolean mask over the axis, or the kept indices themselves
+IndexMask: TypeAlias = npt.ArrayLike
+
+#: one attribute's value as a graph node holds it: a number, a string, a tensor, a graph, or a
+#: list of numbers or strings
+AttributeValue: TypeAlias = (
+    int | float | str | bytes | gs.Tensor | gs.Graph | Sequence[int] | Sequence[float] | Sequence[str]
+)
 
 
 # ---------------------------------------------------------------------- views
@@ -96,10 +106,10 @@ class KeepView(Protocol):
     def is_read(self, t: gs.Tensor) -> bool: ...
 
     def keep(
-        self, t: gs.Tensor, axis: int, mask: Any, reason: Reason = ..., why: np.ndarray | None = None
+        self, t: gs.Tensor, axis: int, mask: IndexMask, reason: Reason = ..., why: np.ndarray | None = None
     ) -> None: ...
 
-    def need(self, t: gs.Tensor, axis: int, mask: Any, why: np.ndarray | None = None) -> None:
+    def need(self, t: gs.Tensor, axis: int, mask: IndexMask, why: np.ndarray | None = None) -> None:
         """The kept outputs read these indices of input `t` (a dependence the handler derives,
         e.g. from a weight's non-zeros). `keep` is for what the op's structure requires. With
         `--analysis replay`, needs are found by replaying the node instead."""
@@ -189,8 +199,8 @@ class RewriteView(Protocol):
         op: str,
         inputs: list[gs.Tensor],
         hint: str,
-        attrs: dict[str, Any] | None = None,
-        dtype: Any = None,
+        attrs: dict[str, AttributeValue] | None = None,
+        dtype: npt.DTypeLike | None = None,
     ) -> gs.Variable: ...
 
     def add_to_output(self, node: gs.Node, out_index: int, addend: gs.Tensor) -> None: ...
@@ -203,7 +213,7 @@ class RewriteView(Protocol):
         operands: list[gs.Tensor],
         hint: str,
         suffix: str = "raw",
-        attrs: dict[str, Any] | None = None,
+        attrs: dict[str, AttributeValue] | None = None,
     ) -> gs.Variable: ...
 
     def bypass(self, node: gs.Node, i: int) -> None: ...
@@ -223,7 +233,7 @@ class RewriteView(Protocol):
 
     def concat1d(self, parts: list[gs.Tensor]) -> gs.Variable: ...
 
-    def ones_map(self, x: gs.Tensor, dtype: Any) -> gs.Tensor: ...
+    def ones_map(self, x: gs.Tensor, dtype: npt.DTypeLike) -> gs.Tensor: ...
 
     def record_fold(self, node: gs.Node, channels: int, into: str) -> None: ...
 

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.core import ConstInfo, KeepView, Reader, compress, expand_to
+from onnxshrink.core import ConstInfo, KeepView, Reader, Reason, compress, expand_to
 
 
 def ints(
@@ -56,6 +56,18 @@ def couple_same(ks: KeepView, node: gs.Node, a: gs.Tensor, b: gs.Tensor) -> None
         return
     for i in range(ra):
         ks.couple(a, i, b, i)
+
+
+def pin_normalized(ks: KeepView, node: gs.Node, axes: list[int]) -> None:
+    """Output 0 is input 0 normalized over `axes`: those axes mix, so each keeps every index in
+    both; the other axes pass straight through (coupled)."""
+    x, y = node.inputs[0], node.outputs[0]
+    ks.demand(x, pin=False)
+    why = Reason("normalization", node.name, node.op)
+    for a in axes:
+        ks.pin(x, a, why)
+        ks.pin(y, a, why)
+    couple_same(ks, node, x, y)
 
 
 def const_or_live(ctx, t: gs.Tensor, r: int) -> tuple[np.ndarray, np.ndarray]:

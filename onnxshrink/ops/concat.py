@@ -130,7 +130,7 @@ class Concat(Handler):
             return None
         return SymValue(tuple(i for v in vals for i in v.items))
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         """Inputs agree on every axis but the joined one, whose size is their sum."""
         yd = ir.dims(node.outputs[0])
         dims = [ir.dims(t) for t in node.inputs]
@@ -355,7 +355,7 @@ class Slice(Handler):
             starts, ends, steps = got[0], got[1], got[3] or [1]
         return SymValue(a.items[slice(starts[0], ends[0], steps[0])])
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         """A Slice keeps the input's dims on the axes it does not slice; shape inference drops
         them all when the bounds are computed at run time."""
         x, y = node.inputs[0], node.outputs[0]

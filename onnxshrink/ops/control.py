@@ -35,6 +35,7 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
     KeepView,
     OpNode,
@@ -125,7 +126,7 @@ def stacked_const(ctx: ConstView, y: gs.Tensor, inner: gs.Tensor, axis: int) -> 
     return ConstInfo(np.expand_dims(c.mask, axis), np.expand_dims(c.value, axis))
 
 
-def carried_dims(ts: Sequence[gs.Tensor]) -> list | None:
+def carried_dims(ts: Sequence[gs.Tensor]) -> Dims | None:
     """A loop-carried value's dims: those its initial value, its body input and its body output
     all have, static (the body keeps the shape it was given, so every iteration does; onnx's
     inference leaves a Loop's outputs without shapes)."""
@@ -136,7 +137,7 @@ def carried_dims(ts: Sequence[gs.Tensor]) -> list | None:
     return list(first)
 
 
-def fill_dims(y: gs.Tensor, new: list | None) -> list | None:
+def fill_dims(y: gs.Tensor, new: Dims | None) -> Dims | None:
     """`y`'s dims with the unknown ones taken from `new` (same rank), or None."""
     old = ir.dims(y)
     if new is None:
@@ -238,12 +239,12 @@ class Loop(Handler):
             return None
         return body, n, k
 
-    def refine_output_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list[list | None]:
+    def refine_output_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list[Dims | None]:
         got = self.layout(node)
         if got is None:
             return []
         body, n, k = got
-        out: list[list | None] = []
+        out: list[Dims | None] = []
         for c in range(n):
             ts = [node.inputs[2 + c], body.inputs[2 + c], body.outputs[1 + c]]
             out.append(fill_dims(node.outputs[c], carried_dims(ts)))

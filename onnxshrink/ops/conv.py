@@ -155,6 +155,16 @@ class _ConvBase(Handler):
             return
         for t in (x, wt, bt):
             ks.demand(t, pin=False)
+        self._tie(node, ks, g, ci, co)
+        self._need_input_channels(node, ks, w, ci)
+
+    def _tie(self, node: gs.Node, ks: KeepView, g: int, ci: int, co: int) -> None:
+        """What the conv's structure ties: the batch passes through, the spatial axes keep every
+        index, the weight's channel axes go with the input's and output's (per group), and a
+        group's channels leave together."""
+        x, wt, bt, y = node.inputs[0], node.inputs[1], ir.present(node, 2), node.outputs[0]
+        r = ir.rank(x)
+        assert r is not None  # checked by keep
         ks.couple(x, 0, y, 0)
         for a in range(2, r):
             ks.pin(x, a)
@@ -182,6 +192,10 @@ class _ConvBase(Handler):
             ks.unit(x, 1, np.arange(ci), y, 1, np.arange(ci) // cin * cout)
             ks.unit(y, 1, np.arange(co), y, 1, np.arange(co) // cout * cout)
 
+    def _need_input_channels(self, node: gs.Node, ks: KeepView, w: np.ndarray, ci: int) -> None:
+        """The input channels the kept output channels read through non-zero weights; those whose
+        constant contribution cannot be folded away are kept."""
+        x, y = node.inputs[0], node.outputs[0]
         d = ks.memo(("depends", id(node)), lambda: self.depends(node, w))
         ky = ks.kept(y, 1)
         assert ky is not None  # its size is static (checked above)

@@ -13,6 +13,7 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
     Item,
     KeepView,
@@ -247,7 +248,7 @@ class Elementwise(Handler):
                 out.append(opaque(p, q))
         return SymValue(tuple(out), scalar=vals[0].scalar and vals[1].scalar)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return elementwise_dims(node, same_shape=node.op in SAME_SHAPE)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:

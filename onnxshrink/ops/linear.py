@@ -17,6 +17,7 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
     IntegerProduct,
     KeepView,
@@ -309,7 +310,7 @@ class MatMul(Handler):
             return None
         return [compress(const, out)]
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         """Y's M and N from A's rows and B's columns, its batch dims broadcast from theirs (the
         batched MatMuls of an einsum lowering, whose operands' dims only the shape values tell)."""
         a, b, yd = ir.dims(node.inputs[0]), ir.dims(node.inputs[1]), ir.dims(node.outputs[0])

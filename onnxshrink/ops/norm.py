@@ -30,6 +30,7 @@ from onnxshrink import ir
 from onnxshrink.core import (
     ConstInfo,
     ConstView,
+    Dims,
     Handler,
     KeepView,
     OpNode,
@@ -50,6 +51,7 @@ from onnxshrink.ops.common import (
     couple_same,
     dtype_of,
     ints,
+    pin_normalized,
 )
 from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
@@ -167,7 +169,7 @@ class AxisNormalization(Handler):
     # amplifies one ulp of the mean): fold with the runtime's kernel, as the model will run it.
     evaluate_with_ort = True
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return elementwise_dims(node, same_shape=True)
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
@@ -183,12 +185,7 @@ class AxisNormalization(Handler):
         if r is None or axes is None:
             ks.barrier(node)
             return
-        ks.demand(x, pin=False)
-        why = Reason("normalization", node.name, node.op)
-        for a in axes:
-            ks.pin(x, a, why)
-            ks.pin(y, a, why)
-        couple_same(ks, node, x, y)
+        pin_normalized(ks, node, axes)
         for t in node.inputs[1:]:
             ks.demand(t)  # scale / bias over the normalized axes: kept whole
         for extra in node.outputs[1:]:  # saved mean / inverse std-dev (LayerNormalization)

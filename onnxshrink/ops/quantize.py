@@ -70,6 +70,7 @@ from onnxshrink.ops.common import (
     couple_broadcast,
     couple_same,
     dtype_of,
+    pin_normalized,
 )
 from onnxshrink.ops.concat import joined, keep_joined
 from onnxshrink.ops.conv import keep_groups, regroup
@@ -877,12 +878,7 @@ class QLinearSoftmax(Handler):
             return
         axis = ir.norm_axis(int(node.attrs.get("axis", -1)), r)
         axes = [axis] if int(node.attrs.get("opset", 13)) >= 13 else list(range(axis, r))
-        ks.demand(x, pin=False)
-        why = Reason("normalization", node.name, node.op)
-        for a in axes:
-            ks.pin(x, a, why)
-            ks.pin(y, a, why)
-        couple_same(ks, node, x, y)
+        pin_normalized(ks, node, axes)
         for t in node.inputs[1:]:
             ks.demand(t if t is not None and t.name else None)
 

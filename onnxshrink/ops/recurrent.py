@@ -38,6 +38,11 @@ from onnxshrink.core import (
 from onnxshrink.ops.common import along
 from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
+# Axis roles (layout 0, the default: sequence first; layout 1: batch first): X (seq, batch,
+# feature), Y (seq, dir, batch, hidden), states (dir, batch, hidden).
+_SEQUENCE_FIRST = {"x": (0, 1, 2), "y": (0, 1, 2, 3), "state": (0, 1, 2)}
+_BATCH_FIRST = {"x": (1, 0, 2), "y": (1, 2, 0, 3), "state": (1, 0, 2)}
+
 
 class _Recurrent(Handler):
     gates = 1
@@ -56,9 +61,42 @@ class _Recurrent(Handler):
     def axes(self, node: gs.Node) -> dict[str, tuple[int, ...]]:
         """Axis roles: X (seq, batch, feature), Y (seq, dir, batch, hidden), states (dir,
         batch, hidden)."""
-        if int(node.attrs.get("layout", 0)):
-            return {"x": (1, 0, 2), "y": (1, 2, 0, 3), "state": (1, 0, 2)}
-        return {"x": (0, 1, 2), "y": (0, 1, 2, 3), "state": (0, 1, 2)}
+        return _BATCH_FIRST if int(node.attrs.get("layout", 0)) else _SEQUENCE_FIRST
+
+    def tie_steps(
+        self,
+        node: gs.Node,
+        ks: KeepView,
+        roles: dict[str, tuple[int, ...]],
+        states: list[gs.Tensor | None],
+        p_t: gs.Tensor | None,
+    ) -> list[tuple[gs.Tensor, tuple[int, ...]]]:
+        """What the recurrence ties: every step feeds the next (the sequence axis keeps every
+        index), the directions stay, the batch passes through to the outputs and states. Each
+        output with its axis roles."""
+        x, wt, rt, bt = node.inputs[0], node.inputs[1], node.inputs[2], ir.present(node, 3)
+        xs, xb, _ = roles["x"]
+        time = Reason("structure", node.name, node.op, "every step feeds the next")
+        ks.pin(x, xs, time)
+        for t in (wt, rt, bt, p_t):
+            if t is not None:
+                ks.pin(t, 0)  # directions
+        outs = [(t, roles["y"] if k == 0 else roles["state"]) for k, t in enumerate(node.outputs)]
+        for t, role in outs:
+            if ir.rank(t) != len(role):
+                ks.pin(t)
+                continue
+            ks.couple(x, xb, t, role[-2])  # batch
+            ks.pin(t, role[-3])  # directions
+            if len(role) == 4:
+                ks.pin(t, role[0], time)
+        for t in states:
+            if t is not None and ir.rank(t) == 3:
+                ks.couple(x, xb, t, roles["state"][1])
+                ks.pin(t, roles["state"][0])
+            elif t is not None:
+                ks.pin(t)
+        return outs
 
     def weights(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
         """(W, R, B or None, hidden size) when W and R (and B) are constants of the layout."""
@@ -76,6 +114,27 @@ class _Recurrent(Handler):
     def rows(self, units: np.ndarray, copies: int) -> np.ndarray:
         """Unit mask -> mask of the rows of `copies` stacked blocks (gates)."""
         return np.tile(units, copies)
+
+    def needed_units(
+        self, node: gs.Node, ks: KeepView, outs: list[tuple[gs.Tensor, tuple[int, ...]]], r: np.ndarray, h: int
+    ) -> np.ndarray:
+        """The hidden units kept outputs read, closed under R (what kept units read of it)."""
+        zero = self.zero_units(node, ks)
+        zero = np.zeros(h, bool) if zero is None else zero
+        need = np.zeros(h, bool)
+        for t, role in outs:
+            k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
+            if k is not None and len(k) == h:
+                need |= k
+            elif ks.is_read(t):
+                need[:] = True
+        reads = (r != 0).reshape(r.shape[0], self.gates, h, h).any(axis=(0, 1))  # [unit, unit it reads]
+        while True:
+            more = (need | reads[need].any(axis=0)) & ~zero | need
+            if (more == need).all():
+                break
+            need = more
+        return need
 
     def default_activations(self, node: gs.Node) -> bool:
         return not node.attrs.get("activations") and node.attrs.get("clip") is None
@@ -134,7 +193,7 @@ class _Recurrent(Handler):
             return
         w, r, b, h = got
         roles = self.axes(node)
-        xs, xb, xf = roles["x"]
+        xf = roles["x"][2]
         wt, rt, bt = node.inputs[1], node.inputs[2], ir.present(node, 3)
         for t in (x, wt, rt, bt):
             ks.demand(t, pin=False)
@@ -145,42 +204,8 @@ class _Recurrent(Handler):
         for i, t in enumerate(node.inputs):
             if i not in (0, 1, 2, 3, 7 if self.peepholes else -1, *self.state_inputs):
                 ks.demand(t if t is not None and t.name else None)  # sequence_lens
-        time = Reason("structure", node.name, node.op, "every step feeds the next")
-        ks.pin(x, xs, time)
-        for t in (wt, rt, bt, p_t):
-            if t is not None:
-                ks.pin(t, 0)  # directions
-        outs = [(t, roles["y"] if k == 0 else roles["state"]) for k, t in enumerate(node.outputs)]
-        for t, role in outs:
-            if ir.rank(t) != len(role):
-                ks.pin(t)
-                continue
-            ks.couple(x, xb, t, role[-2])  # batch
-            ks.pin(t, role[-3])  # directions
-            if len(role) == 4:
-                ks.pin(t, role[0], time)
-        for t in states:
-            if t is not None and ir.rank(t) == 3:
-                ks.couple(x, xb, t, roles["state"][1])
-                ks.pin(t, roles["state"][0])
-            elif t is not None:
-                ks.pin(t)
-        # The units: those kept outputs read, closed under R (what kept units read of it).
-        zero = self.zero_units(node, ks)
-        zero = np.zeros(h, bool) if zero is None else zero
-        need = np.zeros(h, bool)
-        for t, role in outs:
-            k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
-            if k is not None and len(k) == h:
-                need |= k
-            elif ks.is_read(t):
-                need[:] = True
-        reads = (r != 0).reshape(r.shape[0], self.gates, h, h).any(axis=(0, 1))  # [unit, unit it reads]
-        while True:
-            more = (need | reads[need].any(axis=0)) & ~zero | need
-            if (more == need).all():
-                break
-            need = more
+        outs = self.tie_steps(node, ks, roles, states, p_t)
+        need = self.needed_units(node, ks, outs, r, h)
         why = Reason("structure", node.name, node.op, "a hidden unit keeps its gates, states and outputs")
         for t, role in outs:
             if ir.rank(t) == len(role):
@@ -310,26 +335,7 @@ class DynamicQuantizeLSTM(_Recurrent):
         states = [ir.present(node, i) for i in self.state_inputs]
         for t in (x, wt, rt, bt, p_t, *states):
             ks.demand(t, pin=False)
-        time = Reason("structure", node.name, node.op, "every step feeds the next")
-        ks.pin(x, 0, time)
-        for t in (wt, rt, bt, p_t):
-            if t is not None:
-                ks.pin(t, 0)  # directions
-        for k, t in enumerate(node.outputs):
-            r = ir.rank(t)
-            if r != (4 if k == 0 else 3):
-                ks.pin(t)
-                continue
-            ks.couple(x, 1, t, r - 2)  # batch
-            ks.pin(t, r - 3)  # directions
-            if k == 0:
-                ks.pin(t, 0, time)
-        for t in states:
-            if t is not None and ir.rank(t) == 3:
-                ks.couple(x, 1, t, 1)
-                ks.pin(t, 0)
-            elif t is not None:
-                ks.pin(t)
+        self.tie_steps(node, ks, _SEQUENCE_FIRST, states, p_t)  # the op has no layout attribute
         ks.demand(ir.present(node, 4))  # sequence_lens
         why = Reason(
             "normalization", node.name, node.op,

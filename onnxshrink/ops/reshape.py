@@ -9,6 +9,7 @@ size are rewritten, whether constant or computed from Shape.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import reduce
 
 import numpy as np
@@ -19,7 +20,9 @@ from onnxshrink.core import (
     ConstInfo,
     ConstView,
     DimRef,
+    Dims,
     Handler,
+    Item,
     KeepView,
     MaxOf,
     OpNode,
@@ -41,10 +44,13 @@ from onnxshrink.ops.common import couple_broadcast, ints
 from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig
 
 Group = tuple[list[int], list[int]]
+#: a dim as the axis groups compare it: a static size, a symbolic name, or a tagged tensor axis
+#: (("ref", tensor, axis): that axis's dynamic size; ("merged", tensor, axis): input axes merged)
+Token = int | str | tuple[str, str, int]
 
 
 # ------------------------------------------------------------------ axis groups
-def reshape_groups(a: list, b: list) -> list[Group] | None:
+def reshape_groups(a: list[Token], b: list[Token]) -> list[Group] | None:
     """Pair input dims `a` with output dims `b` into groups of equal product.
 
     Static dims are ints; any other value is a token for a dynamic size. Groups are matched from
@@ -69,7 +75,7 @@ def reshape_groups(a: list, b: list) -> list[Group] | None:
     return [*head, middle, *[back(g) for g in reversed(tail)]]
 
 
-def _scan(a: list, b: list) -> tuple[list[Group], int, int]:
+def _scan(a: list[Token], b: list[Token]) -> tuple[list[Group], int, int]:
     """Match groups left to right until a dynamic size meets one it cannot be shown equal to;
     the groups and where it stopped in `a` and `b`."""
     groups: list[Group] = []
@@ -97,15 +103,17 @@ def _scan(a: list, b: list) -> tuple[list[Group], int, int]:
         gi, gj, pa, pb, ni, nj = [i], [j], ai, bj, i + 1, j + 1
         while pa != pb:
             if pa < pb:
-                if ni >= len(a) or not isinstance(a[ni], int) or a[ni] == 0:
+                v = a[ni] if ni < len(a) else None
+                if not isinstance(v, int) or v == 0:
                     break
-                pa *= a[ni]
+                pa *= v
                 gi.append(ni)
                 ni += 1
             else:
-                if nj >= len(b) or not isinstance(b[nj], int) or b[nj] == 0:
+                v = b[nj] if nj < len(b) else None
+                if not isinstance(v, int) or v == 0:
                     break
-                pb *= b[nj]
+                pb *= v
                 gj.append(nj)
                 nj += 1
         if pa != pb:
@@ -115,7 +123,7 @@ def _scan(a: list, b: list) -> tuple[list[Group], int, int]:
     return groups, i, j
 
 
-def _tokens(t: gs.Tensor) -> list | None:
+def _tokens(t: gs.Tensor) -> list[Token] | None:
     d = ir.dims(t)
     if d is None:
         return None
@@ -125,7 +133,7 @@ def _tokens(t: gs.Tensor) -> list | None:
     ]
 
 
-def _pair_leftovers(a: list, b: list) -> tuple[list, list]:
+def _pair_leftovers(a: list[Token], b: list[Token]) -> tuple[list[Token], list[Token]]:
     """One unmatched dynamic dim on each side, with equal static products: the same size."""
     la = [v for v in a if not isinstance(v, int) and v not in b]
     lb = [v for v in b if not isinstance(v, int) and v not in a]
@@ -136,14 +144,14 @@ def _pair_leftovers(a: list, b: list) -> tuple[list, list]:
     return a, b
 
 
-def size_items(node: gs.Node, reader: Reader, i: int) -> list | None:
+def size_items(node: gs.Node, reader: Reader, i: int) -> list[Item] | None:
     """Elements of a shape-valued input: ints or symbolic items; None if not known."""
     t = ir.present(node, i)
     if t is None:
         return None
     v = reader.value(t)
     if v is not None:
-        return ir.int_list(v)
+        return list(ir.int_list(v) or ())
     s = reader.sym(t)
     return list(s.items) if s is not None else None
 
@@ -151,7 +159,7 @@ def size_items(node: gs.Node, reader: Reader, i: int) -> list | None:
 def tie_size_items(
     ks: KeepView,
     node: gs.Node,
-    items: list,
+    items: Sequence[Item],
     y: gs.Tensor,
     inferred: int | None = None,
     merged: frozenset[int] = frozenset(),
@@ -181,7 +189,7 @@ def tie_size_items(
                     ks.pin(t, ref.axis, why)
 
 
-def _untied(it) -> bool:
+def _untied(it: Item) -> bool:
     """A size that tying axes cannot keep right: not a literal, a tensor's dim, or the larger of
     dims (an opaque expression, a product)."""
     if isinstance(it, MaxOf):
@@ -189,7 +197,7 @@ def _untied(it) -> bool:
     return not isinstance(it, int | DimRef)
 
 
-def inferred_item(items: list, merged: frozenset[int] = frozenset()) -> int | None:
+def inferred_item(items: Sequence[Item], merged: frozenset[int] = frozenset()) -> int | None:
     """The position of a Reshape target's one opaque size (e.g. `Shape(v)[1] * 2`, a repeat of KV
     heads; or the larger of two sizes), when every other size is a literal other than -1, a
     tensor's dim or a product of the input's axes it merges (`merged`): the element count then
@@ -205,7 +213,7 @@ def rewrite_size_input(
     rw: RewriteView,
     node: gs.Node,
     i: int,
-    items: list,
+    items: Sequence[Item],
     y: gs.Tensor,
     x: gs.Tensor | None = None,
     inferred: int | None = None,
@@ -401,7 +409,7 @@ def _reshape_grouping(node: gs.Node, reader: Reader, x: gs.Tensor, y: gs.Tensor)
     merges = _merges(items, x) if items is not None and len(items) == len(b) else []
     if merges:  # target sizes that are products of x's own axes: those axes merge into them
         spans = {axes[0]: (axes, p) for p, axes in merges}
-        short: list = []
+        short: list[Token] = []
         back: list[list[int]] = []
         k = 0
         while k < len(a):
@@ -422,7 +430,7 @@ def _reshape_grouping(node: gs.Node, reader: Reader, x: gs.Tensor, y: gs.Tensor)
     return _size_groups(node, reader, a, b, items)
 
 
-def _merges(items: list, x: gs.Tensor) -> list[tuple[int, list[int]]]:
+def _merges(items: Sequence[Item], x: gs.Tensor) -> list[tuple[int, list[int]]]:
     """(output position, input axes) of each target size that is the product of consecutive
     axes of x itself (`own_axes`), when no input axis is in two."""
     out = [(p, axes) for p, axes in ((p, own_axes(it, x)) for p, it in enumerate(items)) if axes]
@@ -430,14 +438,16 @@ def _merges(items: list, x: gs.Tensor) -> list[tuple[int, list[int]]]:
     return out if len(used) == len(set(used)) else []
 
 
-def merged_positions(node: gs.Node, reader: Reader, items: list, groups: list[Group] | None) -> frozenset[int]:
+def merged_positions(node: gs.Node, reader: Reader, items: Sequence[Item], groups: list[Group] | None) -> frozenset[int]:
     """The target positions whose product of input axes the axis groups merge into them."""
     if groups is None:
         return frozenset()
     return frozenset(p for p, axes in _merges(items, node.inputs[0]) if (axes, [p]) in groups)
 
 
-def _size_groups(node: gs.Node, reader: Reader, a: list, b: list, items: list | None) -> list[Group] | None:
+def _size_groups(
+    node: gs.Node, reader: Reader, a: list[Token], b: list[Token], items: Sequence[Item] | None
+) -> list[Group] | None:
     allowzero = bool(int(node.attrs.get("allowzero", 0)))
     if items is not None and len(items) == len(b):
         for p, it in enumerate(items):
@@ -451,7 +461,8 @@ def _size_groups(node: gs.Node, reader: Reader, a: list, b: list, items: list | 
                 t = reader.tensors.get(it.tensor)
                 d = ir.dims(t) if t is not None else None
                 if d is not None and it.axis < len(d):
-                    b[p] = d[it.axis] if d[it.axis] is not None else ("ref", it.tensor, it.axis)
+                    dim = d[it.axis]
+                    b[p] = dim if dim is not None else ("ref", it.tensor, it.axis)
             elif isinstance(it, Prod | MaxOf):
                 size = item_size(it, reader.tensors)
                 if size is not None:
@@ -479,7 +490,7 @@ class Reshape(Handler):
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         return vector_of(node, view)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return sized_dims(node, ir.present(node, 1), consts, view, zero_copies=True)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
@@ -554,7 +565,7 @@ class Transpose(Handler):
     def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
         return self.perm(node, rank) if i == 0 else None
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         x, yd = ir.dims(node.inputs[0]), ir.dims(node.outputs[0])
         if x is None or yd is None or len(x) != len(yd):
             return None
@@ -606,7 +617,7 @@ class Squeeze(Handler):
             return SymValue(a.items, scalar=True)
         return opaque_value(node, view)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         x, yd = ir.dims(node.inputs[0]), ir.dims(node.outputs[0])
         axes = _squeeze_axes(node, consts, node.inputs[0])
         if x is None or yd is None or axes is None or len(x) - len(axes) != len(yd):
@@ -658,7 +669,7 @@ class Unsqueeze(Handler):
         axes = ints(node, reader, "axes", 1)
         return None if axes is None or r is None else ir.norm_axes(axes, r)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         x, yd, axes = ir.dims(node.inputs[0]), ir.dims(node.outputs[0]), self.axes(node, consts)
         if x is None or yd is None or axes is None or len(x) + len(axes) != len(yd):
             return None
@@ -721,7 +732,7 @@ class Expand(Handler):
             return SymValue(a.items * n)
         return a if n in (1, len(a.items)) else opaque_value(node, view)
 
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return sized_dims(node, ir.present(node, 1), consts, view, broadcast=True)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
@@ -753,7 +764,7 @@ class Expand(Handler):
 
 @register("ConstantOfShape")
 class ConstantOfShape(Handler):
-    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> list | None:
+    def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         return sized_dims(node, node.inputs[0], consts, view)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:

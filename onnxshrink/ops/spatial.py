@@ -49,7 +49,9 @@ def pad_amounts(node: gs.Node, reader: Reader, r: int) -> dict[int, tuple[int, i
     return {a: (pads[i], pads[i + k]) for i, a in enumerate(axes)}
 
 
-def _pad_mask(node: gs.Node, ctx, m: np.ndarray, rest: list, mode: str) -> np.ndarray:
+def _pad_mask(
+    node: gs.Node, ctx: ConstView, m: np.ndarray, rest: list[np.ndarray | None], mode: str
+) -> np.ndarray:
     """Which output cells are constant: padded cells are, in constant mode (they hold the value)."""
     if mode != "constant":
         return ctx.evaluate(node, [m, *rest])[0] > 0.5  # edge/reflect/wrap copy input cells

@@ -41,6 +41,7 @@ from onnxshrink.analyze.coupling import CouplingLog, Partition
 from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_of_dynamo_node
 from onnxshrink.core.handler import Handler, OpNode, WeightAxes
 from onnxshrink.core.reasons import LIVE
+from onnxshrink.core.registry import Lookup
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
 from onnxshrink.quantized import Dequant, Moved, readings, same_zero
 
@@ -563,7 +564,7 @@ class _Finder:
             return Unit("gated_neuron" if self._gated(comp, handlers) else "neuron", 1)
         return Unit("channel", 1)
 
-    def _gated(self, comp: int, handlers: list) -> bool:
+    def _gated(self, comp: int, handlers: list[Handler]) -> bool:
         """Does an elementwise product of two operands carrying the component combine it?"""
         return any(
             h is not None and h.multiplies(OpNode.of(n)) and self._carriers(comp, n) >= 2
@@ -654,7 +655,7 @@ class Branch:
     nodes: list[gs.Node]
 
 
-def residual_branches(graph: gs.Graph, handler_for: Any) -> list[Branch]:
+def residual_branches(graph: gs.Graph, handler_for: Lookup) -> list[Branch]:
     """Every Add of two tensors of its output's shape where one operand is a branch (the nodes
     only it reads hold a weight matrix) and the other is not: a residual branch."""
     from onnxshrink import ir
@@ -705,7 +706,7 @@ def _owned(t: gs.Tensor, add: gs.Node, order: dict[int, int], outputs: set[int])
     return list(owned.values())
 
 
-def _reads_matrix(node: gs.Node, handler_for: Any) -> bool:
+def _reads_matrix(node: gs.Node, handler_for: Lookup) -> bool:
     handler = handler_for(node)
     if handler is None:
         return False
