@@ -639,7 +639,7 @@ def write_runtime_configs(
     """Updated copies of the runtimes' configs beside the input (genai_config.json,
     config.json), written beside the output; what was done in `result.runtime_configs`.
     `before`: the input model (`groups`: its coupled groups, when a prune has found them)."""
-    from onnxshrink.io.runtime_config import count, write_configs
+    from onnxshrink.runtime_config import count, write_configs
 
     notes = write_configs(
         input_path,

@@ -118,6 +118,10 @@ class Handler:
     deterministic: ClassVar[bool] = True
     #: output 0 is input 0 itself (Identity): a name that stands for its input
     is_alias: ClassVar[bool] = False
+    #: a fused attention op: the attributes declaring its (query heads, K/V heads), which a
+    #: runtime's config repeats (K/V heads: the query heads' count when the attribute is absent);
+    #: None for any other op
+    head_attrs: ClassVar[tuple[str, str] | None] = None
 
     # -------------------------------------------------------------- analysis
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
