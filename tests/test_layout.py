@@ -233,7 +233,6 @@ OP_TYPES_FOR_NOW = {
     "onnxshrink/proof/qdq.py",
     "onnxshrink/prepare/computed.py",
     "onnxshrink/prepare/shapes.py",
-    "onnxshrink/prune/compensate.py",
     "onnxshrink/prune/groups.py",
     "onnxshrink/report.py",
     "onnxshrink/rewrite.py",

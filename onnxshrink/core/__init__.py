@@ -6,7 +6,7 @@ the ops and the rewrite import it), so a handler imports from here alone:
 """
 
 from onnxshrink.core.evaluate import EvaluationError, evaluate, evaluate_op
-from onnxshrink.core.handler import Dims, Handler, HeadAxis, OpNode, Quantized, WeightAxes
+from onnxshrink.core.handler import BiasSlot, Dims, Handler, HeadAxis, OpNode, Quantized, WeightAxes
 from onnxshrink.core.nonzero import pattern
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
 from onnxshrink.core.registry import (
@@ -40,6 +40,7 @@ from onnxshrink.core.views import ConstView, KeepView, Reader, RewriteView, Shap
 
 __all__ = [
     "AxisKey",
+    "BiasSlot",
     "ConstInfo",
     "ConstView",
     "DimRef",

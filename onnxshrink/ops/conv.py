@@ -20,6 +20,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.core import (
+    BiasSlot,
     ConstInfo,
     ConstView,
     Handler,
@@ -336,7 +337,7 @@ def _weight_dtype(rw: RewriteView, node: gs.Node) -> np.dtype:
 
 @register("Conv")
 class Conv(_ConvBase):
-    pass
+    channel_bias = BiasSlot(axis=1, bias=2, bias_layout=(0, 1), groups="group")  # B is [C]
 
 
 @register("ConvTranspose")
