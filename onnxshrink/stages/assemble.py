@@ -67,8 +67,10 @@ def assemble(
         sparsity=sparsity_left(shrunk, arrays=rewritten.arrays, skip=rewritten.inserted),
         removed_nodes=rewritten.removed_nodes,
         renamed_nodes=source.renamed,
-        **_findings(run.outcome.analysis),
-        **_recovery_keeps(run),
+        barriers=_barriers(run.outcome.analysis),
+        replayed=[{"node": n, "op": op, "finding": f} for n, op, f in run.outcome.analysis.keep.notes.values()],
+        first_failure=run.recovery.first_failure if run.recovery else None,
+        kept_after_failed_proof=_kept_back(run),
     )
     if rewritten.data_file is not None:
         result.data_file, result._scratch = rewritten.data_file, scratch
@@ -92,29 +94,20 @@ def _as_reference(rewritten: RewriteResult, reference: onnx.ModelProto, source: 
     rewritten.model, rewritten.arrays = reference, {}
 
 
-def _findings(analysis: Analysis) -> dict[str, Any]:
-    """The nodes the analysis kept whole (barriers) and the ops it replayed, as reported."""
-    return {
-        "barriers": [
-            {"node": r.node, "op": r.op, "reason": str(r), "unsupported": r.kind == "unsupported"}
-            for r in analysis.keep.barriers.values()
-        ],
-        "replayed": [{"node": n, "op": op, "finding": f} for n, op, f in analysis.keep.notes.values()],
-    }
+def _barriers(analysis: Analysis) -> list[dict[str, Any]]:
+    """The nodes the analysis kept whole, as the report lists them."""
+    return [
+        {"node": r.node, "op": r.op, "reason": str(r), "unsupported": r.kind == "unsupported"}
+        for r in analysis.keep.barriers.values()
+    ]
 
 
-def _recovery_keeps(run: Run) -> dict[str, Any]:
-    """When the first proof failed: what failed, and (when the recovery passed) the tensor axes
-    kept whole to pass."""
+def _kept_back(run: Run) -> list[dict[str, Any]]:
+    """When the first proof failed and the recovery passed: the tensor axes kept whole to pass."""
     recovery = run.recovery
-    return {
-        "first_failure": recovery.first_failure if recovery else None,
-        "kept_after_failed_proof": [
-            {"tensor": t, "axis": a, "indices": n} for (t, a), n in recovery.kept.items()
-        ]
-        if recovery and run.outcome.passed
-        else [],
-    }
+    if recovery is None or not run.outcome.passed:
+        return []
+    return [{"tensor": t, "axis": a, "indices": n} for (t, a), n in recovery.kept.items()]
 
 
 def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
