@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # does not load onnx, onnxruntime or the op handlers.
 _PUBLIC = {
     "shrink": "onnxshrink.api",
-    "ShrinkResult": "onnxshrink.api",
+    "ShrinkResult": "onnxshrink.result",
     "ShrinkOptions": "onnxshrink.options",
     "ShrinkError": "onnxshrink.errors",
     "ValidationFailed": "onnxshrink.errors",
@@ -23,10 +23,11 @@ _PUBLIC = {
 }
 
 if TYPE_CHECKING:
-    from onnxshrink.api import ShrinkResult, shrink
+    from onnxshrink.api import shrink
     from onnxshrink.errors import ShrinkError, ValidationFailed
     from onnxshrink.export import export_and_shrink
     from onnxshrink.options import ShrinkOptions
+    from onnxshrink.result import ShrinkResult
 
 
 def __getattr__(name: str) -> Any:

@@ -207,6 +207,65 @@ def _quiet_export() -> Iterator[None]:
         logger.removeFilter(notice)
 
 
+def _export(
+    module,
+    args: tuple,
+    path: Path,
+    exporter: str,
+    opts: ShrinkOptions,
+    dynamic_shapes=None,
+    input_names: Sequence[str] | None = None,
+    dynamic_axes: Mapping | None = None,
+    opset_version: int | None = None,
+) -> float:
+    """`module` exported to `path` with torch.onnx.export, quietly; the seconds it took."""
+    import torch
+
+    kwargs: dict = {"dynamo": exporter == "dynamo"}
+    if opset_version is not None:
+        kwargs["opset_version"] = opset_version
+    if exporter == "dynamo" and dynamic_shapes is not None:
+        kwargs["dynamic_shapes"] = dynamic_shapes
+    if exporter == "legacy":
+        if input_names is not None:
+            kwargs["input_names"] = list(input_names)
+        if dynamic_axes is not None:
+            kwargs["dynamic_axes"] = dict(dynamic_axes)
+    opts.say(
+        f"exporting {type(module).__name__} with torch.onnx.export ({exporter} exporter"
+        + ("; its first export in a process loads the exporter, which takes seconds" if exporter == "dynamo" else "")
+        + ") ..."
+    )
+    t0 = time.perf_counter()
+    with _quiet_export():
+        try:
+            torch.onnx.export(module, args, str(path), **kwargs)
+        except Exception as exc:
+            raise ShrinkError(
+                f"torch.onnx.export failed on the module ({type(exc).__name__}: {first_line(exc)})."
+            ) from exc
+    exported = time.perf_counter() - t0
+    opts.say(f"exported in {exported:.1f} s")
+    return exported
+
+
+def _prove_against_module(masked, args: tuple, result: ShrinkResult, opts: ShrinkOptions) -> None:
+    """The shrunk model proven against the masked module's own outputs (`torch_validation`);
+    ValidationFailed when it does not match."""
+    data_dir = result.data_file.parent if result.data_file is not None else None
+    opts.say("validating against the PyTorch module ...")
+    result.torch_validation = torch_compare(masked, result.model, args, opts, data_dir)
+    result.timings["validate vs PyTorch"] = result.torch_validation.seconds
+    if not result.torch_validation.passed:
+        report = result.torch_validation
+        bad = [o.name for o in report.outputs if not o.passed]
+        raise ValidationFailed(
+            f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written."
+            + (f" {report.tolerance_hint()}" if report.rounding() else ""),
+            result,
+        )
+
+
 def export_and_shrink(
     module,
     example_args: Sequence,
@@ -247,47 +306,11 @@ def export_and_shrink(
     args = tuple(example_args) if isinstance(example_args, list | tuple) else (example_args,)
     with tempfile.TemporaryDirectory(prefix="onnxshrink-export-") as tmp:
         path = Path(tmp) / "model.onnx"
-        kwargs: dict = {"dynamo": exporter == "dynamo"}
-        if opset_version is not None:
-            kwargs["opset_version"] = opset_version
-        if exporter == "dynamo" and dynamic_shapes is not None:
-            kwargs["dynamic_shapes"] = dynamic_shapes
-        if exporter == "legacy":
-            if input_names is not None:
-                kwargs["input_names"] = list(input_names)
-            if dynamic_axes is not None:
-                kwargs["dynamic_axes"] = dict(dynamic_axes)
-        opts.say(
-            f"exporting {type(module).__name__} with torch.onnx.export ({exporter} exporter"
-            + ("; its first export in a process loads the exporter, which takes seconds" if exporter == "dynamo" else "")
-            + ") ..."
-        )
-        t0 = time.perf_counter()
-        with _quiet_export():
-            try:
-                torch.onnx.export(masked, args, str(path), **kwargs)
-            except Exception as exc:
-                raise ShrinkError(
-                    f"torch.onnx.export failed on the module ({type(exc).__name__}: "
-                    f"{first_line(exc)})."
-                ) from exc
-        exported = time.perf_counter() - t0
-        opts.say(f"exported in {exported:.1f} s")
+        exported = _export(masked, args, path, exporter, opts, dynamic_shapes, input_names, dynamic_axes, opset_version)
         result = shrink(path, None, None, options=opts)
     result.timings = {"export": exported, **result.timings}
     result.masks_bound = len(set(own) | set(given))
-    data_dir = result.data_file.parent if result.data_file is not None else None
-    opts.say("validating against the PyTorch module ...")
-    result.torch_validation = torch_compare(masked, result.model, args, opts, data_dir)
-    result.timings["validate vs PyTorch"] = result.torch_validation.seconds
-    if not result.torch_validation.passed:
-        report = result.torch_validation
-        bad = [o.name for o in report.outputs if not o.passed]
-        raise ValidationFailed(
-            f"the shrunk model does not match the PyTorch module on output(s) {bad}; nothing was written."
-            + (f" {report.tolerance_hint()}" if report.rounding() else ""),
-            result,
-        )
+    _prove_against_module(masked, args, result, opts)
     if output is not None:
         written = result.save(output, external=bool(opts.external_data))
         result.written = [str(p) for p in written]

@@ -355,7 +355,7 @@ def test_validation_failure_report_and_api(tmp_path, folding, capsys):
 def _wrong_fold(monkeypatch, relative: float, bias: str = "B2") -> None:
     """The rewrite folds constant channels into `bias` with a wrong value (monkeypatched: each
     folded value off by `relative` of what was folded)."""
-    import onnxshrink.api as api
+    import onnxshrink.stages.attempt as api
 
     real = api.apply
 
@@ -458,7 +458,7 @@ def test_a_rewrite_that_breaks_the_model_is_recovered_from(tmp_path, conv2, conv
 
 def test_cli_failure_from_a_wrong_rewrite(tmp_path, conv2, conv2_pt, monkeypatch, capsys):
     """A rewrite that changes the function (monkeypatched) fails validation at any tolerance."""
-    import onnxshrink.api as api
+    import onnxshrink.stages.attempt as api
 
     real = api.apply
 

@@ -376,7 +376,7 @@ def test_a_failed_run_writes_a_report_with_the_keys_of_a_passing_one(tmp_path, m
     run's has, a prune's as a prune's. The proof is made to fail by a negative tolerance."""
     import json
 
-    import onnxshrink.api
+    import onnxshrink.stages.attempt
     from onnxshrink.api import ShrinkResult
     from onnxshrink.cli import main
 
@@ -389,8 +389,8 @@ def test_a_failed_run_writes_a_report_with_the_keys_of_a_passing_one(tmp_path, m
 
     passed_prune, passed_shrink = report("--prune", "0.5"), report()
     assert passed_prune[0] == passed_shrink[0] == 0
-    real = onnxshrink.api.compare
-    monkeypatch.setattr(onnxshrink.api, "compare", lambda ref, new, opts, *a: real(ref, new, opts.but(rtol=-1.0), *a))
+    real = onnxshrink.stages.attempt.compare
+    monkeypatch.setattr(onnxshrink.stages.attempt, "compare", lambda ref, new, opts, *a: real(ref, new, opts.but(rtol=-1.0), *a))
     failed_prune, failed_shrink = report("--prune", "0.5"), report()
     assert failed_prune[0] == failed_shrink[0] == 1
     for ok, bad in ((passed_prune[1], failed_prune[1]), (passed_shrink[1], failed_shrink[1])):

@@ -1,6 +1,6 @@
 """KV-cache decoders (analyze/cache.py): a cache input and the output that extends it lose the heads
 that go, as one state; the report lists every input and output whose shape changed; the runtimes'
-configs beside the input are written again beside the output (io/runtime_config.py).
+configs beside the input are written again beside the output (runtime_config.py).
 
 Each shrunk model is checked here with validation off, in onnxruntime, against the model as given
 (its zeros are the masks): the reference is fed the whole cache (random values in the removed
@@ -16,8 +16,8 @@ from conftest import tiny
 from onnx import helper
 
 from onnxshrink import shrink
-from onnxshrink.io.runtime_config import count
 from onnxshrink.report import interface_changes
+from onnxshrink.runtime_config import count
 
 # One attention over 3 heads of 4 (hidden 12) with a key cache: present = Concat(past, k) along
 # the sequence; the cache is both keys and values. x[b, s, 12], past[b, 3, p, 4].

@@ -16,9 +16,11 @@ import pytest
 from conftest import cli_on_terminal, error_against, params
 
 from models.llama import LlamaConfig, build
-from onnxshrink import api, shrink
+from onnxshrink import result as results
+from onnxshrink import shrink
 from onnxshrink.cli import main
 from onnxshrink.proof import inputs, sessions
+from onnxshrink.stages import attempt as api
 
 TINY = LlamaConfig.preset("tiny", layers=2).half_masked()
 FP16_RTOL = 10 * 2.0**-10  # the proof's default for float16 arithmetic
@@ -96,7 +98,7 @@ def test_weights_are_mapped_not_read(models):
 
 def test_streamed_result_refers_to_its_data_file(models, tmp_path, monkeypatch):
     """Past IN_MEMORY_BYTES the result keeps its weights in the file they were streamed to."""
-    monkeypatch.setattr(api, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(results, "IN_MEMORY_BYTES", 0)
     path, ideal = models["fp16"]
     out = tmp_path / "small.onnx"
     result = shrink(path, output=out, validate=False)
@@ -223,7 +225,7 @@ def test_masks_applied_to_a_large_model_are_spilled(models, tmp_path, monkeypatc
         if len(t.dims) == 2 and not onnx.numpy_helper.to_array(t).all()
     }
     assert len(masks) == 2 * 7  # Q, K, V, O, gate, up and down of each of the 2 layers
-    monkeypatch.setattr(api, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(results, "IN_MEMORY_BYTES", 0)
     monkeypatch.setattr(sessions, "SEGMENT_BYTES", segment_bytes)
     out = tmp_path / "small.onnx"
     result = shrink(unmasked.path, masks, output=out, input_shapes={"input_ids": [1, 8]})

@@ -152,22 +152,9 @@ def _functions() -> Iterator[tuple[str, int]]:
                 yield f"{module}.{node.name}:{node.lineno}", node.end_lineno - node.lineno + 1
 
 
-# Functions still over the limit while the redesign lands (each name without its line).
-# TODO(redesign): empty.
-LONG_FOR_NOW = {
-    "onnxshrink.prune.run.prune",
-    "onnxshrink.api.shrink",
-    "onnxshrink.export.export_and_shrink",
-    "onnxshrink.prune.sensitivity.write_html",
-    "onnxshrink.io.runtime_config._update",
-    "onnxshrink.prune.allocate.plan",
-}
-
-
 def test_no_function_over_60_lines():
     long = {name: n for name, n in _functions() if n > MAX_LINES}
-    new = {name: n for name, n in long.items() if name.rpartition(":")[0] not in LONG_FOR_NOW}
-    assert not new, f"functions over {MAX_LINES} lines: {new}"
+    assert not long, f"functions over {MAX_LINES} lines: {long}"
 
 
 def _op_expression(e: ast.expr) -> bool:
@@ -212,20 +199,11 @@ def op_type_comparisons(path: Path) -> list[str]:
     return found
 
 
-# Files that still compare op types while the redesign lands. TODO(redesign): empty.
-OP_TYPES_FOR_NOW = {
-    "onnxshrink/api.py",
-    "onnxshrink/io/runtime_config.py",
-    "onnxshrink/prune/compensate.py",
-    "onnxshrink/prune/run.py",
-}
-
-
 def test_no_op_type_comparison_outside_ops():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = str(path.relative_to(ROOT))
-        if rel.startswith("onnxshrink/ops/") or rel in OP_TYPES_FOR_NOW:
+        if rel.startswith("onnxshrink/ops/"):
             continue
         found += op_type_comparisons(path)
     assert found == []

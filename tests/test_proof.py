@@ -20,7 +20,7 @@ import pytest
 from conftest import WIDE, init, params, run, tiny
 from onnx import TensorProto, helper, numpy_helper
 
-import onnxshrink.api as api
+import onnxshrink.stages.attempt as api
 from onnxshrink import ValidationFailed, shrink
 from onnxshrink.cli import main
 from onnxshrink.proof import comparison as proof_compare

@@ -591,8 +591,9 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     """The issue's QDQ BERT: every removal failed its proof and was kept back, and the model was
     written with the chosen groups zeroed, the size of the input. A proof that fails whenever a
     channel is removed stands for it here."""
-    from onnxshrink import api, cli
+    from onnxshrink import cli
     from onnxshrink.proof.verdict import OutputCheck
+    from onnxshrink.stages import attempt as api
 
     def failing(reference, source, rewritten, opts, *more):
         report = original(reference, source, rewritten, opts, *more)

@@ -79,8 +79,8 @@ def deployed_params(path) -> int:
     """The distinct parameters of an export as deployed: a weight its hooks compute in the graph
     (weight_orig * weight_mask, when the exporter left the product to the runtime) counted once,
     as the product onnxruntime folds it into."""
-    from onnxshrink.api import read_model
     from onnxshrink.io.model import load_external
+    from onnxshrink.stages.read import read_model
 
     source = read_model(path)
     load_external(source.proto, path.parent)

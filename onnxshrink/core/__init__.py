@@ -7,6 +7,7 @@ the ops and the rewrite import it), so a handler imports from here alone:
 
 from onnxshrink.core.evaluate import EvaluationError, evaluate, evaluate_op
 from onnxshrink.core.handler import (
+    BiasSlot,
     Dequantizes,
     Dims,
     Handler,
@@ -53,6 +54,7 @@ from onnxshrink.core.views import ConstView, KeepView, Reader, RewriteView, Shap
 
 __all__ = [
     "AxisKey",
+    "BiasSlot",
     "ConstInfo",
     "ConstView",
     "Dequantizes",

@@ -176,6 +176,26 @@ class InputTypes(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class BiasSlot:
+    """Where a layer op that reads a weight matrix at input `weight` adds one constant per
+    output channel, so that a constant added to its output can be folded into it (a prune's
+    compensation): output 0's channel axis (`axis`; -1: the last), the input holding the op's
+    own bias (`bias`; None: it has none, an Add after it may hold one) with its channels at
+    (axis, rank) as it broadcasts (`bias_layout`), the rank the weight must have (`weight_rank`;
+    None: any), the attributes whose ratio scales a value added to the output into the bias
+    (`gain`: Gemm's alpha / beta), and the attribute that must be 1 (`groups`: a grouped Conv
+    maps input channels to output channels by group)."""
+
+    axis: int
+    bias: int | None = None
+    bias_layout: tuple[int, int] = (0, 1)
+    weight: int = 1
+    weight_rank: int | None = None
+    gain: tuple[str, str] | None = None
+    groups: str | None = None
+
+
 # ---------------------------------------------------------------------- the handler
 class Handler:
     """One op family. Subclasses override what differs from "a barrier that folds nothing"."""
@@ -191,6 +211,13 @@ class Handler:
     #: its bodies are alternatives, one of which runs, and output j is that body's output j
     #: (If's branches): what it returns is made there, and only one body's work is done
     runs_one_body: ClassVar[bool] = False
+
+    #: a fused attention op: the attributes declaring its (query heads, K/V heads), which a
+    #: runtime's config repeats (K/V heads: the query heads' count when the attribute is absent);
+    #: None for any other op
+    head_attrs: ClassVar[tuple[str, str] | None] = None
+    #: a layer op that adds a bias per output channel: where (see BiasSlot); None for other ops
+    channel_bias: ClassVar[BiasSlot | None] = None
 
     # -------------------------------------------------------------- analysis
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:

@@ -171,6 +171,7 @@ class ContribAttention(Handler):
     [B, S, v]. Inputs after bias: mask_index, past, attention_bias, past_sequence_length."""
 
     evaluate_with_ort = True
+    head_attrs = ("num_heads", "kv_num_heads")
 
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         """The packed projection, and each head's scores and weighted values."""
@@ -364,6 +365,7 @@ class _PackedHeads(Handler):
     """Query, key and value as [B, S, heads * head_dim] inputs (projected before the op)."""
 
     evaluate_with_ort = True
+    head_attrs = ("num_heads", "kv_num_heads")
     #: input slots: query, key, value, packed bias (None: no bias input)
     slots: tuple[int, int, int, int | None] = (0, 1, 2, 3)
     #: inputs that carry every head when present and not one value (a quantized cache's scales)
@@ -857,6 +859,7 @@ class OnnxAttention(_PackedHeads):
     slots = (0, 1, 2, None)
     past_slots = (4, 5)
     mask_slot = 3
+    head_attrs = ("q_num_heads", "kv_num_heads")
 
     def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
         hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))

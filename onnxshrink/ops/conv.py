@@ -20,6 +20,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.core import (
+    BiasSlot,
     ConstInfo,
     ConstView,
     Handler,
@@ -359,6 +360,8 @@ class Conv(_ConvBase):
     def qdq_form(self, node: OpNode) -> IntegerProduct:
         window = {k: v for k, v in node.attrs.items() if k in CONV_WINDOW}
         return IntegerProduct(window, out_axis=0, bias=2)
+
+    channel_bias = BiasSlot(axis=1, bias=2, bias_layout=(0, 1), groups="group")  # B is [C]
 
 
 @register("ConvTranspose")

@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
 from onnxshrink.core import (
+    BiasSlot,
     ConstInfo,
     ConstView,
     Dims,
@@ -131,6 +132,7 @@ def fold_into_c(rw: RewriteView, node: gs.Node, delta: np.ndarray, n_channels: i
 @register("Gemm")
 class Gemm(Handler):
     evaluate_with_ort = True
+    channel_bias = BiasSlot(axis=1, bias=2, bias_layout=(1, 2), gain=("alpha", "beta"))  # C: [N] or [1, N]
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         if i == 1 and rank == 2:  # B is [K, N], or [N, K] with transB: torch's [out, in]
@@ -237,6 +239,7 @@ class Gemm(Handler):
 @register("MatMul")
 class MatMul(Handler):
     evaluate_with_ort = True
+    channel_bias = BiasSlot(axis=-1, weight_rank=2)  # a batched weight: no per-channel bias
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         if rank < 2 or i not in (0, 1):

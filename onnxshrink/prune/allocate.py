@@ -109,7 +109,23 @@ def plan(
 
     if target.kind == "ratio":
         return Choice(plan_at(target.value), target.value, families=families)
-    c = costs()
+    return _meet(gset, plan_at, target, builder, costs(), count, shrunk, meter, say, families)
+
+
+def _meet(
+    gset: GroupSet,
+    plan_at: Callable[[float], list[LayerPlan]],
+    target: Target,
+    builder: Builder,
+    c: Costs,
+    count: Callable[[onnx.ModelProto], tuple[int, int]],
+    shrunk: Callable[[onnx.ModelProto], onnx.ModelProto],
+    meter: Callable[[], LatencyMeter],
+    say: Callable[[str], None],
+    families: list[sens.Family] | None,
+) -> Choice:
+    """The plan of the family `plan_at` that meets a measured target (params, MACs: estimated,
+    then counted exactly on the shrunk reference; latency: timed)."""
 
     def estimate(kind: str) -> Callable[[list[LayerPlan]], float]:
         return lambda plans: c.fraction(kind, members_of(gset, plans))

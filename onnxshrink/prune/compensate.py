@@ -27,9 +27,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxshrink.core.handler import BiasSlot
 from onnxshrink.errors import ShrinkError
 from onnxshrink.masks import ONNX_SECTION  # tensors with no framework name, as in --masks-out
+from onnxshrink.ops import facts
 from onnxshrink.options import COMPENSATIONS
+from onnxshrink.prepare import default_opset
 from onnxshrink.prune.calibrate import Calibration
 from onnxshrink.prune.groups import GroupSet, Member, _with, gather_slices, zero_slice
 
@@ -129,9 +132,6 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
 
 def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
     """The consumer reading member `m` at `node`, or why its channels cannot be compensated."""
-    from onnxshrink.ops import facts
-    from onnxshrink.prepare import default_opset
-
     i = m.site[1]
     if i >= len(node.input) or node.input[i] not in inits:
         return f"{node.op_type} reads its weight through another node"
@@ -140,48 +140,53 @@ def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
     wa = handler.weight_axes(op, i, w.ndim) if handler is not None else None
     if wa is None or wa.inp is None:
         return f"{node.op_type}: no weight matrix at input {i}"
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    gain = 1.0
-    if node.op_type == "Conv" and i == 1:
-        if attrs.get("group", 1) != 1:
-            return "a grouped Conv (its input channels map to output channels by group)"
-        axis, bias_input = 1, 2
-    elif node.op_type == "Gemm" and i == 1:
-        axis, bias_input = 1, 2
-        gain = float(attrs.get("alpha", 1.0)) / float(attrs.get("beta", 1.0))
-    elif node.op_type == "MatMul" and i == 1 and w.ndim == 2:
-        axis, bias_input = -1, None
-    else:
+    slot = handler.channel_bias if handler is not None else None
+    if slot is None or i != slot.weight or slot.weight_rank not in (None, w.ndim):
         return f"{node.op_type} with its weight at input {i}: no bias to fold a constant into"
+    if slot.groups is not None and op.attrs.get(slot.groups, 1) != 1:
+        return f"a grouped {node.op_type} (its input channels map to output channels by group)"
+    gain = float(op.attrs.get(slot.gain[0], 1.0)) / float(op.attrs.get(slot.gain[1], 1.0)) if slot.gain else 1.0
     channels = w.shape[wa.out]
     name = node.name or node.output[0]
     common = dict(site=m.site, node=name, weight=node.input[i], inp=wa.inp, out=wa.out, channels=channels, gain=gain)
-    own = node.input[bias_input] if bias_input is not None and len(node.input) > bias_input else ""
-    if own in inits and bias_input is not None:
-        # a Conv's bias is [C]; Gemm's C broadcasts to [M, N]: [N] or [1, N]
-        if _per_channel(list(inits[own].dims), *((0, 1) if node.op_type == "Conv" else (1, 2)), channels):
-            return Consumer(bias=own, bias_site=(node.output[0], bias_input), **common)
+    own = node.input[slot.bias] if slot.bias is not None and len(node.input) > slot.bias else ""
+    if own in inits and slot.bias is not None:
+        if _per_channel(list(inits[own].dims), *slot.bias_layout, channels):
+            return Consumer(bias=own, bias_site=(node.output[0], slot.bias), **common)
         return f"{node.op_type}'s bias {own!r} is not a constant of one value per output channel"
     after = readers.get(node.output[0], [])
     graph_outputs = {o.name for o in model.graph.output}
     if len(after) == 1 and node.output[0] not in graph_outputs:
-        nxt = after[0]
-        if nxt.op_type == "Add" and len(nxt.input) == 2:
-            other = nxt.input[1] if nxt.input[0] == node.output[0] else nxt.input[0]
-            rank = len(w.shape) if axis == 1 else None
-            if other in inits and _per_channel(list(inits[other].dims), axis, rank, channels):
-                site = (nxt.output[0], list(nxt.input).index(other))
-                return Consumer(bias=other, bias_site=site, **common)
-        if nxt.op_type == "BatchNormalization" and nxt.input[0] == node.output[0]:
-            scale = _bn_scale(nxt, inits)
-            if scale is not None and scale.shape == (channels,):
-                site = (nxt.output[0], 2)
-                return Consumer(bias=nxt.input[2], bias_site=site, scale=scale, **common)
+        found = _bias_after(after[0], node, slot, w, channels, inits, model)
+        if found is not None:
+            return Consumer(bias=found[0], bias_site=found[1], scale=found[2], **common)
     # none: a bias input where the op has a free one, else an Add after it (a computed bias, as
     # torch's exporter writes a Conv's bias=False without its optimizer, stays as it is)
-    create = "input" if bias_input is not None and not own else "add"
-    shape = (channels,) + (1,) * (len(w.shape) - 2 if node.op_type == "Conv" and create == "add" else 0)
-    return Consumer(bias=f"{name}.compensation", create=create, shape=shape, **common)
+    create = "input" if slot.bias is not None and not own else "add"
+    trailing = w.ndim - 1 - slot.axis if create == "add" and slot.axis != -1 else 0  # a Conv's spatial axes
+    return Consumer(bias=f"{name}.compensation", create=create, shape=(channels,) + (1,) * trailing, **common)
+
+
+def _bias_after(
+    nxt: onnx.NodeProto, node: onnx.NodeProto, slot: BiasSlot, w: np.ndarray, channels: int, inits, model
+) -> tuple[str, tuple[str, int], np.ndarray | None] | None:
+    """The bias the one node after a consumer holds for it: an Add of a constant of one value
+    per output channel, or a BatchNorm's shift (with the scale it multiplies the output by):
+    (its name, its site, the scale), else None."""
+    handler, op = facts(nxt, default_opset(model))
+    if handler is None:
+        return None
+    params = handler.param_inputs(op, [name in inits for name in nxt.input])
+    if set(params) == {"bias"} and len(nxt.input) == 2:  # an Add of a constant: a bias
+        other = nxt.input[1] if nxt.input[0] == node.output[0] else nxt.input[0]
+        rank = None if slot.axis == -1 else w.ndim
+        if other in inits and _per_channel(list(inits[other].dims), slot.axis, rank, channels):
+            return other, (nxt.output[0], list(nxt.input).index(other)), None
+    if "running_var" in params and nxt.input[0] == node.output[0]:  # a BatchNorm after it
+        scale = _bn_scale(nxt, params, inits)
+        if scale is not None and scale.shape == (channels,):
+            return nxt.input[params["bias"]], (nxt.output[0], params["bias"]), scale
+    return None
 
 
 def _per_channel(dims: list[int], axis: int, rank: int | None, channels: int) -> bool:
@@ -196,11 +201,14 @@ def _per_channel(dims: list[int], axis: int, rank: int | None, channels: int) ->
     return 0 <= pos < len(dims) and dims[pos] == channels
 
 
-def _bn_scale(node: onnx.NodeProto, inits) -> np.ndarray | None:
+def _bn_scale(node: onnx.NodeProto, params: Mapping[str, int], inits) -> np.ndarray | None:
+    """What a BatchNorm multiplies its input's channels by (`params`: its parameters' inputs)."""
     names = list(node.input[1:5])
     if len(names) < 4 or any(n not in inits for n in names):
         return None
-    gamma, _, _, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in names)
+    gamma, var = (
+        numpy_helper.to_array(inits[node.input[params[k]]]).astype(np.float64) for k in ("weight", "running_var")
+    )
     eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
     return gamma / np.sqrt(var + eps)
 

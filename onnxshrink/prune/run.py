@@ -22,16 +22,6 @@ import onnx
 
 from onnxshrink import ir
 from onnxshrink.analyze.replay import scoped
-from onnxshrink.api import (
-    ShrinkResult,
-    Source,
-    check_against_model,
-    check_options,
-    read_model,
-    save,
-    shrink,
-    write_runtime_configs,
-)
 from onnxshrink.errors import NotShrunk, ShrinkError, ValidationFailed, file_access, first_line
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import (
@@ -42,13 +32,28 @@ from onnxshrink.options import (
     UNITS,
     ShrinkOptions,
 )
+from onnxshrink.prepare import default_opset
 from onnxshrink.progress import PhaseClock
 from onnxshrink.proof.inputs import check_inputs, resolve_shapes
+from onnxshrink.prune import allocate as alloc
+from onnxshrink.prune import compensate as comp_mod
+from onnxshrink.prune.calibrate import Calibration, collect
+from onnxshrink.prune.compensate import Compensation
 from onnxshrink.prune.groups import GroupSet, Member, find_groups
-from onnxshrink.prune.importance import scores
+from onnxshrink.prune.importance import activations, block_streams, scores
 from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
+from onnxshrink.prune.price import Price
 from onnxshrink.prune.select import LayerPlan
+from onnxshrink.prune.sensitivity import Family
+from onnxshrink.prune.targets import Costs, LatencyMeter, Target
 from onnxshrink.report import ModelStats, model_stats
+from onnxshrink.result import ShrinkResult
+from onnxshrink.stages.assemble import assemble, constant_weight
+from onnxshrink.stages.attempt import first_attempt
+from onnxshrink.stages.masking import bind
+from onnxshrink.stages.read import Source, check_against_model, check_options, read, read_model
+from onnxshrink.stages.recovery import recovered
+from onnxshrink.stages.save import finished, save, write_runtime_configs
 
 
 @dataclass
@@ -178,52 +183,119 @@ def prune(
     `held_out` (else `data`, else the proof's random inputs). Shrink options as for `shrink`
     (validation is against the model with the groups zeroed and the biases compensated).
     `units`: the unit kinds that may go (default: every kind but `block`; see groups.UNITS)."""
-    from onnxshrink.prune import allocate as alloc
-    from onnxshrink.prune import compensate as comp_mod
-    from onnxshrink.prune.calibrate import collect
-    from onnxshrink.prune.importance import activations, block_streams
-    from onnxshrink.prune.targets import Costs, LatencyMeter
-
-    units = tuple(DEFAULT_UNITS if units is None else units)
-    unknown = sorted(set(units) - set(UNITS))
-    if unknown:
-        raise ShrinkError(f"--units {' '.join(unknown)}: choose among {', '.join(UNITS)}.")
+    units = _check_units(units)
     opts = (options or ShrinkOptions()).but(**option_values)
     check_options(opts)  # before the groups and importance are computed, not at the shrink
-    target = _target(ratio, params, macs, latency)
-    allocation = allocation or ("global" if global_ranking else "uniform")
-    if allocation not in ALLOCATIONS:
-        raise ShrinkError(f"--allocation {allocation}: choose one of {', '.join(ALLOCATIONS)}.")
-    if compensate not in COMPENSATIONS:
-        raise ShrinkError(f"--compensate {compensate}: choose one of {', '.join(COMPENSATIONS)}.")
-    if not (np.isfinite(ridge) and ridge >= 0):
-        raise ShrinkError(f"--ridge {ridge}: give a regularization >= 0 (1 by default).")
-    needs = [
-        *([f"--criterion {criterion}"] if criterion in DATA_CRITERIA else []),
-        *([f"--compensate {compensate}"] if compensate != "none" else []),
-        *(["--allocation sensitivity"] if allocation == "sensitivity" else []),
-        *(["--sensitivity"] if sensitivity is not None else []),
-    ]
-    if needs and not data:
-        raise ShrinkError(
-            f"{', '.join(needs)} read(s) the model's activations on your inputs: give them with "
-            "--inputs data.npz (one array per model input; a batch of samples along the batch axis)."
-        )
-    if weights_out is not None and compensate == "none":
-        raise ShrinkError(
-            f"--weights-out {weights_out}: it writes the values --compensate changes; add "
-            "--compensate bias (or refit), or drop --weights-out."
-        )
-    for flag, path in (("--masks-out", masks_out), ("--weights-out", weights_out)):
-        if path is not None:
-            masks_kind(path, flag)  # a name it cannot write is refused before any work
+    ask = Request(  # checked as it is made, before any work
+        _target(ratio, params, macs, latency), criterion, allocation or ("global" if global_ranking else "uniform"),
+        compensate, ridge, ignore, round_to, max_layer_ratio, units, data, held_out, sensitivity, masks_out, weights_out, price
+    )
     clock = PhaseClock()
+    given = _read_input(model, output, ask, opts)
+    clock.lap("load")
+    gset = _find_groups(given, ask, opts)
+    clock.lap("groups")
+    scored = _score(given, gset, ask, opts, clock)
+    meters: list[LatencyMeter] = []
+    choice = _allocate(given, scored, ask, opts, meters)
+    clock.lap("select")
+    zeroed = _zero(given, scored, choice, ask, opts)
+    clock.lap("zero")
+    result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, meters, clock)
+    return _outputs(given, scored, choice, zeroed, result, cost, ask, clock)
+
+
+# ---------------------------------------------------------------------- the request
+@dataclass
+class Request:
+    """What a prune is asked (prune's arguments, the target made one `Target`), checked."""
+
+    target: Target
+    criterion: str
+    allocation: str
+    compensate: str
+    ridge: float
+    ignore: Sequence[str]
+    round_to: int | None
+    max_layer_ratio: float
+    units: tuple[str, ...]
+    data: list[Mapping[str, np.ndarray]] | None
+    held_out: list[Mapping[str, np.ndarray]] | None
+    sensitivity: str | Path | None
+    masks_out: str | Path | None
+    weights_out: str | Path | None
+    price: bool
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    @property
+    def needs(self) -> list[str]:
+        """The choices that read the model's activations on the calibration inputs."""
+        return [
+            *([f"--criterion {self.criterion}"] if self.criterion in DATA_CRITERIA else []),
+            *([f"--compensate {self.compensate}"] if self.compensate != "none" else []),
+            *(["--allocation sensitivity"] if self.allocation == "sensitivity" else []),
+            *(["--sensitivity"] if self.sensitivity is not None else []),
+        ]
+
+    @property
+    def measures_sensitivity(self) -> bool:
+        return self.allocation == "sensitivity" or self.sensitivity is not None
+
+    def check(self) -> None:
+        """Refuse choices that cannot mean anything, or lack what they need, before any work."""
+        if self.allocation not in ALLOCATIONS:
+            raise ShrinkError(f"--allocation {self.allocation}: choose one of {', '.join(ALLOCATIONS)}.")
+        if self.compensate not in COMPENSATIONS:
+            raise ShrinkError(f"--compensate {self.compensate}: choose one of {', '.join(COMPENSATIONS)}.")
+        if not (np.isfinite(self.ridge) and self.ridge >= 0):
+            raise ShrinkError(f"--ridge {self.ridge}: give a regularization >= 0 (1 by default).")
+        if self.needs and not self.data:
+            raise ShrinkError(
+                f"{', '.join(self.needs)} read(s) the model's activations on your inputs: give them with "
+                "--inputs data.npz (one array per model input; a batch of samples along the batch axis)."
+            )
+        if self.weights_out is not None and self.compensate == "none":
+            raise ShrinkError(
+                f"--weights-out {self.weights_out}: it writes the values --compensate changes; add "
+                "--compensate bias (or refit), or drop --weights-out."
+            )
+        for flag, path in (("--masks-out", self.masks_out), ("--weights-out", self.weights_out)):
+            if path is not None:
+                masks_kind(path, flag)  # a name it cannot write is refused before any work
+
+
+def _check_units(units: Sequence[str] | None) -> tuple[str, ...]:
+    out = tuple(DEFAULT_UNITS if units is None else units)
+    unknown = sorted(set(out) - set(UNITS))
+    if unknown:
+        raise ShrinkError(f"--units {' '.join(unknown)}: choose among {', '.join(UNITS)}.")
+    return out
+
+
+# ---------------------------------------------------------------------- the phases
+@dataclass
+class Input:
+    """The model to prune, read once: its `Source`, this call's own copy with its weights loaded
+    (the caller's proto is never changed; the references are made from this copy), the shapes
+    the proof draws, and the statistics of the unpruned input."""
+
+    source: Source
+    proto: onnx.ModelProto
+    shapes: dict[str, list[int]]
+    original: ModelStats
+
+
+def _read_input(model: str | Path | onnx.ModelProto, output: str | Path | None, ask: Request, opts: ShrinkOptions) -> Input:
+    """The input read and checked (the output may not overwrite it; its inputs fit the
+    calibration and held-out feeds), before the groups are found."""
     source = read_model(model)
     if output is not None:  # the shrink below sees an in-memory model: guard the input here
-        check_output(output, protect=[source.path, *source.data] if source.path is not None else [])
+        check_output(output, protect=source.protected)
     check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
-    for given in (data, held_out):
-        check_inputs(source.proto, given)  # names, dtypes and shapes, each named
+    for feeds in (ask.data, ask.held_out):
+        check_inputs(source.proto, feeds)  # names, dtypes and shapes, each named
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
     if source.base_dir is not None:
@@ -231,173 +303,291 @@ def prune(
     # the unpruned input as its file holds it (before the reference is made from it: Constant
     # weights made initializers, a weight copied per reader), at the shapes the proof draws
     shapes = resolve_shapes(proto, opts.input_shapes or {})
-    original = model_stats(proto, shapes, source.file_bytes)
-    clock.lap("load")
+    return Input(source, proto, shapes, model_stats(proto, shapes, source.file_bytes))
+
+
+def _find_groups(given: Input, ask: Request, opts: ShrinkOptions) -> GroupSet:
     opts.say("finding the coupled groups ...")
     # grouped-query attention's query heads by rank when heads may go but K/V groups may not
-    query_ranks = "head" in units and "kv_group" not in units
-    gset = find_groups(proto, name=str(source.path or ""), query_ranks=query_ranks)
-    clock.lap("groups")
+    query_ranks = "head" in ask.units and "kv_group" not in ask.units
+    return find_groups(given.proto, name=str(given.source.path or ""), query_ranks=query_ranks)
+
+
+@dataclass
+class Scored:
+    """The groups scored: their importance, what the calibration inputs showed, what the
+    compensation reads, the builder of each plan's reference, and the measured sensitivity."""
+
+    gset: GroupSet
+    importance: np.ndarray
+    calibration: Calibration | None
+    comp: Compensation | None
+    builder: alloc.Builder
+    families: list[Family] | None
+
+
+def _score(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions, clock: PhaseClock) -> Scored:
+    """Calibration, importance, the compensation's consumers and the sensitivity, each timed."""
     calibration = None
-    if needs:
-        opts.say(f"running the model on the calibration inputs ({len(data or [])} feed(s)) ...")
+    if ask.needs:
+        opts.say(f"running the model on the calibration inputs ({len(ask.data or [])} feed(s)) ...")
         calibration = collect(
-            proto,
+            given.proto,
             activations(gset.exact()),
-            data or [],
-            samples=compensate == "refit",
+            ask.data or [],
+            samples=ask.compensate == "refit",
             streams=block_streams(gset, gset.exact()),
             seed=opts.seed,
             provider=opts.provider,
         )
         clock.lap("calibrate")
-    importance = scores(gset, criterion, seed=opts.seed, model=proto, inputs=data, calibration=calibration)
+    importance = scores(gset, ask.criterion, seed=opts.seed, model=given.proto, inputs=ask.data, calibration=calibration)
     clock.lap("importance")
     comp = None
-    if compensate != "none" or allocation == "sensitivity" or sensitivity is not None:
-        comp = comp_mod.prepare(proto, gset)
+    if ask.compensate != "none" or ask.measures_sensitivity:
+        comp = comp_mod.prepare(given.proto, gset)
         clock.lap("compensation")
-    builder = alloc.Builder(proto, gset, comp, calibration, compensate, ridge)
-    families = None
-    if allocation == "sensitivity" or sensitivity is not None:
-        assert calibration is not None
-        opts.say("measuring each family's sensitivity on the calibration inputs ...")
-        families = alloc.measure_families(
-            alloc.families_of(gset, importance, ignore, units),
-            builder,
-            calibration,
-            round_to=round_to,
-            max_layer_ratio=max_layer_ratio,
-            say=opts.say,
-        )
-        if sensitivity is not None:
-            how = (
-                f"Each family pruned alone ({criterion} order, compensation {compensate}) at each "
-                f"ratio; relative output error on the calibration inputs ({calibration.source})."
-            )
-            with file_access(sensitivity):
-                write_sensitivity(families, sensitivity, f"Sensitivity of {source.path or 'the model'}", how)
+    builder = alloc.Builder(given.proto, gset, comp, calibration, ask.compensate, ask.ridge)
+    scored = Scored(gset, importance, calibration, comp, builder, None)
+    if ask.measures_sensitivity:
+        scored.families = _sensitivity(given, scored, ask, opts)
         clock.lap("sensitivity")
-    quiet = opts.but(validate=False, log=None, progress=False)
+    return scored
+
+
+def _sensitivity(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions) -> list[Family]:
+    """Each family's measured deviation as more of it goes; the page written when asked."""
+    calibration = scored.calibration
+    assert calibration is not None
+    opts.say("measuring each family's sensitivity on the calibration inputs ...")
+    families = alloc.measure_families(
+        alloc.families_of(scored.gset, scored.importance, ask.ignore, ask.units),
+        scored.builder,
+        calibration,
+        round_to=ask.round_to,
+        max_layer_ratio=ask.max_layer_ratio,
+        say=opts.say,
+    )
+    if ask.sensitivity is not None:
+        how = (
+            f"Each family pruned alone ({ask.criterion} order, compensation {ask.compensate}) at each "
+            f"ratio; relative output error on the calibration inputs ({calibration.source})."
+        )
+        with file_access(ask.sensitivity):
+            title = f"Sensitivity of {given.source.path or 'the model'}"
+            write_sensitivity(families, ask.sensitivity, title, how)
+    return families
+
+
+def _allocate(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, meters: list[LatencyMeter]) -> alloc.Choice:
+    """The plans meeting the target: measured targets are met by shrinking candidate
+    references, quietly (`meters`: the latency meter, made on first use, kept for the price)."""
+    quiet = opts.but(validate=False, log=None, progress=False, input_masked=None)
 
     def shrunk(reference: onnx.ModelProto) -> onnx.ModelProto:
-        return shrink(reference, None, None, options=quiet.but(input_masked=None), input_stats=original).model
+        return shrink_reference(reference, quiet, given.original).model
 
     def count(reference: onnx.ModelProto) -> tuple[int, int]:
-        after = shrink(reference, None, None, options=quiet.but(input_masked=None), input_stats=original).after
+        after = shrink_reference(reference, quiet, given.original).after
         return after.params, after.macs
-
-    meters: list[LatencyMeter] = []
 
     def meter() -> LatencyMeter:
         if not meters:
-            meters.append(LatencyMeter(proto, _price_feeds(proto, held_out, data, shapes, opts)[0][0]))
+            feeds = _price_feeds(given.proto, ask.held_out, ask.data, given.shapes, opts)[0]
+            meters.append(LatencyMeter(given.proto, feeds[0]))
         return meters[0]
 
-    choice = alloc.plan(
-        gset,
-        importance,
-        target,
-        allocation=allocation,
-        ignore=ignore,
-        round_to=round_to,
-        max_layer_ratio=max_layer_ratio,
-        units=units,
-        builder=builder,
-        costs=lambda: Costs(gset, proto, shapes),
+    return alloc.plan(
+        scored.gset,
+        scored.importance,
+        ask.target,
+        allocation=ask.allocation,
+        ignore=ask.ignore,
+        round_to=ask.round_to,
+        max_layer_ratio=ask.max_layer_ratio,
+        units=ask.units,
+        builder=scored.builder,
+        costs=lambda: Costs(scored.gset, given.proto, given.shapes),
         count=count,
         shrunk=shrunk,
         meter=meter,
-        families=families,
+        families=scored.families,
         say=opts.say,
     )
-    plans = choice.plans
-    clock.lap("select")
+
+
+@dataclass
+class Zeroed:
+    """The chosen groups zeroed: their members, the reference, what the masks zero, and the
+    values the compensation changed by framework name (`unnamed`: those with no name)."""
+
+    chosen: list
+    members: list[Member]
+    reference: onnx.ModelProto
+    slices: MaskSlices
+    weights: dict[str, np.ndarray]
+    unnamed: list[str]
+
+
+def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts: ShrinkOptions) -> Zeroed:
+    gset, plans = scored.gset, choice.plans
     chosen = [gset.groups[i] for p in plans for i in p.removed]
-    opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({criterion}, {allocation})")
+    opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({ask.criterion}, {ask.allocation})")
     members = gset.zeroed_members(chosen)
-    # proto is this call's own copy: the last reference may be made in it
-    reference = builder.reference(plans, copy=comp is not None or target.kind != "ratio")
+    # given.proto is this call's own copy: the last reference may be made in it
+    reference = scored.builder.reference(plans, copy=scored.comp is not None or ask.target.kind != "ratio")
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
     framework = any(m.params for g in gset.groups for m in g.members)
     slices = mask_slices(reference, members, framework)
-    weights, unnamed = comp_mod.framework_values(gset, builder.values, comp) if comp is not None else ({}, [])
-    clock.lap("zero")
-    # The masks (and weights) are written before the shrink (a place they cannot be written
-    # fails the run before the model is), staged beside their name, and put there only once the
-    # shrink has passed: a refused or failed shrink leaves neither. A prune that removed nothing
-    # has no masks, and changed nothing: no file (an empty one is no masks file).
-    staged = {}
-    try:
-        if masks_out is not None and slices.zeroed:
-            staged[Path(masks_out)] = stage_masks(slices.masks(), masks_out)
-        if weights_out is not None and weights:
-            staged[Path(weights_out)] = stage_masks(weights, weights_out)
-        clock.lap("masks")
-        # The reference is in memory: say what the input was, so that the output is written as
-        # a plain shrink of it would be (external data when the input had it) and never over it.
-        external = opts.external_data if opts.external_data is not None else bool(source.data)
-        shrink_opts = opts.but(input_masked=None, external_data=external)
-        result = shrink(reference, None, None, options=shrink_opts, input_stats=original)
-        if chosen and not removed_any(result.reference, result.model, members):
-            if output is not None and opts.keep_failed:
-                save(result, Source(result.reference), output, shrink_opts)
-            raise NotShrunk(
-                f"{target.flag()} {target.value:g}: none of the {len(chosen)} groups chosen could "
-                "be removed (" + _why_kept(result) + "); the model with them zeroed would have the "
-                "pruned model's quality at the input's size. "
-                + ("It was written anyway (--keep-failed)." if output is not None and opts.keep_failed else "Nothing was written.")
-            )
-        cost = None
-        if price:
-            opts.say("measuring the price ...")
-            try:
-                cost = _price(proto, result.model, calibration, held_out, data, shapes, opts, meters)
-            except Exception as exc:  # inputs it cannot draw, ops onnxruntime cannot run (--no-validate)
-                from onnxshrink.prune.price import Price
+    comp = scored.comp
+    weights, unnamed = comp_mod.framework_values(gset, scored.builder.values, comp) if comp is not None else ({}, [])
+    return Zeroed(chosen, members, reference, slices, weights, unnamed)
 
-                if isinstance(exc, ShrinkError) and held_out:
-                    raise  # the user's held-out inputs the model cannot run on
-                cost = Price("inputs", note=f"not measured: {first_line(exc)}")
-            if cost.latency_after_ms is not None and original.macs:
-                cost.macs_ratio = result.after.macs / original.macs
-            clock.lap("price")
-            for line in cost.lines():
-                opts.say(line)
+
+def shrink_reference(reference: onnx.ModelProto, opts: ShrinkOptions, original: ModelStats) -> ShrinkResult:
+    """The exact shrink of a prune's reference, an in-memory model whose zeros are the masks:
+    the stages of api.shrink, nothing written; `before` is the unpruned input's `original`."""
+    clock = PhaseClock()
+    source, given = read(reference, None, None, opts)  # in memory: checked, no file read
+    clock.lap("load")
+    masked = bind(source, given, opts)
+    clock.lap("bind")
+    first = first_attempt(masked.reference, source, opts, None, clock)
+    run = recovered(first, masked.reference, source, opts, None, clock)
+    return finished(assemble(run, masked, source, opts, clock.timings, original))
+
+
+def _shrink_and_write(
+    given: Input,
+    scored: Scored,
+    zeroed: Zeroed,
+    plans: list[LayerPlan],
+    ask: Request,
+    opts: ShrinkOptions,
+    output: str | Path | None,
+    meters: list[LatencyMeter],
+    clock: PhaseClock,
+) -> tuple[ShrinkResult, Price | None]:
+    """The reference shrunk exactly, the price measured, and the outputs written. The masks (and
+    weights) are written before the shrink (a place they cannot be written fails the run before
+    the model is), staged beside their name, and put there only once the shrink has passed: a
+    refused or failed shrink leaves neither."""
+    # The reference is in memory: say what the input was, so that the output is written as a
+    # plain shrink of it would be (external data when the input had it) and never over it.
+    external = opts.external_data if opts.external_data is not None else bool(given.source.data)
+    shrink_opts = opts.but(input_masked=None, external_data=external)
+    staged: dict[Path, Path] = {}
+    try:
+        _stage(zeroed, ask, staged)
+        clock.lap("masks")
+        result = shrink_reference(zeroed.reference, shrink_opts, given.original)
+        _check_removed(result, zeroed, ask, output, shrink_opts)
+        cost = _priced(given, scored, result, ask, opts, meters, clock) if ask.price else None
         if output is not None:
             t0 = time.perf_counter()
             save(result, Source(result.reference), output, shrink_opts)
-            if source.path is not None:
-                write_runtime_configs(result, source.path, proto, None, output, gset)
+            if given.source.path is not None:
+                write_runtime_configs(result, given.source.path, given.proto, None, output, scored.gset)
             result.timings["save"] = time.perf_counter() - t0
         for path, tmp in staged.items():
             with file_access(path):
                 os.replace(tmp, path)
     except ValidationFailed as exc:  # its report, as a prune's (the same keys as one that passed)
         if exc.result is not None:
-            exc.result.before = original
+            exc.result.before = given.original
             if output is not None and opts.keep_failed:
                 save(exc.result, Source(exc.result.reference), output, shrink_opts)
         shrunk_report = exc.result.to_dict() if exc.result is not None else ShrinkResult.empty_report()
-        exc.report = prune_report(plans, original, slices.skipped, shrunk_report)
+        exc.report = prune_report(plans, given.original, zeroed.slices.skipped, shrunk_report)
         raise
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
-    result.before = original  # what the table and the summary compare with: the input
+    result.before = given.original  # what the table and the summary compare with: the input
+    return result, cost
+
+
+def _stage(zeroed: Zeroed, ask: Request, staged: dict[Path, Path]) -> None:
+    """The masks and weights written beside their names, into `staged`. A prune that removed
+    nothing has no masks, and changed nothing: no file (an empty one is no masks file)."""
+    if ask.masks_out is not None and zeroed.slices.zeroed:
+        staged[Path(ask.masks_out)] = stage_masks(zeroed.slices.masks(), ask.masks_out)
+    if ask.weights_out is not None and zeroed.weights:
+        staged[Path(ask.weights_out)] = stage_masks(zeroed.weights, ask.weights_out)
+
+
+def _check_removed(
+    result: ShrinkResult, zeroed: Zeroed, ask: Request, output: str | Path | None, opts: ShrinkOptions
+) -> None:
+    """NotShrunk when none of the groups chosen could be removed (the model with them zeroed,
+    written only with --keep-failed)."""
+    if not zeroed.chosen or removed_any(result.reference, result.model, zeroed.members):
+        return
+    kept = output is not None and opts.keep_failed
+    if kept:
+        assert output is not None
+        save(result, Source(result.reference), output, opts)
+    target = ask.target
+    raise NotShrunk(
+        f"{target.flag()} {target.value:g}: none of the {len(zeroed.chosen)} groups chosen could "
+        "be removed (" + _why_kept(result) + "); the model with them zeroed would have the "
+        "pruned model's quality at the input's size. "
+        + ("It was written anyway (--keep-failed)." if kept else "Nothing was written.")
+    )
+
+
+def _priced(
+    given: Input,
+    scored: Scored,
+    result: ShrinkResult,
+    ask: Request,
+    opts: ShrinkOptions,
+    meters: list[LatencyMeter],
+    clock: PhaseClock,
+) -> Price:
+    """What the prune cost, measured and said. It compares the shrunk model with `given.proto`,
+    the unpruned input as read (the input model's own figure, `given.original`, is at hand for
+    a later comparison with it)."""
+    opts.say("measuring the price ...")
+    try:
+        cost = _price(
+            given.proto, result.model, scored.calibration, ask.held_out, ask.data, given.shapes, opts, meters
+        )
+    except Exception as exc:  # inputs it cannot draw, ops onnxruntime cannot run (--no-validate)
+        if isinstance(exc, ShrinkError) and ask.held_out:
+            raise  # the user's held-out inputs the model cannot run on
+        cost = Price("inputs", note=f"not measured: {first_line(exc)}")
+    if cost.latency_after_ms is not None and given.original.macs:
+        cost.macs_ratio = result.after.macs / given.original.macs
+    clock.lap("price")
+    for line in cost.lines():
+        opts.say(line)
+    return cost
+
+
+def _outputs(
+    given: Input,
+    scored: Scored,
+    choice: alloc.Choice,
+    zeroed: Zeroed,
+    result: ShrinkResult,
+    cost: Price | None,
+    ask: Request,
+    clock: PhaseClock,
+) -> PruneResult:
+    """What the prune did, its phases' timings followed by its shrink's."""
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
-    out = PruneResult(gset, plans, slices, result, original, slices.skipped, timings)
-    out.target, out.reached, out.allocation, out.compensate = target, choice.reached, allocation, compensate
-    out.price, out.families, out.weights, out.unnamed_weights = cost, families, weights, unnamed
-    if families is not None:
-        out.predicted = predicted_error(families, {p.layer.id: len(p.removed) for p in plans})
+    slices = zeroed.slices
+    out = PruneResult(scored.gset, choice.plans, slices, result, given.original, slices.skipped, timings)
+    out.target, out.reached, out.allocation, out.compensate = ask.target, choice.reached, ask.allocation, ask.compensate
+    out.price, out.families, out.weights, out.unnamed_weights = cost, scored.families, zeroed.weights, zeroed.unnamed
+    if scored.families is not None:
+        out.predicted = predicted_error(scored.families, {p.layer.id: len(p.removed) for p in choice.plans})
     return out
 
 
 def _target(ratio, params, macs, latency):
-    from onnxshrink.prune.targets import Target
-
     given = [
         Target(kind, float(v))
         for kind, v in (("ratio", ratio), ("params", params), ("macs", macs), ("latency", latency))
@@ -451,8 +641,7 @@ def _price_feeds(proto, held_out, data, shapes, opts) -> tuple[list[Mapping[str,
 def _price(proto, pruned, calibration, held_out, data, shapes, opts, meters):
     from onnxshrink.proof.sessions import SEGMENT_BYTES, session
     from onnxshrink.prune.calibrate import run_feeds
-    from onnxshrink.prune.price import Price, compare_outputs
-    from onnxshrink.prune.targets import LatencyMeter
+    from onnxshrink.prune.price import compare_outputs
 
     feeds, label = _price_feeds(proto, held_out, data, shapes, opts)
     weights = sum(
@@ -484,11 +673,12 @@ def removed_any(reference: onnx.ModelProto, shrunk: onnx.ModelProto, members: li
 
     def held(model: onnx.ModelProto) -> int:  # in every scope, as initializers or Constant nodes
         total = 0
+        opset = default_opset(model)
         for g in ir.all_graphs(model.graph):
             total += sum(math.prod(t.dims) for t in g.initializer if t.name in names)
             for n in g.node:
-                if n.op_type == "Constant" and n.output and n.output[0] in names:
-                    total += sum(math.prod(a.t.dims) for a in n.attribute if a.name == "value")
+                value = constant_weight(n, opset) if n.output and n.output[0] in names else None
+                total += math.prod(value.dims) if value is not None else 0
         return total
 
     return held(shrunk) < held(reference)

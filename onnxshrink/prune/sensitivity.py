@@ -149,6 +149,29 @@ def write_html(families: list[Family], path: str | Path, title: str, how: str) -
     """A self-contained page: the deviation of each family against the ratio of it removed, as
     an inline SVG (one polyline per family, class "curve", data-family its name), and the table;
     the data again as JSON (script#sensitivity-data)."""
+    svg, legend = _chart(families)
+    head, rows = _table(families)
+    data = json.dumps({"title": title, "how": how, "families": [f.to_dict() for f in families]})
+    data = data.replace("</", "<\\/")  # JSON's escape: no "</script>" ends the block early
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} td:first-child{{text-align:left}} ul{{columns:2;list-style:none;padding:0}}</style>
+</head><body>
+<h1>{html.escape(title)}</h1>
+<p>{html.escape(how)}</p>
+{svg}
+<ul>{legend}</ul>
+<table><thead><tr><th>family</th><th>kind</th><th>groups</th>{head}</tr></thead><tbody>
+{rows}
+</tbody></table>
+<script type="application/json" id="sensitivity-data">{data}</script>
+</body></html>
+"""
+    Path(path).write_text(page)
+
+
+def _chart(families: list[Family]) -> tuple[str, str]:
+    """The SVG of the curves on their axes, and its legend's items."""
     width, height, left, right, top, bottom = 760, 440, 70, 20, 20, 50
     ymax = max([d for f in families for d in f.deviation] or [0.0]) or 1.0
     ymax = _nice(ymax)
@@ -186,6 +209,11 @@ def write_html(families: list[Family], path: str | Path, title: str, how: str) -
         )
         legend.append(f'<li><span style="color:{color}">&#9632;</span> {label}</li>')
     parts.append("</svg>")
+    return "".join(parts), "".join(legend)
+
+
+def _table(families: list[Family]) -> tuple[str, str]:
+    """The table's header cells (one per ratio measured) and its rows (one per family)."""
     ratios = sorted({round(c / len(f.order), 3) for f in families for c in f.counts})
     rows = []
     for fam in families:
@@ -193,24 +221,7 @@ def write_html(families: list[Family], path: str | Path, title: str, how: str) -
         cells = {round(c / n, 3): d for c, d in zip(fam.counts, fam.deviation, strict=True)}
         tds = "".join(f"<td>{cells[r]:.4g}</td>" if r in cells else "<td></td>" for r in ratios)
         rows.append(f"<tr><td>{html.escape(fam.name)}</td><td>{html.escape(fam.kind)}</td><td>{n}</td>{tds}</tr>")
-    head = "".join(f"<th>{r:g}</th>" for r in ratios)
-    data = json.dumps({"title": title, "how": how, "families": [f.to_dict() for f in families]})
-    data = data.replace("</", "<\\/")  # JSON's escape: no "</script>" ends the block early
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} td:first-child{{text-align:left}} ul{{columns:2;list-style:none;padding:0}}</style>
-</head><body>
-<h1>{html.escape(title)}</h1>
-<p>{html.escape(how)}</p>
-{"".join(parts)}
-<ul>{"".join(legend)}</ul>
-<table><thead><tr><th>family</th><th>kind</th><th>groups</th>{head}</tr></thead><tbody>
-{"".join(rows)}
-</tbody></table>
-<script type="application/json" id="sensitivity-data">{data}</script>
-</body></html>
-"""
-    Path(path).write_text(page)
+    return "".join(f"<th>{r:g}</th>" for r in ratios), "".join(rows)
 
 
 def _nice(v: float) -> float:

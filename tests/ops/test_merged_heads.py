@@ -14,8 +14,8 @@ import onnx
 import pytest
 from conftest import error_against, params, shapes, shrink_checked, tiny, with_masks
 
-from onnxshrink.api import analyze_model
 from onnxshrink.options import ShrinkOptions
+from onnxshrink.stages.attempt import analyze_model
 
 E, H, D, S = 8, 4, 2, 3  # model width, heads, head dim, sequence
 

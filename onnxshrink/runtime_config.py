@@ -29,6 +29,10 @@ from typing import Any
 
 import onnx
 
+from onnxshrink import ir
+from onnxshrink.ops import facts
+from onnxshrink.prepare import default_opset
+
 GENAI = "genai_config.json"
 HF = "config.json"
 NAMES = (GENAI, HF)
@@ -99,7 +103,7 @@ def count_groups(gset: Any) -> Counts:
         ):
             per["intermediate"].append(len(groups))
         if layer.kind in ("channel", "width") and any(
-            m.op == "Gather" and m.axis == 1 for m in groups[0].members
+            m.family == "embedding" and m.axis == 1 for m in groups[0].members
         ):  # the residual stream: the embedding table's columns
             hidden.append(sum(g.unit.channels for g in groups))
     out = Counts(layers=len(per["kv_heads"]) or None)
@@ -129,25 +133,24 @@ def _fused_attention(model: onnx.ModelProto) -> Counts | None:
     kv_num_heads; MultiHeadAttention and Attention: num_heads; ONNX Attention: q_num_heads and
     kv_num_heads), and the head size from the
     query's width; None when the model has none."""
-    from onnxshrink import ir
-
-    nodes = [
-        n
+    opset = default_opset(model)
+    declared = [
+        (n, handler.head_attrs)
         for g in ir.all_graphs(model.graph)
         for n in g.node
-        if n.op_type in ("GroupQueryAttention", "MultiHeadAttention", "Attention")
+        if (handler := facts(n, opset)[0]) is not None and handler.head_attrs is not None
     ]
-    if not nodes:
+    if not declared:
         return None
     heads: list[int | None] = []
     kv: list[int | None] = []
-    for n in nodes:
+    for n, (q_attr, kv_attr) in declared:
         attrs = {a.name: a.i for a in n.attribute if a.type == onnx.AttributeProto.INT}
-        q = attrs.get("num_heads", attrs.get("q_num_heads"))  # ONNX Attention's 3-D form: q_num_heads
+        q = attrs.get(q_attr)  # ONNX Attention's 4-D form declares none: its heads are an axis
         if q is None:
             continue
         heads.append(q)
-        kv.append(attrs.get("kv_num_heads", q))
+        kv.append(attrs.get(kv_attr, q))
     out = Counts(layers=len(heads) or None)
     _settle(out, "heads", heads)
     _settle(out, "kv_heads", kv)
@@ -162,16 +165,23 @@ def _embedding_width(model: onnx.ModelProto) -> int | None:
     a graph input): the hidden size."""
     inits = {t.name: t for t in model.graph.initializer}
     inputs = {i.name for i in model.graph.input}
+    opset = default_opset(model)
     widths = {
         int(inits[n.input[0]].dims[1])
         for n in model.graph.node
-        if n.op_type == "Gather"
+        if _looks_up_rows(n, opset)
         and len(n.input) > 1
         and n.input[0] in inits
         and len(inits[n.input[0]].dims) == 2
         and n.input[1] in inputs
     }
     return widths.pop() if len(widths) == 1 else None
+
+
+def _looks_up_rows(node: onnx.NodeProto, opset: int) -> bool:
+    """Input 1 holds indices into input 0 (Gather)."""
+    handler, op = facts(node, opset)
+    return handler is not None and handler.index_inputs(op).get(1, (None, 0))[0] == 0
 
 
 # ---------------------------------------------------------------------- the configs
@@ -258,57 +268,75 @@ def _update(
     changed: dict[str, list[Any]] = {}
     problems: list[str] = []
     for quantity, candidates in keys.items():
-        key = next((k for k in candidates if k in section), None)
-        old_b, new_a = before.values.get(quantity), after.values.get(quantity)
-        unknown = [label for label, c in (("input", before), ("shrunk model", after)) if quantity in c.unknown]
-        if unknown and (key is not None or old_b is not None or new_a is not None):
-            problems.append(
-                f"{key or quantity.replace('_', ' ')}: not countable in the {' and the '.join(unknown)} "
-                "(the attention's key/value heads are not units there)"
-            )
-            continue
-        if quantity in after.uneven:
-            problems.append(
-                f"{quantity.replace('_', ' ')} differs between layers in the shrunk model "
-                f"({', '.join(str(v) for v in after.uneven[quantity])}): a config holds one value"
-            )
-            continue
-        if old_b is not None and new_a is not None and old_b == new_a:
-            continue  # unchanged
-        if key is None:
-            if quantity == "head_dim" and new_a is not None and "heads" in before.values:
-                continue  # written below when the heads changed
-            if old_b is not None or new_a is not None:
-                problems.append(f"{quantity.replace('_', ' ')} changed, and the config has no key for it")
-            continue
-        if old_b is None or new_a is None:
-            if old_b is None and new_a is None:
-                continue  # not in the graph in a form counted: unchanged by the shrink
-            problems.append(f"{key}: not counted in the {'input' if old_b is None else 'shrunk'} model")
-            continue
-        if section[key] != old_b:
-            problems.append(
-                f"{key}: the config says {section[key]}, the input's graph holds {old_b}: not the "
-                "same quantity, so the shrunk model's count cannot be written for it"
-            )
-            continue
-        changed[key] = [section[key], new_a]
-    heads_changed = any(k in changed for k in keys["heads"])
-    hidden_changed = any(k in changed for k in keys["hidden"])
-    if not problems and (heads_changed or hidden_changed) and name == HF and "head_dim" not in section:
-        # transformers takes hidden_size // num_attention_heads when head_dim is not given
-        head_dim = after.values.get("head_dim")
-        if head_dim is None:
-            problems.append("head_dim: not counted, and hidden_size // num_attention_heads would change")
-        else:
-            changed["head_dim"] = [None, head_dim]
-    if not problems and hidden_changed and norm_eps is not None:
+        change = _change(quantity, candidates, section, before, after)
+        if isinstance(change, str):
+            problems.append(change)
+        elif change is not None:
+            changed[change[0]] = [section[change[0]], change[1]]
+    if not problems:
+        problems += _follow_width(name, section, keys, after, changed)
+    if not problems and any(k in changed for k in keys["hidden"]) and norm_eps is not None:
         problems += _rescale_eps(norm_eps, before.values["hidden"], after.values["hidden"], changed)
     if problems:
         return Note(name, False, f"{name} not written: " + "; ".join(problems))
     for key, (_, new) in changed.items():
         section[key] = new
     return Note(name, True, "", changed)
+
+
+def _change(
+    quantity: str, candidates: tuple[str, ...], section: dict[str, Any], before: Counts, after: Counts
+) -> tuple[str, int] | str | None:
+    """One quantity's change: (its key, the shrunk model's value), None when it has none to
+    write, or the problem (a string) that keeps the config from being written."""
+    key = next((k for k in candidates if k in section), None)
+    old_b, new_a = before.values.get(quantity), after.values.get(quantity)
+    unknown = [label for label, c in (("input", before), ("shrunk model", after)) if quantity in c.unknown]
+    if unknown and (key is not None or old_b is not None or new_a is not None):
+        return (
+            f"{key or quantity.replace('_', ' ')}: not countable in the {' and the '.join(unknown)} "
+            "(the attention's key/value heads are not units there)"
+        )
+    if quantity in after.uneven:
+        return (
+            f"{quantity.replace('_', ' ')} differs between layers in the shrunk model "
+            f"({', '.join(str(v) for v in after.uneven[quantity])}): a config holds one value"
+        )
+    if old_b is not None and new_a is not None and old_b == new_a:
+        return None  # unchanged
+    if key is None:
+        if quantity == "head_dim" and new_a is not None and "heads" in before.values:
+            return None  # written by _follow_width when the heads changed
+        if old_b is not None or new_a is not None:
+            return f"{quantity.replace('_', ' ')} changed, and the config has no key for it"
+        return None
+    if old_b is None or new_a is None:
+        if old_b is None and new_a is None:
+            return None  # not in the graph in a form counted: unchanged by the shrink
+        return f"{key}: not counted in the {'input' if old_b is None else 'shrunk'} model"
+    if section[key] != old_b:
+        return (
+            f"{key}: the config says {section[key]}, the input's graph holds {old_b}: not the "
+            "same quantity, so the shrunk model's count cannot be written for it"
+        )
+    return key, new_a
+
+
+def _follow_width(
+    name: str, section: dict[str, Any], keys: dict[str, tuple[str, ...]], after: Counts, changed: dict[str, list[Any]]
+) -> list[str]:
+    """A HuggingFace config without head_dim, whose heads or hidden size changed: the head size
+    written out (transformers takes hidden_size // num_attention_heads when head_dim is not
+    given), or the problem when it was not counted."""
+    heads_changed = any(k in changed for k in keys["heads"])
+    hidden_changed = any(k in changed for k in keys["hidden"])
+    if not (heads_changed or hidden_changed) or name != HF or "head_dim" in section:
+        return []
+    head_dim = after.values.get("head_dim")
+    if head_dim is None:
+        return ["head_dim: not counted, and hidden_size // num_attention_heads would change"]
+    changed["head_dim"] = [None, head_dim]
+    return []
 
 
 def _rescale_eps(config: dict[str, Any], old: int, new: int, changed: dict[str, list[Any]]) -> list[str]:

@@ -1,0 +1,99 @@
+"""The recover stage: from a failed proof, the removals responsible found and kept back
+(proof.recover), and the verdict on what is left: a run with no rewrite, or a recovered model no
+smaller than the input, is no outcome worth writing."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import onnx
+
+from onnxshrink.core.reasons import AxisKey
+from onnxshrink.errors import ValidationFailed
+from onnxshrink.io.model import Scratch
+from onnxshrink.options import ShrinkOptions
+from onnxshrink.progress import PhaseClock
+from onnxshrink.proof.recover import Attempt, Recovery, recover
+from onnxshrink.proof.verdict import round_up
+from onnxshrink.report import count_params
+from onnxshrink.stages import attempt as attempts
+from onnxshrink.stages.read import Source
+
+
+@dataclass
+class Run:
+    """The attempts of a shrink: the first, the outcome (the first, or the recovery's), and the
+    recovery when the first proof failed."""
+
+    first: Attempt
+    outcome: Attempt
+    recovery: Recovery | None = None
+
+
+def recovered(
+    first: Attempt,
+    reference: onnx.ModelProto,
+    source: Source,
+    opts: ShrinkOptions,
+    scratch: Scratch | None,
+    clock: PhaseClock,
+) -> Run:
+    """The run from `first`: recovered when its proof failed (not by rounding) and recovery is
+    on. ValidationFailed when it leaves no rewrite, or a recovered model no smaller than the input."""
+    run = Run(first, first)
+    rounding = first.report is not None and first.report.rounding()
+    if opts.validate and opts.recover and not first.passed and not rounding:
+        opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
+        run.recovery = _recover(first, reference, source, opts, scratch)
+        run.outcome = run.recovery.attempt
+        clock.lap("recover")
+    if run.outcome.rewritten is None:  # the rewrite failed even keeping every channel
+        raise ValidationFailed(f"{run.outcome.failure()}; nothing was written.", None)
+    if run.recovery is not None and run.outcome.passed:
+        _check_smaller(reference, run.outcome.rewritten.model, run.recovery, first)
+    return run
+
+
+def _recover(
+    first: Attempt, reference: onnx.ModelProto, source: Source, opts: ShrinkOptions, scratch: Scratch | None
+) -> Recovery:
+    """Tries with axes kept whole until one passes (proof.recover); the data files of the tries
+    not kept are removed as they go."""
+    tries: list[Attempt] = []
+
+    def one_try(pins: frozenset[AxisKey]) -> Attempt:
+        tries.append(attempts.attempt(reference, source, opts, pins, scratch))
+        data = tries[-1].rewritten.data_file if tries[-1].rewritten else None
+        if len(tries) > 1 and not tries[-1].passed and data is not None:
+            data.unlink(missing_ok=True)  # a failed try's data (the first may be the outcome)
+        return tries[-1]
+
+    recovery = recover(first, one_try)
+    if scratch is not None:  # the data of every other try
+        outcome = recovery.attempt
+        scratch.drop_except(outcome.rewritten.data_file if outcome.rewritten else None)
+    return recovery
+
+
+def _check_smaller(
+    reference: onnx.ModelProto, recovered: onnx.ModelProto, recovery: Recovery, first: Attempt
+) -> None:
+    """A recovery that keeps back so much that the model is no smaller than the input is no
+    outcome worth writing: ValidationFailed, saying what failed and the tolerance that would
+    have passed the first proof."""
+    before, after = count_params(reference), count_params(recovered)
+    if after < before:
+        return
+    hint = ""
+    report = first.report
+    if report is not None and report.error is None and not any(o.rounding is False for o in report.outputs):
+        needed = report.needed_rtol()  # the error was not judged in float64: rounding, maybe
+        if math.isfinite(needed):
+            hint = f" If that error is rounding, --rtol {round_up(needed)} would have passed the first proof."
+    raise ValidationFailed(
+        f"the proof failed ({recovery.first_failure}), and keeping the removals responsible "
+        f"leaves a model no smaller than the input ({after} parameters, the input {before}): "
+        f"nothing was written.{hint}",
+        None,
+    )
