@@ -20,6 +20,10 @@ from onnxshrink.core.handler import (
     Quantizes,
     RuntimeQuantized,
     WeightAxes,
+    float_attr,
+    int_attr,
+    ints_attr,
+    str_attr,
 )
 from onnxshrink.core.nonzero import pattern
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
@@ -53,6 +57,10 @@ from onnxshrink.core.values import ConstInfo, compress, expand_to, static_batch1
 from onnxshrink.core.views import ConstView, KeepView, Reader, RewriteView, ShapeView
 
 __all__ = [
+    "float_attr",
+    "int_attr",
+    "ints_attr",
+    "str_attr",
     "AxisKey",
     "BiasSlot",
     "ConstInfo",

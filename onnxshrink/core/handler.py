@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol, SupportsFloat, SupportsInt, cast
 
 import numpy as np
 import onnx
@@ -46,7 +46,7 @@ class OpNode:
     NodeProto, before any analysis, or from a gs.Node)."""
 
     op: str
-    attrs: Mapping[str, Any]
+    attrs: Mapping[str, AttributeValue]
     inputs: tuple[str, ...]
     domain: str = ""
 
@@ -60,6 +60,27 @@ class OpNode:
 
     def has_input(self, i: int) -> bool:
         return i < len(self.inputs) and bool(self.inputs[i])
+
+
+
+# The op's schema, not the type checker, says which kind each attribute is: these read one of a
+# node (an OpNode, or a graph's gs.Node) as that kind: an INT, FLOAT, INTS or STRING attribute,
+# `default` when it is absent.
+def int_attr(node: OpNode | gs.Node, name: str, default: int = 0) -> int:
+    return int(cast(SupportsInt, node.attrs.get(name, default)))
+
+
+def float_attr(node: OpNode | gs.Node, name: str, default: float = 0.0) -> float:
+    return float(cast(SupportsFloat, node.attrs.get(name, default)))
+
+
+def ints_attr(node: OpNode | gs.Node, name: str, default: Sequence[int] = ()) -> list[int]:
+    return [int(v) for v in cast(Sequence[SupportsInt], node.attrs.get(name, default))]
+
+
+def str_attr(node: OpNode | gs.Node, name: str, default: str = "") -> str:
+    value = node.attrs.get(name, default)
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)

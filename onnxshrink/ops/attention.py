@@ -49,6 +49,7 @@ from onnxshrink.core import (
     RewriteView,
     ShapeView,
     WeightAxes,
+    int_attr,
     register,
 )
 from onnxshrink.ops.fused_activation import MS
@@ -761,7 +762,7 @@ class MultiHeadAttention(_PackedHeads):
     mask_slot = 5  # attention_bias
 
     def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
-        heads = int(node.attrs.get("num_heads", 0))
+        heads = int_attr(node, "num_heads", 0)
         return (heads, heads) if heads > 0 else None
 
     def layout(self, node: gs.Node) -> tuple[int, int, int, int, bool] | None:
@@ -839,7 +840,7 @@ class GroupQueryAttention(_PackedHeads):
     mask_slot = 10  # attention_bias
 
     def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
-        hq, hkv = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
+        hq, hkv = int_attr(node, "num_heads", 0), int_attr(node, "kv_num_heads", 0)
         return (hq, hkv) if hq > 0 and hkv > 0 else None
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
@@ -862,7 +863,7 @@ class OnnxAttention(_PackedHeads):
     head_attrs = ("q_num_heads", "kv_num_heads")
 
     def head_counts(self, node: gs.Node | OpNode) -> tuple[int, int] | None:
-        hq, hkv = int(node.attrs.get("q_num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
+        hq, hkv = int_attr(node, "q_num_heads", 0), int_attr(node, "kv_num_heads", 0)
         return (hq, hkv) if hq > 0 and hkv > 0 else None
 
     def four_d(self, node: gs.Node) -> tuple[int, int] | None:

@@ -22,6 +22,7 @@ from onnxshrink.core import (
     SymValue,
     WeightAxes,
     compress,
+    int_attr,
     opaque_value,
     register,
     shape_operands,
@@ -98,7 +99,7 @@ class Concat(Handler):
 
     def extends(self, node: OpNode) -> dict[int, tuple[int, int]]:
         """The output is the first input extended along the axis (a KV cache's Concat(past, new))."""
-        return {0: (0, int(node.attrs.get("axis", 0)))} if len(node.inputs) > 1 else {}
+        return {0: (0, int_attr(node, "axis", 0))} if len(node.inputs) > 1 else {}
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         y = node.outputs[0]
@@ -492,10 +493,10 @@ class Gather(Handler):
         return SymValue(tuple(a.items[i + n if i < 0 else i] for i in picks), scalar=idx.scalar)
 
     def index_inputs(self, node: OpNode) -> Mapping[int, tuple[int, int]]:
-        return {1: (0, int(node.attrs.get("axis", 0)))}
+        return {1: (0, int_attr(node, "axis", 0))}
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
-        if i == 0 and rank == 2 and int(node.attrs.get("axis", 0)) == 0:
+        if i == 0 and rank == 2 and int_attr(node, "axis", 0) == 0:
             return WeightAxes(1, 0, "embedding")  # rows are looked up; their features go out
         return None
 

@@ -3,6 +3,9 @@ is a graph output stays and keeps its value."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -32,7 +35,8 @@ class Constant(Handler):
             return np.asarray(v.values) if isinstance(v, gs.Constant) else np.asarray(v)
         for key, dtype in _TYPED.items():
             if key in a:
-                return np.asarray(list(a[key]) if key.endswith("s") else a[key], dtype=dtype)
+                value = a[key]  # a number, a string, or a list of them (the `s` forms)
+                return np.asarray(list(cast(Iterable[object], value)) if key.endswith("s") else value, dtype=dtype)
         return None
 
     def constant_tensor(self, node: OpNode, name: str) -> onnx.TensorProto | None:

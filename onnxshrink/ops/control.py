@@ -44,6 +44,8 @@ from onnxshrink.core import (
     ShapeView,
     SymValue,
     compress,
+    int_attr,
+    ints_attr,
     opaque,
     register,
 )
@@ -151,11 +153,11 @@ def fill_dims(y: gs.Tensor, new: Dims | None) -> Dims | None:
 
 def scan_length(node: OpNode, shapes: Mapping[str, list[int]]) -> int:
     """A Scan's sequence length: its first scanned input's size along its scan axis (1 unknown)."""
-    n_scan = int(node.attrs.get("num_scan_inputs", 0))
+    n_scan = int_attr(node, "num_scan_inputs", 0)
     shape = shapes.get(node.inputs[len(node.inputs) - n_scan]) if n_scan else None
     if not shape:
         return 1
-    axis = list(node.attrs.get("scan_input_axes", [0]))[0]
+    axis = ints_attr(node, "scan_input_axes", [0])[0]
     return int(shape[axis % len(shape)])
 
 

@@ -14,6 +14,7 @@ contribution (it is input-independent) is folded:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -471,7 +472,7 @@ def _conv_case(op: str, rng: np.random.Generator) -> OracleCase:
     y = [1, cout, oh, oh]
     attrs = f"<group = {group}, pads = [{pad}, {pad}, {pad}, {pad}]>"
     text = sig([("x", "float", [1, cin, h, w]), ("W", "float", wshape), ("B", "float", [cout])], [("y", y)])
-    zero: dict = {"W": np.s_[zero_rows(rng, wshape[0])]}
+    zero: dict[str, Any] = {"W": np.s_[zero_rows(rng, wshape[0])]}
     if rng.random() < 0.5:
         zero = {"W": np.s_[:, zero_rows(rng, wshape[1])]}
     return OracleCase(op, text + f" {{ y = {op} {attrs} (x, W, B) }}", 17, zero=zero, needs=needs(rng, "y", y))

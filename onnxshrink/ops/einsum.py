@@ -16,7 +16,16 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
-from onnxshrink.core import ConstInfo, ConstView, Handler, KeepView, OpNode, Reason, register
+from onnxshrink.core import (
+    ConstInfo,
+    ConstView,
+    Handler,
+    KeepView,
+    OpNode,
+    Reason,
+    register,
+    str_attr,
+)
 from onnxshrink.ops.common import along
 from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
 
@@ -50,8 +59,9 @@ class Einsum(Handler):
     evaluate_with_ort = True
 
     def terms(self, node: gs.Node | OpNode) -> Terms | None:
-        eq = node.attrs.get("equation")
-        return product_terms(eq) if eq is not None and len(node.inputs) == 2 else None
+        if node.attrs.get("equation") is None or len(node.inputs) != 2:
+            return None
+        return product_terms(str_attr(node, "equation"))
 
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         terms = self.terms(node)

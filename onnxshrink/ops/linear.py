@@ -27,6 +27,8 @@ from onnxshrink.core import (
     ShapeView,
     WeightAxes,
     compress,
+    float_attr,
+    int_attr,
     pattern,
     register,
 )
@@ -136,10 +138,10 @@ class Gemm(Handler):
 
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         if i == 1 and rank == 2:  # B is [K, N], or [N, K] with transB: torch's [out, in]
-            trans = int(node.attrs.get("transB", 0))
+            trans = int_attr(node, "transB", 0)
             return WeightAxes(0, 1, "linear") if trans else WeightAxes(1, 0, "linear")
         if i == 0 and rank == 2:  # a constant A: W @ x, [out, in] (transposed with transA)
-            trans = int(node.attrs.get("transA", 0))
+            trans = int_attr(node, "transA", 0)
             return WeightAxes(1, 0, "linear") if trans else WeightAxes(0, 1, "linear")
         return WeightAxes(rank - 1, None, "vector") if i == 2 and rank >= 1 else None
 
@@ -148,14 +150,14 @@ class Gemm(Handler):
 
     def qdq_form(self, node: OpNode) -> IntegerProduct:
         trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
-        alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+        alpha, beta = float_attr(node, "alpha", 1.0), float_attr(node, "beta", 1.0)
         return IntegerProduct(None, 0 if trans_b else 1, 2, trans_a, trans_b, alpha, beta)
 
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         a = inputs[0]
         if a is None:
             return 0
-        k = a[0] if int(node.attrs.get("transA", 0)) else a[-1]
+        k = a[0] if int_attr(node, "transA", 0) else a[-1]
         return int(np.prod(output)) * int(k)
 
     def axes(self, node: gs.Node) -> tuple[int, int, int, int]:

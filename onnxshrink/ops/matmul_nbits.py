@@ -41,6 +41,7 @@ from onnxshrink.core import (
     RuntimeQuantized,
     WeightAxes,
     compress,
+    int_attr,
     register,
 )
 from onnxshrink.ops.oracle import declare_cases
@@ -82,10 +83,10 @@ class Layout:
     """A MatMulNBits node's sizes and its weight's parameters as [N, n_blocks] arrays."""
 
     def __init__(self, node: gs.Node | OpNode):
-        self.k = int(node.attrs.get("K", 0))
-        self.n = int(node.attrs.get("N", 0))
-        self.bits = int(node.attrs.get("bits", 4))
-        self.block = int(node.attrs.get("block_size", 0))
+        self.k = int_attr(node, "K", 0)
+        self.n = int_attr(node, "N", 0)
+        self.bits = int_attr(node, "bits", 4)
+        self.block = int_attr(node, "block_size", 0)
         self.blocks = -(-self.k // self.block) if self.block > 0 else 0
 
     def problem(self, node: gs.Node, reader: Reader) -> str | None:

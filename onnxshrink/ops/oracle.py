@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,10 @@ MS_HEADER = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
 OPSET23 = '<ir_version: 10, opset_import: ["" : 23]>\n'
 
 
+#: what a consumer reads of each output: {output: {axis: indices}}
+Needs = dict[str, dict[int, list[int]]]
+
+
 @dataclass
 class OracleCase:
     """One random graph of an op, for the oracle."""
@@ -30,9 +35,9 @@ class OracleCase:
     op: str
     text: str  # the graph in ONNX text (onnxshrink.testing.model_from_text)
     opset: int
-    zero: dict = field(default_factory=dict)  # initializer -> index expression set to 0
-    values: dict = field(default_factory=dict)  # initializers given exactly
-    needs: dict = field(default_factory=dict)  # output -> {axis: indices a consumer reads}
+    zero: dict[str, Any] = field(default_factory=dict)  # initializer -> index expression set to 0
+    values: dict[str, Any] = field(default_factory=dict)  # initializers given exactly (arrays, numbers)
+    needs: Needs = field(default_factory=dict)  # output -> {axis: indices a consumer reads}
     node_op: str = ""  # the node under test (when the graph has helpers)
 
 
@@ -89,10 +94,10 @@ def sig(
     return f"g ({ins}) => ({outs})"
 
 
-def needs(rng: np.random.Generator, name: str, shape: list[int]) -> dict:
+def needs(rng: np.random.Generator, name: str, shape: list[int]) -> Needs:
     """What a consumer reads of output `name`: a random non-empty subset of each axis of more
     than one index."""
-    out = {}
+    out: dict[int, list[int]] = {}
     for a, n in enumerate(shape):
         if n > 1 and rng.random() < 0.7:
             out[a] = sorted(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False).tolist())

@@ -61,6 +61,7 @@ from onnxshrink.core import (
     RewriteView,
     WeightAxes,
     compress,
+    int_attr,
     register,
 )
 from onnxshrink.ops.common import (
@@ -132,16 +133,16 @@ class QuantizeDequantize(Handler):
         if node.op != "DequantizeLinear" or i != 0:
             return None
         zp = 2 if node.has_input(2) else None
-        axis = ir.norm_axis(int(node.attrs.get("axis", 1)), max(rank, 1))
-        return Quantized((1,), zp, axis, block=int(node.attrs.get("block_size", 0)))
+        axis = ir.norm_axis(int_attr(node, "axis", 1), max(rank, 1))
+        return Quantized((1,), zp, axis, block=int_attr(node, "block_size", 0))
 
     def qdq_form(self, node: OpNode) -> Dequantizes | Quantizes | None:
         if node.op == "DequantizeLinear":
-            return Dequantizes(int(node.attrs.get("axis", 1)), self.blocked_size(node))
-        return Quantizes(int(node.attrs.get("output_dtype", 0)) or TensorProto.UINT8)
+            return Dequantizes(int_attr(node, "axis", 1), self.blocked_size(node))
+        return Quantizes(int_attr(node, "output_dtype", 0) or TensorProto.UINT8)
 
     def blocked(self, node: gs.Node | OpNode) -> bool:
-        return int(node.attrs.get("block_size", 0)) != 0
+        return int_attr(node, "block_size", 0) != 0
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x, y = node.inputs[0], node.outputs[0]
@@ -191,7 +192,7 @@ class QuantizeDequantize(Handler):
 
     @staticmethod
     def blocked_size(node: gs.Node | OpNode) -> int:
-        return int(node.attrs.get("block_size", 0))
+        return int_attr(node, "block_size", 0)
 
     @staticmethod
     def dequantized(
@@ -744,7 +745,7 @@ class QGemm(_IntegerProduct):
     bias_slot, bias_scales = 6, (1, 4)
 
     def w_axes(self, node: OpNode | gs.Node, rank: int) -> tuple[int, int]:
-        return (0, 1) if int(node.attrs.get("transB", 0)) else (1, 0)
+        return (0, 1) if int_attr(node, "transB", 0) else (1, 0)
 
     def a_axes(self, node: gs.Node) -> tuple[int, int]:
         """(M axis, K axis) of A."""
@@ -760,7 +761,7 @@ class QGemm(_IntegerProduct):
         a = inputs[0]
         if a is None or len(a) != 2:
             return 0
-        return int(np.prod(output)) * int(a[0] if int(node.attrs.get("transA", 0)) else a[1])
+        return int(np.prod(output)) * int(a[0] if int_attr(node, "transA", 0) else a[1])
 
     def dummy_input(self, node: gs.Node, ctx: ConstView) -> np.ndarray | None:
         w = ctx.value(node.inputs[self.w_slot])
@@ -1005,7 +1006,7 @@ class QLinearConcat(Handler):
     def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
         """The parts' dims, their sizes along `axis` summed (unknown unless all are static)."""
         shapes = [inputs.known_dims(i) for i in range(2, len(node.inputs), 3)]
-        axis = int(node.attrs.get("axis", 0))
+        axis = int_attr(node, "axis", 0)
         axis = axis + len(shapes[0]) if axis < 0 else axis
         static = [d for d in (s[axis] for s in shapes) if isinstance(d, int)]
         out = list(shapes[0])

@@ -33,6 +33,7 @@ from onnxshrink.core import (
     Reader,
     Reason,
     RewriteView,
+    int_attr,
     register,
 )
 from onnxshrink.ops.common import along
@@ -269,7 +270,7 @@ class DynamicQuantizeLSTM(_Recurrent):
     def output_types(self, node: OpNode, inputs: InputTypes) -> list[tuple[Dims | None, int] | None] | None:
         """LSTM's Y, Y_h, Y_c of X [seq, batch, input] and W [dirs, ...]; X's type."""
         x, w = inputs.known_dims(0), inputs.known_dims(1)
-        h = int(node.attrs.get("hidden_size", 0))
+        h = int_attr(node, "hidden_size", 0)
         return [(dims, inputs.dtype(0)) for dims in ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])]
 
     gates = 4

@@ -33,6 +33,7 @@ from onnxshrink.core import (
     ShapeView,
     SymValue,
     compress,
+    ints_attr,
     item_deps,
     item_size,
     opaque_value,
@@ -559,8 +560,7 @@ class Transpose(Handler):
         return (0,)
 
     def perm(self, node: gs.Node | OpNode, r: int) -> list[int]:
-        p = node.attrs.get("perm")
-        return [int(v) for v in p] if p is not None else list(range(r))[::-1]
+        return ints_attr(node, "perm") if node.attrs.get("perm") is not None else list(range(r))[::-1]
 
     def passes_axes(self, node: OpNode, i: int, rank: int) -> list[int] | None:
         return self.perm(node, rank) if i == 0 else None

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxshrink.core.handler import BiasSlot
+from onnxshrink.core import BiasSlot, float_attr
 from onnxshrink.errors import ShrinkError
 from onnxshrink.masks import ONNX_SECTION  # tensors with no framework name, as in --masks-out
 from onnxshrink.ops import facts
@@ -145,7 +145,7 @@ def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
         return f"{node.op_type} with its weight at input {i}: no bias to fold a constant into"
     if slot.groups is not None and op.attrs.get(slot.groups, 1) != 1:
         return f"a grouped {node.op_type} (its input channels map to output channels by group)"
-    gain = float(op.attrs.get(slot.gain[0], 1.0)) / float(op.attrs.get(slot.gain[1], 1.0)) if slot.gain else 1.0
+    gain = float_attr(op, slot.gain[0], 1.0) / float_attr(op, slot.gain[1], 1.0) if slot.gain else 1.0
     channels = w.shape[wa.out]
     name = node.name or node.output[0]
     common = dict(site=m.site, node=name, weight=node.input[i], inp=wa.inp, out=wa.out, channels=channels, gain=gain)
