@@ -91,7 +91,7 @@ def masked_copy(module, masks: Mapping[str, np.ndarray]):
     return mod.eval()
 
 
-def _flat_outputs(out) -> list:
+def _flat_outputs(out) -> list[Any]:
     if isinstance(out, Mapping):
         return [t for v in out.values() for t in _flat_outputs(v)]
     if isinstance(out, list | tuple):
@@ -99,7 +99,7 @@ def _flat_outputs(out) -> list:
     return [out]
 
 
-def _random_like(args: Sequence, rng: np.random.Generator) -> tuple:
+def _random_like(args: Sequence[Any], rng: np.random.Generator) -> tuple[Any, ...]:
     import torch
 
     out = []
@@ -125,7 +125,7 @@ def _numpy(t) -> np.ndarray:
 def torch_compare(
     module: Any,
     shrunk: onnx.ModelProto,
-    example_args: Sequence,
+    example_args: Sequence[Any],
     opts: ShrinkOptions,
     data_dir: Path | None = None,
 ) -> ValidationReport:
@@ -209,19 +209,19 @@ def _quiet_export() -> Iterator[None]:
 
 def _export(
     module,
-    args: tuple,
+    args: tuple[Any, ...],
     path: Path,
     exporter: str,
     opts: ShrinkOptions,
     dynamic_shapes=None,
     input_names: Sequence[str] | None = None,
-    dynamic_axes: Mapping | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str] | Sequence[int]] | None = None,
     opset_version: int | None = None,
 ) -> float:
     """`module` exported to `path` with torch.onnx.export, quietly; the seconds it took."""
     import torch
 
-    kwargs: dict = {"dynamo": exporter == "dynamo"}
+    kwargs: dict[str, Any] = {"dynamo": exporter == "dynamo"}
     if opset_version is not None:
         kwargs["opset_version"] = opset_version
     if exporter == "dynamo" and dynamic_shapes is not None:
@@ -249,7 +249,7 @@ def _export(
     return exported
 
 
-def _prove_against_module(masked, args: tuple, result: ShrinkResult, opts: ShrinkOptions) -> None:
+def _prove_against_module(masked, args: tuple[Any, ...], result: ShrinkResult, opts: ShrinkOptions) -> None:
     """The shrunk model proven against the masked module's own outputs (`torch_validation`);
     ValidationFailed when it does not match."""
     data_dir = result.data_file.parent if result.data_file is not None else None
@@ -268,14 +268,14 @@ def _prove_against_module(masked, args: tuple, result: ShrinkResult, opts: Shrin
 
 def export_and_shrink(
     module,
-    example_args: Sequence,
-    masks: str | Path | Mapping | None = None,
+    example_args: Sequence[Any],
+    masks: str | Path | Mapping[str, Any] | None = None,
     output: str | Path | None = None,
     *,
     exporter: str = "dynamo",
     dynamic_shapes=None,
     input_names: Sequence[str] | None = None,
-    dynamic_axes: Mapping | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str] | Sequence[int]] | None = None,
     opset_version: int | None = None,
     options: ShrinkOptions | None = None,
     **option_values: Any,

@@ -42,7 +42,7 @@ _PARAM = re.compile(r"^(?P<module>.+)\.parametrizations\.(?P<param>[^.]+)\.(?:or
 _NNI_WRAPPED = re.compile(r"^(?:(?P<module>.+)\.)?_nni_wrapper\.(?P<param>[^.]+?)(?P<mask>_mask)?$")
 
 
-class Values(Mapping):
+class Values(Mapping[str, np.ndarray]):
     """Weights by name, each read from its file when looked up (not kept): `--weights` and the
     original values in a masks file are used only for the few masks that bind by value."""
 
@@ -73,7 +73,7 @@ class Values(Mapping):
             self[key] = value
 
 
-class Chain(Mapping):
+class Chain(Mapping[str, np.ndarray]):
     """Several mappings looked up in order (the first that holds a name gives it), none merged:
     a lookup reads one value (see `Values`)."""
 
@@ -176,7 +176,7 @@ def read_mask(name: str, value: object, source: str) -> np.ndarray:
         leaf.done(arr)
 
 
-def detect(raw: Mapping) -> str:
+def detect(raw: Mapping[str, Any]) -> str:
     keys = set(raw)
     if {"state", "data_groups"} <= keys:
         return "ao-data"
@@ -212,7 +212,7 @@ def _weight_like(leaf: Leaf) -> bool:
 
 
 def load_maskset(
-    masks: str | Path | Mapping, fmt: str = "auto", say: Any = None
+    masks: str | Path | Mapping[str, Any], fmt: str = "auto", say: Any = None
 ) -> MaskSet:
     """A masks file (read here, a mask at a time) or an in-memory dict, in any format, normalized."""
     if isinstance(masks, str | Path):
@@ -225,7 +225,7 @@ def read_masks(path: str | Path, fmt: str = "auto") -> dict[str, np.ndarray]:
     return load_maskset(path, fmt).masks
 
 
-def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet:
+def normalize(raw: Mapping[str, Any], fmt: str = "auto", source: str = "masks") -> MaskSet:
     """A masks file's content as {parameter name: mask}, in whatever format it came."""
     fmt = _format(raw, fmt, source)
     values = Values()
@@ -240,7 +240,7 @@ def normalize(raw: Mapping, fmt: str = "auto", source: str = "masks") -> MaskSet
     return out
 
 
-def _format(raw: Mapping, fmt: str, source: str) -> str:
+def _format(raw: Mapping[str, Any], fmt: str, source: str) -> str:
     """The format `raw` is read as (`fmt`, or detected), once it is known to be one."""
     if fmt not in MASKS_FORMATS:
         raise ShrinkError(f"--masks-format {fmt}: choose one of {', '.join(MASKS_FORMATS)}.")
@@ -258,14 +258,14 @@ def _format(raw: Mapping, fmt: str, source: str) -> str:
     return fmt
 
 
-def _from_sparsifier(raw: Mapping, out: MaskSet, source: str) -> None:
+def _from_sparsifier(raw: Mapping[str, Any], out: MaskSet, source: str) -> None:
     """torch-ao: a sparsifier's state_dict(), {"state": {fqn: {"mask": m}}, "groups": ...}."""
     for fqn, st in raw["state"].items():
         if isinstance(st, Mapping) and "mask" in st:
             out.masks[fqn] = read_mask(fqn, st["mask"], source)
 
 
-def _from_data_sparsifier(raw: Mapping, out: MaskSet, values: Values, source: str) -> None:
+def _from_data_sparsifier(raw: Mapping[str, Any], out: MaskSet, values: Values, source: str) -> None:
     """ao-data: a data sparsifier's state_dict(), its data's original values in its container."""
     container = _leaves(raw.get("_container", {}))
     for name, st in raw["state"].items():
@@ -366,7 +366,7 @@ def _check_found(out: MaskSet, source: str) -> None:
         )
 
 
-def weight_values(raw: Mapping, source: str = "weights") -> Values:
+def weight_values(raw: Mapping[str, Any], source: str = "weights") -> Values:
     """The original weights of a `--weights` file by parameter name: a state dict as it is; the
     state dict of a model pruned with torch.nn.utils.prune (`w_orig` with `w_mask`) or prepared
     by a torch.ao sparsifier (`...parametrizations.w.original`) also gives each pruned

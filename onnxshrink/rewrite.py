@@ -26,7 +26,7 @@ from onnxshrink.io.weights import DataWriter, tensor_proto
 from onnxshrink.logs import route_library_logs
 from onnxshrink.ops import handler_for_op
 from onnxshrink.prepare import default_opset, inferred_shapes, retie
-from onnxshrink.report import explain_kept
+from onnxshrink.report import KeptGroup, explain_kept
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ class RewriteResult:
     model: onnx.ModelProto
     folds: list[Fold] = field(default_factory=list)
     removed_nodes: int = 0
-    kept_zeroed: list = field(default_factory=list)  # report.KeptGroup
+    kept_zeroed: list[KeptGroup] = field(default_factory=list)
     # Streamed: the initializers written to the external data file, by name (mapped, read-only)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     data_file: Path | None = None  # that file
@@ -72,7 +72,7 @@ class Rewriter:
         # an If) that each fold the same constant into it get equal copies, stored once
         self.derived: dict[str, str] = {}
         self.inserted: set[str] = set()  # constants made here (folds, corrections): not the model's
-        self._ones: dict[tuple, gs.Tensor] = {}
+        self._ones: dict[tuple[int, tuple[ir.Dim, ...] | str, str], gs.Tensor] = {}
         self.bypassed: list[tuple[gs.Node, int]] = []  # nodes to splice out (see `bypass`)
         for t in self.tensors.values():  # freeze kept-set shapes before anything is sliced
             self.ks.kept(t, 0)
@@ -187,7 +187,7 @@ class Rewriter:
             )
 
     def add_node(
-        self, op: str, inputs: list[gs.Tensor], hint: str, attrs: dict | None = None, dtype=None
+        self, op: str, inputs: list[gs.Tensor], hint: str, attrs: dict[str, Any] | None = None, dtype=None
     ) -> gs.Variable:
         self._check_available(op)
         out = gs.Variable(self._name(f"onnxshrink_{hint}"), dtype=dtype)
@@ -263,7 +263,7 @@ class Rewriter:
         operands: list[gs.Tensor],
         hint: str,
         suffix: str = "raw",
-        attrs: dict | None = None,
+        attrs: dict[str, Any] | None = None,
     ) -> gs.Variable:
         """Output `out_index` of `node` goes through a new `op` node (as its first input, then
         `operands`), whose output is the old tensor: every reader reads the new node. Returns
@@ -482,7 +482,7 @@ def _splice(rw: Rewriter) -> None:
         node.outputs.clear()
 
 
-def _shrunk_dims(t: gs.Tensor, ks) -> list:
+def _shrunk_dims(t: gs.Tensor, ks) -> list[ir.Dim]:
     """`t`'s dims with each prunable axis at its kept count."""
     dims = list(t.shape or [])
     for a, d in enumerate(dims):

@@ -8,6 +8,8 @@
 - no function over 60 lines;
 - no comparison of an op type with a string outside `ops/` (what an op means lives in its
   handler: ask it, through its static facts);
+- the handler contract and the lookup name no `Any`, and mypy checks every generic's type
+  arguments (`disallow_any_generics`);
 """
 
 from __future__ import annotations
@@ -226,3 +228,27 @@ def test_the_op_type_finder_finds_each_form(tmp_path):
         assert len(op_type_comparisons(src)) == 4
     finally:
         ROOT = saved
+
+
+# The handler contract and the lookup, typed without Any: mypy checks every handler call.
+CONTRACT = ("onnxshrink.core.handler", "onnxshrink.core.views", "onnxshrink.core.registry")
+
+
+def test_the_handler_contract_and_the_lookup_name_no_any():
+    for module in CONTRACT:
+        tree = ast.parse(MODULES[module].read_text())
+        found = [
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and node.id == "Any"
+            or isinstance(node, ast.Attribute) and node.attr == "Any"
+            or isinstance(node, ast.alias) and node.name == "Any"
+        ]
+        assert not found, f"{module} names Any at lines {found}"
+
+
+def test_mypy_checks_every_generic_with_its_type_arguments():
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text[text.index("[tool.mypy]") :].split("\n[", 1)[0]
+    assert "disallow_any_generics = true" in section
+    assert "check_untyped_defs = true" in section

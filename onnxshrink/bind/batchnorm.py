@@ -180,11 +180,13 @@ def _own(index: ModelIndex, init: str, sites: tuple[Site, ...]) -> tuple[Site, .
     return None if set(index.sites[init]) <= set(sites) else sites
 
 
-def _eps(fused: np.ndarray, w: np.ndarray, orig: dict, untouched: np.ndarray) -> float:
+def _eps(fused: np.ndarray, w: np.ndarray, orig: Mapping[str, np.ndarray | None], untouched: np.ndarray) -> float:
     """The BatchNorm's epsilon as the fold used it: from s = W'/W = gamma / sqrt(var + eps) on
     channels the masks leave alone (torch's default when no channel tells)."""
-    g = orig["weight"].astype(np.float64).reshape(-1)
-    var = orig["running_var"].astype(np.float64).reshape(-1)
+    gain, running_var = orig["weight"], orig["running_var"]
+    assert gain is not None and running_var is not None  # the caller's `known`
+    g = gain.astype(np.float64).reshape(-1)
+    var = running_var.astype(np.float64).reshape(-1)
     w2 = w.reshape(w.shape[0], -1).astype(np.float64)
     f2 = fused.reshape(fused.shape[0], -1).astype(np.float64)
     found = []

@@ -81,7 +81,7 @@ class Leaf:
 
 def load_masks_file(
     path: str | Path, kind: str = "masks", say: Callable[[str], None] | None = None
-) -> Mapping:
+) -> Mapping[str, Any]:
     """The content of a masks file (`kind` "masks") or of a state dict given with --weights
     ("weights"), read without running code: a dict (possibly nested) whose tensors are `Leaf`s,
     read when asked for (an old-format .pt file: torch tensors, read whole; see `to_numpy`).
@@ -144,7 +144,7 @@ def _read_pt(p: Path, say: Callable[[str], None] | None = None):
         raise ShrinkError(f"{p}: cannot be read as a torch file ({first_line(exc)}).") from exc
 
 
-def _plain_dict(*_factory) -> dict:
+def _plain_dict(*_factory) -> dict[Any, Any]:
     return {}
 
 
@@ -193,7 +193,7 @@ def _drop_pages(arr: np.ndarray) -> None:
         ctypes.CDLL(None).madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
 
 
-class _Leaves(Mapping):
+class _Leaves(Mapping[str, Leaf]):
     """A file's tensors by name, each a `Leaf` (subclasses fill `self.leaves`)."""
 
     leaves: dict[str, Leaf]
@@ -376,7 +376,7 @@ def as_leaf(v: Any) -> Leaf | None:
     return None
 
 
-def leaves(raw: Mapping, source: Path | str) -> dict[str, Leaf]:
+def leaves(raw: Mapping[str, Any], source: Path | str) -> dict[str, Leaf]:
     """Nested dicts as dotted names, like `flatten`, each tensor a `Leaf`: nothing is read."""
     out: dict[str, Leaf] = {}
 
@@ -396,6 +396,6 @@ def leaves(raw: Mapping, source: Path | str) -> dict[str, Leaf]:
     return out
 
 
-def flatten(raw: Mapping, source: Path | str) -> dict[str, np.ndarray]:
+def flatten(raw: Mapping[str, Any], source: Path | str) -> dict[str, np.ndarray]:
     """Nested dicts become dotted names ({"conv1": {"weight": m}} -> "conv1.weight"), read now."""
     return {name: leaf.read() for name, leaf in leaves(raw, source).items()}

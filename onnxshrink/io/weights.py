@@ -44,6 +44,8 @@ CHUNK_BYTES = 32 * 2**20  # row blocks of a streamed slice (a few are in flight 
 ALIGN = 4096  # offsets of written tensors: a page, so that each can be mapped on its own
 
 _STORES: weakref.WeakSet[WeightStore] = weakref.WeakSet()
+# An array's identity in a store: its address, shape, strides and dtype (see `_key`)
+_Key = tuple[int, tuple[int, ...], tuple[int, ...], str]
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -56,7 +58,7 @@ class Location:
     length: int
 
 
-def _key(arr: np.ndarray) -> tuple:
+def _key(arr: np.ndarray) -> _Key:
     return (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
 
 
@@ -66,8 +68,8 @@ class WeightStore:
     def __init__(self) -> None:
         self._maps: dict[Path, mmap.mmap] = {}
         self._ranges: list[tuple[int, int, mmap.mmap]] = []  # address ranges of every map
-        self._where: dict[tuple, Location] = {}  # exact tensors (see `location`)
-        self._memo: dict[tuple, Any] = {}
+        self._where: dict[_Key, Location] = {}  # exact tensors (see `location`)
+        self._memo: dict[tuple[_Key, Hashable], Any] = {}
         _STORES.add(self)
 
     # ---------------------------------------------------------------- reading
@@ -208,7 +210,8 @@ def _ahead(blocks: Iterator[np.ndarray], dtype: np.dtype, depth: int = 2) -> Ite
     """The blocks, made contiguous (copied when they are strided views) by a worker thread at
     most `depth` blocks ahead of the caller. numpy's copies and file writes release the GIL, so
     on two cores a slice costs about the larger of its copy and its write, not their sum."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
+    # blocks, a _Failed or _END: Any, as mypy cannot narrow the object() sentinel `_END` away
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
     def work() -> None:

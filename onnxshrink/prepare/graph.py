@@ -95,7 +95,7 @@ def _constants_to_initializers(graph: gs.Graph, opset: int) -> None:
     graph.cleanup(remove_unused_graph_inputs=False)
 
 
-def _known(declared: list, inferred: list) -> list:
+def _known(declared: list[ir.Dim], inferred: list[ir.Dim]) -> list[ir.Dim]:
     """The declared dims of a body's input or output, each unknown one inferred when it is."""
     if len(declared) != len(inferred):
         return declared

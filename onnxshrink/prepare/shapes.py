@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -32,7 +32,7 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def _dims(vi: onnx.ValueInfoProto) -> list | None:
+def _dims(vi: onnx.ValueInfoProto) -> Dims | None:
     t = vi.type.tensor_type
     if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
         return None
@@ -260,7 +260,7 @@ def _symbolic_shape_inference() -> type:
     return sys.modules[name].SymbolicShapeInference
 
 
-def _declared_rules(infer, model: onnx.ModelProto) -> dict:
+def _declared_rules(infer, model: onnx.ModelProto) -> dict[str, Callable[[onnx.NodeProto], None]]:
     """Shape rules, by op type as `infer` (a SymbolicShapeInference) dispatches them, for the
     model's ops whose handlers declare the output types shape inference lacks (onnxruntime's
     QOperator contrib ops, which onnxruntime.quantization writes)."""

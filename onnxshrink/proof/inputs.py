@@ -37,7 +37,7 @@ def parse_shapes(specs: list[str] | None) -> dict[str, list[int]]:
     return out
 
 
-class InputFile(dict):
+class InputFile(dict[str, np.ndarray]):
     """Validation inputs read from a file (`--inputs`): {input name: array}, and the file."""
 
     def __init__(self, arrays: Mapping[str, np.ndarray], source: str):

@@ -456,12 +456,18 @@ def judge(
     return None
 
 
-def _form(model: onnx.ModelProto) -> list[tuple]:
+# A node's form (op, domain, inputs, outputs, attributes: a tensor's or graph's by name and
+# type, any other by name and value), and a graph's initializers' (names and shapes)
+_NodeForm = tuple[str, str, tuple[str, ...], tuple[str, ...], tuple[tuple[str, int | bytes], ...]]
+_InitializersForm = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def _form(model: onnx.ModelProto) -> list[_NodeForm | _InitializersForm]:
     """Every graph's nodes and initializers, by what they are: op, tensors read and written,
     non-tensor attributes; initializer names and shapes (not values, not dtypes)."""
     from onnxshrink.ir import all_graphs
 
-    out: list[tuple] = []
+    out: list[_NodeForm | _InitializersForm] = []
     for g in all_graphs(model.graph):
         for n in g.node:
             attrs = tuple(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -14,6 +15,9 @@ from onnxshrink import ir
 from onnxshrink.errors import ShrinkError, first_line
 from onnxshrink.logs import onnxruntime_severity
 from onnxshrink.options import PROVIDERS, Provider
+
+if TYPE_CHECKING:  # run_model imports the segmenting (and shape inference) when it runs
+    from onnxshrink.proof.segment import Segment
 
 # onnxruntime's name of each provider a run can be given (options.Provider)
 EXECUTION_PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -187,7 +191,7 @@ def run_model(
     provider: str,
     data_dir: str | Path | None = None,
     progress=None,
-    parts: list | None = None,
+    parts: list[Segment] | None = None,
     level: str = OFF,
 ) -> list[list[np.ndarray]]:
     """`outputs` of `model` on each feed, with one session at a time: the whole model, or its

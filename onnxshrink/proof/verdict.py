@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -62,7 +63,7 @@ class ValidationReport:
     level: str = ""
     rtol_given: bool = False  # the tolerance was given (--rtol): it wins over the derived one
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def rounding(self) -> bool:

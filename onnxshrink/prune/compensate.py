@@ -34,7 +34,7 @@ from onnxshrink.ops import facts
 from onnxshrink.options import COMPENSATIONS
 from onnxshrink.prepare import default_opset
 from onnxshrink.prune.calibrate import Calibration
-from onnxshrink.prune.groups import GroupSet, Member, _with, gather_slices, zero_slice
+from onnxshrink.prune.groups import GroupSet, Member, ParamRef, _with, gather_slices, zero_slice
 
 
 @dataclass
@@ -402,7 +402,7 @@ def framework_values(
     exporter folded into its conv, a bias the compensation added) under `onnx/NAME`, and listed
     second. In a model that records no framework names at all (ONNX-first exporters), the ONNX
     names are the only ones, and stand alone."""
-    refs: dict[tuple[str, int], tuple[list, int]] = {}
+    refs: dict[tuple[str, int], tuple[list[ParamRef], int]] = {}
     for g in gset.groups:
         for m in g.members:
             if m.params:

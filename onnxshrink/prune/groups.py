@@ -310,7 +310,7 @@ class _Finder:
             for name in {m.tensor for ms in members.values() for m in ms}
         }
         groups: list[Group] = []
-        layer_of: dict[tuple, int] = {}
+        layer_of: dict[tuple[tuple[str, int], ...], int] = {}
         layers: list[Layer] = []
         for comp in listed:
             ms = sorted(members[comp], key=lambda m: (m.initializer, m.axis, m.node))

@@ -39,7 +39,7 @@ from onnxshrink.prune import allocate as alloc
 from onnxshrink.prune import compensate as comp_mod
 from onnxshrink.prune.calibrate import Calibration, collect
 from onnxshrink.prune.compensate import Compensation
-from onnxshrink.prune.groups import GroupSet, Member, find_groups
+from onnxshrink.prune.groups import Group, GroupSet, Member, find_groups
 from onnxshrink.prune.importance import activations, block_streams, scores
 from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
 from onnxshrink.prune.price import Price
@@ -74,7 +74,7 @@ class PruneResult:
     allocation: str = "uniform"
     compensate: str = "none"
     price: Any = None  # what the prune cost (price.Price), measured before it was written
-    families: list | None = None  # the measured sensitivity (sensitivity.Family)
+    families: list[Family] | None = None  # the measured sensitivity
     predicted: float | None = None  # the relative error the sensitivity predicts for the plan
     # the values changed other than by zeroing, by framework name (`--weights-out`); those
     # with no framework parameter of that value under onnx/NAME, named in `unnamed_weights`
@@ -421,7 +421,7 @@ class Zeroed:
     """The chosen groups zeroed: their members, the reference, what the masks zero, and the
     values the compensation changed by framework name (`unnamed`: those with no name)."""
 
-    chosen: list
+    chosen: list[Group]
     members: list[Member]
     reference: onnx.ModelProto
     slices: MaskSlices

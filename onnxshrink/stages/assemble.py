@@ -115,7 +115,7 @@ def same_structure(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
     nothing. A weight is an initializer or a Constant node (the shrink stores the latter as the
     former)."""
 
-    def facts(m: onnx.ModelProto) -> tuple[list, list]:
+    def facts(m: onnx.ModelProto) -> tuple[list[tuple[str, tuple[int, ...]]], list[str]]:
         graphs = list(ir.all_graphs(m.graph))
         weights = [(t.name, tuple(t.dims)) for g in graphs for t in g.initializer]
         ops = []

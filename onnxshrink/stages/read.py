@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,7 +31,7 @@ from onnxshrink.proof.inputs import check_inputs, resolve_shapes
 from onnxshrink.proof.sessions import check_provider, check_runnable, session_threads
 
 ModelLike = str | Path | onnx.ModelProto
-MasksLike = str | Path | Mapping | None
+MasksLike = str | Path | Mapping[str, Any] | None
 
 
 def check_options(opts: ShrinkOptions, flags: bool = False) -> None:
