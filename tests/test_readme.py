@@ -492,3 +492,24 @@ def test_every_test_the_promises_name_exists():
     refs = [ref for line in table.splitlines()[4:] for ref in line.rstrip(" |").rpartition(" | ")[2].split(", ")]
     assert len(refs) > 100
     assert [ref for ref in refs if not _test_exists(ref)] == []
+
+
+def test_prune_takes_its_options_whole_or_as_keywords(tmp_path):
+    """`prune("model.onnx", output="small.onnx", how=PruneOptions(params=0.9))` and the same
+    choice as a keyword give the same model, counted here, within the target; an unknown keyword
+    is refused by name."""
+    from onnxshrink.options import PruneOptions
+    from onnxshrink.prune import prune
+
+    model = tiny(CONV2, seed=12)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    whole = prune(str(path), output=str(tmp_path / "a.onnx"), how=PruneOptions(params=0.9))
+    keyword = prune(str(path), output=str(tmp_path / "b.onnx"), params=0.9)
+    a, b = onnx.load(tmp_path / "a.onnx"), onnx.load(tmp_path / "b.onnx")
+    assert params(a) == params(b) == whole.shrink.after.params == keyword.shrink.after.params
+    assert 0.8 * 196 < params(a) <= 0.9 * 196
+    assert {t.name: tuple(t.dims) for t in a.graph.initializer} == {t.name: tuple(t.dims) for t in b.graph.initializer}
+    with pytest.raises(TypeError, match="unknown shrink option.*criterium"):
+        prune(str(path), 0.5, criterium="l2")
+    assert 'how=PruneOptions(params=0.9)' in (ROOT / "README.md").read_text()

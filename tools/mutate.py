@@ -83,7 +83,8 @@ def nan_channel() -> None:
     import onnx
     from onnx import numpy_helper
 
-    from onnxshrink import api, rewrite  # noqa: F401  (api binds apply: replaced too)
+    from onnxshrink import rewrite  # noqa: F401
+    from onnxshrink.stages import attempt  # noqa: F401  (binds apply: replaced too)
 
     def make(apply):
         def mutated(*args, **kwargs):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,8 @@ def run_prune(args: argparse.Namespace, options: ShrinkOptions, say: Say) -> Any
     from onnxshrink.prune import prune
 
     told = options_from(args, PruneOptions, data=options.inputs)
-    keywords = {f.name: getattr(told, f.name) for f in fields(told) if f.name != "ratio"}
     try:
-        result = prune(args.model, told.ratio, args.output, **keywords, options=options)
+        result = prune(args.model, output=args.output, how=told, options=options)
     except Exception as exc:
         failed = getattr(exc, "result", None)
         if failed is not None:

@@ -11,7 +11,7 @@ report. The same inputs and seed give the same tries in the same order, so the s
 
 A failure the proof calls rounding (onnxshrink.proof.judge: the same function in float64) never comes
 here: no removal is responsible for rounding. A result no smaller than the input is not written
-(api.shrink says so).
+(stages/recovery.py says so).
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def session(
     so.graph_optimization_level = ort.GraphOptimizationLevel.__members__[level]
     so.use_deterministic_compute = True  # the same inputs give the same proof (and recovery)
     # a block-wise int4 DequantizeLinear -> MatMul fused into MatMulNBits multiplies in float32,
-    # not with A quantized to int8 at run time (see qdq_proof.float_activations)
+    # not with A quantized to int8 at run time (see proof/qdq.float_activations)
     so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     if data_dir is not None:
         # Mapped external weights stay in the page cache, not this process: no packed copies,

@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from onnxshrink.options import (
     DATA_CRITERIA,
     DEFAULT_UNITS,
     UNITS,
+    PruneOptions,
     ShrinkOptions,
 )
 from onnxshrink.prepare import default_opset
@@ -148,24 +149,7 @@ def prune(
     ratio: float | None = None,
     output: str | Path | None = None,
     *,
-    criterion: str = "l1",
-    global_ranking: bool = False,
-    allocation: str | None = None,
-    compensate: str = "none",
-    ridge: float = 1.0,
-    macs: float | None = None,
-    params: float | None = None,
-    latency: float | None = None,
-    ignore: Sequence[str] = (),
-    round_to: int | None = None,
-    max_layer_ratio: float = 1.0,
-    units: Sequence[str] | None = None,
-    data: list[Mapping[str, np.ndarray]] | None = None,
-    held_out: list[Mapping[str, np.ndarray]] | None = None,
-    sensitivity: str | Path | None = None,
-    masks_out: str | Path | None = None,
-    weights_out: str | Path | None = None,
-    price: bool = True,
+    how: PruneOptions | None = None,
     options: ShrinkOptions | None = None,
     **option_values: Any,
 ) -> PruneResult:
@@ -182,14 +166,19 @@ def prune(
     curves there (a self-contained HTML page). `price`: measure what the prune cost on
     `held_out` (else `data`, else the proof's random inputs). Shrink options as for `shrink`
     (validation is against the model with the groups zeroed and the biases compensated).
-    `units`: the unit kinds that may go (default: every kind but `block`; see groups.UNITS)."""
-    units = _check_units(units)
-    opts = (options or ShrinkOptions()).but(**option_values)
+    `units`: the unit kinds that may go (default: every kind but `block`; see groups.UNITS).
+
+    What to prune is a `PruneOptions` (`how`; each argument above is one of its fields), how to
+    shrink a `ShrinkOptions` (`options`); keyword arguments name fields of either."""
+    how, opts = _options(ratio, how, options, option_values)
+    units = _check_units(how.units)
     check_options(opts)  # before the groups and importance are computed, not at the shrink
     ask = Request(  # checked as it is made, before any work
-        _target(ratio, params, macs, latency), criterion, allocation or ("global" if global_ranking else "uniform"),
-        compensate, ridge, ignore, round_to, max_layer_ratio, units, data, held_out, sensitivity, masks_out, weights_out, price
-    )
+        _target(how.ratio, how.params, how.macs, how.latency),
+        how.criterion, how.allocation or ("global" if how.global_ranking else "uniform"), how.compensate, how.ridge,
+        how.ignore, how.round_to, how.max_layer_ratio, units, how.data, how.held_out, how.sensitivity, how.masks_out,
+        how.weights_out, how.price,
+    )  # fmt: skip
     clock = PhaseClock()
     given = _read_input(model, output, ask, opts)
     clock.lap("load")
@@ -203,6 +192,18 @@ def prune(
     clock.lap("zero")
     result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, meters, clock)
     return _outputs(given, scored, choice, zeroed, result, cost, ask, clock)
+
+
+def _options(
+    ratio: float | None, how: PruneOptions | None, options: ShrinkOptions | None, values: Mapping[str, Any]
+) -> tuple[PruneOptions, ShrinkOptions]:
+    """What to prune (`how`, changed by the keywords that name its fields, and `ratio`) and how
+    to shrink (`options`, changed by the other keywords: an unknown name is refused there)."""
+    pruning = {f.name for f in fields(PruneOptions)}
+    told = {k: v for k, v in values.items() if k in pruning} | ({} if ratio is None else {"ratio": ratio})
+    return (how or PruneOptions()).but(**told), (options or ShrinkOptions()).but(
+        **{k: v for k, v in values.items() if k not in pruning}
+    )
 
 
 # ---------------------------------------------------------------------- the request
