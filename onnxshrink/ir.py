@@ -149,6 +149,16 @@ def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)]
 
 
+def fresh_name(taken: set[str], hint: str) -> str:
+    """`hint`, or `hint_1`, `hint_2`, ... : the first name not in `taken`, which then holds it."""
+    name, k = hint, 0
+    while name in taken:
+        k += 1
+        name = f"{hint}_{k}"
+    taken.add(name)
+    return name
+
+
 def unique_scope_names(graph: onnx.GraphProto, apply: bool = True) -> list[tuple[str, str]]:
     """Give the tensors a subgraph defines under a name another scope already uses (a sibling
     body may reuse its sibling's names; an enclosing graph's, against the spec) a name of their

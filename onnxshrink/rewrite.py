@@ -24,7 +24,7 @@ from onnxshrink.io import weights
 from onnxshrink.io.skeleton import checkable
 from onnxshrink.io.weights import DataWriter, tensor_proto
 from onnxshrink.logs import route_library_logs
-from onnxshrink.ops import handler_for_op
+from onnxshrink.ops import handler_for_op, is_constant_node
 from onnxshrink.prepare import default_opset, inferred_shapes, retie
 from onnxshrink.report import KeptGroup, explain_kept
 
@@ -606,8 +606,7 @@ def _declared_depths(graph: onnx.GraphProto, opset: int) -> dict[str, int]:
         for t in g.initializer:
             depths[t.name] = depth
         for n in g.node:
-            handler = handler_for_op(n.op_type, n.domain, opset)
-            if handler is not None and handler.is_constant and not n.input:
+            if is_constant_node(n, opset) and not n.input:
                 depths.update((o, depth) for o in n.output)
             for a in n.attribute:
                 for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):

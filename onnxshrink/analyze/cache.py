@@ -145,12 +145,7 @@ class _Names:
         self.taken |= {v.name for v in [*g.input, *g.output]} | {t.name for t in g.initializer}
 
     def fresh(self, hint: str) -> str:
-        k, name = 0, hint
-        while name in self.taken:
-            k += 1
-            name = f"{hint}_{k}"
-        self.taken.add(name)
-        return name
+        return ir.fresh_name(self.taken, hint)
 
     def const(self, values: np.ndarray, hint: str) -> str:
         name = self.fresh(hint)

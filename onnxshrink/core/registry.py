@@ -61,6 +61,12 @@ def facts(node: onnx.NodeProto, opset: int) -> tuple[Handler | None, OpNode]:
     return handler_for_op(node.op_type, node.domain, opset), OpNode.of(node)
 
 
+def is_constant_node(node: onnx.NodeProto, opset: int) -> bool:
+    """A node whose output is a value of its own, read from no input (a Constant)."""
+    handler = handler_for_op(node.op_type, node.domain, opset)
+    return handler is not None and handler.is_constant
+
+
 #: a node's handler, as the analysis takes it: always one (an op no handler claims gets a fallback)
 Lookup = Callable[[gs.Node], Handler]
 

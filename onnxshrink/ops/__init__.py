@@ -10,9 +10,15 @@ Code above the ops asks for handlers through this package, which guarantees they
 import importlib
 import pkgutil
 
-from onnxshrink.core.registry import facts, handler_for, handler_for_op, registered_ops
+from onnxshrink.core.registry import (
+    facts,
+    handler_for,
+    handler_for_op,
+    is_constant_node,
+    registered_ops,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["facts", "handler_for", "handler_for_op", "registered_ops"]
+__all__ = ["facts", "handler_for", "handler_for_op", "is_constant_node", "registered_ops"]

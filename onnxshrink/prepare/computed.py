@@ -30,10 +30,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxshrink.core.handler import Handler
 from onnxshrink.io.weights import WeightStore
 from onnxshrink.ir import all_graphs
-from onnxshrink.ops import handler_for_op
+from onnxshrink.ops import handler_for_op, is_constant_node
 from onnxshrink.prepare.shapes import FLOAT_TYPES, default_opset
 
 # Past this many bytes of products, the model is left as written (they would be held in memory).
@@ -45,15 +44,6 @@ class _Component:
     nodes: list[int] = field(default_factory=list)
     leaves: set[str] = field(default_factory=set)  # initializers and Constant outputs read
     outputs: list[str] = field(default_factory=list)  # computed tensors a non-constant node reads
-
-
-def _is_constant(handler: Handler | None) -> bool:
-    return handler is not None and handler.is_constant
-
-
-def _is_constant_node(node: onnx.NodeProto, opset: int) -> bool:
-    """A Constant node (its handler says: a value read from no input)."""
-    return _is_constant(handler_for_op(node.op_type, node.domain, opset))
 
 
 def _tensor_bytes(elem_type: int, dims: list[int]) -> int:
@@ -90,7 +80,7 @@ def _plan(model: onnx.ModelProto) -> _Plan | None:
     nodes = list(g.node)
     opset = default_opset(model)
     handlers = [handler_for_op(n.op_type, n.domain, opset) for n in nodes]
-    const_nodes = {k for k, n in enumerate(nodes) if _is_constant(handlers[k]) and len(n.output) == 1}
+    const_nodes = {k for k, n in enumerate(nodes) if (h := handlers[k]) is not None and h.is_constant and len(n.output) == 1}
     drawn = {k for k, h in enumerate(handlers) if h is not None and h.draws_random}  # never constants
     constant = set(inits) | {nodes[k].output[0] for k in const_nodes}
     computed: list[int] = []
@@ -168,7 +158,7 @@ def fold_computed_weights(
         still_read |= set(n.input) | _subgraph_reads(n)
     del g.node[:]
     opset = default_opset(model)
-    g.node.extend(n for n in kept_nodes if not (_is_constant_node(n, opset) and n.output[0] not in still_read))
+    g.node.extend(n for n in kept_nodes if not (is_constant_node(n, opset) and n.output[0] not in still_read))
     keep_inits = [t for t in g.initializer if t.name in still_read]
     del g.initializer[:]
     g.initializer.extend(keep_inits)
@@ -273,7 +263,7 @@ def _evaluate(
         else:
             feeds[name] = numpy_helper.to_array(t)
     opset = default_opset(model)
-    const_outputs = {nodes[k].output[0]: k for k, n in enumerate(nodes) if _is_constant_node(n, opset) and n.output}
+    const_outputs = {nodes[k].output[0]: k for k, n in enumerate(nodes) if is_constant_node(n, opset) and n.output}
     sub_nodes = [nodes[const_outputs[x]] for x in sorted(comp.leaves) if x in const_outputs]
     sub_nodes += [nodes[k] for k in sorted(comp.nodes)]
     graph = helper.make_graph(

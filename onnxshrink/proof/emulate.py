@@ -14,6 +14,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from onnxshrink import ir
 from onnxshrink.prepare.shapes import inferred_shapes
 
 BF16, F32 = TensorProto.BFLOAT16, TensorProto.FLOAT
@@ -59,12 +60,7 @@ def emulated(model: onnx.ModelProto) -> onnx.ModelProto:
     taken = set(types) | {o for n in model.graph.node for o in n.output} | {i for n in model.graph.node for i in n.input}
 
     def fresh(hint: str) -> str:
-        name, k = hint, 0
-        while name in taken:
-            k += 1
-            name = f"{hint}_{k}"
-        taken.add(name)
-        return name
+        return ir.fresh_name(taken, hint)
 
     out = onnx.ModelProto()
     out.CopyFrom(model)

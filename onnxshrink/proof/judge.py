@@ -38,7 +38,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink.errors import first_line
-from onnxshrink.ops import facts
+from onnxshrink.ops import is_constant_node
 from onnxshrink.proof.verdict import EPS, ROUNDING_STEPS, ErrorTally, OutputCheck
 
 NARROW = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -104,16 +104,10 @@ def _widen_tensor(t: onnx.TensorProto, base_dir: str | Path | None) -> onnx.Tens
     return numpy_helper.from_array(np.asarray(values, dtype=np.float64), t.name)
 
 
-def _is_constant(n: onnx.NodeProto, opset: int) -> bool:
-    """Does `n` produce a value without inputs (a Constant node)? Its handler says."""
-    handler, op = facts(n, opset)
-    return handler is not None and handler.constant_tensor(op, "") is not None
-
-
 def _widen_node(n: onnx.NodeProto, base_dir: str | Path | None, keep: set[str], opset: int) -> None:
     """Widen the attributes of `n` (and its subgraphs): tensors, Cast's `to`, ops' `dtype`
     (a Constant whose value is in `keep` stays as it is)."""
-    if _is_constant(n, opset):
+    if is_constant_node(n, opset):
         if set(n.output) & keep:
             return
         for a in list(n.attribute):
@@ -158,7 +152,7 @@ def _widen_graph(g: onnx.GraphProto, base_dir: str | Path | None, types: dict[st
     no float64 stays narrow: a constant is kept as it is (a Cast widens it for any reader that
     takes float64), a computed tensor is cast back for that reader."""
     constants = {t.name for t in g.initializer} | {
-        o for n in g.node if _is_constant(n, opset) for o in n.output
+        o for n in g.node if is_constant_node(n, opset) for o in n.output
     }
     narrow = {
         (k, i)
@@ -206,7 +200,7 @@ def widened(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.
     opset = default_opset(model)
     for n in model.graph.node:
         for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR and _is_constant(n, opset):
+            if a.type == onnx.AttributeProto.TENSOR and is_constant_node(n, opset):
                 types[n.output[0]] = a.t.data_type
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -284,7 +278,7 @@ def _constants(model: onnx.ModelProto, types: Sequence[int]) -> dict[str, onnx.T
     out = {t.name: t for t in model.graph.initializer if t.data_type in types}
     for n in model.graph.node:
         for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in types and _is_constant(n, opset):
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in types and is_constant_node(n, opset):
                 out[n.output[0]] = a.t
     return out
 

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxshrink import ir
 from onnxshrink.core import Dequantizes, IntegerProduct, QdqForm, Quantizes, RuntimeQuantized
 from onnxshrink.ops import facts
 from onnxshrink.prepare import default_opset
@@ -90,12 +91,7 @@ class _Graph:
         return numpy_helper.to_array(t, self.base_dir) if t is not None else None
 
     def fresh(self, hint: str) -> str:
-        name, k = hint, 0
-        while name in self.taken:
-            k += 1
-            name = f"{hint}_{k}"
-        self.taken.add(name)
-        return name
+        return ir.fresh_name(self.taken, hint)
 
     def constant(self, values: np.ndarray, hint: str) -> str:
         name = self.fresh(hint)
