@@ -36,7 +36,13 @@ from onnxshrink.core.registry import (
     register,
     registered_ops,
 )
-from onnxshrink.core.shape_rules import elementwise_dims, opaque_value, shape_operands, sized_dims
+from onnxshrink.core.shape_rules import (
+    broadcast_dims,
+    elementwise_dims,
+    opaque_value,
+    shape_operands,
+    sized_dims,
+)
 from onnxshrink.core.symbols import (
     DimRef,
     Item,
@@ -95,6 +101,7 @@ __all__ = [
     "WeightAxes",
     "broadcast_items",
     "compress",
+    "broadcast_dims",
     "elementwise_dims",
     "evaluate",
     "evaluate_op",

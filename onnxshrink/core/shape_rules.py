@@ -3,7 +3,7 @@ values of nodes that compute sizes (read through a `ShapeView`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -165,17 +165,26 @@ def elementwise_dims(node: gs.Node, same_shape: bool) -> Dims | None:
         dims.append(d)
     if yd is None:
         return None
-    new = list(yd)
-    for k in range(len(yd)):
-        if isinstance(yd[k], int):
-            continue
-        at = [d[k - len(yd) + len(d)] if k - len(yd) + len(d) >= 0 else 1 for d in dims]
+    wide = broadcast_dims([[*[1] * (len(yd) - len(d)), *d] for d in dims] or [[1] * len(yd)])
+    return [y if isinstance(y, int) or b is None else b for y, b in zip(yd, wide, strict=True)]
+
+
+def broadcast_dims(shapes: Sequence[Dims]) -> Dims:
+    """numpy's broadcast of dims that may be symbolic (a name) or unknown (None), per axis: a
+    size > 1 wins over 1 and over any name (whatever the unknown sizes, they broadcast to it);
+    all 1 gives 1; one shared name stays; anything else is unknown (None)."""
+    rank = max((len(d) for d in shapes), default=0)
+    out: Dims = []
+    for k in range(rank):
+        at = [d[k - rank + len(d)] for d in shapes if k - rank + len(d) >= 0]
         big = {v for v in at if isinstance(v, int) and v != 1}
         names = {v for v in at if not isinstance(v, int)}
-        if len(big) == 1:  # whatever the unknown sizes, they broadcast to it
-            new[k] = big.pop()
+        if len(big) == 1:
+            out.append(big.pop())
         elif not big and not names:
-            new[k] = 1
+            out.append(1)
         elif not big and len(names) == 1 and None not in names:
-            new[k] = names.pop()
-    return new
+            out.append(names.pop())
+        else:
+            out.append(None)
+    return out

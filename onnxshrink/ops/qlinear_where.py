@@ -23,6 +23,7 @@ from onnxshrink.core import (
     InputTypes,
     KeepView,
     OpNode,
+    broadcast_dims,
     compress,
     register,
 )
@@ -32,26 +33,6 @@ from onnxshrink.ops.oracle import declare_cases
 MS = "com.microsoft"
 CONDITION, X, Y = 0, 1, 4
 DATA = (CONDITION, X, Y)
-
-
-def broadcast_dims(shapes: list[Dims]) -> Dims:
-    """numpy's broadcast of dims that may be symbolic (a name) or unknown (None): a size > 1
-    wins over 1 and over a name; equal names stay; anything else is unknown."""
-    rank = max(len(d) for d in shapes)
-    out: Dims = []
-    for k in range(rank):
-        at = [d[k - rank + len(d)] for d in shapes if k - rank + len(d) >= 0]
-        big = {v for v in at if isinstance(v, int) and v != 1}
-        names = {v for v in at if not isinstance(v, int)}
-        if len(big) == 1:
-            out.append(big.pop())
-        elif not big and not names:
-            out.append(1)
-        elif not big and len(names) == 1 and None not in names:
-            out.append(names.pop())
-        else:
-            out.append(None)
-    return out
 
 
 @register("QLinearWhere", domain=MS)

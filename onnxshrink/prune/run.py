@@ -22,6 +22,7 @@ import onnx
 
 from onnxshrink import ir
 from onnxshrink.analyze.replay import scoped
+from onnxshrink.api import shrink
 from onnxshrink.errors import NotShrunk, ShrinkError, ValidationFailed, file_access, first_line
 from onnxshrink.io.model import check_output, load_external
 from onnxshrink.options import (
@@ -49,12 +50,9 @@ from onnxshrink.prune.sensitivity import Family
 from onnxshrink.prune.targets import Costs, LatencyMeter, Target
 from onnxshrink.report import ModelStats, model_stats
 from onnxshrink.result import ShrinkResult
-from onnxshrink.stages.assemble import assemble, constant_weight
-from onnxshrink.stages.attempt import first_attempt
-from onnxshrink.stages.masking import bind
-from onnxshrink.stages.read import Source, check_against_model, check_options, read, read_model
-from onnxshrink.stages.recovery import recovered
-from onnxshrink.stages.save import finished, save, write_runtime_configs
+from onnxshrink.stages.assemble import constant_weight
+from onnxshrink.stages.read import Source, check_against_model, check_options, read_model
+from onnxshrink.stages.save import save, write_runtime_configs
 
 
 @dataclass
@@ -447,16 +445,9 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
 
 
 def shrink_reference(reference: onnx.ModelProto, opts: ShrinkOptions, original: ModelStats) -> ShrinkResult:
-    """The exact shrink of a prune's reference, an in-memory model whose zeros are the masks:
-    the stages of api.shrink, nothing written; `before` is the unpruned input's `original`."""
-    clock = PhaseClock()
-    source, given = read(reference, None, None, opts)  # in memory: checked, no file read
-    clock.lap("load")
-    masked = bind(source, given, opts)
-    clock.lap("bind")
-    first = first_attempt(masked.reference, source, opts, None, clock)
-    run = recovered(first, masked.reference, source, opts, None, clock)
-    return finished(assemble(run, masked, source, opts, clock.timings, original))
+    """The exact shrink of a prune's reference, an in-memory model whose zeros are the masks,
+    nothing written; `before` is the unpruned input's `original`."""
+    return shrink(reference, options=opts, input_stats=original)
 
 
 def _shrink_and_write(

@@ -23,10 +23,9 @@ from onnxshrink.stages.read import Source
 
 @dataclass
 class Run:
-    """The attempts of a shrink: the first, the outcome (the first, or the recovery's), and the
-    recovery when the first proof failed."""
+    """The outcome of a shrink's attempts (the first, or the recovery's), and the recovery when
+    the first proof failed."""
 
-    first: Attempt
     outcome: Attempt
     recovery: Recovery | None = None
 
@@ -41,7 +40,7 @@ def recovered(
 ) -> Run:
     """The run from `first`: recovered when its proof failed (not by rounding) and recovery is
     on. ValidationFailed when it leaves no rewrite, or a recovered model no smaller than the input."""
-    run = Run(first, first)
+    run = Run(first)
     rounding = first.report is not None and first.report.rounding()
     if opts.validate and opts.recover and not first.passed and not rounding:
         opts.say(f"the proof failed: {first.failure()}; finding the removals responsible ...")
