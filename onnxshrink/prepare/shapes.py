@@ -18,9 +18,7 @@ from onnx import numpy_helper
 
 from onnxshrink.core.handler import Dims, OpNode
 from onnxshrink.io.skeleton import FLOAT_TYPES as FLOAT_TYPES
-from onnxshrink.io.skeleton import checkable as checkable
 from onnxshrink.io.skeleton import heavy, onnx_knows, skeleton
-from onnxshrink.io.skeleton import runtime_schemas as runtime_schemas
 from onnxshrink.ir import all_graphs
 from onnxshrink.ops import facts, handler_for_op
 
@@ -243,7 +241,6 @@ def _symbolic_shape_inference() -> type:
     `onnxruntime.tools.symbolic_shape_infer` runs the `onnxruntime.tools` package, which imports
     torch when it is installed (seconds, for every model with a contrib op)."""
     import importlib.util
-    import sys
     from pathlib import Path
 
     import onnxruntime

@@ -34,7 +34,7 @@ THREADS_VARIABLE = "ONNXSHRINK_THREADS"
 def unrunnable_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(domain:op, node name) of the nodes of custom domains onnxruntime has no kernel for
     (nor the model a function), which the proof cannot run."""
-    from onnxshrink.prepare.shapes import runtime_schemas
+    from onnxshrink.io.skeleton import runtime_schemas
 
     known = runtime_schemas() | {(f.domain, f.name) for f in model.functions}
     out: dict[str, str] = {}
