@@ -438,7 +438,7 @@ def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> 
                 if row["hand_error"] > (row.get("rtol") or 1e-5):
                     # above the proof's tolerance on these feeds: rounding (the two agree in
                     # float64, onnxshrink's judge widening both) or another function
-                    from onnxshrink.proof.judge import float64_outputs
+                    from onnxshrink.proof.widen import float64_outputs
 
                     hand_model = _load(by_hand)
                     names = [o.name for o in hand_model.graph.output]

@@ -28,22 +28,18 @@ formula). Contrib ops have no float64 form here: such a model cannot be judged.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
 from onnxshrink.errors import first_line
 from onnxshrink.ops import is_constant_node
 from onnxshrink.proof.verdict import EPS, ROUNDING_STEPS, ErrorTally, OutputCheck
-
-NARROW = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-DOUBLE = TensorProto.DOUBLE
-DOUBLE_TYPE = "tensor(double)"
+from onnxshrink.proof.widen import DOUBLE, NARROW, NotJudged, float64_outputs, widened
 
 # The twin must agree with the widened reference to float64's rounding (FLOOR_STEPS and
 # AMPLIFIED_STEPS below); the shrunk model's constants must be the twin's rounded to the dtype:
@@ -63,9 +59,9 @@ EPS64 = float(np.finfo(np.float64).eps)
 # this many times the reference's own float32 error (its distance from float64) or ROUNDING_STEPS
 # epsilons. Larger is no rounding (a runtime computing one model otherwise, a wrong model).
 SIZE_FACTOR = 10.0
-# Multiply-adds of the model above which it is not judged (onnx's reference evaluator computes
-# about 0.1 G a second: three runs on one input)
-MACS = 2e9
+# Weights of a reference whose shrink the judge repeats in float64 (the twin: the float64 copy
+# and its analysis); a larger model's shrunk model is judged with its new constants moved.
+TWIN_BYTES = 1 << 30
 _EPS: dict[int, float] = {int(k): v for k, v in EPS.items()}  # by the element type number
 
 
@@ -94,180 +90,6 @@ class Verdict:
     own: float  # the reference's own float32 error (its distance from float64), relative
     text: str
 
-
-class NotJudged(Exception):
-    """The models cannot be computed in float64 here (the reason is the message)."""
-
-
-def _widen_tensor(t: onnx.TensorProto, base_dir: str | Path | None) -> onnx.TensorProto:
-    values = numpy_helper.to_array(t, base_dir=str(base_dir) if base_dir is not None else "")
-    return numpy_helper.from_array(np.asarray(values, dtype=np.float64), t.name)
-
-
-def _widen_node(n: onnx.NodeProto, base_dir: str | Path | None, keep: set[str], opset: int) -> None:
-    """Widen the attributes of `n` (and its subgraphs): tensors, Cast's `to`, ops' `dtype`
-    (a Constant whose value is in `keep` stays as it is)."""
-    if is_constant_node(n, opset):
-        if set(n.output) & keep:
-            return
-        for a in list(n.attribute):
-            if a.name in ("value_float", "value_floats"):
-                value = a.f if a.name == "value_float" else list(a.floats)
-                n.attribute.remove(a)
-                n.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.array(value, np.float64))))
-    for a in n.attribute:
-        if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in NARROW:
-            a.t.CopyFrom(_widen_tensor(a.t, base_dir))
-        elif a.type == onnx.AttributeProto.GRAPH:
-            _widen_graph(a.g, base_dir, {}, opset)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for sub in a.graphs:
-                _widen_graph(sub, base_dir, {}, opset)
-        elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in NARROW:
-            a.i = DOUBLE
-
-
-def _narrow_only(n: onnx.NodeProto, index: int, dtype: int, opset: int) -> bool:
-    """Does input `index` of `n` take `dtype` (a narrow float) but no float64, by its schema
-    (Resize's scales, ...)? Unknown ops (contrib) are taken to take float64."""
-    if n.domain not in ("", "ai.onnx"):
-        return False
-    try:
-        schema = onnx.defs.get_schema(n.op_type, opset, "")
-    except Exception:
-        return False
-    params = list(schema.inputs)
-    if not params:
-        return False
-    p = params[min(index, len(params) - 1)]
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}.get(p.type_str, {p.type_str})
-    name = helper.tensor_dtype_to_string(dtype).removeprefix("TensorProto.").lower()
-    wanted = {"float": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}[name]
-    return DOUBLE_TYPE not in allowed and wanted in allowed
-
-
-def _widen_graph(g: onnx.GraphProto, base_dir: str | Path | None, types: dict[str, int], opset: int) -> None:
-    """Widen `g` in place: its inputs, outputs, weights and nodes (value_info is dropped). A
-    tensor of a narrow float (`types`: the original model's) that an input reads which admits
-    no float64 stays narrow: a constant is kept as it is (a Cast widens it for any reader that
-    takes float64), a computed tensor is cast back for that reader."""
-    constants = {t.name for t in g.initializer} | {
-        o for n in g.node if is_constant_node(n, opset) for o in n.output
-    }
-    narrow = {
-        (k, i)
-        for k, n in enumerate(g.node)
-        for i, name in enumerate(n.input)
-        if name and types.get(name) in NARROW and _narrow_only(n, i, types[name], opset)
-    }
-    keep = {g.node[k].input[i] for k, i in narrow} & constants
-    for vi in [*g.input, *g.output]:
-        if vi.type.tensor_type.elem_type in NARROW:
-            vi.type.tensor_type.elem_type = DOUBLE
-    del g.value_info[:]
-    for t in g.initializer:
-        if t.data_type in NARROW and t.name not in keep:
-            t.CopyFrom(_widen_tensor(t, base_dir))
-    nodes: list[onnx.NodeProto] = []
-    casts: dict[tuple[str, int], str] = {}
-    for k, n in enumerate(g.node):
-        _widen_node(n, base_dir, keep, opset)
-        for i, name in enumerate(n.input):
-            cast = (
-                types[name] if (k, i) in narrow and name not in keep
-                else DOUBLE if name in keep and (k, i) not in narrow
-                else None
-            )
-            if cast is None:
-                continue
-            if (name, cast) not in casts:
-                casts[(name, cast)] = f"{name}__as_{cast}"
-                nodes.append(helper.make_node("Cast", [name], [casts[(name, cast)]], to=cast))
-            n.input[i] = casts[(name, cast)]
-        nodes.append(n)
-    del g.node[:]
-    g.node.extend(nodes)
-
-
-def widened(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.ModelProto:
-    """`model` computing in float64: the exact function of its weights (see the module doc).
-    Inputs a schema admits no float64 for (Resize's scales) stay in their type, so that shape
-    inference, onnxruntime and the analysis read the widened model as they read the model."""
-    from onnxshrink.prepare import default_opset
-    from onnxshrink.proof.emulate import tensor_types
-
-    types = tensor_types(model)
-    opset = default_opset(model)
-    for n in model.graph.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR and is_constant_node(n, opset):
-                types[n.output[0]] = a.t.data_type
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    _widen_graph(out.graph, base_dir, types, opset)
-    for f in out.functions:
-        for n in f.node:
-            _widen_node(n, base_dir, set(), opset)
-    return out
-
-
-def _wide_feed(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v for k, v in feed.items()}
-
-
-def float64_outputs(
-    model: onnx.ModelProto,
-    feeds: Sequence[dict[str, np.ndarray]],
-    outputs: list[str],
-    base_dir: str | Path | None = None,
-    wide: bool = False,
-) -> list[list[np.ndarray]]:
-    """`outputs` of `model` computed in float64 on each feed (`wide`: the model is widened
-    already); NotJudged when neither onnxruntime nor onnx's reference evaluator can."""
-    if not wide:
-        try:
-            model = widened(model, base_dir)
-        except Exception as exc:
-            raise NotJudged(f"its weights cannot be widened ({first_line(exc)})") from exc
-    data = model.SerializeToString()
-    try:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.log_severity_level = 4
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-        names = {i.name for i in sess.get_inputs()}
-        return [sess.run(outputs, {k: v for k, v in _wide_feed(f).items() if k in names}) for f in feeds]
-    except Exception:
-        pass  # no double kernel for some op: the reference evaluator has them all
-    try:
-        from onnx.reference import ReferenceEvaluator
-
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            evaluator = ReferenceEvaluator(model, new_ops=[_batch_norm()])
-            return [list(evaluator.run(outputs, _wide_feed(f))) for f in feeds]  # type: ignore[arg-type]
-    except Exception as exc:
-        raise NotJudged(f"onnx's reference evaluator cannot run it ({first_line(exc)})") from exc
-
-
-def _batch_norm() -> type:
-    """BatchNormalization for onnx's reference evaluator, by the inference formula (its opset-9
-    kernel takes a momentum attribute for training mode: batch statistics)."""
-    from onnx.reference.op_run import OpRun
-
-    class BatchNormalization(OpRun):
-        op_domain = ""
-
-        def _run(self, x, scale, bias, mean, var, epsilon=1e-5, momentum=None, training_mode=0, spatial=1):
-            if training_mode:
-                raise NotImplementedError("BatchNormalization in training mode")
-            shape = (1, *scale.shape) if not spatial else (1, -1) + (1,) * (x.ndim - 2)
-            scale, bias, mean, var = (np.reshape(v, shape) for v in (scale, bias, mean, var))
-            return (((x - mean) / np.sqrt(var + epsilon) * scale + bias).astype(x.dtype),)
-
-    return BatchNormalization
 
 
 def _constants(model: onnx.ModelProto, types: Sequence[int]) -> dict[str, onnx.TensorProto]:
@@ -378,16 +200,16 @@ def verdict(
     return Verdict(same and sized, d64 / mag, own / mag, text)
 
 
-def _judgeable(case: Case, macs_limit: float) -> str | None:
-    """Why the models are not judged in float64 here (None: they are)."""
-    from onnxshrink.proof.segment import weight_bytes
+def _too_costly(case: Case, macs_limit: float | None) -> str | None:
+    """Why the models are not judged in float64 here (None: they are): only a limit given (a
+    recovery's try) keeps a model from it; the judge computes any other in pieces."""
     from onnxshrink.report import count_macs
 
-    if weight_bytes(case.reference) > 256 * 2**20:
-        return "the model is too large to compute in float64 here"
+    if macs_limit is None:
+        return None
     macs = count_macs(case.reference, case.shapes)
     if macs > macs_limit:
-        return f"{macs / 1e9:.2g} G multiply-adds would take too long in float64 here"
+        return f"{macs / 1e9:.2g} G multiply-adds: a recovery's try is judged in float64 below {macs_limit / 1e9:.2g} G"
     return None
 
 
@@ -396,26 +218,27 @@ def judge(
     twin: Callable[[], onnx.ModelProto] | None,
     tally: ErrorTally,
     outputs: list[OutputCheck],
-    macs_limit: float = MACS,
+    macs_limit: float | None = None,
 ) -> None:
     """Judge each of `outputs` (off by more than the float32 floor) in float64: sets its
     rounding, float64 and judged (see the module doc). `twin()`: the shrink of the reference
-    widened to float64."""
+    widened to float64, made for a model of at most TWIN_BYTES of weights (else the shrunk model
+    is judged with its new constants moved)."""
+    from onnxshrink.proof.segment import weight_bytes
 
     def none(why: str) -> None:
         for c in outputs:
             c.judged = why
 
-    why = _judgeable(case, macs_limit)
+    why = _too_costly(case, macs_limit)
     if why:
         return none(why)
     names = [c.name for c in outputs]
-    index = {n: tally.names.index(n) for n in names}
     draws = sorted({tally.worst[n] for n in names})
     feeds = [case.feeds[k] for k in draws]
-    exact, moved = None, None
+    exact = None
     try:
-        exact = twin() if twin is not None else None
+        exact = twin() if twin is not None and weight_bytes(case.reference) <= TWIN_BYTES else None
     except Exception:
         exact = None  # the float64 shrink failed: judged without it
     try:
@@ -425,20 +248,43 @@ def judge(
                 c.rounding, c.judged = False, f"{differs}: another model"
             return None
         r64 = float64_outputs(case.reference, feeds, names, case.reference_dir)
-        if differs is None and exact is not None:
-            x64 = float64_outputs(exact, feeds, names, wide=True)
-        else:
-            new = new_constants(case.shrunk, case.reference, case.shrunk_dir, case.reference_dir)
-            wide = widened(case.shrunk, case.shrunk_dir)
-            x64 = float64_outputs(wide, feeds, names, wide=True)
-            moved = float64_outputs(perturbed(wide, new), feeds, names, wide=True) if new else x64
+        x64, moved = _shrunk_float64(case, None if differs else exact, feeds, names)
     except NotJudged as exc:
         return none(str(exc))
     except Exception as exc:  # its constants cannot be read, ...
         return none(f"it cannot be computed in float64 here ({first_line(exc)})")
+    _verdicts(case, tally, outputs, draws, r64, x64, moved)
+    return None
+
+
+def _shrunk_float64(
+    case: Case, exact: onnx.ModelProto | None, feeds: list[dict[str, np.ndarray]], names: list[str]
+) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]] | None]:
+    """The shrunk model's side in float64: the twin's outputs (`exact`), or the shrunk model's
+    and its outputs with its new constants moved (each widened piece by piece)."""
+    if exact is not None:
+        return float64_outputs(exact, feeds, names, wide=True), None
+    new = new_constants(case.shrunk, case.reference, case.shrunk_dir, case.reference_dir)
+    x64 = float64_outputs(case.shrunk, feeds, names, case.shrunk_dir)
+    if not new:
+        return x64, x64
+    moved = float64_outputs(case.shrunk, feeds, names, case.shrunk_dir, change=lambda m: perturbed(m, new))
+    return x64, moved
+
+
+def _verdicts(
+    case: Case,
+    tally: ErrorTally,
+    outputs: list[OutputCheck],
+    draws: list[int],
+    r64: list[list[np.ndarray]],
+    x64: list[list[np.ndarray]],
+    moved: list[list[np.ndarray]] | None,
+) -> None:
+    """Each output's verdict on the draw it was worst on (see verdict)."""
     for j, c in enumerate(outputs):
         k = tally.worst[c.name]
-        row, i = draws.index(k), index[c.name]
+        row, i = draws.index(k), tally.names.index(c.name)
         v = verdict(
             case.ref_out[k][i], case.new_out[k][i], r64[row][j], x64[row][j], case.eps, case.dtype,
             None if moved is None else moved[row][j],
@@ -447,7 +293,6 @@ def judge(
             c.judged = "its values are not finite in float64 or float32"
             continue
         c.rounding, c.float64, c.judged = v.rounding, v.float64, v.text
-    return None
 
 
 # A node's form (op, domain, inputs, outputs, attributes: a tensor's or graph's by name and

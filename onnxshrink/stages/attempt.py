@@ -84,7 +84,7 @@ def prove(
     shrunk_dir = rewritten.data_file.parent if rewritten.data_file is not None else None
 
     def twin() -> onnx.ModelProto:
-        from onnxshrink.proof.judge import widened
+        from onnxshrink.proof.widen import widened
 
         wide = widened(reference, source.base_dir)
         quiet = opts.but(progress=False, log=None)
