@@ -126,11 +126,70 @@ def lstm(seed: int = 0, steps: int = 64, inputs: int = 8, hidden: int = 24) -> o
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def llama_rms(seed: int = 0, d: int = 32, f: int = 48, v: int = 64, t: int = 8, layers: int = 2) -> onnx.ModelProto:
+    """A LLaMA-like decoder without attention, its RMSNorms as torch.onnx.export writes
+    LlamaRMSNorm (Cast, Pow, ReduceMean, Add, Sqrt, Div(1, .), Mul, Cast, Mul by the gain):
+    embedding, per layer RMSNorm -> SwiGLU FFN -> residual Add, final RMSNorm, head. Six hidden
+    channels are zero in the embedding and in every FFN's output (the width a pruner removed:
+    the norms keep the statistics of the width d, their gains rescaled); two outlier channels
+    x8, their gains x0.1, as trained LLMs have them."""
+    rng = np.random.default_rng(seed)
+    dead = rng.choice(d, 6, replace=False)
+    outliers = rng.choice(np.setdiff1d(np.arange(d), dead), 2, replace=False)
+    emb = rng.standard_normal((v, d)) * 0.5
+    emb[:, outliers] *= 8
+    emb[:, dead] = 0
+    values: dict[str, np.ndarray] = {"embed": emb, "two": np.asarray(2.0), "eps": np.asarray(1e-5), "one": np.asarray(1.0)}
+    nodes = [helper.make_node("Gather", ["embed", "ids"], ["h0"])]
+
+    def norm(x: str, k: int) -> str:
+        values[f"g{k}"] = rng.uniform(0.5, 1.5, d) * np.where(np.isin(np.arange(d), outliers), 0.1, 1)
+        f32 = TensorProto.FLOAT
+        nodes.extend([
+            helper.make_node("Cast", [x], [f"xc{k}"], to=f32),
+            helper.make_node("Pow", [f"xc{k}", "two"], [f"sq{k}"]),
+            helper.make_node("ReduceMean", [f"sq{k}"], [f"ms{k}"], axes=[-1], keepdims=1),
+            helper.make_node("Add", [f"ms{k}", "eps"], [f"mse{k}"]),
+            helper.make_node("Sqrt", [f"mse{k}"], [f"rms{k}"]),
+            helper.make_node("Div", ["one", f"rms{k}"], [f"inv{k}"]),
+            helper.make_node("Mul", [f"xc{k}", f"inv{k}"], [f"xn{k}"]),
+            helper.make_node("Cast", [f"xn{k}"], [f"xn32{k}"], to=f32),
+            helper.make_node("Mul", [f"g{k}", f"xn32{k}"], [f"n{k}"]),
+        ])  # fmt: skip
+        return f"n{k}"
+
+    h = "h0"
+    for k in range(layers):
+        n = norm(h, k)
+        values[f"Wg{k}"], values[f"Wu{k}"] = (rng.standard_normal((d, f)) / np.sqrt(d) for _ in range(2))
+        values[f"Wd{k}"] = rng.standard_normal((f, d)) / np.sqrt(f)
+        values[f"Wd{k}"][:, dead] = 0
+        nodes += [
+            helper.make_node("MatMul", [n, f"Wg{k}"], [f"gate{k}"]),
+            helper.make_node("Sigmoid", [f"gate{k}"], [f"sg{k}"]),
+            helper.make_node("Mul", [f"gate{k}", f"sg{k}"], [f"silu{k}"]),
+            helper.make_node("MatMul", [n, f"Wu{k}"], [f"up{k}"]),
+            helper.make_node("Mul", [f"silu{k}", f"up{k}"], [f"act{k}"]),
+            helper.make_node("MatMul", [f"act{k}", f"Wd{k}"], [f"down{k}"]),
+            helper.make_node("Add", [h, f"down{k}"], [f"h{k + 1}"]),
+        ]
+        h = f"h{k + 1}"
+    values["head"] = rng.standard_normal((d, v)) / np.sqrt(d)
+    nodes.append(helper.make_node("MatMul", [norm(h, layers), "head"], ["logits"]))
+    inits = [numpy_helper.from_array(np.asarray(x, np.float32), name) for name, x in values.items()]
+    graph = helper.make_graph(
+        nodes, "llama_rms", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, t])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, t, v])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 MODELS = {
     "deep": lambda: deep_cnn(0),
     "noisy deep": lambda: deep_cnn(1),  # its own noise between optimization levels: 1e-4
     "layernorm": layernorm,
     "lstm": lstm,
+    "llama rms": llama_rms,
 }
 
 
@@ -139,10 +198,11 @@ def independent_error(reference: onnx.ModelProto, shrunk: onnx.ModelProto, draws
     rng = np.random.default_rng(99)
     worst = 0.0
     for _ in range(draws):
-        feed = {
-            i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-            for i in reference.graph.input
-        }
+        feed = {}
+        for i in reference.graph.input:
+            shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+            integer = i.type.tensor_type.elem_type == TensorProto.INT64  # token ids
+            feed[i.name] = rng.integers(0, 64, shape) if integer else rng.standard_normal(shape).astype(np.float32)
         for a, b in zip(run(reference, feed), run(shrunk, feed), strict=True):
             worst = max(worst, float(np.abs(a - b).max() / np.abs(a).max()))
     return worst
@@ -273,6 +333,10 @@ WRONG = {
     "lstm: a weight changed by 1e-4": ("lstm", scaled("R", 1e-4)),
     "lstm: a weight read along the wrong axis": ("lstm", wrong_axis("R", 2)),
     "lstm: a live unit removed": ("lstm", row_removed("Wo", 2)),
+    "llama rms: a rescaled gain 1e-4 off": ("llama rms", scaled("g1", 1e-4)),
+    "llama rms: a weight changed by 1e-4": ("llama rms", scaled("Wu1", 1e-4)),
+    "llama rms: a weight read along the wrong axis": ("llama rms", wrong_axis("Wg0", 1)),
+    "llama rms: a live neuron removed": ("llama rms", row_removed("Wd0", 5)),
 }
 
 
@@ -551,3 +615,98 @@ def test_an_integer_output_is_rounding_only_where_its_values_are_near_ties():
     # other values where the reference is stable: another function
     v = verdict(r32, s32, np.array([0, 1, 2]), np.array([3, 1, 2]), 2.0**-23)
     assert not v.rounding and "another function" in v.text
+
+
+# ------------------------------------------------------------------ the float64 judge, in pieces
+def _pieces(monkeypatch, twin: bool) -> None:
+    """Every model past 1 KiB computed in float64 piece by piece; the twin made or not."""
+    import onnxshrink.proof.judge as judge
+    import onnxshrink.proof.widen as widen
+
+    monkeypatch.setattr(widen, "PIECE_BYTES", 1024)
+    if not twin:
+        monkeypatch.setattr(judge, "TWIN_BYTES", 0)
+
+
+def test_float64_in_pieces_computes_what_the_whole_model_does(monkeypatch):
+    """A CNN (Conv: onnx's reference evaluator, with the kernels given to it) and the LLaMA-like
+    model (onnxruntime) cut into pieces of 1 KiB of weights: the same float64 values as whole,
+    within float64's own rounding, and both far closer to each other than float32 is."""
+    from onnxshrink.proof import segment
+
+    for model, feed in (
+        (deep_cnn(0, depth=3, c=8, hw=8), {"x": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}),
+        (llama_rms(), {"ids": np.arange(8, dtype=np.int64)[None]}),
+    ):  # fmt: skip
+        names = [o.name for o in model.graph.output]
+        assert len(segment.split(model, 1024) or []) > 2
+        whole = float64_outputs(model, [feed], names)[0][0]
+        _pieces(monkeypatch, twin=True)
+        pieces = float64_outputs(model, [feed], names)[0][0]
+        monkeypatch.undo()
+        assert pieces.dtype == np.float64
+        np.testing.assert_allclose(pieces, whole, rtol=0, atol=1e-13 * np.abs(whole).max())
+        f32 = run(model, feed)[0]
+        assert np.abs(f32 - whole).max() > 1e3 * np.abs(pieces - whole).max()
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_the_judges_convolutions_compute_what_onnx_specifies(op):
+    """The judge's Conv and ConvTranspose kernels against onnxruntime's float32 ones, on the forms
+    models have: grouped, depthwise, strided, dilated, padded, SAME, output padding."""
+    from onnxshrink.proof.widen import conv_nd, conv_transpose_nd
+
+    rng = np.random.default_rng(0)
+    forms = [
+        dict(group=1, strides=[1, 1], dilations=[1, 1], pads=[1, 1, 1, 1]),
+        dict(group=4, strides=[2, 2], dilations=[1, 1], pads=[0, 1, 1, 0]),
+        dict(group=8, strides=[1, 2], dilations=[2, 1], pads=[2, 1, 2, 0]),  # depthwise
+        dict(group=2, strides=[2, 1], dilations=[1, 1], auto_pad="SAME_UPPER"),
+    ]
+    for form in forms:
+        g = form["group"]
+        x = rng.standard_normal((2, 8, 7, 6)).astype(np.float32)
+        w = rng.standard_normal((8, 8 // g, 3, 3) if op == "Conv" else (8, 2, 3, 3)).astype(np.float32)
+        b = rng.standard_normal(8 if op == "Conv" else 2 * g).astype(np.float32)
+        attrs = dict(form)
+        if op == "ConvTranspose":
+            if "auto_pad" in attrs:
+                continue
+            attrs["output_padding"] = [s - 1 for s in form["strides"]]
+            got = conv_transpose_nd(x.astype(np.float64), w, b, form["dilations"], g, form["pads"], form["strides"], attrs["output_padding"])
+        else:
+            got = conv_nd(x.astype(np.float64), w, b, form.get("auto_pad", "NOTSET"), form["dilations"], g, form.get("pads"), form["strides"])
+        node = helper.make_node(op, ["x", "w", "b"], ["y"], **attrs)
+        graph = helper.make_graph(
+            [node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+        )  # fmt: skip
+        want = run(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0]
+        assert got.dtype == np.float64 and got.shape == want.shape, form
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("twin", [True, False], ids=["its float64 twin", "its new constants moved"])
+def test_the_norms_rescaled_gains_are_judged_with_their_rounding_accounted_for(monkeypatch, twin):
+    """The LLaMA-like model's hidden width pruned through its RMSNorms (gains x sqrt(d/n), stored
+    in float32), judged in float64 against the reference, in pieces, at --rtol 0 so that the
+    judge decides: rounding. Either against the twin (the gains rescaled in float64 from the
+    originals, the stored ones their rounding) or with the stored gains moved by 64 epsilons
+    (what their rounding can do). A gain rescaled 1e-4 off is another function either way."""
+    _pieces(monkeypatch, twin)
+    model = llama_rms()
+    with pytest.raises(ValidationFailed) as info:
+        shrink(model, rtol=0)
+    result = info.value.result
+    assert result.validation.rounding() and params(result.model) < params(model)
+    assert [t.dims[0] for t in result.model.graph.initializer if t.name == "g0"] == [26]
+    (o,) = result.validation.outputs
+    assert o.rounding is True and o.float64 < 1e-12 and o.max_rel_error > 1e-8
+    assert ("its float64 twin" in o.judged) == twin
+    assert ("its stored constants' rounding reaching" in o.judged) != twin
+    _edit(monkeypatch, scaled("g1", 1e-4))
+    with pytest.raises(ValidationFailed) as info:
+        shrink(model, rtol=0, recover=False)
+    (o,) = info.value.result.validation.outputs
+    assert o.rounding is False and "another function" in o.judged

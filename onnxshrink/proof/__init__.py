@@ -13,7 +13,8 @@ The modules, by subject (their other functions are imported from them where need
 - `verdict`: per output, its error against its tolerance; the report.
 - `inputs`: the shapes chosen for dynamic dims, random draws, inputs given in files.
 - `sessions`: onnxruntime sessions, levels, threads; a model run whole or in segments.
-- `comparison`: the proof itself (`compare`); `judge`: the float64 judge where float32 cannot decide;
+- `comparison`: the proof itself (`compare`); `judge`: the float64 judge where float32 cannot decide,
+  `widen`: models computed in float64 (whole or in pieces) for it;
   `qdq`: quantized products compared as integer kernels compute them; `emulate`: bfloat16
   emulated in float32; `segment`: cutting a model for memory or for `--validate-layers`.
 - `recover`: after a failed proof, the removals responsible kept back by bisection.

@@ -18,11 +18,16 @@ where the float32 difference was worst, they can be told apart:
   reference does not hold: folded biases, border corrections) by PERTURB_STEPS epsilons of their
   dtype moves it: what storing them rounded can do, measured, not guessed.
 
-And the float32 difference must be of the size float32 gives that output (a runtime computing
-one model otherwise is no rounding). onnxruntime runs the widened graph when it has a double
-kernel for every op (LSTM, Gemm, MatMul, elementwise ops); otherwise onnx's reference evaluator
-does (Conv, Resize, ...; about 0.1 G multiply-adds a second, BatchNormalization by the inference
-formula). Contrib ops have no float64 form here: such a model cannot be judged.
+And the float32 difference must be of the size float32 gives that output: at most SIZE_FACTOR x
+the reference's own float32 error against float64 (a prune's shorter sums and products round
+differently, as the reference's own arithmetic does; a runtime computing one model otherwise is
+no rounding). That bound, not the spread between onnxruntime's optimization levels, is the
+float32 tolerance of an output the judge decides.
+
+The judge never declines a model for its size: each model is computed in float64 in pieces
+(onnxshrink.proof.widen), and the twin is made for a reference of at most TWIN_BYTES of weights
+(its float64 copy and analysis held at once); past it, the shrunk model is judged with its new
+constants moved. Contrib ops with no float64 kernel cannot be judged.
 """
 
 from __future__ import annotations
@@ -195,7 +200,7 @@ def verdict(
         + ("" if moved is None else f", its stored constants' rounding reaching {reach / mag:.2g}")
         + ("" if same else ": another function")
         + f"; the reference's own {dtype} error {own / mag:.2g}"
-        + ("" if sized else f", the shrunk model's {d32 / mag:.2g} is past {SIZE_FACTOR:g} x it")
+        + f", the shrunk model's {d32 / mag:.2g} {'within' if sized else 'past'} {SIZE_FACTOR:g} x it"
     )
     return Verdict(same and sized, d64 / mag, own / mag, text)
 

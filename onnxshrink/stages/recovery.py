@@ -5,6 +5,7 @@ smaller than the input, is no outcome worth writing."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import onnx
@@ -14,7 +15,7 @@ from onnxshrink.errors import ValidationFailed
 from onnxshrink.io.model import Scratch
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
-from onnxshrink.proof.recover import Attempt, Recovery, recover
+from onnxshrink.proof.recover import BUDGET, Attempt, Recovery, recover
 from onnxshrink.proof.verdict import round_up
 from onnxshrink.report import count_params
 from onnxshrink.stages import attempt as attempts
@@ -57,16 +58,31 @@ def recovered(
 def _recover(
     first: Attempt, reference: onnx.ModelProto, source: Source, opts: ShrinkOptions, scratch: Scratch | None
 ) -> Recovery:
-    """Tries with axes kept whole until one passes (proof.recover); the data files of the tries
-    not kept are removed as they go."""
-    tries: list[Attempt] = []
+    """Tries with axes kept whole until one passes (proof.recover), each announced with what it
+    keeps and how long the last one took (a try is a whole shrink and proof: minutes on an
+    LLM). Only the first failure's report, the best passing try and the current one are held
+    (the first's shrunk model is let go): never more than the prune's own models at once. The
+    data files of the tries not kept are removed as they go."""
+    total = len(first.analysis.keep.removed())
+    first.rewritten = None  # its report says what failed; its model is not the outcome
+    tries, seconds, best = 0, 0.0, None
 
     def one_try(pins: frozenset[AxisKey]) -> Attempt:
-        tries.append(attempts.attempt(reference, source, opts, pins, scratch))
-        data = tries[-1].rewritten.data_file if tries[-1].rewritten else None
-        if len(tries) > 1 and not tries[-1].passed and data is not None:
-            data.unlink(missing_ok=True)  # a failed try's data (the first may be the outcome)
-        return tries[-1]
+        nonlocal tries, seconds, best
+        tries += 1
+        last = f"; the last took {seconds:.0f} s" if tries > 1 else ""
+        opts.say(f"recovery: try {tries} (at most {BUDGET}), keeping {len(pins)} of {total} tensor axes whole{last} ...")
+        t0 = time.perf_counter()
+        tried = attempts.attempt(reference, source, opts, pins, scratch)
+        seconds = time.perf_counter() - t0
+        data = tried.rewritten.data_file if tried.rewritten else None
+        if not tried.passed and tries > 1 and data is not None:
+            data.unlink(missing_ok=True)  # a failed try's data (the first try may be the outcome)
+        if tried.passed:
+            if best is not None:
+                best.rewritten = None  # a smaller passing set replaces it: its model is let go
+            best = tried
+        return tried
 
     recovery = recover(first, one_try)
     if scratch is not None:  # the data of every other try
