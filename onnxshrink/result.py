@@ -57,6 +57,9 @@ class ShrinkResult:
     torch_validation: ValidationReport | None = None  # export_and_shrink: against the module itself
     # When the first proof failed: what failed, and the tensor axes kept whole to pass.
     first_failure: str | None = None
+    # it was a wrong model for sure (the float64 judge found another function, or the shrunk
+    # model did not run), not a failure float64 could not judge
+    first_failure_bug: bool = False
     kept_after_failed_proof: list[dict[str, Any]] = field(default_factory=list)
     data_file: Path | None = None  # where `model`'s external weights are, when not in memory
     renamed_nodes: list[tuple[str, str]] = field(default_factory=list)  # (shared name, new name)
@@ -91,6 +94,7 @@ class ShrinkResult:
         "written",
         "torch_validation",
         "first_failure",
+        "first_failure_bug",
         "kept_after_failed_proof",
         "renamed_nodes",
         "interface_changes",

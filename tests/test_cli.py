@@ -420,6 +420,7 @@ def test_recovery_keeps_back_only_the_wrong_removals_and_is_deterministic(monkey
     layer1 = 8 * 9 + 1 + 16  # a W1 filter, its bias, a W2 column
     for r in runs:
         assert r.passed and r.first_failure.endswith("; in float64 too: another function)")
+        assert r.first_failure_bug  # only a float64 verdict calls it a bug
         assert params(r.model) == params(model) - 4 * layer1  # the folded channels kept back
         assert {k["indices"] for k in r.kept_after_failed_proof} == {6}
     assert runs[0].kept_after_failed_proof == runs[1].kept_after_failed_proof

@@ -416,9 +416,12 @@ def test_recovery_never_writes_a_model_no_smaller_than_its_input(tmp_path, monke
     assert main([str(path), "-o", str(out), "--rtol", "0", "--report", str(report)]) == 1
     captured = capsys.readouterr()
     assert "finding the removals responsible" in captured.out
+    assert "recovery: try 1 (at most 48), keeping 6 of 6 tensor axes whole ..." in captured.out
+    assert "recovery: try 2 (at most 48), keeping 3 of 6 tensor axes whole; the last took " in captured.out
     before = params(model)
     assert f"leaves a model no smaller than the input ({before} parameters, the input {before})" in captured.err
     assert "If that error is rounding, --rtol " in captured.err
+    assert "; not judged in float64: not here)" in captured.err  # float64 could not say: no bug called
     assert "would have passed the first proof." in captured.err
     assert not out.exists()
 

@@ -56,11 +56,16 @@ def _say_recovery(result: Any, args: argparse.Namespace, say: Say) -> None:
     """What a failed first proof kept back, and the masks that bound nowhere."""
     if result.kept_after_failed_proof:
         kept = result.kept_after_failed_proof
-        say(
-            f"[W] the first proof failed ({result.first_failure}); {len(kept)} tensor axis/axes "
-            f"were kept whole to pass, {sum(k['indices'] for k in kept)} index(es) in all. "
+        why = (
             "This is a bug in onnxshrink's analysis (or in onnxruntime, where it refused the "
             "shrunk model): please report it with the model."
+            if result.first_failure_bug
+            else "The float64 judge could not decide it: it may be rounding, which no removal "
+            "causes (a larger --rtol would keep them); if it is not, please report it with the model."
+        )
+        say(
+            f"[W] the first proof failed ({result.first_failure}); {len(kept)} tensor axis/axes "
+            f"were kept whole to pass, {sum(k['indices'] for k in kept)} index(es) in all. {why}"
         )
         for k in kept[: 10 if not args.explain else None]:
             say(f"[W]     {k['tensor']} (axis {k['axis']}): {k['indices']} kept back")

@@ -26,6 +26,7 @@ from onnxshrink.proof.sessions import (
 )
 from onnxshrink.proof.verdict import (
     NOISE_FACTOR,
+    ROUNDING_STEPS,
     ErrorTally,
     OutputCheck,
     ValidationReport,
@@ -405,11 +406,14 @@ def _judge_undecided(
     twin: Callable[[], onnx.ModelProto] | None,
     judge_macs: float | None,
 ) -> None:
-    """Above the floor, float32 cannot tell rounding from a wrong model of the same size (a
-    weight changed by 1e-4 moves a noisy model's outputs as much as its own rounding does): the
-    float64 judge decides the outputs there, where it can (a model past GRAY_MACS passes within
-    the noise), and `report` follows its verdicts."""
+    """Above ROUNDING_STEPS epsilons (the floor, or a given rtol), float32 cannot tell rounding
+    from a wrong model of the same size (a weight changed by 1e-4 moves a noisy model's outputs
+    as much as its own rounding does; one weight element off by 1e-4 moves an LLM's by 3e-6):
+    the float64 judge decides the outputs there, where it can (a model past GRAY_MACS passes
+    within the noise), and `report` follows its verdicts."""
     atol, base = proof.opts.atol, proof.base
+    if proof.opts.rtol is None and kind == "full":
+        base = min(base, ROUNDING_STEPS * proof.eps)
     undecided = [
         c
         for c in report.outputs
@@ -422,7 +426,7 @@ def _judge_undecided(
         for c in undecided:
             c.judged = "a partial proof (--validate-layers) is not judged in float64"
     else:
-        _judge(proof, twin, tally, ref_out, new_out, undecided, judge_macs)
+        _judge(proof, twin, tally, ref_out, new_out, undecided, judge_macs, base)
     for c in undecided:
         if c.rounding is True and proof.opts.rtol is None:
             c.passed = True  # the same function: rounding
@@ -447,10 +451,11 @@ def _judge(
     new_out: list[list[np.ndarray]],
     outputs: list[OutputCheck],
     judge_macs: float | None,
+    past: float,
 ) -> None:
-    """The float64 judge on `outputs` (see onnxshrink.proof.judge): always when one of them
-    failed its float32 tolerance (up to `judge_macs` when given: a recovery's try), when all
-    are within it up to GRAY_MACS of the reference evaluator's work."""
+    """The float64 judge on `outputs` (off by more than `past`; see onnxshrink.proof.judge):
+    always when one of them failed its float32 tolerance (up to `judge_macs` when given: a
+    recovery's try), when all are within it up to GRAY_MACS of the reference evaluator's work."""
     from onnxshrink.proof.judge import Case, judge
     from onnxshrink.proof.widen import evaluator_macs
 
@@ -467,7 +472,7 @@ def _judge(
                     "kernel in onnxruntime are not judged there"
                 )
             return
-    proof.opts.say(f"judging {len(outputs)} output(s) in float64 (the float32 error is past {proof.base:g}) ...")
+    proof.opts.say(f"judging {len(outputs)} output(s) in float64 (their float32 error is past {past:.2g}) ...")
     judge(case, twin, tally, outputs, judge_macs)
 
 

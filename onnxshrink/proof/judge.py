@@ -66,7 +66,7 @@ EPS64 = float(np.finfo(np.float64).eps)
 SIZE_FACTOR = 10.0
 # Weights of a reference whose shrink the judge repeats in float64 (the twin: the float64 copy
 # and its analysis); a larger model's shrunk model is judged with its new constants moved.
-TWIN_BYTES = 1 << 30
+TWIN_BYTES = 256 * 2**20
 _EPS: dict[int, float] = {int(k): v for k, v in EPS.items()}  # by the element type number
 
 

@@ -52,10 +52,22 @@ class Attempt:
         outputs = self.report.outputs if self.report else []
         worst = max((o.max_rel_error for o in outputs), default=0.0)
         another = any(o.rounding is False for o in outputs if not o.passed)
+        unjudged = [o.judged for o in outputs if not o.passed and o.rounding is None and o.judged]
         return (
             f"the shrunk model differs from the reference (max relative error {worst:.3g}"
-            + ("; in float64 too: another function)" if another else ")")
+            + ("; in float64 too: another function)" if another else "")
+            + (f"; not judged in float64: {unjudged[0]})" if unjudged and not another else "")
+            + (")" if not another and not unjudged else "")
         )
+
+    def bug(self) -> bool:
+        """Is the failure a wrong model for sure: the rewrite failed, the shrunk model does not
+        run, or the float64 judge found another function (not a failure float64 could not judge,
+        which may be rounding)?"""
+        if self.error or (self.report is not None and self.report.error):
+            return True
+        outputs = self.report.outputs if self.report else []
+        return any(o.rounding is False for o in outputs if not o.passed)
 
 
 @dataclass
@@ -64,6 +76,7 @@ class Recovery:
     kept: dict[AxisKey, int]  # tensor axes kept whole, and how many indices that kept back
     first_failure: str
     tries: int
+    bug: bool = True  # the first failure is a wrong model for sure (Attempt.bug)
 
 
 def recover(
@@ -74,7 +87,7 @@ def recover(
     units = sorted(removed)
     everything = attempt(frozenset(units))
     if not everything.passed:  # keeping every channel does not help: not about removals
-        return Recovery(everything, {}, first.failure(), 1)
+        return Recovery(everything, {}, first.failure(), 1, first.bug())
     keep, best, tries = units, everything, 1
     n = 2
     while len(keep) >= 2 and tries < budget:
@@ -94,4 +107,4 @@ def recover(
             if n >= len(keep):
                 break
             n = min(len(keep), 2 * n)
-    return Recovery(best, {k: removed[k] for k in keep}, first.failure(), tries)
+    return Recovery(best, {k: removed[k] for k in keep}, first.failure(), tries, first.bug())

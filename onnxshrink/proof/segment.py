@@ -14,8 +14,9 @@ N blocks, its outputs the frontier there: what `--validate-layers N` proves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import onnx
@@ -100,6 +101,30 @@ def _sub_model(
 def split(model: onnx.ModelProto, budget: int) -> list[Segment] | None:
     """Segments of at most about `budget` weight bytes each (a segment holds at least one node);
     None when the model cannot be cut (subgraphs, tensors of unknown type) or needs no cut."""
+    found = pieces(model, budget)
+    return [Segment(p.model, p.inputs, p.outputs) for p in found] if found is not None else None
+
+
+class Piece:
+    """A segment whose model is made when asked for, anew each time: a run of pieces holds one
+    piece's weights at a time (`split` copies every segment's weights at once)."""
+
+    def __init__(self, make: Callable[[], onnx.ModelProto], inputs: list[str], outputs: list[str]):
+        self._make, self.inputs, self.outputs = make, inputs, outputs
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        return self._make()
+
+
+def pieces(model: onnx.ModelProto, budget: int) -> list[Piece] | None:
+    """`split`, each segment's model made when asked for (`Piece`)."""
+    bounds = _bounds(model, budget)
+    return _segments(model, list(model.graph.node), bounds) if bounds is not None else None
+
+
+def _bounds(model: onnx.ModelProto, budget: int) -> list[int] | None:
+    """Where `split` cuts (the first and the last node index included); None: no cut."""
     nodes = list(model.graph.node)
     if weight_bytes(model) <= budget or any(_has_subgraph(n) for n in nodes):
         return None
@@ -113,12 +138,10 @@ def split(model: onnx.ModelProto, budget: int) -> list[Segment] | None:
         if acc >= budget and k + 1 < len(nodes):
             cuts.append(k + 1)
             acc, seen = 0, set()
-    if not cuts:
-        return None
-    return _segments(model, nodes, [0, *cuts, len(nodes)])
+    return [0, *cuts, len(nodes)] if cuts else None
 
 
-def _segments(model: onnx.ModelProto, nodes: list[onnx.NodeProto], bounds: list[int]) -> list[Segment] | None:
+def _segments(model: onnx.ModelProto, nodes: list[onnx.NodeProto], bounds: list[int]) -> list[Piece] | None:
     types = _types(model)
     graph_outputs = {o.name for o in model.graph.output}
     inits = {t.name for t in model.graph.initializer}
@@ -134,7 +157,7 @@ def _segments(model: onnx.ModelProto, nodes: list[onnx.NodeProto], bounds: list[
         outputs = [o for o in _frontier(nodes, b, graph_outputs) if o in made]
         if any(t not in types for t in [*inputs, *outputs]):
             return None
-        segments.append(Segment(_sub_model(model, part, inputs, outputs, types), inputs, outputs))
+        segments.append(Piece(partial(_sub_model, model, part, inputs, outputs, types), inputs, outputs))
     return segments
 
 

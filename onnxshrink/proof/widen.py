@@ -163,12 +163,12 @@ def float64_outputs(
     """`outputs` of `model` computed in float64 on each feed (`wide`: the model is widened
     already), whole or in pieces (see the module doc); `change`: what to do to each widened piece
     before it runs (the judge's perturbation). NotJudged when it cannot be computed here."""
-    from onnxshrink.proof.segment import Segment, split
+    from onnxshrink.proof.segment import Piece, pieces
 
-    parts = split(model, PIECE_BYTES) or [Segment(model, [i.name for i in model.graph.input], outputs)]
+    parts = pieces(model, PIECE_BYTES) or [Piece(lambda: model, [i.name for i in model.graph.input], outputs)]
     values = [_wide_feed(f) for f in feeds]
     for k, part in enumerate(parts):
-        piece = part.model if wide else _widened_piece(part.model, base_dir)
+        piece = part.model if wide else _widened_piece(part.model, base_dir)  # made now, freed below
         piece = change(piece) if change is not None else piece
         names = [o for o in part.outputs if o in outputs] if len(parts) == 1 else part.outputs
         wanted = {i.name for i in piece.graph.input}

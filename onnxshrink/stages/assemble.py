@@ -70,6 +70,7 @@ def assemble(
         barriers=_barriers(run.outcome.analysis),
         replayed=[{"node": n, "op": op, "finding": f} for n, op, f in run.outcome.analysis.keep.notes.values()],
         first_failure=run.recovery.first_failure if run.recovery else None,
+        first_failure_bug=run.recovery.bug if run.recovery else False,
         kept_after_failed_proof=_kept_back(run),
     )
     if rewritten.data_file is not None:
