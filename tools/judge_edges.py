@@ -115,6 +115,7 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--no-twin", action="store_true")
     ap.add_argument("--pieces", type=int, default=None, help="float64 piece size in bytes")
+    ap.add_argument("--only", default=None, help="run only the edges whose description contains this")
     args = ap.parse_args()
     import onnxshrink.proof.judge as judge
     import onnxshrink.proof.widen as widen
@@ -147,6 +148,8 @@ def main() -> int:
             "a weight read along the wrong axis": _flipped("model.layers.0.self_attn.o_proj.weight_t", 1),
         }
         wrong_passed = 0
+        if args.only:
+            edges = {k: v for k, v in edges.items() if args.only in k}
         for what, change in edges.items():
             with _edited(change):
                 validation, seconds, failed, _ = _prune(path)

@@ -260,10 +260,10 @@ class _Runs:
     (split by weight bytes), with a progress bar."""
 
     def __init__(self, proof: _Proof, models: _Compared):
-        from onnxshrink.proof.segment import split
+        from onnxshrink.proof.segment import pieces
 
         self.proof, self.models = proof, models
-        self.parts = [split(m, segment_bytes(m)) for m in (models.reference, models.shrunk)]
+        self.parts = [pieces(m, segment_bytes(m)) for m in (models.reference, models.shrunk)]
         self.counts = [len(p) if p else 1 for p in self.parts]
 
     def reference(self, at: str, what: str) -> list[list[np.ndarray]]:

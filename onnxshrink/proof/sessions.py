@@ -17,7 +17,7 @@ from onnxshrink.logs import onnxruntime_severity
 from onnxshrink.options import PROVIDERS, Provider
 
 if TYPE_CHECKING:  # run_model imports the segmenting (and shape inference) when it runs
-    from onnxshrink.proof.segment import Segment
+    from onnxshrink.proof.segment import Piece
 
 # onnxruntime's name of each provider a run can be given (options.Provider)
 EXECUTION_PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -191,18 +191,18 @@ def run_model(
     provider: str,
     data_dir: str | Path | None = None,
     progress=None,
-    parts: list[Segment] | None = None,
+    parts: list[Piece] | None = None,
     level: str = OFF,
 ) -> list[list[np.ndarray]]:
     """`outputs` of `model` on each feed, with one session at a time: the whole model, or its
     segments in order when its weights exceed SEGMENT_BYTES (each run on every feed, its
     results kept, its session freed), at graph optimization `level`. RunFailed when
     onnxruntime cannot load or run it. `parts`: the segments, when already cut
-    (onnxshrink.proof.segment.split)."""
-    from onnxshrink.proof.segment import Segment, split
+    (onnxshrink.proof.segment.pieces: each made when it runs, one piece's weights copied at a time)."""
+    from onnxshrink.proof.segment import Piece, pieces
 
-    parts = parts or split(model, segment_bytes(model))
-    parts = parts or [Segment(model, [i.name for i in model.graph.input], outputs)]
+    parts = parts or pieces(model, segment_bytes(model))
+    parts = parts or [Piece(lambda: model, [i.name for i in model.graph.input], outputs)]
     values = [dict(feed) for feed in feeds]
     for k, part in enumerate(parts):
         try:
