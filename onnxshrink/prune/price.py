@@ -6,11 +6,13 @@ before and after, measured (targets.LatencyMeter)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 
 @dataclass
@@ -102,3 +104,84 @@ def compare_outputs(
             )
         )
     return out
+
+
+# ---------------------------------------------------------------------- measuring it
+@dataclass
+class InputRun:
+    """The input model measured before any group is zeroed (a prune may zero them in the copy
+    it read): the inputs the price is taken on, what they are called, the input model's outputs
+    on them, and the latency meter holding the input's session. `note`: why there is no price."""
+
+    feeds: list[Mapping[str, np.ndarray]]
+    label: str
+    outputs: list[dict[str, np.ndarray]] | None = None
+    meter: Any = None  # targets.LatencyMeter
+    note: str | None = None
+
+
+def price_feeds(
+    model: onnx.ModelProto,
+    held_out: Sequence[Mapping[str, np.ndarray]] | None,
+    data: Sequence[Mapping[str, np.ndarray]] | None,
+    shapes: dict[str, list[int]],
+    draws: int,
+    seed: int,
+) -> tuple[list[Mapping[str, np.ndarray]], str]:
+    """The inputs the price is measured on, and how to call them."""
+    from onnxshrink.proof.inputs import make_inputs
+    from onnxshrink.prune.calibrate import feed_label
+
+    if held_out:
+        return list(held_out), f"held-out inputs ({feed_label(held_out)})"
+    if data:
+        return list(data), f"calibration inputs ({feed_label(data)}; no held-out set given: optimistic)"
+    drawn: list[Mapping[str, np.ndarray]] = list(make_inputs(model, shapes, max(draws, 1), seed))
+    return drawn, "random inputs (no --inputs given: a poor stand-in for your data)"
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(
+        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in model.graph.initializer
+    )
+
+
+def run_input(
+    model: onnx.ModelProto,
+    feeds: list[Mapping[str, np.ndarray]],
+    label: str,
+    known: list[dict[str, np.ndarray]] | None = None,
+    meter: Any = None,
+) -> InputRun:
+    """The input `model`'s outputs on `feeds` (`known`: already run on them, by the
+    calibration), and its latency meter (`meter`, else one made here: a glance), before the
+    prune changes anything. A model whose weights the proof runs in segments is not priced
+    (sessions of it and of the pruned model would not fit where the proof's segments do)."""
+    from onnxshrink.proof.sessions import SEGMENT_BYTES
+    from onnxshrink.prune.calibrate import run_feeds
+    from onnxshrink.prune.targets import LatencyMeter
+
+    weights = weight_bytes(model)
+    if weights > SEGMENT_BYTES:
+        note = f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run in segments by the proof, not whole"
+        return InputRun(feeds, label, note=note)
+    meter = meter if meter is not None else LatencyMeter(model, feeds[0], rounds=5, budget=0.05)
+    names = [o.name for o in model.graph.output]
+    outputs = known if known is not None else list(run_feeds(meter.base, feeds, names, "inputs"))
+    return InputRun(feeds, label, outputs, meter)
+
+
+def measure(given: InputRun, pruned: onnx.ModelProto) -> Price:
+    """The pruned model's outputs on the same inputs against the input's, and both latencies
+    (the CPU provider, all of onnxruntime's optimizations, as a deployment runs them)."""
+    from onnxshrink.prune.calibrate import run_feeds
+
+    if given.outputs is None:
+        return Price(given.label, note=given.note)
+    names = list(given.outputs[0])
+    candidate = given.meter.session(pruned)
+    after = list(run_feeds(candidate, given.feeds, names, "inputs"))
+    result = Price(given.label, compare_outputs(given.outputs, after))
+    result.latency_before_ms, result.latency_after_ms = given.meter.compare(candidate)
+    result.threads = given.meter.threads
+    return result

@@ -44,7 +44,7 @@ from onnxshrink.prune.compensate import Compensation
 from onnxshrink.prune.groups import Group, GroupSet, Member, find_groups
 from onnxshrink.prune.importance import activations, block_streams, scores
 from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
-from onnxshrink.prune.price import Price
+from onnxshrink.prune.price import InputRun, Price, measure, price_feeds, run_input
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.prune.sensitivity import Family
 from onnxshrink.prune.targets import Costs, LatencyMeter, Target
@@ -186,9 +186,13 @@ def prune(
     meters: list[LatencyMeter] = []
     choice = _allocate(given, scored, ask, opts, meters)
     clock.lap("select")
-    zeroed = _zero(given, scored, choice, ask, opts)
+    before = None
+    if ask.price:
+        before = _run_input(given, scored, ask, opts, meters)
+        clock.lap("price.input")
+    zeroed = _zero(given, scored, choice, ask, opts)  # may zero given.proto in place
     clock.lap("zero")
-    result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, meters, clock)
+    result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, before, clock)
     return _outputs(given, scored, choice, zeroed, result, cost, ask, clock)
 
 
@@ -392,7 +396,7 @@ def _allocate(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, m
 
     def meter() -> LatencyMeter:
         if not meters:
-            feeds = _price_feeds(given.proto, ask.held_out, ask.data, given.shapes, opts)[0]
+            feeds = price_feeds(given.proto, ask.held_out, ask.data, given.shapes, opts.draws, opts.seed)[0]
             meters.append(LatencyMeter(given.proto, feeds[0]))
         return meters[0]
 
@@ -458,7 +462,7 @@ def _shrink_and_write(
     ask: Request,
     opts: ShrinkOptions,
     output: str | Path | None,
-    meters: list[LatencyMeter],
+    before: InputRun | None,
     clock: PhaseClock,
 ) -> tuple[ShrinkResult, Price | None]:
     """The reference shrunk exactly, the price measured, and the outputs written. The masks (and
@@ -475,7 +479,8 @@ def _shrink_and_write(
         clock.lap("masks")
         result = shrink_reference(zeroed.reference, shrink_opts, given.original)
         _check_removed(result, zeroed, ask, output, shrink_opts)
-        cost = _priced(given, scored, result, ask, opts, meters, clock) if ask.price else None
+        clock.lap("shrink")  # its phases are the shrink's own timings
+        cost = _priced(given, result, ask, opts, before, clock) if before is not None else None
         if output is not None:
             t0 = time.perf_counter()
             save(result, Source(result.reference), output, shrink_opts)
@@ -529,27 +534,35 @@ def _check_removed(
     )
 
 
-def _priced(
-    given: Input,
-    scored: Scored,
-    result: ShrinkResult,
-    ask: Request,
-    opts: ShrinkOptions,
-    meters: list[LatencyMeter],
-    clock: PhaseClock,
-) -> Price:
-    """What the prune cost, measured and said. It compares the shrunk model with `given.proto`,
-    the unpruned input as read (the input model's own figure, `given.original`, is at hand for
-    a later comparison with it)."""
-    opts.say("measuring the price ...")
+def _run_input(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, meters: list[LatencyMeter]) -> InputRun:
+    """The input model run on the price's inputs before any group is zeroed: the reference of a
+    `--prune RATIO` without compensation is made in `given.proto` itself (no second copy of the
+    weights), so the input's outputs and its latency session are taken first."""
+    feeds: list[Mapping[str, np.ndarray]] = []
+    label = "inputs"
     try:
-        cost = _price(
-            given.proto, result.model, scored.calibration, ask.held_out, ask.data, given.shapes, opts, meters
-        )
+        feeds, label = price_feeds(given.proto, ask.held_out, ask.data, given.shapes, opts.draws, opts.seed)
+        calibration = scored.calibration
+        known = calibration.outputs if calibration is not None and not ask.held_out else None
+        return run_input(given.proto, feeds, label, known, meters[0] if meters else None)
     except Exception as exc:  # inputs it cannot draw, ops onnxruntime cannot run (--no-validate)
         if isinstance(exc, ShrinkError) and ask.held_out:
             raise  # the user's held-out inputs the model cannot run on
-        cost = Price("inputs", note=f"not measured: {first_line(exc)}")
+        return InputRun(feeds, label, note=f"not measured: {first_line(exc)}")
+
+
+def _priced(
+    given: Input, result: ShrinkResult, ask: Request, opts: ShrinkOptions, before: InputRun, clock: PhaseClock
+) -> Price:
+    """What the prune cost, measured and said: the shrunk model against the input model's
+    outputs taken before anything was zeroed (`before`), on the same inputs."""
+    opts.say("measuring the price ...")
+    try:
+        cost = measure(before, result.model)
+    except Exception as exc:  # ops onnxruntime cannot run (--no-validate)
+        if isinstance(exc, ShrinkError) and ask.held_out:
+            raise  # the user's held-out inputs the pruned model cannot run on
+        cost = Price(before.label, note=f"not measured: {first_line(exc)}")
     if cost.latency_after_ms is not None and given.original.macs:
         cost.macs_ratio = result.after.macs / given.original.macs
     clock.lap("price")
@@ -615,47 +628,6 @@ def predicted_error(families, chosen) -> float:
     from onnxshrink.prune.sensitivity import predicted
 
     return predicted(families, chosen)
-
-
-def _price_feeds(proto, held_out, data, shapes, opts) -> tuple[list[Mapping[str, np.ndarray]], str]:
-    """The inputs the price is measured on, and how to call them."""
-    from onnxshrink.proof.inputs import make_inputs
-    from onnxshrink.prune.calibrate import feed_label
-
-    if held_out:
-        return list(held_out), f"held-out inputs ({feed_label(held_out)})"
-    if data:
-        return list(data), f"calibration inputs ({feed_label(data)}; no held-out set given: optimistic)"
-    drawn: list[Mapping[str, np.ndarray]] = list(make_inputs(proto, shapes, max(opts.draws, 1), opts.seed))
-    return drawn, "random inputs (no --inputs given: a poor stand-in for your data)"
-
-
-def _price(proto, pruned, calibration, held_out, data, shapes, opts, meters):
-    from onnxshrink.proof.sessions import SEGMENT_BYTES, session
-    from onnxshrink.prune.calibrate import run_feeds
-    from onnxshrink.prune.price import compare_outputs
-
-    feeds, label = _price_feeds(proto, held_out, data, shapes, opts)
-    weights = sum(
-        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        for t in proto.graph.initializer
-    )
-    if weights > SEGMENT_BYTES:  # whole-model sessions of both would not fit where the proof's segments do
-        return Price(label, note=f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run "
-                     "in segments by the proof, not whole")
-    names = [o.name for o in proto.graph.output]
-    if calibration is not None and not held_out:
-        before = calibration.outputs
-    else:
-        before = list(run_feeds(session(proto, opts.provider), feeds, names, "inputs"))
-    after = list(run_feeds(session(pruned, opts.provider), feeds, names, "inputs"))
-    result = Price(label, compare_outputs(before, after))
-    if opts.provider != "cpu":
-        result.note = "latency measured with the CPU provider only"
-    meter = meters[0] if meters else LatencyMeter(proto, feeds[0], rounds=5, budget=0.05)  # a glance
-    result.latency_before_ms, result.latency_after_ms = meter.compare(pruned)
-    result.threads = meter.threads
-    return result
 
 
 def removed_any(reference: onnx.ModelProto, shrunk: onnx.ModelProto, members: list[Member]) -> bool:

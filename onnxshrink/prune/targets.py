@@ -182,9 +182,13 @@ class LatencyMeter:
             sess.run(None, self.feed)
         return (time.perf_counter() - t0) / runs * 1e3
 
-    def compare(self, model: onnx.ModelProto) -> tuple[float, float]:
-        """(input ms, `model` ms)."""
-        cand = _session(model, self.threads)
+    def session(self, model: onnx.ModelProto):
+        """A session of `model` as the input's (to time with `compare`, or to run)."""
+        return _session(model, self.threads)
+
+    def compare(self, model) -> tuple[float, float]:
+        """(input ms, `model` ms): a model, or a session of it made by `session`."""
+        cand = self.session(model) if isinstance(model, onnx.ModelProto) else model
         first = [self._block(s, 1) for s in (self.base, cand)]  # warm-up: allocations, caches
         runs = max(1, min(200, int(self.budget / max(max(first) / 1e3, 1e-6))))
         base, other = [], []
