@@ -7,6 +7,7 @@ before and after, measured (targets.LatencyMeter)."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -109,9 +110,10 @@ def compare_outputs(
 # ---------------------------------------------------------------------- measuring it
 @dataclass
 class InputRun:
-    """The input model measured before any group is zeroed (a prune may zero them in the copy
-    it read): the inputs the price is taken on, what they are called, the input model's outputs
-    on them, and the latency meter holding the input's session. `note`: why there is no price."""
+    """The input model as it was before any group was zeroed (a prune may zero them in the copy
+    it read): the inputs the price is taken on, what they are called, the input's outputs on
+    them when the calibration has run it there already, and the latency meter holding a session
+    of the input. `note`: why there is no price."""
 
     feeds: list[Mapping[str, np.ndarray]]
     label: str
@@ -152,36 +154,56 @@ def run_input(
     label: str,
     known: list[dict[str, np.ndarray]] | None = None,
     meter: Any = None,
+    path: str | None = None,
 ) -> InputRun:
-    """The input `model`'s outputs on `feeds` (`known`: already run on them, by the
-    calibration), and its latency meter (`meter`, else one made here: a glance), before the
-    prune changes anything. A model whose weights the proof runs in segments is not priced
-    (sessions of it and of the pruned model would not fit where the proof's segments do)."""
+    """The input `model`'s session, made before the prune changes anything (onnxruntime holds
+    its own copy of the weights): the latency meter's (`meter`, else one made here for a
+    glance), which later runs the input on `feeds` beside the pruned model, unless the
+    calibration has already run it on them (`known`). A model whose weights the proof runs in
+    segments is not priced (sessions of it and of the pruned model would not fit where the
+    proof's segments do). `path`: the input's file, which onnxruntime reads itself."""
     from onnxshrink.proof.sessions import SEGMENT_BYTES
-    from onnxshrink.prune.calibrate import run_feeds
     from onnxshrink.prune.targets import LatencyMeter
 
     weights = weight_bytes(model)
     if weights > SEGMENT_BYTES:
         note = f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run in segments by the proof, not whole"
         return InputRun(feeds, label, note=note)
-    meter = meter if meter is not None else LatencyMeter(model, feeds[0], rounds=5, budget=0.05)
-    names = [o.name for o in model.graph.output]
-    outputs = known if known is not None else list(run_feeds(meter.base, feeds, names, "inputs"))
-    return InputRun(feeds, label, outputs, meter)
+    meter = meter if meter is not None else LatencyMeter(path or model, feeds[0], rounds=3, budget=0.05)
+    return InputRun(feeds, label, known, meter)
 
 
 def measure(given: InputRun, pruned: onnx.ModelProto) -> Price:
-    """The pruned model's outputs on the same inputs against the input's, and both latencies
-    (the CPU provider, all of onnxruntime's optimizations, as a deployment runs them)."""
+    """The input's and the pruned model's outputs on the same inputs, compared, and both
+    latencies (the CPU provider, all of onnxruntime's optimizations, as a deployment runs them).
+    The two run feed by feed in turns; after the first (the sessions' slow first runs), each
+    pair on inputs of the latency feed's shapes is timed as one round of the latency's."""
     from onnxshrink.prune.calibrate import run_feeds
 
-    if given.outputs is None:
+    meter = given.meter
+    if meter is None:
         return Price(given.label, note=given.note)
-    names = list(given.outputs[0])
-    candidate = given.meter.session(pruned)
-    after = list(run_feeds(candidate, given.feeds, names, "inputs"))
-    result = Price(given.label, compare_outputs(given.outputs, after))
-    result.latency_before_ms, result.latency_after_ms = given.meter.compare(candidate)
-    result.threads = given.meter.threads
+    base, candidate = meter.base, meter.session(pruned)
+    names = [o.name for o in base.get_outputs()]
+    before: list[dict[str, np.ndarray]] = list(given.outputs or [])
+    after: list[dict[str, np.ndarray]] = []
+    rounds: tuple[list[float], list[float]] = ([], [])
+    for k, feed in enumerate(given.feeds):
+        pair = []
+        for sess, outputs in ((base, before), (candidate, after)):
+            if sess is base and given.outputs is not None:
+                continue
+            t0 = time.perf_counter()
+            outputs.extend(run_feeds(sess, [feed], names, "inputs"))
+            pair.append((time.perf_counter() - t0) * 1e3)
+        if len(pair) == 2 and k > 0 and _same_shapes(feed, meter.feed):
+            rounds[0].append(pair[0])
+            rounds[1].append(pair[1])
+    result = Price(given.label, compare_outputs(before, after))
+    result.latency_before_ms, result.latency_after_ms = meter.compare(candidate, given.outputs is None, rounds)
+    result.threads = meter.threads
     return result
+
+
+def _same_shapes(feed: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> bool:
+    return all(k in feed and np.shape(feed[k]) == np.shape(v) for k, v in like.items())

@@ -535,16 +535,17 @@ def _check_removed(
 
 
 def _run_input(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, meters: list[LatencyMeter]) -> InputRun:
-    """The input model run on the price's inputs before any group is zeroed: the reference of a
-    `--prune RATIO` without compensation is made in `given.proto` itself (no second copy of the
-    weights), so the input's outputs and its latency session are taken first."""
+    """The input model's session for the price, made before any group is zeroed: the reference
+    of a `--prune RATIO` without compensation is made in `given.proto` itself (no second copy of
+    the weights)."""
     feeds: list[Mapping[str, np.ndarray]] = []
     label = "inputs"
     try:
         feeds, label = price_feeds(given.proto, ask.held_out, ask.data, given.shapes, opts.draws, opts.seed)
         calibration = scored.calibration
         known = calibration.outputs if calibration is not None and not ask.held_out else None
-        return run_input(given.proto, feeds, label, known, meters[0] if meters else None)
+        path = str(given.source.path) if given.source.path is not None else None
+        return run_input(given.proto, feeds, label, known, meters[0] if meters else None, path)
     except Exception as exc:  # inputs it cannot draw, ops onnxruntime cannot run (--no-validate)
         if isinstance(exc, ShrinkError) and ask.held_out:
             raise  # the user's held-out inputs the model cannot run on
@@ -554,8 +555,8 @@ def _run_input(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, 
 def _priced(
     given: Input, result: ShrinkResult, ask: Request, opts: ShrinkOptions, before: InputRun, clock: PhaseClock
 ) -> Price:
-    """What the prune cost, measured and said: the shrunk model against the input model's
-    outputs taken before anything was zeroed (`before`), on the same inputs."""
+    """What the prune cost, measured and said: the shrunk model against the input model as it
+    was before anything was zeroed (`before`), on the same inputs."""
     opts.say("measuring the price ...")
     try:
         cost = measure(before, result.model)

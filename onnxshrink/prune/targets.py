@@ -147,7 +147,8 @@ def meet(
 
 
 # ---------------------------------------------------------------------- latency
-def _session(model: onnx.ModelProto | bytes, threads: int):
+def _session(model: onnx.ModelProto | bytes | str, threads: int):
+    """A session of `model`: a ModelProto, its bytes, or its file (read by onnxruntime)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -155,7 +156,7 @@ def _session(model: onnx.ModelProto | bytes, threads: int):
     if threads:
         so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    data = model if isinstance(model, bytes) else model.SerializeToString()
+    data = model if isinstance(model, bytes | str) else model.SerializeToString()
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
@@ -166,7 +167,10 @@ class LatencyMeter:
     side by side in time. All of onnxruntime's graph optimizations, as a deployment runs it;
     threads as the proof's sessions (ONNXSHRINK_THREADS, else one per core)."""
 
-    def __init__(self, model: onnx.ModelProto, feed: Mapping[str, np.ndarray], rounds: int = 7, budget: float = 0.15):
+    def __init__(
+        self, model: onnx.ModelProto | str, feed: Mapping[str, np.ndarray], rounds: int = 7, budget: float = 0.15
+    ):
+        """`model`: the input, or its file (read by onnxruntime, not serialized here)."""
         from onnxshrink.proof.sessions import session_threads
 
         self.threads = session_threads()
@@ -186,15 +190,25 @@ class LatencyMeter:
         """A session of `model` as the input's (to time with `compare`, or to run)."""
         return _session(model, self.threads)
 
-    def compare(self, model) -> tuple[float, float]:
-        """(input ms, `model` ms): a model, or a session of it made by `session`."""
+    def compare(self, model, warm: bool = False, runs: tuple[list[float], list[float]] = ([], [])) -> tuple[float, float]:
+        """(input ms, `model` ms): a model, or a session of it made by `session`. `warm`: both
+        sessions have run already (their first, slow run is behind them): the first pair of
+        runs, which sizes the blocks, then counts as a round when a block is one run. `runs`:
+        pairs of single warm runs (ms) of the input and of the model on this meter's feed, taken
+        side by side in time: rounds when a block is one run."""
         cand = self.session(model) if isinstance(model, onnx.ModelProto) else model
-        first = [self._block(s, 1) for s in (self.base, cand)]  # warm-up: allocations, caches
-        runs = max(1, min(200, int(self.budget / max(max(first) / 1e3, 1e-6))))
-        base, other = [], []
-        for _ in range(self.rounds):
-            base.append(self._block(self.base, runs))
-            other.append(self._block(cand, runs))
+        if runs[0]:
+            first = [min(runs[0]), min(runs[1])]
+        else:
+            first = [self._block(s, 1) for s in (self.base, cand)]  # warm-up: allocations, caches
+        block = max(1, min(200, int(self.budget / max(max(first) / 1e3, 1e-6))))
+        base: list[float] = []
+        other: list[float] = []
+        if block == 1:
+            base, other = (list(runs[0]), list(runs[1])) if runs[0] else ([first[0]], [first[1]]) if warm else ([], [])
+        while len(base) < self.rounds:
+            base.append(self._block(self.base, block))
+            other.append(self._block(cand, block))
         b, o = min(base), min(other)
         self.base_ms = b if self.base_ms is None else min(self.base_ms, b)
         return b, o
