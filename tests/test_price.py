@@ -213,3 +213,17 @@ def test_the_command_line_prints_the_price_against_the_input(tmp_path, name):
         assert top1 == ""
     else:
         assert float(top1) == pytest.approx(100 * expected["top1"], abs=0.06)
+
+
+def test_a_model_the_proof_runs_in_segments_is_not_priced_and_says_so(monkeypatch):
+    from onnxshrink.proof import sessions
+
+    model = trained_like(CNN, seed=5)
+    weights = sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)  # all float32
+    monkeypatch.setattr(sessions, "SEGMENT_BYTES", weights - 1)
+    result = prune(model, 0.3, validate=False)
+    assert result.price.outputs == [] and result.price.latency_before_ms is None
+    assert result.price.note == (
+        f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run in segments by the proof, not whole"
+    )
+    assert result.price.lines()[-1] == "    " + result.price.note

@@ -9,7 +9,8 @@ parameters, random weights, `randomize(seed)`), exported as tools/bench_prune.py
 is not the project's dependency: `--onnxsim` is a folder holding it (`pip install --target DIR
 onnxsim==0.8.1`), put on the path of its own process only. Each run is a fresh process, the
 kinds taken in turns (onnxsim, onnxshrink, onnxshrink --no-price, ...) so that a change in the
-machine's load hits all alike:
+machine's load hits all alike, after one untimed round (it compiles the bytecode, kept in the
+workdir as an installed package keeps it, and reads the model into the page cache):
 
 * ``onnxsim``: `python -c "import onnx, onnxsim.pruning; m = onnx.load(src);
   onnx.save(apply_structured_pruning(m, sparsity), out)"` (L2 importance, its default), nothing
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", type=Path, help="keep (and reuse) the exported model here")
     ap.add_argument("--kinds", default="onnxsim,onnxshrink,no price,no proof no price")
+    ap.add_argument(
+        "--also", action="append", default=[], metavar="NAME=DIR",
+        help="one more kind: onnxshrink's defaults with the onnxshrink package in DIR first on the path (e.g. another checkout)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from models.zoo import BENCH
@@ -73,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     work = args.workdir or Path(tmp.name)  # type: ignore[union-attr]
     work.mkdir(parents=True, exist_ok=True)
     src = export_model("resnet50", BENCH["resnet50"], work, args.seed)
-    env = dict(os.environ)
+    # as installed packages run: from compiled bytecode (kept in the workdir, made by the
+    # untimed first round), whatever PYTHONDONTWRITEBYTECODE this shell has
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     sim_env = {**env, "PYTHONPATH": os.pathsep.join([str(args.onnxsim), env.get("PYTHONPATH", "")])}
     ours = [sys.executable, "-m", "onnxshrink.cli", str(src), "--prune", str(args.ratio), "-o", str(work / "ours.onnx"), "-q"]
     commands = {
@@ -82,13 +90,18 @@ def main(argv: list[str] | None = None) -> int:
         "no price": ([*ours, "--no-price"], env),
         "no proof no price": ([*ours, "--no-price", "--no-validate"], env),
     }
-    kinds = [k for k in args.kinds.split(",") if k in commands]
+    for also in args.also:
+        name, _, folder = also.partition("=")
+        commands[name] = (ours, {**env, "PYTHONPATH": os.pathsep.join([folder, env.get("PYTHONPATH", "")])})
+    kinds = [k for k in args.kinds.split(",") if k in commands] + [a.partition("=")[0] for a in args.also]
     load = [os.getloadavg()[0]]
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     try:
-        for _ in range(args.repeat):
+        for k in range(args.repeat + 1):
             for kind in kinds:
-                runs[kind].append(timed(*commands[kind]))
+                figures = timed(*commands[kind])
+                if k:  # the first round compiles the bytecode and reads the model into the page cache
+                    runs[kind].append(figures)
     finally:
         if tmp is not None:
             tmp.cleanup()

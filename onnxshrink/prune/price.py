@@ -109,12 +109,14 @@ def compare_outputs(
 
 # ---------------------------------------------------------------------- measuring it
 @dataclass
-class InputRun:
-    """The input model as it was before any group was zeroed (a prune may zero them in the copy
-    it read): the inputs the price is taken on, what they are called, the input's outputs on
-    them when the calibration has run it there already, and the latency meter holding a session
-    of the input. `note`: why there is no price."""
+class PriceInput:
+    """What the price compares the pruned model with: the input model untouched (`model`: its
+    file, read by onnxruntime, or the ModelProto the caller gave: the prune zeroes groups in its
+    own copy of it), the inputs the price is taken on and what they are called, the input's
+    outputs on them when the calibration has run it there already, and the latency meter when
+    one was made (a latency target's). `note`: why there is no price."""
 
+    model: str | onnx.ModelProto | None
     feeds: list[Mapping[str, np.ndarray]]
     label: str
     outputs: list[dict[str, np.ndarray]] | None = None
@@ -148,41 +150,39 @@ def weight_bytes(model: onnx.ModelProto) -> int:
     )
 
 
-def run_input(
-    model: onnx.ModelProto,
+def price_input(
+    given: onnx.ModelProto,
+    untouched: str | onnx.ModelProto,
     feeds: list[Mapping[str, np.ndarray]],
     label: str,
     known: list[dict[str, np.ndarray]] | None = None,
     meter: Any = None,
-    path: str | None = None,
-) -> InputRun:
-    """The input `model`'s session, made before the prune changes anything (onnxruntime holds
-    its own copy of the weights): the latency meter's (`meter`, else one made here for a
-    glance), which later runs the input on `feeds` beside the pruned model, unless the
-    calibration has already run it on them (`known`). A model whose weights the proof runs in
-    segments is not priced (sessions of it and of the pruned model would not fit where the
-    proof's segments do). `path`: the input's file, which onnxruntime reads itself."""
+) -> PriceInput:
+    """The price's input model, `untouched` (its file or the caller's ModelProto; `given`: the
+    copy the prune read, whose weights are counted here), its inputs `feeds`, and what is known
+    already (the calibration's outputs on them, a latency meter). A model whose weights the
+    proof runs in segments is not priced (sessions of it and of the pruned model would not fit
+    where the proof's segments do)."""
     from onnxshrink.proof.sessions import SEGMENT_BYTES
-    from onnxshrink.prune.targets import LatencyMeter
 
-    weights = weight_bytes(model)
+    weights = weight_bytes(given)
     if weights > SEGMENT_BYTES:
         note = f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run in segments by the proof, not whole"
-        return InputRun(feeds, label, note=note)
-    meter = meter if meter is not None else LatencyMeter(path or model, feeds[0], rounds=3, budget=0.05)
-    return InputRun(feeds, label, known, meter)
+        return PriceInput(None, feeds, label, note=note)
+    return PriceInput(untouched, feeds, label, known, meter)
 
 
-def measure(given: InputRun, pruned: onnx.ModelProto) -> Price:
+def measure(given: PriceInput, pruned: onnx.ModelProto) -> Price:
     """The input's and the pruned model's outputs on the same inputs, compared, and both
     latencies (the CPU provider, all of onnxruntime's optimizations, as a deployment runs them).
     The two run feed by feed in turns; after the first (the sessions' slow first runs), each
     pair on inputs of the latency feed's shapes is timed as one round of the latency's."""
     from onnxshrink.prune.calibrate import run_feeds
+    from onnxshrink.prune.targets import LatencyMeter
 
-    meter = given.meter
-    if meter is None:
+    if given.model is None:
         return Price(given.label, note=given.note)
+    meter = given.meter or LatencyMeter(given.model, given.feeds[0], rounds=3, budget=0.05)  # a glance
     base, candidate = meter.base, meter.session(pruned)
     names = [o.name for o in base.get_outputs()]
     before: list[dict[str, np.ndarray]] = list(given.outputs or [])

@@ -44,7 +44,7 @@ from onnxshrink.prune.compensate import Compensation
 from onnxshrink.prune.groups import Group, GroupSet, Member, find_groups
 from onnxshrink.prune.importance import activations, block_streams, scores
 from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
-from onnxshrink.prune.price import InputRun, Price, measure, price_feeds, run_input
+from onnxshrink.prune.price import Price, PriceInput, measure, price_feeds, price_input
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.prune.sensitivity import Family
 from onnxshrink.prune.targets import Costs, LatencyMeter, Target
@@ -188,7 +188,7 @@ def prune(
     clock.lap("select")
     before = None
     if ask.price:
-        before = _run_input(given, scored, ask, opts, meters)
+        before = _price_input(given, scored, ask, opts, meters)
         clock.lap("price.input")
     zeroed = _zero(given, scored, choice, ask, opts)  # may zero given.proto in place
     clock.lap("zero")
@@ -462,7 +462,7 @@ def _shrink_and_write(
     ask: Request,
     opts: ShrinkOptions,
     output: str | Path | None,
-    before: InputRun | None,
+    before: PriceInput | None,
     clock: PhaseClock,
 ) -> tuple[ShrinkResult, Price | None]:
     """The reference shrunk exactly, the price measured, and the outputs written. The masks (and
@@ -534,26 +534,27 @@ def _check_removed(
     )
 
 
-def _run_input(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, meters: list[LatencyMeter]) -> InputRun:
-    """The input model's session for the price, made before any group is zeroed: the reference
-    of a `--prune RATIO` without compensation is made in `given.proto` itself (no second copy of
-    the weights)."""
+def _price_input(
+    given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, meters: list[LatencyMeter]
+) -> PriceInput:
+    """What the price compares the pruned model with, chosen before any group is zeroed: the
+    input untouched (its file, or the caller's model: `given.proto` is the copy a `--prune
+    RATIO` without compensation zeroes in place), and the inputs, drawn from it when not given."""
     feeds: list[Mapping[str, np.ndarray]] = []
     label = "inputs"
     try:
         feeds, label = price_feeds(given.proto, ask.held_out, ask.data, given.shapes, opts.draws, opts.seed)
         calibration = scored.calibration
         known = calibration.outputs if calibration is not None and not ask.held_out else None
-        path = str(given.source.path) if given.source.path is not None else None
-        return run_input(given.proto, feeds, label, known, meters[0] if meters else None, path)
-    except Exception as exc:  # inputs it cannot draw, ops onnxruntime cannot run (--no-validate)
-        if isinstance(exc, ShrinkError) and ask.held_out:
-            raise  # the user's held-out inputs the model cannot run on
-        return InputRun(feeds, label, note=f"not measured: {first_line(exc)}")
+        source = given.source
+        untouched = str(source.path) if source.path is not None else source.proto
+        return price_input(given.proto, untouched, feeds, label, known, meters[0] if meters else None)
+    except Exception as exc:  # inputs it cannot draw
+        return PriceInput(None, feeds, label, note=f"not measured: {first_line(exc)}")
 
 
 def _priced(
-    given: Input, result: ShrinkResult, ask: Request, opts: ShrinkOptions, before: InputRun, clock: PhaseClock
+    given: Input, result: ShrinkResult, ask: Request, opts: ShrinkOptions, before: PriceInput, clock: PhaseClock
 ) -> Price:
     """What the prune cost, measured and said: the shrunk model against the input model as it
     was before anything was zeroed (`before`), on the same inputs."""
