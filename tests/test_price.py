@@ -227,3 +227,22 @@ def test_a_model_the_proof_runs_in_segments_is_not_priced_and_says_so(monkeypatc
         f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run in segments by the proof, not whole"
     )
     assert result.price.lines()[-1] == "    " + result.price.note
+
+
+@pytest.mark.parametrize(
+    ("warm", "runs", "blocks"),
+    [(False, ([], []), 2 + 6), (True, ([], []), 2 + 4), (False, ([5.0, 4.0], [3.0, 2.0]), 2)],
+)
+def test_the_latency_counts_the_warm_runs_it_is_given_as_rounds(monkeypatch, warm, runs, blocks):
+    """Three rounds, blocks of one run (no time budget): after a warm-up pair (sessions that
+    have not run), after a pair that is a round (sessions that have), after two given rounds."""
+    from onnxshrink.prune.targets import LatencyMeter
+
+    model = trained_like(CNN, seed=5)
+    meter = LatencyMeter(model, feeds(model, 1), rounds=3, budget=0.0)
+    timed: list[object] = []
+    block = meter._block
+    monkeypatch.setattr(meter, "_block", lambda sess, n: timed.append(sess) or block(sess, n))
+    before, after = meter.compare(meter.session(model), warm=warm, runs=runs)
+    assert len(timed) == blocks and timed[::2] == [meter.base] * (blocks // 2)
+    assert 0 < before <= min(runs[0], default=np.inf) and 0 < after <= min(runs[1], default=np.inf)
