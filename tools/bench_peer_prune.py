@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind, (wall, cpu) in med.items():
         ratio = f"  {wall / base[0]:.2f}x wall, {cpu / base[1]:.2f}x CPU" if base and kind != "onnxsim" else ""
         print(f"  {kind:<20} wall {wall:6.2f} s  CPU {cpu:6.2f} s{ratio}")
+        print(f"  {'':<20} runs (wall/CPU s): " + ", ".join(f"{w:.1f}/{c:.1f}" for w, c in runs[kind]))
     print(f"  load average before {load[0]:.2f} / after {load[1]:.2f} ({os.cpu_count()} CPUs)")
     return 0
 
