@@ -33,7 +33,9 @@ Allocation = Literal["uniform", "global", "sensitivity"]
 #: what replaces a removed channel (onnxshrink.prune.compensate)
 Compensation = Literal["none", "bias", "refit"]
 #: the kinds of unit a prune may remove (onnxshrink.prune.groups)
-Unit = Literal["channel", "neuron", "gated_neuron", "head", "kv_group", "conv_group", "width", "block"]
+Unit = Literal[
+    "channel", "neuron", "gated_neuron", "head", "kv_group", "conv_group", "recurrent_unit", "width", "block"
+]
 
 
 def choices(kind: Any) -> tuple[str, ...]:
@@ -51,7 +53,9 @@ ALLOCATIONS = choices(Allocation)
 COMPENSATIONS = choices(Compensation)
 UNITS = choices(Unit)
 #: the unit kinds a prune removes unless told (blocks only when asked)
-DEFAULT_UNITS: tuple[Unit, ...] = ("channel", "neuron", "gated_neuron", "head", "kv_group", "conv_group", "width")
+DEFAULT_UNITS: tuple[Unit, ...] = (
+    "channel", "neuron", "gated_neuron", "head", "kv_group", "conv_group", "recurrent_unit", "width"
+)
 
 
 # ---------------------------------------------------------------------- the command line's flags
@@ -360,7 +364,7 @@ class PruneOptions:
         help="the unit kinds --prune may remove: channel, neuron, gated_neuron, head (with "
         "grouped-query attention and without kv_group: the query heads of one rank in every K/V "
         "group), kv_group, "
-        "conv_group, width (a residual stream's channel), block (a repeated block's residual "
+        "conv_group, recurrent_unit (an LSTM, GRU or RNN hidden unit, in every direction), width (a residual stream's channel), block (a repeated block's residual "
         "branches; with --criterion activation ranked by their influence on --inputs); "
         "default: all but block",
     )

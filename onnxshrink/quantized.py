@@ -71,6 +71,9 @@ def dequant_of(q: Any, shape: tuple[int, ...], inputs: Inputs, params: set[str])
         name, v = got
         if v.size == 1:
             return v.reshape(())
+        if q.axes and v.shape == tuple(shape[a] for a in q.axes if 0 <= a < len(shape)):
+            params.add(name)
+            return v.reshape([shape[a] if a in q.axes else 1 for a in range(len(shape))])
         if v.ndim != 1 or not 0 <= q.axis < len(shape) or v.shape[0] != shape[q.axis]:
             return None
         params.add(name)

@@ -162,8 +162,9 @@ class Partition:
             link(k1, np.arange(len(idx)), k2, idx)
         for (k1, k2), (i1, i2) in log.paired.items():
             link(k1, i1, k2, i2)
+        whole = _pinned_whole(log) if blocks else set()
         for b in blocks:
-            self._cut_block(b, link, inner_pins)
+            self._cut_block(b, link, inner_pins, whole)
         a = np.concatenate(edges_a) if edges_a else np.zeros(0, np.int64)
         c = np.concatenate(edges_b) if edges_b else np.zeros(0, np.int64)
         self.label = _components(total, a, c)
@@ -184,9 +185,10 @@ class Partition:
                     self.meets[int(comp)].append(meet)
 
     @staticmethod
-    def _cut_block(b: _Block, link, inner_pins: dict[AxisKey, Reason]) -> None:
+    def _cut_block(b: _Block, link, inner_pins: dict[AxisKey, Reason], whole: set[AxisKey]) -> None:
         """Units along a reshape: a flat axis is cut along the other side's outermost axis (size-1
-        axes aside); the inner axes are not units. Two multi-axis sides: no units at all."""
+        axes aside, and axes an op reads whole: a recurrent layer's directions before its
+        hidden units); the inner axes are not units. Two multi-axis sides: no units at all."""
         sides = [
             [(k, n) for k, n in zip(keys, ns, strict=True) if n > 1]
             for keys, ns in zip(b.sides, b.sizes, strict=True)
@@ -210,10 +212,11 @@ class Partition:
             return
         (fk, fn), = flat[0]
         other = sides[1] if sides[0] is flat[0] else sides[0]
-        (ok, on), inner = other[0], other[1:]
-        block = fn // on
+        at = next((j for j, (k, _) in enumerate(other[:-1]) if k not in whole), len(other) - 1)
+        (ok, on), inner = other[at], other[at + 1 :]
+        block = fn // int(np.prod([n for _, n in other[: at + 1]]))
         r = np.arange(fn)
-        link(fk, r, ok, r // block)
+        link(fk, r, ok, (r // block) % on)
         for k, _ in inner:
             inner_pins[k] = why
 
@@ -227,6 +230,22 @@ class Partition:
         reading the axis whole (LIVE) first."""
         reasons = self.reasons.get(comp, [])
         return [r for r in reasons if r != LIVE] + [r for r in reasons if r == LIVE]
+
+
+def _pinned_whole(log: CouplingLog) -> set[AxisKey]:
+    """The axes pinned whole: pinned, or tied index for index (`equal`) to one that is."""
+    near: dict[AxisKey, list[AxisKey]] = defaultdict(list)
+    for k1, k2 in log.equal:
+        near[k1].append(k2)
+        near[k2].append(k1)
+    seen = {k for k, reasons in log.pins.items() if reasons}
+    todo = list(seen)
+    while todo:
+        for k in near.get(todo.pop(), []):
+            if k not in seen:
+                seen.add(k)
+                todo.append(k)
+    return seen
 
 
 def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -108,6 +108,9 @@ class Quantized:
     axis: int
     bits: int = 0
     block: int = 0
+    #: a parameter may also hold these axes of the input, in order (DynamicQuantizeLSTM's
+    #: per-column scale [dirs, 4 * hidden] of W [dirs, input, 4 * hidden]: (0, 2))
+    axes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def sized_dims(
     the input's dim (Reshape), left as inferred."""
     items = _size_items(size_in, consts, view) if size_in is not None else None
     dims = ir.dims(node.outputs[0])
+    if dims is None and items is not None and not broadcast:
+        dims = [None] * len(items)  # the output's rank is the size input's length
     if items is None or dims is None or len(dims) != len(items):
         return None
     new = list(dims)

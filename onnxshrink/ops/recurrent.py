@@ -30,9 +30,11 @@ from onnxshrink.core import (
     InputTypes,
     KeepView,
     OpNode,
+    Quantized,
     Reader,
     Reason,
     RewriteView,
+    WeightAxes,
     int_attr,
     register,
 )
@@ -50,6 +52,20 @@ class _Recurrent(Handler):
     peepholes = False
     #: state inputs ([dirs, batch, hidden], or [batch, dirs, hidden] with layout 1)
     state_inputs: tuple[int, ...] = (5,)
+
+    #: the axes of W and R holding the gate rows (G blocks of hidden) and R's recurrent axis
+    #: (the unit each column reads); LSTM's layout: W [dirs, G * hidden, input]
+    rows_axis, column_axis = 1, 2
+
+    def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
+        """W and R: gate rows out, inputs in (stored as the ONNX op reads them: the gates of a
+        framework's weights are reordered and its two biases concatenated, so no framework
+        layout is claimed); B and P: per-row vectors."""
+        if i in (1, 2) and rank == 3:
+            return WeightAxes(self.rows_axis, self.column_axis, "recurrent")
+        if (i == 3 or (self.peepholes and i == 7)) and rank == 2:
+            return WeightAxes(1, None, "vector")
+        return None
 
     def macs(self, node: OpNode, inputs: Sequence[list[int] | None], output: list[int]) -> int:
         """Every step of every sequence: the input and recurrent products of every gate."""
@@ -115,6 +131,37 @@ class _Recurrent(Handler):
     def rows(self, units: np.ndarray, copies: int) -> np.ndarray:
         """Unit mask -> mask of the rows of `copies` stacked blocks (gates)."""
         return np.tile(units, copies)
+
+    def tie_units(
+        self,
+        node: gs.Node,
+        ks: KeepView,
+        h: int,
+        outs: list[tuple[gs.Tensor, tuple[int, ...]]],
+        states: list[gs.Tensor | None],
+        state_axis: int,
+    ) -> None:
+        """For the coupled groups (keeps nothing): hidden unit j is one unit in every direction
+        (hidden_size is one attribute), made of row g * hidden + j of W and R for each gate, of
+        both halves of B and of the peepholes, R's column j, index j of the initial states
+        and of Y, Y_h, Y_c. All are tied to R's column j."""
+        rt = node.inputs[2]
+        g = self.gates
+
+        def tie(t: gs.Tensor | None, axis: int, n: int) -> None:
+            if t is not None and ir.rank(t) is not None and axis < ir.known_rank(t) and ks.size(t, axis) == n:
+                idx = np.arange(n)
+                ks.unit(rt, self.column_axis, idx % h, t, axis, idx)
+
+        tie(node.inputs[1], self.rows_axis, g * h)
+        tie(rt, self.rows_axis, g * h)
+        tie(ir.present(node, 3), 1, 2 * g * h)
+        tie(ir.present(node, 7) if self.peepholes else None, 1, 3 * h)
+        for t in states:
+            tie(t, state_axis, h)
+        for t, role in outs:
+            if ir.rank(t) == len(role):
+                tie(t, role[-1], h)
 
     def needed_units(
         self, node: gs.Node, ks: KeepView, outs: list[tuple[gs.Tensor, tuple[int, ...]]], r: np.ndarray, h: int
@@ -206,6 +253,7 @@ class _Recurrent(Handler):
             if i not in (0, 1, 2, 3, 7 if self.peepholes else -1, *self.state_inputs):
                 ks.demand(t if t is not None and t.name else None)  # sequence_lens
         outs = self.tie_steps(node, ks, roles, states, p_t)
+        self.tie_units(node, ks, h, outs, states, roles["state"][2])
         need = self.needed_units(node, ks, outs, r, h)
         why = Reason("structure", node.name, node.op, "a hidden unit keeps its gates, states and outputs")
         for t, role in outs:
@@ -277,6 +325,15 @@ class DynamicQuantizeLSTM(_Recurrent):
     peepholes = True
     state_inputs = (5, 6)
     param_slots = (8, 9, 10, 11)
+    rows_axis, column_axis = 2, 1
+
+    def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
+        """W and R: (q - zero point) * scale, per direction ([dirs]) or per column ([dirs,
+        4 * hidden]); W's scale and zero point at 8 and 9, R's at 10 and 11."""
+        if i not in (1, 2) or rank != 3:
+            return None
+        scale, zp = (8, 9) if i == 1 else (10, 11)
+        return Quantized((scale,), zp if node.has_input(zp) else None, 0, axes=(0, 2))
 
     def weights(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
         """As the float LSTM's, in this op's layout (W [dirs, input, 4h], R [dirs, h, 4h])."""
@@ -336,7 +393,8 @@ class DynamicQuantizeLSTM(_Recurrent):
         states = [ir.present(node, i) for i in self.state_inputs]
         for t in (x, wt, rt, bt, p_t, *states):
             ks.demand(t, pin=False)
-        self.tie_steps(node, ks, _SEQUENCE_FIRST, states, p_t)  # the op has no layout attribute
+        outs = self.tie_steps(node, ks, _SEQUENCE_FIRST, states, p_t)  # the op has no layout attribute
+        self.tie_units(node, ks, h, outs, states, 2)
         ks.demand(ir.present(node, 4))  # sequence_lens
         why = Reason(
             "normalization", node.name, node.op,
@@ -370,6 +428,7 @@ class DynamicQuantizeLSTM(_Recurrent):
                 ks.demand(t, pin=False)
                 ks.pin(t, 0)
                 ks.keep(t, 1, rows, why)
+                ks.unit(rt, 1, np.arange(4 * h) % h, t, 1, np.arange(4 * h))
             else:
                 ks.demand(t)
         ks.couple(x, 2, wt, 1)

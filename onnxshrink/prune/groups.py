@@ -100,7 +100,7 @@ class Member:
 @dataclass
 class Unit:
     """What one group is: `kind` channel | neuron | gated_neuron | head | kv_group | conv_group |
-    width | block; `channels` its channels in the layer that produces it (head_dim for a head or
+    recurrent_unit | width | block; `channels` its channels in the layer that produces it (head_dim for a head or
     a K/V head, the channels of one group of a grouped conv; 1 for a block). A `width` group is
     a channel of a residual stream some LayerNorm or RMSNorm normalizes (the hidden size); a
     `block` is a repeated block's residual branches whole (`branches` of them: a transformer
@@ -552,6 +552,8 @@ class _Finder:
         producers = [m for m in members if m.side == "out" and m.matrix]
         counts = sorted({len(m.indices) for m in producers}) or [1]
         families = {m.family for m in producers}
+        if "recurrent" in families:  # an LSTM/GRU/RNN hidden unit: its gate rows in W and R
+            return Unit("recurrent_unit", 1)
         handlers = [self.analysis.handler_for(n) for n in self.part.meets.get(comp, [])]
         if counts[-1] > 1 and comp in self.part.normalized and families <= {"linear", "embedding"}:
             return Unit("width", counts[0])  # a quantization block of the width (MatMulNBits)
