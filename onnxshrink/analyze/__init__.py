@@ -61,6 +61,6 @@ def analyze(
     if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
         consts = propagate_constants(graph, opset, lookup, syms)
         syms = propagate_shapes(graph, consts, lookup)
-    keep = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs, log)
+    keep = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs, log, untied)
     keep.run()
     return Analysis(graph, opset, consts, syms, keep, untied or {}, lookup)

@@ -24,6 +24,7 @@ from onnxshrink.analyze.cache import free_axes
 from onnxshrink.analyze.constants import ConstContext
 from onnxshrink.analyze.coupling import CouplingLog
 from onnxshrink.analyze.replay import Replayed, ReplayError, reaches, replay
+from onnxshrink.analyze.shared import union_if_larger
 from onnxshrink.core.handler import Dims
 from onnxshrink.core.reasons import INTERFACE, LIVE, PROOF, AxisKey, Reason
 from onnxshrink.core.registry import Lookup
@@ -49,8 +50,12 @@ class KeepState:
         mode: str = "rules",
         free_inputs: bool = False,
         log: CouplingLog | None = None,
+        untied: dict[str, str] | None = None,
     ):
         self.graph = graph
+        # {copy: original} of the initializers several nodes read (prepare.tie): stored once
+        # per distinct slicing, the copies keep their union where that is smaller (`shared`)
+        self.untied = untied or {}
         # Records what the handlers tie and pin (analyze.coupling.CouplingLog), for the coupled
         # groups; None: nothing is recorded. It never changes what is kept.
         self.log = log
@@ -622,7 +627,22 @@ class KeepState:
         for t in self.graph.outputs:  # a graph output exists, even a state no other output reads
             if t.name in self.demanded:
                 self._keep_one_per_axis(t, Reason("interface", detail="a graph output keeps at least one index of each axis"))
+        self._share_copies()
         return self._changes != before
+
+    def _share_copies(self) -> None:
+        """The copies of a weight several nodes read keep the union of their kept indices where
+        their slicings together would hold more than the weight (`analyze.shared`)."""
+        copies: dict[str, list[str]] = {}
+        for copy, base in self.untied.items():
+            copies.setdefault(base, [base]).append(copy)
+        why = Reason("structure", detail="a weight several nodes read is stored once: sliced for them all")
+        for names in copies.values():
+            ts = [self.tensors[n] for n in names if n in self.tensors and n in self.demanded]
+            union = union_if_larger([self._state(t) for t in ts])
+            for t in ts if union is not None else ():
+                for a, k in enumerate(union or ()):
+                    self.keep(t, a, k, why)
 
     def _keep_one_per_axis(self, t: gs.Tensor, why: Reason) -> None:
         """Index 0 of each axis of `t` whose every index would go."""

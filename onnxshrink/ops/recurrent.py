@@ -157,8 +157,10 @@ class _Recurrent(Handler):
         tie(rt, self.rows_axis, g * h)
         tie(ir.present(node, 3), 1, 2 * g * h)
         tie(ir.present(node, 7) if self.peepholes else None, 1, 3 * h)
-        for t in states:
-            tie(t, state_axis, h)
+        for t in states:  # a zero state (the usual default) is no unit's parameter
+            c = ks.const(t) if t is not None else None
+            if c is None or not c.slice_zero(state_axis, h).all():
+                tie(t, state_axis, h)
         for t, role in outs:
             if ir.rank(t) == len(role):
                 tie(t, role[-1], h)

@@ -567,6 +567,8 @@ class Transpose(Handler):
 
     def refine_dims(self, node: gs.Node, consts: ConstView, view: ShapeView) -> Dims | None:
         x, yd = ir.dims(node.inputs[0]), ir.dims(node.outputs[0])
+        if x is not None and yd is None:
+            yd = [None] * len(x)  # the output has the input's rank
         if x is None or yd is None or len(x) != len(yd):
             return None
         return [d if isinstance(d, int) else x[a] for d, a in zip(yd, self.perm(node, len(x)), strict=True)]
