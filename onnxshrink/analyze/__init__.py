@@ -63,4 +63,9 @@ def analyze(
         syms = propagate_shapes(graph, consts, lookup)
     keep = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs, log, untied)
     keep.run()
+    if keep.larger_copies():  # a shared weight sliced two ways, more than itself: try it once
+        shared = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs, log, untied, share_copies=True)
+        shared.run()
+        if shared.stored() < keep.stored():
+            keep = shared
     return Analysis(graph, opset, consts, syms, keep, untied or {}, lookup)

@@ -12,6 +12,7 @@ live node reads it and none of its axes is empty; a node is live when one of its
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
@@ -51,11 +52,14 @@ class KeepState:
         free_inputs: bool = False,
         log: CouplingLog | None = None,
         untied: dict[str, str] | None = None,
+        share_copies: bool = False,
     ):
         self.graph = graph
-        # {copy: original} of the initializers several nodes read (prepare.tie): stored once
-        # per distinct slicing, the copies keep their union where that is smaller (`shared`)
+        # {copy: original} of the initializers several nodes read (prepare.tie), each stored
+        # once per distinct slicing; `share_copies`: the copies of a weight whose slicings
+        # together hold more than it keep their union (`analyze.shared`)
         self.untied = untied or {}
+        self.share_copies = share_copies
         # Records what the handlers tie and pin (analyze.coupling.CouplingLog), for the coupled
         # groups; None: nothing is recorded. It never changes what is kept.
         self.log = log
@@ -627,22 +631,43 @@ class KeepState:
         for t in self.graph.outputs:  # a graph output exists, even a state no other output reads
             if t.name in self.demanded:
                 self._keep_one_per_axis(t, Reason("interface", detail="a graph output keeps at least one index of each axis"))
-        self._share_copies()
+        if self.share_copies:
+            why = Reason("structure", detail="a weight several nodes read is stored once: sliced for them all")
+            for ts, union in self.larger_copies():
+                for t in ts:
+                    for a, k in enumerate(union):
+                        self.keep(t, a, k, why)
         return self._changes != before
 
-    def _share_copies(self) -> None:
-        """The copies of a weight several nodes read keep the union of their kept indices where
-        their slicings together would hold more than the weight (`analyze.shared`)."""
+    def larger_copies(self) -> list[tuple[list[gs.Tensor], list[np.ndarray]]]:
+        """The copies of each weight several nodes read whose slicings together hold more than
+        the weight, with the union of their kept indices per axis (`analyze.shared`)."""
         copies: dict[str, list[str]] = {}
         for copy, base in self.untied.items():
             copies.setdefault(base, [base]).append(copy)
-        why = Reason("structure", detail="a weight several nodes read is stored once: sliced for them all")
+        out = []
         for names in copies.values():
             ts = [self.tensors[n] for n in names if n in self.tensors and n in self.demanded]
             union = union_if_larger([self._state(t) for t in ts])
-            for t in ts if union is not None else ():
-                for a, k in enumerate(union or ()):
-                    self.keep(t, a, k, why)
+            if union is not None:
+                out.append((ts, union))
+        return out
+
+    def stored(self) -> int:
+        """Elements the demanded constants keep, a weight several nodes read counted once per
+        distinct slicing (as `prepare.tie.retie` stores it)."""
+        seen: set[tuple[str, bytes]] = set()
+        total = 0
+        for name, t in self.tensors.items():
+            if not isinstance(t, gs.Constant) or name not in self.demanded:
+                continue
+            st = self._state(t)
+            kept = [int(k.sum()) if k is not None else int(n) for k, n in zip(st, t.shape, strict=True)]
+            key = (self.untied.get(name, name), b"".join(np.packbits(k).tobytes() for k in st if k is not None))
+            if key not in seen:
+                seen.add(key)
+                total += math.prod(kept)
+        return total
 
     def _keep_one_per_axis(self, t: gs.Tensor, why: Reason) -> None:
         """Index 0 of each axis of `t` whose every index would go."""

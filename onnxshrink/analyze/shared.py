@@ -4,8 +4,11 @@
 for what its reader needs, and `retie` merges the copies that end up alike. Two readers that
 need different slices would store two copies: more than the weight itself when their slices
 overlap enough (a CRNN whose LSTM weight two nodes read, one of which could drop a few input
-features: 0.3% fewer multiply-adds, the weight stored twice). Then every copy keeps the union of
-what the copies keep: one slicing, stored once, never more than the weight.
+features: 0.3% fewer multiply-adds, the weight stored twice). Then the closure is run a second
+time with every such weight's copies keeping the union of what they keep (one slicing, stored
+once), and the analysis that stores fewer elements in all is kept (`analyze.analyze`): a small
+shared vector sliced two ways (two layers' scales, merged by an exporter because they are
+equal) is better stored twice than holding both layers' weights whole.
 """
 
 from __future__ import annotations
