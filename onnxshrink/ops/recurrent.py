@@ -10,13 +10,15 @@ A unit stays when a kept output reads it, or when a kept unit reads it through R
 is taken to a fixpoint). A unit whose W, R and B rows (and peepholes, initial states) are all
 zero, under the default activations, is exactly zero at every step: sigmoid(0) gates times
 tanh(0) = 0 candidates keep its cell and hidden state at 0 (GRU: h = z * h_prev = 0; RNN:
-tanh(0) = 0). It is a constant its readers absorb, and what it reads through R is not needed.
+tanh(0) = 0; other activations that map 0 to 0 alike, and a cell clip). It is a constant its
+readers absorb, and what it reads through R is not needed.
 Input features no kept unit reads (W columns zero), or that are zero, go.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -47,8 +49,15 @@ _SEQUENCE_FIRST = {"x": (0, 1, 2), "y": (0, 1, 2, 3), "state": (0, 1, 2)}
 _BATCH_FIRST = {"x": (1, 0, 2), "y": (1, 2, 0, 3), "state": (1, 0, 2)}
 
 
+# Activations that map 0 to 0 whatever their alpha (ONNX's recurrent activation names)
+_ZERO_AT_ZERO = frozenset({"tanh", "relu", "leakyrelu", "thresholdedrelu", "elu", "softsign", "scaledtanh"})
+
+
 class _Recurrent(Handler):
     gates = 1
+    #: activations per direction (RNN f; GRU f, g; LSTM f, g, h) and those the state passes
+    activation_count: int = 1
+    state_activations: tuple[int, ...] = (0,)
     peepholes = False
     #: state inputs ([dirs, batch, hidden], or [batch, dirs, hidden] with layout 1)
     state_inputs: tuple[int, ...] = (5,)
@@ -187,7 +196,18 @@ class _Recurrent(Handler):
         return need
 
     def default_activations(self, node: gs.Node) -> bool:
-        return not node.attrs.get("activations") and node.attrs.get("clip") is None
+        """Does a unit whose gate inputs are all 0 stay at 0? Its state passes through the
+        activations at `state_activations` of each direction's list (LSTM's g and h, GRU's g,
+        RNN's f), which must map 0 to 0 (the defaults, Tanh, do); the gates' own (Sigmoid) may
+        give anything, as they multiply a 0. A cell `clip` bounds inputs that are 0 already."""
+        acts = node.attrs.get("activations")
+        if not acts:
+            return True
+        names = [a.decode() if isinstance(a, bytes) else str(a) for a in cast(Sequence[object], acts)]
+        n = self.activation_count
+        if len(names) % n:
+            return False
+        return all(names[d * n + p].lower() in _ZERO_AT_ZERO for d in range(len(names) // n) for p in self.state_activations)
 
     def zero_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
         """Units exactly zero at every step (see the module docstring); None if unknown."""
@@ -287,6 +307,7 @@ class _Recurrent(Handler):
 @register("LSTM")
 class LSTM(_Recurrent):
     gates = 4
+    activation_count, state_activations = 3, (1, 2)
     peepholes = True
     state_inputs = (5, 6)
 
@@ -294,6 +315,7 @@ class LSTM(_Recurrent):
 @register("GRU")
 class GRU(_Recurrent):
     gates = 3
+    activation_count, state_activations = 2, (1,)
 
 
 @register("RNN")
@@ -324,6 +346,7 @@ class DynamicQuantizeLSTM(_Recurrent):
         return [(dims, inputs.dtype(0)) for dims in ([x[0], w[0], x[1], h], [w[0], x[1], h], [w[0], x[1], h])]
 
     gates = 4
+    activation_count, state_activations = 3, (1, 2)
     peepholes = True
     state_inputs = (5, 6)
     param_slots = (8, 9, 10, 11)
