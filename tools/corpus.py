@@ -239,6 +239,9 @@ _ZERO_POINTS: dict[str, dict[int, tuple[int, Any]]] = {
     "MatMulInteger": {1: (3, lambda attrs, rank: rank - 1)},
     "QLinearConv": {3: (5, lambda attrs, rank: 0)},
     "QLinearMatMul": {3: (5, lambda attrs, rank: rank - 1)},
+    # W [dirs, input, 4h] and R [dirs, hidden, 4h]: a zero point per direction, or per column
+    # [dirs, 4h] (axes 0 and 2)
+    "DynamicQuantizeLSTM": {1: (9, lambda attrs, rank: (0, 2)), 2: (11, lambda attrs, rank: (0, 2))},
 }
 
 
@@ -298,7 +301,8 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
                      if len(node.input) > zslot and node.input[zslot] else np.zeros((), np.int64))
                 if z.size > 1:
                     axis = axis_of(attrs, w.ndim)
-                    z = z.reshape([-1 if a == axis else 1 for a in range(w.ndim)])
+                    axes = axis[: z.ndim] if isinstance(axis, tuple) else (axis,)
+                    z = z.reshape([w.shape[a] if a in axes else 1 for a in range(w.ndim)])
                 found.append(np.broadcast_to(z, w.shape))
         if not found or any(not np.array_equal(f, found[0]) for f in found):
             return f"{name}: integer tensor with {'no' if not found else 'differing'} zero point(s) among its readers"
