@@ -319,3 +319,27 @@ def test_quantize_dynamic_lstm_units_are_pruned_exactly(tmp_path, per_channel):
     np.testing.assert_array_equal(init(result.model, node.input[2]), np.delete(np.delete(values[node.input[2]], cols, 2), units, 1))
     if per_channel:
         assert init(result.model, node.input[8]).shape == (2, 4 * (H - 2))
+
+
+GRU_LAST = """
+g (float[5, 2, 3] x, float[1, 18, 3] W, float[1, 18, 6] R, float[1, 36] B, float[6, 4] V) => (float[2, 4] y) {
+  s, last = GRU <hidden_size = 6, linear_before_reset = 1> (x, W, R, B)
+  axes = Constant <value = int64[1] {0}> ()
+  q = Squeeze (last, axes)
+  y = MatMul (q, V)
+}"""
+
+
+def test_a_gru_read_through_its_last_state_loses_units():
+    """Y_h alone is read (a classifier on the last step), through a Squeeze; torch's GRU form
+    (linear_before_reset 1: r multiplies R h + Rb, 0 for a zeroed unit)."""
+    from conftest import tiny
+
+    model = tiny(GRU_LAST, seed=6)
+    result = prune(model, 0.3, draws=1)
+    assert result.shrink.validation.passed and attr(result.model, "GRU", "hidden_size") == H - 2
+    units = removed_units(result)
+    np.testing.assert_array_equal(init(result.model, "V"), np.delete(init(model, "V"), units, axis=0))
+    assert params(model) == 18 * 3 + 18 * 6 + 36 + 6 * 4  # W, R, B, V at 6 units; at 4:
+    assert params(result.model) == result.shrink.after.params == 12 * 3 + 12 * 4 + 24 + 4 * 4
+    assert error_against(zero_units(model, "GRU", units), result.model) <= 1e-5
