@@ -174,13 +174,27 @@ class _Recurrent(Handler):
             if ir.rank(t) == len(role):
                 tie(t, role[-1], h)
 
+    def zero_states(self, node: gs.Node, reader: Reader, axis: int, h: int) -> set[int]:
+        """The initial-state inputs that are 0 everywhere: ONNX's default when a state is not
+        given, so the rewrite may leave them out (a zero state one ConstantOfShape makes for
+        several layers keeps every layer's units; as an input it would not fit each layer)."""
+        out = set()
+        for i in self.state_inputs:
+            t = ir.present(node, i)
+            c = reader.const(t) if t is not None else None
+            if c is not None and ir.rank(t) == 3 and c.slice_zero(axis, h).all():
+                out.add(i)
+        return out
+
     def needed_units(
         self, node: gs.Node, ks: KeepView, outs: list[tuple[gs.Tensor, tuple[int, ...]]], r: np.ndarray, h: int
     ) -> np.ndarray:
-        """The hidden units kept outputs read, closed under R (what kept units read of it)."""
+        """The hidden units kept outputs read, closed under R (what kept units read of it), and
+        those a non-zero initial state keeps (another reader of it may need them: its units
+        are the layer's)."""
         zero = self.zero_units(node, ks)
         zero = np.zeros(h, bool) if zero is None else zero
-        need = np.zeros(h, bool)
+        need = self.state_units(node, ks, self.axes(node)["state"][2], h)
         for t, role in outs:
             k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
             if k is not None and len(k) == h:
@@ -194,6 +208,26 @@ class _Recurrent(Handler):
                 break
             need = more
         return need
+
+    def state_units(self, node: gs.Node, ks: KeepView, axis: int, h: int) -> np.ndarray:
+        """The units the non-zero initial states keep."""
+        need = np.zeros(h, bool)
+        zero = self.zero_states(node, ks, axis, h)
+        for i in self.state_inputs:
+            t = ir.present(node, i)
+            k = ks.kept(t, axis) if t is not None and i not in zero and ir.rank(t) == 3 else None
+            if k is not None and len(k) == h:
+                need |= k
+        return need
+
+    def drop_zero_states(self, node: gs.Node, rw: RewriteView, axis: int, h: int) -> None:
+        """Leave out the initial states that are 0 everywhere (`zero_states`) and keep other
+        units than the layer (their other readers' in a ConstantOfShape several layers slice)."""
+        units = rw.kept(node.inputs[2], self.column_axis)
+        for i in self.zero_states(node, rw, axis, h):
+            kept = rw.kept(node.inputs[i], axis)
+            if units is None or kept is None or not np.array_equal(kept, units):
+                node.inputs[i] = gs.Variable.empty()
 
     def default_activations(self, node: gs.Node) -> bool:
         """Does a unit whose gate inputs are all 0 stay at 0? Its state passes through the
@@ -299,6 +333,8 @@ class _Recurrent(Handler):
 
     # -------------------------------------------------------------- rewrite
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        h = int_attr(node, "hidden_size", 0)
+        self.drop_zero_states(node, rw, self.axes(node)["state"][2], h)
         k = rw.kept(node.inputs[2], 2)
         if k is not None:
             node.attrs["hidden_size"] = int(k.sum())
@@ -426,7 +462,7 @@ class DynamicQuantizeLSTM(_Recurrent):
             "its hidden state is quantized at every step with a range from every unit (only units "
             "zero at every step do not count)",
         )  # fmt: skip
-        need = ~zero
+        need = ~zero | self.state_units(node, ks, 2, h)
         for k, t in enumerate(node.outputs):  # and the zero units a kept output reads whole
             kept = ks.kept(t, ir.known_rank(t) - 1) if ir.rank(t) == (4 if k == 0 else 3) else None
             if kept is not None and len(kept) == h:
@@ -466,6 +502,7 @@ class DynamicQuantizeLSTM(_Recurrent):
         )  # fmt: skip
 
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        self.drop_zero_states(node, rw, 2, int_attr(node, "hidden_size", 0))
         k = rw.kept(node.inputs[2], 1)
         if k is not None:
             node.attrs["hidden_size"] = int(k.sum())

@@ -105,10 +105,8 @@ def removed_units(result) -> list[int]:
 def stored(op: str, dirs: int, h: int, peepholes: bool = False) -> int:
     """The model's parameters at hidden size h, counted from the layer's definition."""
     g = GATES[op]
-    n = dirs * g * h * F + dirs * g * h * h + dirs * 2 * g * h + dirs * BATCH * h + dirs * h * OUT
-    if op == "LSTM":
-        n += dirs * BATCH * h + (dirs * 3 * h if peepholes else 0)
-    return n
+    n = dirs * g * h * F + dirs * g * h * h + dirs * 2 * g * h + dirs * h * OUT + (dirs * 3 * h if peepholes else 0)
+    return n + dirs * BATCH * h * (2 if op == "LSTM" else 1)  # the initial states
 
 
 def attr(model: onnx.ModelProto, op: str, name: str):
@@ -343,3 +341,47 @@ def test_a_gru_read_through_its_last_state_loses_units():
     assert params(model) == 18 * 3 + 18 * 6 + 36 + 6 * 4  # W, R, B, V at 6 units; at 4:
     assert params(result.model) == result.shrink.after.params == 12 * 3 + 12 * 4 + 24 + 4 * 4
     assert error_against(zero_units(model, "GRU", units), result.model) <= 1e-5
+
+
+def test_a_legacy_exported_crnn_with_a_dynamic_width_loses_conv_channels_and_units(tmp_path):
+    """A CRNN as OCR models are (ddddocr's): convs, the feature map reshaped to (width, batch,
+    channels x height) by a target computed from Shape (the width is dynamic), a two-layer
+    bidirectional LSTM, a Linear per step. The legacy exporter gives the Reshape and the
+    Transpose after it no shape; their ranks are the target's length and the input's, so the
+    first LSTM's input is known rank 3 (it was a barrier that kept the whole head)."""
+    import torch
+    from torch import nn
+
+    from models.zoo import export
+
+    class CRNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cnn = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                     nn.Conv2d(8, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d((4, 1)))  # fmt: skip
+            self.rnn = nn.LSTM(6 * 2, 8, num_layers=2, bidirectional=True)
+            self.fc = nn.Linear(16, 5)
+
+        def forward(self, x):
+            f = self.cnn(x)
+            b, c, h, w = f.shape
+            y, _ = self.rnn(f.view(b, c * h, w).permute(2, 0, 1))
+            return self.fc(y)
+
+    torch.manual_seed(7)
+    path = tmp_path / "crnn.onnx"
+    export(CRNN().eval(), path, (1, 1, 16, 12), dynamic={3: "width"}, dynamo=False)
+    model = onnx.load(path)
+    [x] = model.graph.input
+    assert x.type.tensor_type.shape.dim[3].dim_param  # the width is dynamic
+    result = prune(path, 0.3, draws=1, input_shapes={x.name: [1, 1, 16, 12]})
+    assert result.shrink.validation.passed
+    exact = {la.name: (la.kind, len(la.groups)) for la in result.groups.layers
+             if la.groups and all(result.groups.groups[i].exact for i in la.groups)}  # fmt: skip
+    assert sorted(exact.values()) == [("channel", 6), ("channel", 8), ("recurrent_unit", 8), ("recurrent_unit", 8)]
+    sizes = [{a.name: helper.get_attribute_value(a) for a in n.attribute}["hidden_size"]
+             for n in result.model.graph.node if n.op_type == "LSTM"]  # fmt: skip
+    assert sizes == [int(8 * 0.7)] * 2 and not result.shrink.barriers  # 3 of 8 units went
+    # one ConstantOfShape of zeros is both layers' initial states: each layer keeps other units
+    assert not result.shrink.kept_after_failed_proof
+    assert params(result.model) == result.shrink.after.params < 0.6 * params(model)
