@@ -324,7 +324,7 @@ class _Finder:
             unit = self._unit(comp, ms)
             if layer_key not in layer_of:
                 layer_of[layer_key] = len(layers)
-                layers.append(Layer(len(layers), _layer_name(ms), [], unit.kind))
+                layers.append(Layer(len(layers), _layer_name(ms, unit.kind), [], unit.kind))
             layer = layers[layer_of[layer_key]]
             blocking = [str(r) for r in self.part.blocking(comp) if r != LIVE]
             if comp in self.kv_alone:  # its query heads are ranks here, units of their own
@@ -828,9 +828,13 @@ def _params(members: list[Member], shapes: dict[str, tuple[int, ...]]) -> int:
     return total
 
 
-def _layer_name(members: list[Member]) -> str:
-    """The weights producing the layer's channels, by the framework's names where recorded."""
+def _layer_name(members: list[Member], kind: str = "") -> str:
+    """The weights producing the layer's channels, by the framework's names where recorded; a
+    recurrent layer's units by its node (its packed weights have no framework name)."""
     producers = [m for m in members if m.side == "out" and m.matrix] or members
+    if kind == "recurrent_unit" and not any(m.params for m in producers):
+        nodes = sorted({f"{m.node or m.initializer} ({m.op})" for m in producers})
+        return nodes[0] + (f" (+{len(nodes) - 1})" if len(nodes) > 1 else "")
     names = sorted({m.params[0].name if m.params else m.initializer for m in producers})
     return names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
 

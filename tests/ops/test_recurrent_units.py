@@ -231,9 +231,10 @@ def torch_layer(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
-def test_torch_batch_first_bidirectional_layer_with_initial_states_is_pruned_exactly(tmp_path, kind):
+def test_torch_batch_first_bidirectional_layer_with_initial_states_is_pruned_exactly(tmp_path, kind, capsys):
     from models.zoo import export
     from onnxshrink import shrink
+    from onnxshrink.cli import main
 
     path = tmp_path / "layer.onnx"
     export(torch_layer(kind), path, (BATCH, SEQ, F), dynamo=False)
@@ -244,6 +245,12 @@ def test_torch_batch_first_bidirectional_layer_with_initial_states_is_pruned_exa
     [lay] = [la for la in result.groups.layers if la.kind == "recurrent_unit"]
     assert len(lay.groups) == H and all(result.groups.groups[i].exact for i in lay.groups)
     assert attr(result.model, kind, "hidden_size") == H - 2
+    # the layer is named by its node (its packed weights have no framework name), its units
+    # by their kind, as the command line prints them
+    assert lay.name == f"{node.name} ({kind})" == f"/rnn/{kind} ({kind})"
+    if kind == "LSTM":
+        assert main([str(path), "--prune", "0.3", "--no-price", "-o", str(tmp_path / "small.onnx")]) == 0
+        assert f"/rnn/LSTM (LSTM): 2 of {H} recurrent_unit(s)" in capsys.readouterr().out
     # the units zeroed here in the exported weights (found by the node's inputs) give the same
     units = sorted(int(i) for gid in result.removed() for m in result.groups.groups[gid].members
                    if (m.initializer, m.axis) == (node.input[2], 2) for i in m.indices)  # fmt: skip
