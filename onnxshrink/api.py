@@ -9,6 +9,7 @@ from typing import Any
 from onnxshrink.analyze.replay import scoped
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.progress import PhaseClock
+from onnxshrink.proof.sizes import with_found_shapes
 from onnxshrink.report import ModelStats
 from onnxshrink.result import ShrinkResult
 from onnxshrink.stages.assemble import assemble
@@ -45,6 +46,7 @@ def shrink(
     check_options(opts)
     clock = PhaseClock()
     source, given = read(model, masks, output, opts)
+    opts = with_found_shapes(source.proto, opts, source.base_dir, source.file_bytes)
     clock.lap("load")
     scratch = scratch_for(source, output)
     masked = bind(source, given, opts, scratch)

@@ -149,6 +149,9 @@ class ShrinkOptions:
     external_data: write the weights to `<output>.data` (None: when the input did, or > 2 GB).
     log: called with each progress line.
     progress: show progress bars on stderr for the long phases (when it is a terminal).
+    found_shapes: the shapes found for the inputs whose dynamic dims no shape was given for,
+        the first sizes at which the input model runs (set by the run, see
+        onnxshrink.proof.sizes; None: not searched yet).
     """
 
     validate: bool = flagged(
@@ -234,6 +237,12 @@ class ShrinkOptions:
     )
     log: Callable[[str], None] | None = None
     progress: bool = False
+    found_shapes: Mapping[str, list[int]] | None = None
+
+    def shapes(self) -> dict[str, list[int]]:
+        """The shapes the proof draws its inputs at, where known: those given (input_shapes)
+        over those found (found_shapes)."""
+        return {**(self.found_shapes or {}), **(self.input_shapes or {})}
 
     def but(self, **changes: Any) -> ShrinkOptions:
         """A copy with `changes`; unknown names are refused (a TypeError naming them)."""

@@ -108,7 +108,7 @@ class _Proof:
         base = opts.rtol if opts.rtol is not None else default_tolerance(eps)
         t0 = time.perf_counter()
         proof = _Proof(reference, shrunk, opts, reference_dir, shrunk_dir, dtype, eps, base, t0)
-        proof.shapes = resolve_shapes(reference, opts.input_shapes or {})
+        proof.shapes = resolve_shapes(reference, opts.shapes())
         proof.feeds = list(opts.inputs or []) + make_inputs(reference, proof.shapes, opts.draws, opts.seed)
         return proof
 

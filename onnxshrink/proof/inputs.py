@@ -252,10 +252,10 @@ def survived_size(model: onnx.ModelProto, at: Callable[[int], dict[str, list[int
             for k, d in enumerate(ds)
         )
 
-    first = _infers(model, at(DEFAULT_SIZE))
+    first = infers(model, at(DEFAULT_SIZE))
     if first is not None and not empties(first, None):
         return DEFAULT_SIZE
-    probes = [_infers(model, at(p)) for p in PROBES]
+    probes = [infers(model, at(p)) for p in PROBES]
     if probes[0] is None or probes[1] is None:
         return None
     if first is not None and not empties(first, probes[0]):
@@ -274,13 +274,13 @@ def survived_size(model: onnx.ModelProto, at: Callable[[int], dict[str, list[int
     factor = int(np.ceil(step))
     start = -(-smallest // factor) * factor
     for size in range(start, start + 4 * factor, factor):
-        found = _infers(model, at(size))
+        found = infers(model, at(size))
         if found is not None and not empties(found, probes[0]):
             return size
     return None
 
 
-def _infers(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, list[int]] | None:
+def infers(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, list[int]] | None:
     """The dims of every tensor whose dims are all static, as onnx's shape inference finds them
     in strict mode with the inputs at `shapes`; None when it finds them inconsistent (or a
     size below 0)."""

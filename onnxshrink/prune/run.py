@@ -37,6 +37,7 @@ from onnxshrink.options import (
 from onnxshrink.prepare import default_opset
 from onnxshrink.progress import PhaseClock
 from onnxshrink.proof.inputs import check_inputs, resolve_shapes
+from onnxshrink.proof.sizes import with_found_shapes
 from onnxshrink.prune import allocate as alloc
 from onnxshrink.prune import compensate as comp_mod
 from onnxshrink.prune.calibrate import Calibration, collect
@@ -179,6 +180,7 @@ def prune(
     )  # fmt: skip
     clock = PhaseClock()
     given = _read_input(model, output, ask, opts)
+    opts = opts.but(found_shapes=given.found)  # the shrink draws where the input ran
     clock.lap("load")
     gset = _find_groups(given, ask, opts)
     clock.lap("groups")
@@ -288,6 +290,7 @@ class Input:
     proto: onnx.ModelProto
     shapes: dict[str, list[int]]
     original: ModelStats
+    found: dict[str, list[int]]  # the sizes found for its free dynamic dims (proof.sizes)
 
 
 def _read_input(model: str | Path | onnx.ModelProto, output: str | Path | None, ask: Request, opts: ShrinkOptions) -> Input:
@@ -305,8 +308,9 @@ def _read_input(model: str | Path | onnx.ModelProto, output: str | Path | None, 
         load_external(proto, Path(source.base_dir), str(source.path))
     # the unpruned input as its file holds it (before the reference is made from it: Constant
     # weights made initializers, a weight copied per reader), at the shapes the proof draws
-    shapes = resolve_shapes(proto, opts.input_shapes or {})
-    return Input(source, proto, shapes, model_stats(proto, shapes, source.file_bytes))
+    found = dict(with_found_shapes(proto, opts, source.base_dir, source.file_bytes).found_shapes or {})
+    shapes = resolve_shapes(proto, {**found, **(opts.input_shapes or {})})
+    return Input(source, proto, shapes, model_stats(proto, shapes, source.file_bytes), found)
 
 
 def _find_groups(given: Input, ask: Request, opts: ShrinkOptions) -> GroupSet:

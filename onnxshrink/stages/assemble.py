@@ -49,7 +49,7 @@ def assemble(
     if unchanged:
         _as_reference(rewritten, reference, source)
     shrunk = rewritten.model
-    shapes = report.input_shapes if report else resolve_shapes(reference, opts.input_shapes or {})
+    shapes = report.input_shapes if report else resolve_shapes(reference, opts.shapes())
     result = ShrinkResult(
         model=shrunk,
         reference=reference,

@@ -96,7 +96,7 @@ def prove(
         # the dims chosen for the user's model (what its ops require of them: a fused
         # attention's cache has its head size), then sliced: the Pad and Gather in front of the
         # sliced reference hide from the ops the inputs they constrain
-        whole = resolve_shapes(reference, opts.input_shapes or {})
+        whole = resolve_shapes(reference, opts.shapes())
         reference = sliced_interface(reference, rewritten.interface)
         opts = opts.but(
             input_shapes=sliced_shapes(whole, rewritten.interface),
