@@ -207,7 +207,7 @@ def _record(search: Search, dims: list[Dim], sizes: Mapping[str, int]) -> None:
 def _assignments(dims: list[Dim], base: dict[str, list[int]], hints: Mapping[str, int]) -> Iterator[dict[str, int]]:
     """Sizes for the free dims, in the order tried: the model's own (its hints over
     resolve_shapes' choice), then each size of SIZES for the dims that are not a batch axis,
-    with each of BATCHES for the batch axes, and the unnamed dims tied to the batch size in
+    with each of BATCHES and then that size for the batch axes, and the unnamed dims tied to the batch size in
     every combination (a recurrent state's batch axis, which nothing names)."""
     own = {d.key: hints.get(d.key, base[d.places[0][0]][d.places[0][1]]) for d in dims}
     yield own
@@ -215,7 +215,7 @@ def _assignments(dims: list[Dim], base: dict[str, list[int]], hints: Mapping[str
     ties = [c for r in range(min(len(untied), MAX_TIED) + 1) for c in itertools.combinations(untied, r)]
     sizes = [own[d.key] for d in dims if not d.leading][:1] + list(SIZES)
     for size in dict.fromkeys(sizes):
-        for batch in BATCHES:
+        for batch in dict.fromkeys((*BATCHES, size)):  # a leading axis may be no batch
             for tied in ties:
                 out = {
                     d.key: hints.get(d.key, batch if d.leading or d in tied else size) for d in dims
