@@ -179,6 +179,7 @@ def compare(
     if new_out is None:
         return _finished(proof.not_run(tally, failure), proof, models, level)
     checks = _checks(proof, tally, ref_out, new_out, noise_out, noise)
+    _finite_where_failed(proof, checks, ref_out)
     report = _finished(proof.report(checks), proof, models, level)
     _judge_undecided(proof, models.kind, report, tally, ref_out, new_out, twin, judge_macs)
     return report
@@ -394,6 +395,32 @@ def _checks(
     for c in checks:
         c.tolerance, c.noise = tolerances[c.name][1], noise[c.name]
     return checks
+
+
+def _finite_where_failed(proof: _Proof, checks: list[OutputCheck], ref_out: list[list[np.ndarray]]) -> None:
+    """ShrinkError when an output that failed is not finite in the reference itself (NaN or Inf
+    on some feed): the inputs, not the shrink, are what to change. NaN where both models give
+    NaN, and the same infinity in both, are equal (verdict.float_error): this is a NaN or an
+    infinity in one only."""
+    names = [c.name for c in checks]
+    for c in checks:
+        if c.passed:
+            continue
+        k = names.index(c.name)
+        for f, run in enumerate(ref_out):
+            value = np.asarray(run[k])
+            if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+                given = len(proof.opts.inputs or [])
+                where = f"the arrays given with --inputs (#{f + 1})" if f < given else "the random inputs"
+                shapes = " ".join(f"{n}:{','.join(map(str, d))}" for n, d in proof.shapes.items())
+                raise ShrinkError(
+                    f"the reference model (the input, masks applied) is not finite on {where} "
+                    f"(output '{c.name}' holds {int((~np.isfinite(value)).sum())} NaN or Inf "
+                    f"value(s), inputs at {shapes}), and the shrunk model differs there, so the "
+                    "proof cannot tell whether they compute the same function. Give real inputs "
+                    "the model is finite on with --inputs FILE.npz (--draws 0 proves it on those "
+                    "alone)."
+                )
 
 
 def _judge_undecided(

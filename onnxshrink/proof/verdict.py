@@ -160,6 +160,16 @@ def round_up(x: float) -> str:
     return f"{up:.2g}"
 
 
+def float_error(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """max |candidate - reference| over the elements, in float64: 0 where both are NaN or both
+    the same infinity, inf where one is not finite and the other differs (a NaN in one only)."""
+    r, s = reference.astype(np.float64), candidate.astype(np.float64)
+    same = (r == s) | (np.isnan(r) & np.isnan(s))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are the same infinity
+        diff = np.where(same, 0.0, np.abs(r - s))
+    return float(np.nan_to_num(diff, nan=np.inf, posinf=np.inf).max(initial=0.0))
+
+
 class ErrorTally:
     """The worst error of each output over several runs: reference vs candidate. A non-float
     output matches where it equals the reference, or `alternative` (the reference run another,
@@ -189,12 +199,11 @@ class ErrorTally:
                 self.exact[n], self.err[n] = False, float("inf")
                 self.values_differ.discard(n)
             elif np.issubdtype(r.dtype, np.floating):
-                both_nan = np.isnan(r) & np.isnan(s)
-                diff = np.where(both_nan, 0.0, np.abs(r.astype(np.float64) - s.astype(np.float64)))
-                err = float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0))
+                err = float_error(r, s)
                 if err > self.err[n]:
                     self.err[n], self.worst[n] = err, self.runs
-                self.mag[n] = max(self.mag[n], float(np.nanmax(np.abs(r), initial=0.0)))
+                finite = np.abs(r[np.isfinite(r)])  # the magnitude of the values it compares
+                self.mag[n] = max(self.mag[n], float(finite.max(initial=0.0)))
             elif not np.array_equal(r, s) and (
                 a is None or a.shape != s.shape or not bool(np.all((r == s) | (a == s)))
             ):
