@@ -147,6 +147,9 @@ class ShrinkOptions:
     input_masked: whether the model already holds the masks' zeros (None: told by its weights,
         and masks they contradict are refused; False: apply the masks whatever it holds).
     external_data: write the weights to `<output>.data` (None: when the input did, or > 2 GB).
+    allow_growth: write the shrunk model even when it is larger than the input (file bytes,
+        external data included); by default the reference is written instead (see
+        onnxshrink.stages.save.no_growth).
     log: called with each progress line.
     progress: show progress bars on stderr for the long phases (when it is a terminal).
     found_shapes: the shapes found for the inputs whose dynamic dims no shape was given for,
@@ -234,6 +237,12 @@ class ShrinkOptions:
     )
     external_data: bool | None = flagged(
         None, "--external-data", gives=True, help="write the weights to <output>.data"
+    )
+    allow_growth: bool = flagged(
+        False,
+        "--allow-growth",
+        help="write the shrunk model even when its files are larger than the input's (by default "
+        "the input, masks applied, is written instead, no larger, and the run says so)",
     )
     log: Callable[[str], None] | None = None
     progress: bool = False

@@ -67,6 +67,9 @@ class ShrinkResult:
     interface_changes: list[InterfaceChange] = field(default_factory=list)
     # runtime configs written beside the output (genai_config.json, config.json), and notes
     runtime_configs: list[dict[str, Any]] = field(default_factory=list)
+    # why the model written is the reference, not the shrunk model: that one would be larger
+    # than the input (see stages.save.no_growth); None: the shrunk model was written
+    grew: str | None = None
     _scratch: Any = field(default=None, repr=False)  # keeps an unsaved data file alive
     # A shrink that removed nothing from the model file as given: saved as a copy of the file
     _unchanged: Any = field(default=None, repr=False)
@@ -99,6 +102,7 @@ class ShrinkResult:
         "renamed_nodes",
         "interface_changes",
         "runtime_configs",
+        "grew",
     )
 
     def to_dict(self) -> dict[str, Any]:

@@ -158,6 +158,8 @@ def _say_written(result: Any, args: argparse.Namespace, say: Say) -> None:
     """What was written, or why nothing was."""
     from onnxshrink.report import human_bytes
 
+    if result.written and result.grew:
+        say(f"[W] {result.grew}")
     if result.written:
         say(f"[I] saved {', '.join(result.written)} ({human_bytes(result.after.file_bytes)})")
     elif args.output is None:
