@@ -132,3 +132,60 @@ def test_a_prune_that_removes_nothing_writes_no_masks_file(tmp_path, capsys):
     assert main(argv) == 0
     assert f"[W] no masks written to {masks}: nothing was pruned" in capsys.readouterr().out
     assert not masks.exists()
+
+
+
+def bare_torch_export(seed: int = 5) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
+    """Two Linear layers as torch's dynamo exporter writes them for a rank-3 input (MatMul by
+    the transposed weight it made, `val_N`; Add of the bias under its state_dict name), its
+    nodes' module scopes dropped (as a later tool drops node metadata); and the state dict."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    state = {"fc1.weight": (16, 8), "fc1.bias": (16,), "fc2.weight": (4, 16), "fc2.bias": (4,)}
+    state = {k: rng.standard_normal(s).astype(np.float32) for k, s in state.items()}
+    inits = [
+        numpy_helper.from_array(state["fc1.weight"].T.copy(), "val_0"),
+        numpy_helper.from_array(state["fc1.bias"], "fc1.bias"),
+        numpy_helper.from_array(state["fc2.weight"].T.copy(), "val_1"),
+        numpy_helper.from_array(state["fc2.bias"], "fc2.bias"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "val_0"], ["m1"], name="node_MatMul_1"),
+        helper.make_node("Add", ["m1", "fc1.bias"], ["a1"], name="node_Add_2"),
+        helper.make_node("Relu", ["a1"], ["r"], name="node_Relu_3"),
+        helper.make_node("MatMul", ["r", "val_1"], ["m2"], name="node_MatMul_4"),
+        helper.make_node("Add", ["m2", "fc2.bias"], ["y"], name="node_Add_5"),
+    ]
+    graph = helper.make_graph(
+        nodes, "main_graph", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, producer_name="pytorch", opset_imports=[helper.make_opsetid("", 18)])
+    return model, {k: torch.from_numpy(v) for k, v in state.items()}
+
+
+def test_a_torch_export_without_module_scopes_keeps_onnx_names_apart(tmp_path):
+    """No module scopes on the nodes: the tensors named as the framework names them
+    (`fc1.bias`) stay framework names, and those the exporter made (the transposed Linear
+    weights, `val_N`) go under onnx/; the .pt loads with weights_only and, reapplied, gives the
+    prune's model."""
+    model, state = bare_torch_export()
+    module = nn.Sequential()
+    module.fc1, module.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+    module.load_state_dict(state)
+    bare, out, masks_path = tmp_path / "bare.onnx", tmp_path / "small.onnx", tmp_path / "masks.pt"
+    onnx.save(model, bare)
+    assert main([str(bare), "--prune", "0.5", "-o", str(out), "--masks-out", str(masks_path), "-q"]) == 0
+    masks = torch.load(masks_path, weights_only=True)
+    framework = {k: v for k, v in masks.items() if not k.startswith("onnx/")}
+    assert sorted(framework) == ["fc1.bias"] and sorted(set(masks) - set(framework)) == ["onnx/val_0", "onnx/val_1"]
+    strict_check(module, framework)
+    dropped = framework["fc1.bias"] == 0
+    assert int(dropped.sum()) == 8  # half of fc1's 16 neurons: its columns of val_0, rows of val_1
+    assert (masks["onnx/val_0"][:, dropped] == 0).all() and (masks["onnx/val_0"][:, ~dropped] == 1).all()
+    assert (masks["onnx/val_1"][dropped] == 0).all() and (masks["onnx/val_1"][~dropped] == 1).all()
+    small = onnx.load(out)
+    again = shrink(bare, masks_path, validate=False, input_masked=False)
+    assert again.after.params == params(small) == 8 * 8 + 8 + 8 * 4 + 4
+    assert error_against(small, again.model) <= 1e-5

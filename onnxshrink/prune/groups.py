@@ -446,14 +446,14 @@ class _Finder:
         and the input's role, in the framework's layout (a Linear weight a MatMul reads is
         stored transposed); or the tensor's own name where the exporter kept the framework's
         (see `_own_name`). A BatchNorm the exporter folded into a conv: the fused weight's
-        output channels are the BatchNorm's scale and shift (zeroing both zeroes the channel)."""
+        output channels are the BatchNorm's scale and shift (zeroing both zeroes the channel).
+        A torch export whose nodes record no module (their metadata dropped by a later tool):
+        the tensor's own name alone, where it is the framework's by its role."""
         k = self.node_of.get(node.outputs[0].name) if node.outputs else None
         if k is None:
             return []
-        module = self.index.modules[k]
-        if not module or not (
-            module_of_dynamo_node(self.index.nodes[k]) or self.index.model.producer_name == "pytorch"
-        ):
+        module = self.index.modules[k] or ""
+        if not (module_of_dynamo_node(self.index.nodes[k]) or self.index.model.producer_name == "pytorch"):
             return []  # node names read as module paths only where torch's exporter wrote them
         handler, op = self.index.facts[k]
         if handler is None or i in handler.sizes_only:
@@ -468,6 +468,8 @@ class _Finder:
             return ParamRef(name, 1 - axis, shape[::-1]) if transposed else ParamRef(name, axis, shape)
 
         own = self._own_name(inputs[i] if i < len(inputs) else "", module, role)
+        if not module:
+            return [ref(own)] if own is not None else []
         if is_fused_batchnorm(self.index.nodes[k]):
             mine = [ref(own)] if own is not None else []
             if side != "out":
