@@ -26,7 +26,7 @@ import onnx
 
 from onnxshrink.errors import ShrinkError, first_line
 from onnxshrink.options import ShrinkOptions
-from onnxshrink.proof.inputs import infers, graph_inputs, make_inputs, resolve_shapes
+from onnxshrink.proof.inputs import graph_inputs, infers, make_inputs, resolve_shapes
 
 # The sizes tried for a dynamic dim that is not a leading batch axis, after the model's own
 # (in this order; the first at which the model runs is taken).
@@ -284,7 +284,7 @@ def _value_info_hints(model: onnx.ModelProto, dims: list[Dim]) -> dict[str, int]
     if not any(v is not None for dims_ in recorded.values() for v in dims_):
         return {}
     light = skeleton(model)
-    symbol = {}
+    symbol: dict[str, str] = {}
     for inp in light.graph.input:
         for k, d in enumerate(inp.type.tensor_type.shape.dim):
             key = next((x.key for x in dims if (inp.name, k) in x.places), None)
