@@ -487,7 +487,10 @@ def _shrink_and_write(
         cost = _priced(given, result, ask, opts, before, clock) if before is not None else None
         if output is not None:
             t0 = time.perf_counter()
-            save(result, Source(result.reference), output, shrink_opts, given.original.file_bytes)
+            # as the input's shrink: external data because the input had it (not asked for),
+            # never larger than the input's files
+            as_input = Source(result.reference, data=given.source.data)
+            save(result, as_input, output, shrink_opts.but(external_data=opts.external_data), given.original.file_bytes)
             if given.source.path is not None:
                 write_runtime_configs(result, given.source.path, given.proto, None, output, scored.gset)
             result.timings["save"] = time.perf_counter() - t0
