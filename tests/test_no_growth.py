@@ -57,3 +57,27 @@ def test_masks_applied_to_a_model_that_would_grow_write_the_masked_model(tmp_pat
     v = onnx.numpy_helper.to_array(next(t for t in written.graph.initializer if t.name == "V"))
     assert not v[:, 5].any() and v[:, 4].all()
     assert result.to_dict()["grew"] == result.grew
+
+
+def test_a_tiny_shrink_whose_inferred_shapes_outweigh_its_savings_is_written_without_them(tmp_path):
+    # filter 1 of W1 zeroed: 27 + 1 + 4 weights (128 bytes) go, while the rewrite's inferred
+    # shapes (value_info of the two long-named tensors) add more; without them it is smaller
+    long = "hidden_activation_of_the_first_convolution_" * 4
+    text = f"""g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,1,1] W2, float[4] B2)
+      => (float[1,4,8,8] y) {{
+      {long}h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+      {long}r = Relu({long}h)
+      y = Conv({long}r, W2, B2)
+    }}"""
+    model = tiny(text, seed=11, zero={"W1": np.s_[1], "B1": np.s_[1]})
+    path, out, grown = tmp_path / "m.onnx", tmp_path / "small.onnx", tmp_path / "grown.onnx"
+    onnx.save(model, path)
+    asked = shrink(str(path), None, str(grown), allow_growth=True)
+    assert grown.stat().st_size > path.stat().st_size and asked.grew is None
+    result = shrink(str(path), None, str(out))
+    small = onnx.load(out)
+    assert out.stat().st_size <= path.stat().st_size == result.before.file_bytes
+    assert result.after.file_bytes == out.stat().st_size
+    assert result.grew is not None and "value_info" in result.grew and len(small.graph.value_info) == 0
+    assert params(small) == params(model) - (27 + 1 + 4) == result.after.params
+    assert error_against(model, small) <= 1e-5

@@ -48,7 +48,8 @@ def test_summary_says_what_grew_and_why(tmp_path, capsys):
     model = padded_with_constants()
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    assert main([str(path), "-o", str(tmp_path / "out.onnx"), "-v"]) == 0
+    # a model this small grows in file bytes with the correction's nodes: written as asked
+    assert main([str(path), "-o", str(tmp_path / "out.onnx"), "-v", "--allow-growth"]) == 0
     out = capsys.readouterr().out
     small = onnx.load(tmp_path / "out.onnx")
     assert [n.op_type for n in small.graph.node].count("Conv") == 3
