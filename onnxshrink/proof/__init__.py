@@ -12,6 +12,7 @@ The modules, by subject (their other functions are imported from them where need
 
 - `verdict`: per output, its error against its tolerance; the report.
 - `inputs`: the shapes chosen for dynamic dims, random draws, inputs given in files.
+- `sizes`: the sizes of the dynamic dims tried on the input model until it runs.
 - `sessions`: onnxruntime sessions, levels, threads; a model run whole or in segments.
 - `comparison`: the proof itself (`compare`); `judge`: the float64 judge where float32 cannot decide,
   `widen`: models computed in float64 (whole or in pieces) for it;
