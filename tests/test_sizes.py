@@ -116,3 +116,21 @@ def test_value_info_where_a_dim_flows_unchanged_gives_its_size():
     assert result.validation.input_shapes == {"x": [2, 40]}
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 40)).astype(np.float32)}
     np.testing.assert_allclose(ort_run(result.model, feeds)[0], ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_finite_at_no_size_is_drawn_at_the_first_it_runs_at_and_says_so():
+    # the log of a normal draw: NaN at every size; where both models give NaN they agree
+    model = tiny(
+        """g (float[N, 4] x, float[4, 3] W, float[3, 2] V) => (float[N, 4] l, float[N, 2] y) {
+             l = Log (x)
+             m = MatMul (x, W)
+             y = MatMul (m, V)
+           }""",
+        zero={"W": np.s_[:, 1]},
+    )
+    logs: list[str] = []
+    result = shrink(model, log=logs.append)
+    assert result.validation is not None and result.validation.passed
+    assert result.validation.input_shapes == {"x": [2, 4]}  # the first size tried
+    assert any("dynamic dims drawn at x:2,4" in m and "not finite at every size tried" in m for m in logs)
+    assert [t.dims for t in result.model.graph.initializer if t.name == "W"] == [[4, 2]]

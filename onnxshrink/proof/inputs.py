@@ -99,7 +99,7 @@ def resolve_shapes(
     `survived_size`)."""
     inputs = graph_inputs(model)
     shapes, symbols = _given_shapes(inputs, given)
-    required = _required_dims(model, [i for i in inputs if i.name not in shapes])
+    required = required_dims(model, [i for i in inputs if i.name not in shapes])
     for inp in inputs:  # a dim name an op requires a size of takes that size (unless given)
         for k, d in enumerate(inp.type.tensor_type.shape.dim):
             size = required.get(inp.name, {}).get(k)
@@ -187,7 +187,7 @@ def _shapes_at(
     return chosen
 
 
-def _required_dims(model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto]) -> dict[str, dict[int, int]]:
+def required_dims(model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto]) -> dict[str, dict[int, int]]:
     """The sizes the ops reading these graph inputs require of their dynamic axes (each handler's
     `input_dims`: a fused attention's past cache has the query's head size), read from the
     static dims of the ops' other inputs; inferred only when some op reads such an input."""

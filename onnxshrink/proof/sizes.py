@@ -26,7 +26,7 @@ import onnx
 
 from onnxshrink.errors import ShrinkError, first_line
 from onnxshrink.options import ShrinkOptions
-from onnxshrink.proof.inputs import graph_inputs, infers, make_inputs, resolve_shapes
+from onnxshrink.proof.inputs import graph_inputs, infers, make_inputs, required_dims, resolve_shapes
 
 # The sizes tried for a dynamic dim that is not a leading batch axis, after the model's own
 # (in this order; the first at which the model runs is taken).
@@ -73,14 +73,16 @@ def with_found_shapes(
     if opts.found_shapes is not None:
         return opts
     found: dict[str, list[int]] = {}
+    finite = True
     size = model_bytes if model_bytes is not None else model.ByteSize()
     if opts.validate and size <= TRIAL_BYTES:
-        found = find_shapes(model, opts, data_dir)
+        found, finite = find_shapes(model, opts, data_dir)
     if found:
         shown = " ".join(f"{n}:{','.join(map(str, d))}" for n, d in found.items())
+        how = "with finite outputs" if finite else "(with outputs not finite at every size tried)"
         opts.say(
             f"dynamic dims drawn at {shown}: the first sizes tried at which the input model runs "
-            "with finite outputs (--input-shapes name:d0,d1,... chooses others)"
+            f"{how} (--input-shapes name:d0,d1,... chooses others)"
         )
     return opts.but(found_shapes=found)
 
@@ -91,13 +93,14 @@ TRIAL_BYTES = 512 * 2**20
 
 def free_dims(model: onnx.ModelProto, given: Mapping[str, list[int]]) -> list[Dim]:
     """The dynamic dims of the inputs no shape was given for, one per dim name (a name some given
-    shape fixes is not free)."""
+    shape fixes is not free, nor a dim the ops reading the input require a size of: see
+    inputs.required_dims)."""
+    required = required_dims(model, [i for i in graph_inputs(model) if i.name not in given])
     fixed = {
         d.dim_param
         for i in graph_inputs(model)
-        if i.name in given
-        for d in i.type.tensor_type.shape.dim
-        if d.HasField("dim_param")
+        for k, d in enumerate(i.type.tensor_type.shape.dim)
+        if d.HasField("dim_param") and (i.name in given or k in required.get(i.name, {}))
     }
     places: dict[str, list[tuple[str, int]]] = {}
     named: dict[str, bool] = {}
@@ -105,7 +108,7 @@ def free_dims(model: onnx.ModelProto, given: Mapping[str, list[int]]) -> list[Di
         if inp.name in given:
             continue
         for k, d in enumerate(inp.type.tensor_type.shape.dim):
-            if d.HasField("dim_value") or d.dim_param in fixed:
+            if d.HasField("dim_value") or d.dim_param in fixed or k in required.get(inp.name, {}):
                 continue
             key = d.dim_param or f"{inp.name}[{k}]"
             places.setdefault(key, []).append((inp.name, k))
@@ -113,37 +116,40 @@ def free_dims(model: onnx.ModelProto, given: Mapping[str, list[int]]) -> list[Di
     return [Dim(k, tuple(p), any(a == 0 for _, a in p), named[k]) for k, p in places.items()]
 
 
-def find_shapes(model: onnx.ModelProto, opts: ShrinkOptions, data_dir: str | None) -> dict[str, list[int]]:
+def find_shapes(
+    model: onnx.ModelProto, opts: ShrinkOptions, data_dir: str | None
+) -> tuple[dict[str, list[int]], bool]:
     """The shapes of the inputs with free dynamic dims at the first sizes the input model runs
-    at with finite outputs ({} when none is free or onnxruntime does not load the model: the
-    proof says why). ShrinkError when it runs at none."""
+    at with finite outputs, else at the first it runs at, and whether its outputs were finite
+    there ({} when none is free or onnxruntime does not load the model: the proof says why).
+    ShrinkError when it runs at none."""
     from onnxshrink.proof.sessions import OFF, session
 
     given = dict(opts.input_shapes or {})
     dims = free_dims(model, given)
     if not dims or not opts.draws:
-        return {}
+        return {}, True
     base = resolve_shapes(model, given)
     try:
         sess = session(model, opts.provider, data_dir, OFF)
     except ShrinkError:
         raise
     except Exception:
-        return {}  # the proof reports it
+        return {}, True  # the proof reports it
     search, t0 = Search(), time.perf_counter()
     first: dict[str, list[int]] | None = None
     for shapes in _candidates(model, base, dims, opts, search):
         verdict = _run(sess, model, shapes, opts.seed, search)
         if verdict == "finite":
-            return _free_inputs(shapes, dims)
+            return _free_inputs(shapes, dims), True
         if verdict == "non-finite" and first is None:
             first = shapes  # runs: the proof says the reference is not finite there
         if search.runs >= MAX_RUNS or time.perf_counter() - t0 > MAX_SECONDS:
             break
     if first is not None:
-        return _free_inputs(first, dims)
+        return _free_inputs(first, dims), False
     if opts.inputs:  # inputs given: the proof says whether they run and the draws do not
-        return {}
+        return {}, True
     raise ShrinkError(_none_ran(dims, search))
 
 
