@@ -27,7 +27,8 @@ class ValidationFailed(ShrinkError):
 
 class NotShrunk(ShrinkError):
     """A prune whose chosen groups could not be removed: nothing was written (the model with them
-    zeroed would have the pruned model's quality at the input's size)."""
+    zeroed would have the pruned model's quality at the input's size); or an output larger than
+    the input in every form it can be written in (see stages.growth)."""
 
     exit_code = 1
 

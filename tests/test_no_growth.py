@@ -81,3 +81,15 @@ def test_a_tiny_shrink_whose_inferred_shapes_outweigh_its_savings_is_written_wit
     assert result.grew is not None and "value_info" in result.grew and len(small.graph.value_info) == 0
     assert params(small) == params(model) - (27 + 1 + 4) == result.after.params
     assert error_against(model, small) <= 1e-5
+
+
+def test_a_prune_larger_than_its_input_in_every_form_writes_nothing(tmp_path, capsys):
+    # the prune's reference holds W once per reader, and so does its shrink: both outgrow the input
+    path, out = tmp_path / "m.onnx", tmp_path / "small.onnx"
+    onnx.save(shared(zero=False), path)
+    assert main([str(path), "--prune", "0.5", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "both larger than the input's" in err and "nothing written" in err and "--allow-growth" in err
+    assert not out.exists() and not list(tmp_path.glob(".onnxshrink-*"))
+    assert main([str(path), "--prune", "0.5", "-o", str(out), "--allow-growth"]) == 0
+    assert out.stat().st_size > path.stat().st_size

@@ -4,8 +4,8 @@ these forms that is no larger: without the shapes the rewrite inferred (value_in
 onnxruntime infers itself: a tiny model's shrink can gain more in them than it loses in
 weights); in one file, when its weights went to external data only because the input's did
 (each weight there is 4 KiB-aligned); else the model the proof compared it with, the input with
-the masks applied (the input's own files when it is the input as given). ShrinkError, nothing
-left written, when even that is larger."""
+the masks applied (the input's own files when it is the input as given). NotShrunk (exit 1),
+nothing left written, when even that is larger."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from onnxshrink import ir
-from onnxshrink.errors import ShrinkError
+from onnxshrink.errors import NotShrunk, ShrinkError
 from onnxshrink.io.model import load_external
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.report import human_bytes, model_stats
@@ -52,7 +52,7 @@ def no_growth(
         for p in result.written:
             Path(p).unlink(missing_ok=True)
         result.written = []
-        raise ShrinkError(
+        raise NotShrunk(
             f"{output}: the shrunk model would be {human_bytes(grown)} and the input with the "
             f"masks applied {human_bytes(written)}, both larger than the input's "
             f"{human_bytes(limit)}: nothing written. --allow-growth writes the shrunk model."
