@@ -5,8 +5,8 @@ outweigh the weights removed) writes the reference instead, and says so; --allow
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import onnx
+import pytest
 from conftest import error_against, params, tiny, with_masks
 
 from onnxshrink import shrink
