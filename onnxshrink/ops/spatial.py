@@ -19,7 +19,7 @@ from onnxshrink.core import (
     evaluate_op,
     register,
 )
-from onnxshrink.ops.common import channelwise_constants, ints
+from onnxshrink.ops.common import channelwise_constants, const_or_live, ints
 from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig
 
 
@@ -62,15 +62,46 @@ def _pad_mask(
     return ctx.evaluate(node, [m, *rest])[0] > 0.5
 
 
+def _mode(node: gs.Node) -> str:
+    mode = node.attrs.get("mode", "constant")
+    return mode.decode() if isinstance(mode, bytes) else str(mode)
+
+
+def _index_map(before: int, after: int, n: int | None, m: int | None) -> tuple[bool, np.ndarray] | None:
+    """A constant-mode pad of an axis of size n to size m: (x is the smaller, idx) where index j
+    of the smaller is index idx[j] of the larger (x's i is y's i + before); None where neither
+    side holds the other (padded at one end, cropped at the other) or a size is unknown."""
+    if n is None or m is None or n + before + after != m:
+        return None
+    if before >= 0 and after >= 0:
+        return True, np.arange(n) + before
+    if before <= 0 and after <= 0:
+        return False, np.arange(m) - before
+    return None
+
+
 @register("Pad")
 class Pad(Handler):
+    """A constant-mode pad maps the indices of an axis it pads by an offset (a channel of x is
+    channel i + pads_begin of y; a BlazeFace shortcut padding channels with zeros to a wider
+    residual): the padded indices are constants (the pad value), which go where their readers
+    let them, and the pads are rewritten to the kept counts. Other modes copy input indices into
+    the border: a padded axis is kept whole."""
+
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         x = node.inputs[0]
         c, r = ctx.const(x), ir.rank(x)
         amounts = pad_amounts(node, ctx, r) if r is not None else None
-        if c is None or amounts is None:
+        if amounts is None or r is None:
             return None
-        m, v = np.broadcast_arrays(c.mask, c.value)
+        mode = _mode(node)
+        rest = [ctx.value(t) if t is not None and t.name else None for t in node.inputs[1:]]
+        if c is None:  # a live input: in constant mode, the cells padded hold the pad value
+            value_t = ir.present(node, 2) if "pads" not in node.attrs else None
+            grows = any(b > 0 or e > 0 for b, e in amounts.values())
+            if mode != "constant" or not grows or (value_t is not None and rest[1] is None):
+                return None
+        m, v = np.broadcast_arrays(*(const_or_live(ctx, x, r) if c is None else (c.mask, c.value)))
         for a, (b, e) in amounts.items():
             if b or e:
                 n = ir.static_dim(x, a)
@@ -79,9 +110,6 @@ class Pad(Handler):
                 shape = list(m.shape)
                 shape[a] = n
                 m, v = np.broadcast_to(m, shape), np.broadcast_to(v, shape)
-        mode = node.attrs.get("mode", "constant")
-        mode = mode.decode() if isinstance(mode, bytes) else mode
-        rest = [ctx.value(t) if t is not None and t.name else None for t in node.inputs[1:]]
         out_v = ctx.evaluate(node, [np.ascontiguousarray(v), *rest])[0]
         out_m = _pad_mask(node, ctx, np.ascontiguousarray(m.astype(v.dtype)), rest, mode)
         return [compress(out_m, out_v)]
@@ -91,10 +119,62 @@ class Pad(Handler):
         r = ir.rank(x)
         amounts = pad_amounts(node, ks, r) if r is not None else None
         if amounts is None:
-            ks.barrier(node)
+            ks.barrier(node, Reason("structure", node.name, node.op, "pads not constant"))
             return
         touched = {a for a, (b, e) in amounts.items() if b or e}
-        _per_axis(node, ks, x, y, touched, Reason("structure", node.name, node.op, "padded axis"))
+        why = Reason("structure", node.name, node.op, "padded axis")
+        if _mode(node) != "constant":
+            _per_axis(node, ks, x, y, touched, why)
+            return
+        ks.demand(x, pin=False)
+        for t in node.inputs[1:]:
+            if t is not None and t.name:
+                ks.demand(t)
+        for a in range(r or 0):
+            if a not in touched:
+                ks.couple(x, a, y, a)
+                continue
+            b, e = amounts[a]
+            found = _index_map(b, e, ks.size(x, a), ks.size(y, a))
+            if found is None:
+                ks.pin(x, a, why)
+                ks.pin(y, a, why)
+            elif found[0]:
+                ks.couple_map(x, a, y, a, found[1])
+            else:
+                ks.couple_map(y, a, x, a, found[1])
+
+    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        r = ir.rank(x)
+        amounts = pad_amounts(node, rw, r) if r is not None and _mode(node) == "constant" else None
+        changes = {}
+        for a, (b, e) in (amounts or {}).items():
+            kx, ky = rw.kept(x, a), rw.kept(y, a)
+            if not (b or e) or kx is None or ky is None or (kx.all() and ky.all()):
+                continue
+            # the kept indices of the padded (or cropped) ends
+            nb = int(ky[:b].sum()) if b >= 0 else -int(kx[:-b].sum())
+            ne = int(ky[len(ky) - e :].sum()) if e > 0 else -int(kx[len(kx) + e :].sum()) if e < 0 else 0
+            changes[a] = (nb, ne)
+        if changes:
+            _set_pads(node, rw, r or 0, changes)
+
+
+def _set_pads(node: gs.Node, rw: RewriteView, r: int, changes: dict[int, tuple[int, int]]) -> None:
+    """Write the new (begin, end) pads of the axes in `changes`, where the node keeps them."""
+    pads = ints(node, rw, "pads", 1)
+    assert pads is not None  # constant pads (the keep step read them)
+    axes = ints(node, rw, "", 3) if "pads" not in node.attrs else None
+    axes = ir.norm_axes(axes, r) if axes is not None else list(range(r))
+    k = len(axes)
+    for i, a in enumerate(axes):
+        if a in changes:
+            pads[i], pads[i + k] = changes[a]
+    if "pads" in node.attrs:
+        node.attrs["pads"] = pads
+    else:
+        rw.replace_input(node, 1, np.asarray(pads, dtype=np.int64))
 
 
 # ------------------------------------------------------------------ Resize / Upsample
@@ -221,8 +301,9 @@ def _spatial_case(op: str, rng: np.random.Generator) -> OracleCase:
     ins = [("x", "float", x)]
     if op == "Pad":
         ins.append(("P", "int64", [8]))
-        y = [1, c, h + 2, w + 1]
-        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Pad (x, P) }", 17, values={"P": [0, 0, 1, 0, 0, 0, 1, 1]},
+        cb, ce = (int(k) for k in rng.integers(0, 3, 2))  # channels padded with zeros too
+        y = [1, c + cb + ce, h + 2, w + 1]
+        return OracleCase(op, sig(ins, [("y", y)]) + " { y = Pad (x, P) }", 17, values={"P": [0, cb, 1, 0, 0, ce, 1, 1]},
                           needs=needs(rng, "y", y))
     if op == "Tile":
         ins.append(("R", "int64", [4]))
