@@ -933,6 +933,8 @@ def masks_apart(g: G, model: onnx.ModelProto, info: dict) -> None:
         if rows is not None and (rows.min(axis=1) == rows.max(axis=1)).all() and r.random() < 0.5:
             mask = rows[:, 0].copy()  # one flag per output channel
         masks[t.name] = mask
+    if not masks:  # nothing to give (no zeros, no all-ones drawn): the model holds its masks
+        return
     info["masks"] = masks
     info["input_masked"] = None
     if r.random() < 0.5:

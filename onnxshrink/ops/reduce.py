@@ -174,11 +174,13 @@ class Reduce(Handler):
         if axes is None:
             return None
         keepdims = bool(int(node.attrs.get("keepdims", 1)))
-        shape = list(c.value.shape)
+        # mask and value may be stored at different broadcast shapes (a mask per channel over
+        # a value uniform across them): reduce over their common shape
+        shape = list(np.broadcast_shapes(c.mask.shape, c.value.shape))
         for a in axes:
             n = ir.static_dim(x, a)
             if n is None:
-                if node.op not in _UNIFORM_SAFE or c.value.shape[a] != 1 or c.mask.shape[a] != 1:
+                if node.op not in _UNIFORM_SAFE or shape[a] != 1:
                     return None
             else:
                 shape[a] = n
