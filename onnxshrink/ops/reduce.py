@@ -89,6 +89,7 @@ REDUCE = (
     "ReduceSumSquare",
 )
 _UNIFORM_SAFE = ("ReduceMean", "ReduceMax", "ReduceMin")  # uniform in -> same value out
+_ZERO_SAFE = ("ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2")  # zeros in -> 0 out, any length
 # a zero index adds nothing to the sum they are made of
 _SUMS = ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum")
 # Reductions of a shape value to one size: tf2onnx computes the merged size of a reshape as
@@ -180,8 +181,10 @@ class Reduce(Handler):
         for a in axes:
             n = ir.static_dim(x, a)
             if n is None:
-                if node.op not in _UNIFORM_SAFE or shape[a] != 1:
+                if shape[a] != 1 or node.op not in _UNIFORM_SAFE + _ZERO_SAFE:
                     return None
+                if node.op in _ZERO_SAFE:  # over a run-time length, only zeros are known: 0
+                    c = ConstInfo(c.mask & (c.value == 0), c.value)
             else:
                 shape[a] = n
         mask = np.asarray(

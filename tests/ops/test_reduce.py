@@ -85,3 +85,26 @@ agraph (float[2, 8, 3] x, float[3, 6] W, float[6] B, float[6, 5] W2, int64[2] Bt
     result = shrink_checked(model)
     assert shapes(result.model)["W"] == (3, 4)
     assert shapes(result.model)["W2"] == (4, 5)
+
+
+# Einsum's zero channels are recorded with one value for them all (mask [1, C, 1, 1], value
+# [1, 1, 1, 1]): the fold reduces over the shape the two make together (the sweep's crash,
+# opset 21: "operands could not be broadcast together with remapped shapes (1,6,1,1) and
+# requested shape (1,1,1,1)")
+EINSUM_REDUCE = """
+agraph (float[1, 6, HH, WW] x, float[6, 6] E, int64[2] A, float[3, 6, 1, 1] W2) => (float[1, 3, 1, 1] y)
+{
+  e = Einsum <equation = "nchw,dc->ndhw"> (x, E)
+  r = OP <keepdims = 1> (e, A)
+  y = Conv (r, W2)
+}
+"""
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceMax", "ReduceSum"])
+@pytest.mark.parametrize("dims", [(4, 5), ("H", "W")])
+def test_reduce_of_channels_constant_with_one_value_for_all(op, dims):
+    text = EINSUM_REDUCE.replace("HH", str(dims[0])).replace("WW", str(dims[1])).replace("OP", op)
+    model = tiny(text, values={"A": [2, 3]}, zero={"E": np.s_[[1, 4]]}, opset=21)
+    result = shrink_checked(model, input_shapes={"x": [1, 6, 4, 5]})
+    assert shapes(result.model)["E"] == (4, 6) and shapes(result.model)["W2"] == (3, 4, 1, 1)
