@@ -117,7 +117,29 @@ class InstanceNorm(Handler):
         return {"weight": 1, "bias": 2}
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
-        return channelwise_constants(ctx, node, invariant=False)
+        """A constant channel's output, computed at full static shape; and, exactly, the bias
+        where the statistics cancel: a zero gain (whatever the input), a channel constant with
+        one value all over the map (x - mean is 0; the runtime's float32 gives its rounding
+        amplified by 1/sqrt(epsilon) there, which is no function to fold)."""
+        x, y = node.inputs[0], node.outputs[0]
+        r, n = ir.rank(y), ir.static_dim(x, 1)
+        scale, bias = ctx.value(node.inputs[1]), ctx.value(node.inputs[2])
+        base = channelwise_constants(ctx, node, invariant=False)
+        if r is None or n is None or scale is None or bias is None or not float(node.attrs.get("epsilon", 1e-5)) > 0:
+            return base
+        exact = np.broadcast_to(scale.reshape(-1) == 0, (n,)).copy()
+        c = ctx.const(x)
+        if c is not None:
+            exact |= c.slice_uniform(1, n)
+        if not exact.any():
+            return base
+        b = np.broadcast_to(bias.reshape(-1), (n,)).astype(dtype_of(y))
+        cb = base[0] if base else None
+        if cb is None:
+            return [ConstInfo(along(exact, 1, r), along(b, 1, r))]
+        m, v = np.broadcast_arrays(cb.mask, cb.value)
+        m = m | along(exact, 1, r)
+        return [compress(m, np.where(along(exact, 1, r), along(b, 1, r), v))]
 
     def keep(self, node: gs.Node, ks: KeepView) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -543,12 +565,15 @@ class GroupNorm(AxisNormalization):
         return c, c // g
 
     def zero_groups(self, node: gs.Node, reader: Reader, c: int, per: int) -> np.ndarray:
-        """Per channel: is its whole group exactly zero at the input?"""
+        """Per channel: is its whole group one constant at the input (zero, or one value over
+        every channel and position of the group: its statistics cancel exactly, to the bias)?"""
         const = reader.const(node.inputs[0])
         if const is None:
             return np.zeros(c, bool)
-        zero = const.slice_zero(1, c).reshape(-1, per).all(axis=1)
-        return np.repeat(zero, per)
+        uniform = const.slice_uniform(1, c).reshape(-1, per).all(axis=1)
+        values = const.slice_values(1, c).reshape(-1, per)
+        same = uniform & (values == values[:, :1]).all(axis=1)
+        return np.repeat(const.slice_zero(1, c).reshape(-1, per).all(axis=1) | same, per)
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         layout = self.groups(node, ctx)

@@ -210,10 +210,28 @@ def _run_wide(
 
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            evaluator = ReferenceEvaluator(model, new_ops=[_batch_norm(), *_conv()])
+            evaluator = ReferenceEvaluator(model, new_ops=[_batch_norm(), *_conv(), _max_pool()])
             return [list(evaluator.run(outputs, dict(f))) for f in feeds]  # type: ignore[arg-type]
     except Exception as exc:
         raise NotJudged(f"onnx's reference evaluator cannot run it ({first_line(exc)})") from exc
+
+
+def _max_pool() -> type:
+    """MaxPool for onnx's reference evaluator: its unit-stride path reads asymmetric pads
+    ([begin..., end...]) in another order (pads [0, 0, 1, 1] of a 6x6 map give it 5x7); its
+    general path reads them right."""
+    from onnx.reference.ops.op_max_pool import MaxPool as Base
+
+    class MaxPool(Base):
+        op_domain = ""
+
+        def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None,  # type: ignore[override]
+                 storage_order=None, strides=None):
+            if pads is None or auto_pad not in (None, "NOTSET", b"NOTSET"):
+                return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides)
+            return self._max_pool(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides)
+
+    return MaxPool
 
 
 def _batch_norm() -> type:

@@ -135,3 +135,96 @@ def test_batchnorm_with_zero_scales_then_a_scalar_gather_and_instance_norm():
     result = shrink_checked(model, input_shapes={"x": [2, 3, 4, 4]})
     assert shapes(result.model)["W"] == (4, 3, 1, 1)
     assert shapes(result.model)["W3"] == (5, 4, 1)
+
+
+# InstanceNorm's statistics cancel where its gain is zero (whatever the input: the channel is
+# its bias) and where its input channel is one constant all over the map (x - mean is 0); a
+# constant channel that varies over the map (a transposed conv's borders) is computed at full
+# shape. The removed channels fold into the next transposed conv, borders and all.
+IN_CHAIN = """
+agraph (float[1, 3, 6, 6] x, float[4, 3, 3, 3] W0, float[4] B0, float[4, 1, KK, KK] Wd, float[4] Bd,
+        float[4] S1, float[4] T1, float[4] M1, float[4] V1, float[4] G, float[4] Bi,
+        float[4, 3, 3, 3] W2, float[3] B2, float[2, 3, 3, 3] W3) => (float[1, 2, 6, 6] y)
+{
+  c = Conv <pads = [1, 1, 1, 1]> (x, W0, B0)
+  p = MaxPool <kernel_shape = [2, 2], pads = [0, 0, 1, 1]> (c)
+  d = ConvTranspose <group = 4, pads = [PP, PP, PP, PP]> (p, Wd, Bd)
+  n = BatchNormalization (d, S1, T1, M1, V1)
+  i = InstanceNormalization (n, G, Bi)
+  t = ConvTranspose (i, W2, B2)
+  y = Conv (t, W3)
+}
+"""
+
+
+def _in_chain(k: int, **values):
+    text = IN_CHAIN.replace("KK", str(k)).replace("PP", str(k // 2))
+    return text, values
+
+
+def test_instance_norm_with_zero_gain_and_bias_gives_zero_channels():
+    text, values = _in_chain(3, G=[1.2, 0.0, 0.8, 0.0], Bi=[0.3, 0.0, -0.2, 0.0], V1=[1, 1, 1, 1])
+    result = shrink_checked(tiny(text, values=values))  # channels 1 and 3 are 0 for any input
+    assert shapes(result.model)["W2"] == (2, 3, 3, 3) and shapes(result.model)["Wd"] == (2, 1, 3, 3)
+    assert shapes(result.model)["W0"] == (2, 3, 3, 3)  # nothing else reads them
+
+
+def test_instance_norm_of_a_channel_uniform_over_the_map_is_its_bias():
+    # BN's zero scale makes channel 2 its shift, one value all over the map (a short binary
+    # fraction, so that the runtime's own statistics of it are exact too): InstanceNorm gives
+    # its bias there, a constant the transposed conv after it folds with its borders
+    text, values = _in_chain(1, S1=[1.1, 0.9, 0.0, 1.3], T1=[0.1, -0.2, 0.375, 0.4], V1=[1, 1, 1, 1],
+                             G=[0.7, 1.1, 1.4, 0.9], Bi=[0.1, 0.2, 0.6, -0.3])
+    result = shrink_checked(tiny(text, values=values))
+    assert shapes(result.model)["W2"] == (3, 3, 3, 3)
+    assert [f.into for f in result.folds] == ["border correction"]
+
+
+def test_a_constant_channel_through_a_transposed_conv_with_borders_is_computed_at_full_shape():
+    # W0's filter 1 is zero: channel 1 is B0's value, uniform; the depthwise transposed conv
+    # with padding gives it borders (they see fewer taps), InstanceNorm normalizes that map
+    # (computed at full shape, not its bias); folding a map that varies into the next
+    # transposed conv would take more than the 9 weights per filter it saves: it stays
+    text, values = _in_chain(3, B0=[0.2, 0.5, -0.1, 0.3], V1=[1, 1, 1, 1])
+    model = tiny(text, values=values, zero={"W0": np.s_[[1]]})
+    from onnxshrink.testing import analyze_node
+
+    bench = analyze_node(model)
+    d = np.broadcast_to(bench.constant("d").value, (1, 4, 6, 6))[0, 1]
+    assert d[0, 0] != d[2, 2] and d[2, 2] == d[3, 3]  # its borders differ from its interior
+    i = np.broadcast_to(bench.constant("i").value, (1, 4, 6, 6))[0, 1]
+    assert i[0, 0] != i[2, 2]  # normalized, not the bias
+    result = shrink_checked(model)
+    assert shapes(result.model)["W2"] == (4, 3, 3, 3) and result.folds == []
+
+
+def test_library_default_instance_norm_keeps_every_live_channel():
+    # unit gain, zero bias (torch's default): no channel is constant unless its input is
+    text, values = _in_chain(3, G=[1.0] * 4, Bi=[0.0] * 4, B0=[0.0] * 4, Bd=[0.0] * 4)
+    result = shrink_checked(tiny(text, values=values, zero={"W0": np.s_[[2]]}))
+    # W0's filter 2 is zero with a zero bias: 0 through the chain, then the bias of the
+    # depthwise conv (0), BN's shift, InstanceNorm of a uniform map: its bias, 0 -> it goes
+    assert shapes(result.model)["W2"] == (3, 3, 3, 3)
+
+
+GROUPNORM_UNIFORM = """
+agraph (float[1, 3, 5, 5] x, float[6, 3, 1, 1] W1, float[6] S1, float[6] T1, float[6] M1, float[6] V1,
+        float[6] S, float[6] T, float[2, 6, 3, 3] W2) => (float[1, 2, 3, 3] y)
+  <float[1, 6, 5, 5] n>
+{
+  c = Conv (x, W1)
+  b = BatchNormalization (c, S1, T1, M1, V1)
+  n = GroupNormalization <num_groups = 3> (b, S, T)
+  y = Conv (n, W2)
+}
+"""
+
+
+def test_group_norm_lets_a_group_of_one_constant_go():
+    # BN's zero scales make channels 2 and 3 (group 1) one constant, 0.25: the group's
+    # statistics cancel, it is its bias and leaves whole
+    values = {"S1": [1, 1, 0, 0, 1, 0], "T1": [0.1, 0.2, 0.25, 0.25, 0.3, 0.5], "V1": [1] * 6}
+    result = shrink_checked(tiny(GROUPNORM_UNIFORM, values=values, opset=21))
+    assert shapes(result.model)["W2"] == (2, 4, 3, 3) and shapes(result.model)["W1"] == (4, 3, 1, 1)
+    gn = next(n for n in result.model.graph.node if n.op_type == "GroupNormalization")
+    assert [a.i for a in gn.attribute if a.name == "num_groups"] == [2]
