@@ -713,3 +713,17 @@ def test_the_norms_rescaled_gains_are_judged_with_their_rounding_accounted_for(m
         shrink(model, rtol=0, recover=False)
     (o,) = info.value.result.validation.outputs
     assert o.rounding is False and "another function" in o.judged
+@pytest.mark.parametrize("pads", [[0, 0, 1, 1], [1, 0, 0, 1], [0, 1, 1, 0]])
+def test_the_judge_pools_with_asymmetric_pads_as_onnxruntime_does(pads):
+    # onnx's reference evaluator reads a unit-stride MaxPool's pads in another order (a 6x6
+    # map padded [0, 0, 1, 1] came out 5x7): the judge could not compute such a model
+    model = tiny(
+        f"""agraph (float[1, 3, 6, 6] x, float[2, 3, 3, 3] W) => (float[1, 2, 4, 4] y) {{
+             p = MaxPool <kernel_shape = [2, 2], pads = {pads}> (x)
+             y = Conv (p, W)
+           }}""",
+        opset=18,
+    )
+    x = np.random.default_rng(2).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    (got,), want = float64_outputs(model, [{"x": x}], ["y"])[0], run(model, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
