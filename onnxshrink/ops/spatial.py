@@ -97,9 +97,11 @@ class Pad(Handler):
         mode = _mode(node)
         rest = [ctx.value(t) if t is not None and t.name else None for t in node.inputs[1:]]
         if c is None:  # a live input: in constant mode, the cells padded hold the pad value
+            # (recorded where one axis grows: whole slices, as a channel pad makes; the borders
+            # of a spatial pad are read by no rule, and would cost a mask the map's size)
             value_t = ir.present(node, 2) if "pads" not in node.attrs else None
-            grows = any(b > 0 or e > 0 for b, e in amounts.values())
-            if mode != "constant" or not grows or (value_t is not None and rest[1] is None):
+            grows = [a for a, (b, e) in amounts.items() if b > 0 or e > 0]
+            if mode != "constant" or len(grows) != 1 or (value_t is not None and rest[1] is None):
                 return None
         m, v = np.broadcast_arrays(*(const_or_live(ctx, x, r) if c is None else (c.mask, c.value)))
         for a, (b, e) in amounts.items():
