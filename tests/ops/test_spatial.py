@@ -193,3 +193,13 @@ def test_pads_computed_at_run_time_keep_the_channels():
     text = BLAZE.replace("int64[PN] P, ", "").replace("(float[1, 3, 8, 8] inp,", "(float[1, 3, 8, 8] inp, int64[8] P,")
     bench = analyze_node(text, opset=18, zero={"Wp": np.s_[[6]], "Bp": np.s_[[6]]})
     assert bench.kept("c", 1) == list(range(7)) and bench.kept("x", 1) == list(range(4))
+
+
+def test_channels_padded_with_a_nonzero_value_are_that_constant():
+    # the pad value 0.5 fills channels 5 and 6; the branch's channel 6 is zero there: the Add's
+    # channel 6 is 0.5 after the Relu, folded into W2's bias, and leaves with the pad
+    text = BLAZE.replace("int64[PN] P,", "int64[8] P, float[] V,").replace("Pad (x, P)", "Pad (x, P, V)")
+    model = tiny(text, values={"P": [0, 0, 0, 0, 0, 3, 0, 0], "V": 0.5}, zero={"Wp": np.s_[[6]], "Bp": np.s_[[6]]}, opset=18)
+    result = shrink_checked(model)
+    assert shapes(result.model)["Wp"] == (6, 4, 1, 1) and _pads(result.model) == [0, 0, 0, 0, 0, 2, 0, 0]
+    assert [f.into for f in result.folds] == ["bias"]
