@@ -233,7 +233,10 @@ class Split(Handler):
         if ss is None:
             return
         axis, sizes = ss
-        new = [rw.kept_count(y, axis) for y in node.outputs]
+        # a part whose size the analysis does not know was tied whole (keep's couple_map pins
+        # both sides): it keeps its size
+        counts = [rw.kept_count(y, axis) for y in node.outputs]
+        new = [n if k is None else k for n, k in zip(sizes, counts, strict=True)]
         if new == sizes:
             return
         node.attrs.pop("num_outputs", None)
