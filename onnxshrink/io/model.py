@@ -17,7 +17,7 @@ from onnx import helper
 from onnxshrink.errors import ShrinkError, file_access, first_line
 from onnxshrink.io import dims
 from onnxshrink.io.skeleton import checkable
-from onnxshrink.io.weights import DataWriter, WeightStore
+from onnxshrink.io.weights import ALIGN, ALIGN_FROM, DataWriter, WeightStore
 from onnxshrink.ir import all_graphs
 
 TWO_GB = 2**31
@@ -431,7 +431,8 @@ def _write_external(
         for t in _weights(skeleton):
             if not t.HasField("raw_data") or len(t.raw_data) < threshold:
                 continue
-            pad = -offset % 4096  # aligned, as onnx writes it (lets readers map the file)
+            # large tensors page-aligned (readers can map each), as onnxruntime's writer does
+            pad = -offset % ALIGN if len(t.raw_data) >= ALIGN_FROM else 0
             f.write(b"\0" * pad)
             offset += pad
             raw = t.raw_data

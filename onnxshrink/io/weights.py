@@ -41,7 +41,11 @@ MADV_POPULATE_READ = 22  # Linux >= 5.14: fault a range in at once (page faults 
 # Mapped pages this process may keep resident before `trim` gives them back to the page cache.
 TRIM_BYTES = 128 * 2**20
 CHUNK_BYTES = 32 * 2**20  # row blocks of a streamed slice (a few are in flight at once)
-ALIGN = 4096  # offsets of written tensors: a page, so that each can be mapped on its own
+ALIGN = 4096  # offsets of large written tensors: a page, so that each can be mapped on its own
+# Tensors this large or larger start on an ALIGN boundary, as onnxruntime's own writer aligns
+# only those of 1 MiB or more: aligning every bias and norm gain cost up to 4 KiB each, enough
+# to make a lightly pruned model's data file larger than its input's.
+ALIGN_FROM = 2**20
 
 _STORES: weakref.WeakSet[WeightStore] = weakref.WeakSet()
 # An array's identity in a store: its address, shape, strides and dtype (see `_key`)
@@ -171,7 +175,8 @@ class DataWriter:
         """Write the row blocks of a tensor of `shape` (C order) and return the mapped view.
         Blocks that need a copy (slices) are made by a worker thread while the previous one is
         written: the copies and the writes overlap."""
-        pad = -self.offset % ALIGN
+        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        pad = -self.offset % ALIGN if expected >= ALIGN_FROM else 0
         if pad:
             self._f.write(b"\0" * pad)
             self.offset += pad
@@ -182,14 +187,15 @@ class DataWriter:
                 self.offset += block.nbytes
             self._f.flush()
         length = self.offset - start
-        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if length != expected:
             raise RuntimeError(f"{name}: wrote {length} bytes, its shape needs {expected}")
         self.tensors += 1
         if length == 0:
             return np.zeros(shape, dtype)
-        mm = self.store._map(self.path, start, length)
-        arr = np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        page = start // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY  # maps start on one
+        mm = self.store._map(self.path, page, start - page + length)
+        count = int(np.prod(shape, dtype=np.int64))
+        arr = np.frombuffer(mm, dtype=dtype, count=count, offset=start - page).reshape(shape)
         self.store._where[_key(arr)] = Location(self.path, start, length)
         return arr
 

@@ -3,7 +3,7 @@
 these forms that is no larger: without the shapes the rewrite inferred (value_info, which
 onnxruntime infers itself: a tiny model's shrink can gain more in them than it loses in
 weights); in one file, when its weights went to external data only because the input's did
-(each weight there is 4 KiB-aligned); else the model the proof compared it with, the input with
+(each weight of 1 MiB or more there is 4 KiB-aligned); else the model the proof compared it with, the input with
 the masks applied (the input's own files when it is the input as given). NotShrunk (exit 1),
 nothing left written, when even that is larger."""
 
@@ -39,7 +39,7 @@ def no_growth(
             return
         if _in_one_file(result, source, output, opts, write) <= limit:
             result.grew = (
-                f"{said} (its weights in external data, each 4 KiB-aligned): written in one file "
+                f"{said} (its weights in external data, the large ones 4 KiB-aligned): written in one file "
                 "instead (--external-data keeps them apart)"
             )
             return
