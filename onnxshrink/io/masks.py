@@ -126,22 +126,51 @@ def _read_pt(p: Path, say: Callable[[str], None] | None = None):
             except RuntimeError as exc:
                 if "_use_new_zipfile_serialization" not in str(exc):
                     raise
+            whole = torch.load(str(p), map_location="cpu", weights_only=True)
             if say is not None:
                 say(
                     f"{p}: an old-format torch file (not a zip archive): read whole, not mapped "
                     "(torch.save writes the zip format since torch 1.6)."
                 )
-            return torch.load(str(p), map_location="cpu", weights_only=True)
+            return whole
     except pickle.UnpicklingError as exc:
-        if "global" in str(exc).lower():  # a class or function reference: could run code
+        if "unsupported global" in str(exc).lower():  # a class or function reference: could run code
             raise ShrinkError(
                 f"{p}: holds objects other than tensors and plain containers, which onnxshrink will "
                 "not load: masks are read with torch.load(weights_only=True) so that a file cannot "
                 "run code. Save a plain dict instead: torch.save({name: mask_tensor}, path)."
             ) from exc
-        raise ShrinkError(f"{p}: cannot be read as a torch file ({first_line(exc)}).") from exc
+        raise ShrinkError(_unreadable_pt(p)) from exc
     except Exception as exc:  # a corrupt or truncated file
-        raise ShrinkError(f"{p}: cannot be read as a torch file ({first_line(exc)}).") from exc
+        raise ShrinkError(_unreadable_pt(p)) from exc
+
+
+# torch's own messages for a file it cannot read advise loading it with weights_only=False,
+# which would run whatever code the file holds: they are never passed on; this says instead
+# what the file is and what is read.
+_PT_FORMATS = (
+    "Masks and weights are read from torch.save files of a dict of tensors (.pt, .pth, .bin, "
+    ".ckpt: the zip format, or the pre-1.6 pickle format), .npz or .safetensors files"
+)
+
+
+def _unreadable_pt(p: Path) -> str:
+    """Why a torch file could not be read, in terms of what its bytes are."""
+    with open(p, "rb") as f:
+        head = f.read(8)
+    size = p.stat().st_size
+    if head.startswith(b"PK\x03\x04"):
+        what = (
+            f"a zip archive ({size} bytes) that is not a whole torch file: truncated, damaged, or "
+            "a zip of something else"
+        )
+    elif head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        what = f"a Python pickle ({size} bytes) that is not a torch file of tensors, or is damaged"
+    elif not head:
+        what = "empty (0 bytes)"
+    else:
+        what = f"not a torch file ({size} bytes, starting {head[:4]!r})"
+    return f"{p}: cannot be read as a torch file: it is {what}. {_PT_FORMATS}; save it again as one of them."
 
 
 def _plain_dict(*_factory) -> dict[Any, Any]:

@@ -217,8 +217,27 @@ def test_truncated_and_non_torch_pt_are_refused(tmp_path):
     with pytest.raises(ShrinkError, match=r"t\.pt: cannot be read as a torch file"):
         read_masks(tmp_path / "t.pt")
     (tmp_path / "n.pt").write_text("a text file, not a checkpoint")
-    with pytest.raises(ShrinkError, match=r"n\.pt: cannot be read as a torch file \("):
+    with pytest.raises(ShrinkError, match=r"n\.pt: cannot be read as a torch file: it is not a torch file"):
         read_masks(tmp_path / "n.pt")
+
+
+@pytest.mark.parametrize(
+    "content, what",
+    [
+        # a pickle torch's weights-only unpickler rejects with its advice to set weights_only=False
+        (b"\x80\x02garbage" + bytes(range(256)), "a Python pickle (265 bytes)"),
+        (b"PK\x03\x04" + bytes(40), "a zip archive (44 bytes)"),
+        (b"", "empty (0 bytes)"),
+    ],
+)
+def test_corrupt_pt_says_what_it_is_and_never_advises_an_unsafe_load(tmp_path, content, what):
+    path = tmp_path / "c.pt"
+    path.write_bytes(content)
+    with pytest.raises(ShrinkError) as info:
+        read_masks(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: cannot be read as a torch file: it is {what}")
+    assert ".npz or .safetensors" in msg and "weights_only" not in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("how", ["torch-zip", "plain-pickle"])
