@@ -229,6 +229,7 @@ def test_truncated_and_non_torch_pt_are_refused(tmp_path):
         (b"PK\x03\x04" + bytes(40), "a zip archive (44 bytes)"),
         (b"", "empty (0 bytes)"),
     ],
+    ids=["pickle", "zip", "empty"],
 )
 def test_corrupt_pt_says_what_it_is_and_never_advises_an_unsafe_load(tmp_path, content, what):
     path = tmp_path / "c.pt"
