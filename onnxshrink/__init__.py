@@ -30,9 +30,15 @@ if TYPE_CHECKING:
     from onnxshrink.result import ShrinkResult
 
 
+# Subpackages the README uses as `onnxshrink.NAME.f(...)` after a plain `import onnxshrink`.
+_SUBMODULES = ("prune", "options")
+
+
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"onnxshrink.{name}")
     raise AttributeError(f"module 'onnxshrink' has no attribute {name!r}")
 
 

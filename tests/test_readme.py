@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from conftest import CONV2, ROOT, error_against, params, run, tiny, with_masks
+from conftest import CONV2, ROOT, error_against, export_cached, params, run, tiny, with_masks
 
 import onnxshrink
 from onnxshrink.cli import main
@@ -513,3 +513,94 @@ def test_prune_takes_its_options_whole_or_as_keywords(tmp_path):
     with pytest.raises(TypeError, match="unknown shrink option.*criterium"):
         prune(str(path), 0.5, criterium="l2")
     assert 'how=PruneOptions(params=0.9)' in (ROOT / "README.md").read_text()
+
+
+def test_onnxshrink_prune_after_a_plain_import_as_the_readme_writes_it(tmp_path):
+    """The README's `onnxshrink.prune.prune("model.onnx", 0.5, "small.onnx")` after only
+    `import onnxshrink`, in a fresh interpreter (no other test's import of onnxshrink.prune
+    helps): the written model is the input with the chosen groups zeroed, counted here."""
+    readme = (ROOT / "README.md").read_text()
+    call = 'onnxshrink.prune.prune("model.onnx", 0.5, "small.onnx")'
+    assert call in readme and "import onnxshrink\n" in readme
+    onnx.save(tiny(CONV2, seed=12), tmp_path / "model.onnx")
+    code = f"import onnxshrink\nr = {call}\nprint(r.shrink.after.params)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    small = onnx.load(tmp_path / "small.onnx")
+    # W1's 6 filters keep int(6 * 0.5) = 3: 3 of 32 parameters each go
+    assert int(proc.stdout.split()[-1]) == params(small) == 196 - 3 * PER_FILTER
+
+
+def _help_of(flag: str) -> str:
+    """The --help text of one option, its lines joined."""
+    from onnxshrink.cli.parser import build_parser
+
+    for action in build_parser()._actions:
+        if flag in action.option_strings or action.dest == flag:
+            return " ".join(str(action.help).split())
+    raise AssertionError(f"{flag} not in --help")
+
+
+def _readme_row(option: str) -> str:
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(f"| `{option}")]
+    assert len(rows) == 1, option
+    return rows[0]
+
+
+def test_help_and_readme_say_the_same_default_rtol():
+    """The README's default rtol (twice the reference's noise, floored at ten machine epsilons:
+    1e-5, 9.8e-3, 7.8e-2) is what --help says, and both are what the proof derives
+    (test_draws_seed_rtol_and_atol_on_the_command_line and test_proof check the derivation)."""
+    row, text = _readme_row("--rtol R"), _help_of("--rtol")
+    for phrase in ("twice the reference's own noise", "ten machine epsilons", "1e-5 for fp32",
+                   "9.8e-3 for fp16", "7.8e-2 for bf16", "float64 judge", "max |shrunk - reference| <= atol + rtol * max |reference|",
+                   "A given rtol wins", "smallest rtol that would have passed"):
+        assert phrase in row.replace("\\|", "|"), phrase
+        assert phrase in text, phrase
+
+
+def test_help_and_readme_name_masks_the_same_way():
+    """README: masks name the framework's parameters (state_dict names); --help says so too, and
+    lists the formats the README's table lists."""
+    readme = (ROOT / "README.md").read_text()
+    assert "Masks name the framework's parameters" in readme
+    text = _help_of("masks")
+    assert "named by the framework's parameters" in text and "state_dict names" in text
+    assert "initializer name: 0/1 mask" not in text
+    section = readme.split("## Masks")[1].split("\n## ")[0]
+    formats = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert len(formats) == 8
+    from onnxshrink.cli.parser import build_parser
+
+    choices = next(a.choices for a in build_parser()._actions if "--masks-format" in a.option_strings)
+    assert sorted(formats) == sorted(c for c in choices if c != "auto")
+
+
+def test_every_option_the_readme_lists_is_in_help():
+    readme = (ROOT / "README.md").read_text()
+    # the tool's own flags: not those of the tools/ scripts the README mentions
+    paragraphs = [p for p in readme.split("\n\n") if "tools/sweep.py" not in p]
+    flags = set(re.findall(r"`(--[a-z][a-z0-9-]*)", "\n\n".join(paragraphs)))
+    from onnxshrink.cli.parser import build_parser
+
+    known = {o for a in build_parser()._actions for o in a.option_strings}
+    assert len(flags) > 30
+    assert sorted(flags - known) == []
+
+
+def test_a_no_op_on_a_transformer_writes_its_graph_unchanged(zoo_dir, tmp_path, capsys):
+    """README: a shrink that removes nothing writes the input itself (with external data, only
+    the data file's name changes). A BERT-like encoder built in torch, exported with the dynamo
+    exporter (its weights in external data), holding no zero slice."""
+    from models.transformers import TRANSFORMERS
+    from models.zoo import randomize
+
+    entry = TRANSFORMERS["bert"]
+    # the key and build of tests/test_groups.py's `exported`: one export per session
+    path = export_cached(zoo_dir, ("groups", "bert", ()), lambda: (randomize(entry.build(), seed=1), entry.inputs(), {}))
+    out = tmp_path / "out.onnx"
+    assert main([str(path), "-o", str(out)]) == 0
+    a, b = onnx.load(path), onnx.load(out)
+    assert len(b.graph.node) == len(a.graph.node) == 68
+    assert [n.SerializeToString() for n in b.graph.node] == [n.SerializeToString() for n in a.graph.node]
+    assert params(a) == params(b) and error_against(a, b) <= 1e-6

@@ -53,8 +53,10 @@ def _add_files(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "masks",
         nargs="?",
-        help="masks file (.pt, .npz, .safetensors) of {initializer name: 0/1 mask}; "
-        "omit it to use the zeros already in the weights",
+        help="masks file (.pt, .npz, .safetensors) of 0/1 masks named by the framework's "
+        "parameters (the state_dict names, e.g. layer1.0.conv1.weight; the model's initializer "
+        "names bind too), in any format of --masks-format; omit it to use the zeros already in "
+        "the weights",
     )
     p.add_argument(
         "-o",
