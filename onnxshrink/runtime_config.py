@@ -64,6 +64,9 @@ class Counts:
     uneven: dict[str, list[int | None]] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)  # found in some layer, not countable there
     layers: int | None = None  # attention layers counted
+    # per quantity, in how many layers it was counted (an MLP or attention removed whole by a
+    # block removal leaves a layer without it)
+    found: dict[str, int] = field(default_factory=dict)
 
 
 def count(model: onnx.ModelProto, base_dir: str | Path | None = None, groups: Any = None) -> Counts:
@@ -111,8 +114,26 @@ def count_groups(gset: Any) -> Counts:
         out.values["layers"] = out.layers
     for key, vals in per.items():
         _settle(out, key, vals)
+        if key != "head_dim":
+            out.found[key] = len(vals)
     _settle(out, "hidden", hidden)
     return out
+
+
+def _layers_lost(before: Counts, after: Counts) -> list[str]:
+    """The problem of a shrunk model some of whose layers have no MLP or no attention while
+    others have (a block removal, or masks, that took a layer's MLP or attention whole): a config
+    gives every layer the same sizes, and the runtimes read no per-layer form of them."""
+    layers = max(after.found.values(), default=0)
+    for q, noun in (("intermediate", "an MLP"), ("kv_heads", "attention"), ("heads", "attention")):
+        n = after.found.get(q, 0)
+        if n < layers and (n or before.found.get(q, 0)):
+            return [
+                f"{n} of the shrunk model's {layers} layers have {noun} (the rest lost it whole), "
+                "and a config gives every layer the same sizes: the runtime reads no per-layer "
+                "form of them"
+            ]
+    return []
 
 
 def _settle(out: Counts, key: str, vals: list[int | None]) -> None:
@@ -266,7 +287,7 @@ def _update(
     """Set each counted quantity's key in `section` (in place) when it can be derived; a Note
     not written naming what cannot."""
     changed: dict[str, list[Any]] = {}
-    problems: list[str] = []
+    problems: list[str] = _layers_lost(before, after)
     for quantity, candidates in keys.items():
         change = _change(quantity, candidates, section, before, after)
         if isinstance(change, str):

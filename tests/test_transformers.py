@@ -183,3 +183,57 @@ def test_fused_attention_op_heads_go_as_units():
     [node] = [n for n in result.model.graph.node if n.op_type == "Attention"]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["q_num_heads"] == attrs["kv_num_heads"] == 3
+
+
+LLAMA_CONFIG = {
+    "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 2, "rms_norm_eps": 1e-6, "vocab_size": 50,
+}
+
+
+def _mlp_masks(rows: dict[int, int]) -> dict[str, np.ndarray]:
+    """Masks (torch parameter names) of the first `rows[i]` SwiGLU neurons of layer i: their
+    gate and up rows and down columns."""
+    masks = {}
+    for i, n in rows.items():
+        gate, down = np.ones((64, 32), np.float32), np.ones((32, 64), np.float32)
+        gate[:n], down[:, :n] = 0, 0
+        masks |= {f"blocks.{i}.mlp.gate.weight": gate, f"blocks.{i}.mlp.up.weight": gate, f"blocks.{i}.mlp.down.weight": down}
+    return masks
+
+
+@pytest.mark.parametrize("rows, written", [({1: 64}, None), ({0: 32, 1: 32}, 32)], ids=["one-mlp-whole", "even"])
+def test_a_config_is_right_for_every_layer_or_not_written(zoo_dir, tmp_path, capsys, rows, written):
+    """A LLaMA-like model whose second layer loses its whole MLP: no config gives that layer no
+    MLP (nor one of 64 neurons), so config.json is not written, and the run says why; the same
+    neurons gone from both layers: intermediate_size 32 is right for both, and written."""
+    import json
+
+    from onnxshrink.cli import main
+
+    entry = TRANSFORMERS["llama"]
+    # the key and build of tests/test_groups.py's `exported`: one export per session
+    src = export_cached(zoo_dir, ("groups", "llama", ()), lambda: (randomize(entry.build(), seed=1), entry.inputs(), {}))
+    folder, out = tmp_path / "in", tmp_path / "out" / "small.onnx"
+    folder.mkdir()
+    out.parent.mkdir()
+    onnx.save(onnx.load(src), folder / "model.onnx")
+    (folder / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    np.savez(tmp_path / "masks.npz", **_mlp_masks(rows))
+    assert main([str(folder / "model.onnx"), str(tmp_path / "masks.npz"), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    small = onnx.load(out)
+    gates = {t.name: tuple(t.dims) for t in small.graph.initializer if len(t.dims) == 2 and 32 in t.dims}
+    if written is None:
+        assert not (out.parent / "config.json").exists()
+        assert (
+            "config.json not written: 1 of the shrunk model's 2 layers have an MLP (the rest lost it "
+            "whole), and a config gives every layer the same sizes" in printed
+        )
+        # the MLP's three matrices, and its RMSNorm's scale, which nothing else reads
+        assert params(small) == params(onnx.load(src)) - 3 * 64 * 32 - 32
+    else:
+        config = json.loads((out.parent / "config.json").read_text())
+        assert config == {**LLAMA_CONFIG, "intermediate_size": written}
+        assert params(small) == params(onnx.load(src)) - 2 * 3 * 32 * 32
+    assert gates
