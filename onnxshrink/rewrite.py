@@ -51,6 +51,9 @@ class RewriteResult:
     inserted: set[str] = field(default_factory=set)  # initializers the rewrite added (not the model's)
     # graph inputs and outputs that lost indices (a KV cache's heads): {name: {axis: kept}}
     interface: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    # every tensor that lost indices: {name: {axis: kept}} (filled for --validate-layers, whose
+    # proof compares the tensors after the first blocks on the indices they kept)
+    kept: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
 
 
 class Rewriter:

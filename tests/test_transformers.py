@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import export_cached, params, shapes, shrink_checked, tiny
+from conftest import error_against, export_cached, params, shapes, shrink_checked, tiny
 
 from models.transformers import TRANSFORMERS, BagOfEmbeddings
 from models.zoo import choose_kept, native_widths, randomize, zero_groups
@@ -237,3 +237,43 @@ def test_a_config_is_right_for_every_layer_or_not_written(zoo_dir, tmp_path, cap
         assert config == {**LLAMA_CONFIG, "intermediate_size": written}
         assert params(small) == params(onnx.load(src)) - 2 * 3 * 32 * 32
     assert gates
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_validate_layers_proves_the_first_block_of_a_width_pruned_model(zoo_dir, name):
+    """`--validate-layers 1` when the hidden width is pruned (the default --prune of a
+    transformer can take it): the tensors after the first block are narrower in the shrunk model,
+    and are compared with the reference's on the channels kept. It passes where the full proof
+    passes; the shrunk model is checked here against the input with the removed groups zeroed."""
+    from onnxshrink.prune import prune
+
+    entry = TRANSFORMERS[name]
+    path = export_cached(zoo_dir, ("groups", name, ()), lambda: (randomize(entry.build(), seed=1), entry.inputs(), {}))
+    first = prune(str(path), 0.25, units=["width"], validate_layers=1, price=False, draws=1)
+    full = prune(str(path), 0.25, units=["width"], price=False, draws=1)
+    v = first.shrink.validation
+    assert v.passed and full.shrink.validation.passed
+    assert v.kind == "first 1 of 2 repeated blocks" and full.shrink.validation.kind == "full"
+    assert "(on its kept 24 of 32 along axis 2)" in v.detail  # int(32 * 0.75) channels of the width
+    assert all(o.max_rel_error <= 1e-5 for o in v.outputs)
+    assert first.removed() == full.removed()
+    widths = {tuple(t.dims) for t in first.model.graph.initializer if len(t.dims) == 2 and 50 in t.dims}
+    assert (50, 24) in widths and widths <= {(50, 24), (24, 50)}  # the embedding lost 8 of 32 columns
+    assert error_against(_zeroed(onnx.load(path), first), first.model) <= 1e-5
+
+
+def _zeroed(model, result) -> onnx.ModelProto:
+    """The input with every member slice of the removed groups zeroed, here with numpy."""
+    from onnx import numpy_helper
+
+    values = {t.name: numpy_helper.to_array(t).copy() for t in model.graph.initializer}
+    for g in (result.groups.groups[i] for i in result.removed()):
+        for m in g.members:
+            index = [slice(None)] * values[m.initializer].ndim
+            index[m.axis] = np.asarray(m.indices)
+            values[m.initializer][tuple(index)] = 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(values[t.name], t.name))
+    return out

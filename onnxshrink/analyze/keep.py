@@ -214,6 +214,15 @@ class KeepState:
     def node_live(self, node: gs.Node) -> bool:
         return any(self.exists(t) for t in node.outputs)
 
+    def kept_masks(self) -> dict[str, dict[int, np.ndarray]]:
+        """Every tensor that exists and loses indices: its kept mask per axis that loses some."""
+        out: dict[str, dict[int, np.ndarray]] = {}
+        for (name, a) in self.removed():
+            k = self._kept[name][a]
+            assert k is not None
+            out.setdefault(name, {})[a] = k.copy()
+        return out
+
     def removed(self) -> dict[AxisKey, int]:
         """Every prunable axis of a tensor that exists and loses indices: how many it loses."""
         out: dict[AxisKey, int] = {}

@@ -4,7 +4,7 @@ its tolerance, the float64 judge where float32 cannot decide."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,6 +150,7 @@ def compare(
     shrunk_dir: str | Path | None = None,
     twin: Callable[[], onnx.ModelProto] | None = None,
     judge_macs: float | None = None,
+    kept: Mapping[str, Mapping[int, np.ndarray]] | None = None,
 ) -> ValidationReport:
     """Run both models on the given and random inputs as users run them (onnxruntime's default
     graph optimizations), one after the other (the reference's outputs kept, its session freed
@@ -161,9 +162,10 @@ def compare(
     widened to float64; `judge_macs` bounds the model size judged): another function fails,
     rounding passes, or under a given rtol fails as rounding. `*_dir`: where each model's
     external data are. With `opts.validate_layers`, only the first blocks are compared (see
-    onnxshrink.proof.segment.prefix)."""
+    onnxshrink.proof.segment.prefix), each on the indices the shrink kept (`kept`: per tensor
+    that lost indices, the kept mask of each such axis)."""
     proof = _Proof.of(reference, shrunk, opts or ShrinkOptions(), reference_dir, shrunk_dir)
-    models = _compared(proof)
+    models = _compared(proof, kept or {})
     runs = _Runs(proof, models)
     # The emulated products are what quantized kernels compute; at the default level
     # onnxruntime fuses the model's remaining Q/DQ pairs into int8 kernels that requantize
@@ -194,7 +196,7 @@ def _finished(report: ValidationReport, proof: _Proof, models: _Compared, level:
     return report
 
 
-def _compared(proof: _Proof) -> _Compared:
+def _compared(proof: _Proof, kept: Mapping[str, Mapping[int, np.ndarray]]) -> _Compared:
     """The models the proof runs: the first blocks with `--validate-layers`, else the whole
     models; each computed as its kernels compute it where onnxruntime would not (both alike)."""
     from onnxshrink.proof.emulate import emulated, needs_emulation
@@ -203,7 +205,7 @@ def _compared(proof: _Proof) -> _Compared:
     opts = proof.opts
     models = _Compared(proof.reference, proof.shrunk, [o.name for o in proof.reference.graph.output])
     if opts.validate_layers is not None:
-        _first_blocks(models, opts.validate_layers)
+        _first_blocks(models, opts.validate_layers, kept)
     if needs_emulation(models.reference):
         models.reference, models.shrunk = emulated(models.reference), emulated(models.shrunk)
         models.detail.append(
@@ -229,10 +231,11 @@ def _compared(proof: _Proof) -> _Compared:
     return models
 
 
-def _first_blocks(models: _Compared, n: int) -> None:
+def _first_blocks(models: _Compared, n: int, kept: Mapping[str, Mapping[int, np.ndarray]]) -> None:
     """`models` cut to their first `n` repeated blocks (`--validate-layers n`), compared on the
-    tensors after them; left whole when the model has no more than `n`."""
-    from onnxshrink.proof.segment import blocks, prefix
+    tensors after them, the reference's on the indices the shrink kept (`kept`: a pruned hidden
+    width leaves them narrower); left whole when the model has no more than `n`."""
+    from onnxshrink.proof.segment import blocks, on_kept, prefix
 
     reference, shrunk = models.reference, models.shrunk
     found = blocks(reference)
@@ -250,10 +253,17 @@ def _first_blocks(models: _Compared, n: int) -> None:
             f"--validate-layers {n}: the tensors after block {n} are not all in the shrunk "
             "model (or their types are unknown); validate it whole (omit --validate-layers)."
         )
-    models.reference, models.shrunk, models.outputs = head.model, tail.model, head.outputs
+    narrowed = {o: kept[o] for o in head.outputs if o in kept}
+    models.reference, models.shrunk, models.outputs = on_kept(head.model, narrowed), tail.model, head.outputs
     models.kind = f"first {n} of {found.count} repeated blocks"
-    compared = ", ".join(head.outputs)
+    compared = ", ".join(
+        o + (f" (on its kept {_kept_text(narrowed[o])})" if o in narrowed else "") for o in head.outputs
+    )
     models.detail.append(f"{head.nodes} of {len(reference.graph.node)} nodes; compared: {compared}")
+
+
+def _kept_text(axes: Mapping[int, np.ndarray]) -> str:
+    return ", ".join(f"{int(k.sum())} of {len(k)} along axis {a}" for a, k in sorted(axes.items()))
 
 
 class _Runs:

@@ -14,13 +14,13 @@ N blocks, its outputs the frontier there: what `--validate-layers N` proves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxshrink.prepare import inferred_shapes
 
@@ -290,3 +290,33 @@ def prefix(model: onnx.ModelProto, end: int, names: Iterable[str] | None = None)
     if any(t not in types for t in [*ins, *wanted]):
         return None
     return Prefix(_sub_model(model, part, ins, wanted, types), wanted, len(part))
+
+
+def on_kept(model: onnx.ModelProto, kept: Mapping[str, Mapping[int, np.ndarray]]) -> onnx.ModelProto:
+    """`model` whose outputs named in `kept` give only the indices kept along each axis there
+    (a Gather of them per axis; the output keeps its name): the reference's tensors after the
+    first blocks, as the shrunk model holds them when the hidden width was pruned."""
+    if not kept:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    for o in g.output:
+        axes = kept.get(o.name)
+        if not axes:
+            continue
+        src = o.name + "__whole"
+        for n in g.node:  # the output's producer now writes the whole tensor
+            n.output[:] = [src if x == o.name else x for x in n.output]
+            n.input[:] = [src if x == o.name else x for x in n.input]
+        shape = o.type.tensor_type.shape
+        for k, (a, mask) in enumerate(sorted(axes.items())):
+            idx = f"{o.name}__kept{a}"
+            g.initializer.append(numpy_helper.from_array(np.flatnonzero(mask).astype(np.int64), idx))
+            dst = o.name if k == len(axes) - 1 else f"{o.name}__part{a}"
+            g.node.append(helper.make_node("Gather", [src, idx], [dst], axis=a, name=f"{o.name}__on_kept{a}"))
+            src = dst
+            if a < len(shape.dim):
+                shape.dim[a].Clear()
+                shape.dim[a].dim_value = int(mask.sum())
+    return out

@@ -102,7 +102,7 @@ def prove(
             input_shapes=sliced_shapes(whole, rewritten.interface),
             inputs=sliced_feeds(opts.inputs, rewritten.interface),
         )
-    return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir, twin, judge_macs)
+    return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir, twin, judge_macs, rewritten.kept)
 
 
 def attempt(
@@ -147,5 +147,7 @@ def rewrite(
         modules = weight_modules(reference)
         for g in rewritten.kept_zeroed:
             g.module = modules.get(g.tensor, "")
+    if opts is not None and opts.validate_layers is not None:
+        rewritten.kept = analysis.keep.kept_masks()
     release(analysis.graph)  # the shrunk weights now live in the rewritten model
     return rewritten
