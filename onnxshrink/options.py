@@ -306,8 +306,12 @@ class PruneOptions:
         None,
         "--prune",
         metavar="RATIO",
-        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first "
-        "(of all groups with --allocation global or sensitivity)",
+        help="remove this fraction of each layer's groups (e.g. 0.5), the least important first. "
+        "Layers in a row compound (0.3 of each layer's channels can be half the parameters): "
+        "the parameter and MAC fractions RATIO means are printed before the work, and "
+        "--allocation global or sensitivity removes the same fraction of the parameters as "
+        "uniform does, placed elsewhere. To keep a given fraction of the parameters, use "
+        "--prune-to-params",
     )
     params: float | None = flagged(
         None,

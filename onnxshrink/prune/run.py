@@ -184,9 +184,10 @@ def prune(
     clock.lap("load")
     gset = _find_groups(given, ask, opts)
     clock.lap("groups")
+    target = _ratio_target(given, gset, ask, opts)
     scored = _score(given, gset, ask, opts, clock)
     meters: list[LatencyMeter] = []
-    choice = _allocate(given, scored, ask, opts, meters)
+    choice = _allocate(given, scored, ask, opts, meters, target)
     clock.lap("select")
     before = None
     if ask.price:
@@ -386,8 +387,29 @@ def _sensitivity(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions
     return families
 
 
-def _allocate(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, meters: list[LatencyMeter]) -> alloc.Choice:
-    """The plans meeting the target: measured targets are met by shrinking candidate
+def _ratio_target(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions) -> Target:
+    """What `--prune R` means, printed before the work: the parameter and MAC fractions R of
+    every layer's groups remove (estimated from the groups; the choice within a layer does not
+    change them where its groups cost alike); the target every allocation then meets: R itself
+    (uniform), or that fraction of the parameters (global, sensitivity)."""
+    if ask.target.kind != "ratio":
+        return ask.target
+    from onnxshrink.prune.select import choose
+    from onnxshrink.prune.targets import ratio_meaning
+
+    plans = choose(
+        gset, np.zeros(len(gset.groups)), ask.target.value, ignore=ask.ignore, round_to=ask.round_to,
+        max_layer_ratio=ask.max_layer_ratio, units=ask.units,
+    )  # fmt: skip
+    meaning = ratio_meaning(gset, ask.target.value, Costs(gset, given.proto, given.shapes), plans)
+    opts.say(meaning.text(ask.allocation))
+    return meaning.target(ask.allocation) or ask.target
+
+
+def _allocate(
+    given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, meters: list[LatencyMeter], target: Target
+) -> alloc.Choice:
+    """The plans meeting `target`: measured targets are met by shrinking candidate
     references, quietly (`meters`: the latency meter, made on first use, kept for the price)."""
     quiet = opts.but(validate=False, log=None, progress=False, input_masked=None)
 
@@ -407,7 +429,7 @@ def _allocate(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, m
     return alloc.plan(
         scored.gset,
         scored.importance,
-        ask.target,
+        target,
         allocation=ask.allocation,
         ignore=ask.ignore,
         round_to=ask.round_to,

@@ -97,6 +97,41 @@ class Costs:
         return 1.0 - macs / max(self.macs, 1)
 
 
+@dataclass(frozen=True)
+class RatioMeaning:
+    """What `--prune R` removes, estimated from the groups before any work: `params` and `macs`
+    the fractions of the input's that R of every layer's groups (uniform) take out. Every
+    allocation removes that fraction of the parameters: `target` is what the others meet."""
+
+    ratio: float
+    params: float
+    macs: float
+
+    def target(self, allocation: str) -> Target | None:
+        """The parameter target an allocation other than uniform meets (None: R as it is)."""
+        if allocation == "uniform" or self.params <= 0.0:
+            return None
+        return Target("params", 1.0 - self.params)
+
+    def text(self, allocation: str) -> str:
+        same = (
+            ""
+            if allocation == "uniform"
+            else f"; --allocation {allocation} removes the same fraction of the parameters"
+        )
+        return (
+            f"--prune {self.ratio:g} means {self.ratio:.0%} of each layer's groups: about "
+            f"{self.params:.1%} of the parameters and {self.macs:.1%} of the MACs (layers in a "
+            f"row compound){same}; --prune-to-params F keeps the fraction F of the parameters"
+        )
+
+
+def ratio_meaning(gset: GroupSet, ratio: float, costs: Costs, plans: Sequence[LayerPlan]) -> RatioMeaning:
+    """The fractions `plans` (R of every layer's groups) remove, by the groups' costs."""
+    params, macs = costs.removed(members_of(gset, plans))
+    return RatioMeaning(ratio, params / max(costs.params, 1), macs / max(costs.macs, 1))
+
+
 def members_of(gset: GroupSet, plans: Sequence[LayerPlan]) -> list[Member]:
     return gset.zeroed_members(gset.groups[i] for p in plans for i in p.removed)
 
