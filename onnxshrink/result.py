@@ -51,6 +51,9 @@ class ShrinkResult:
     barriers: list[dict[str, Any]] = field(default_factory=list)  # nodes kept whole: node, op, reason
     replayed: list[dict[str, str]] = field(default_factory=list)  # ops with no rule, replayed
     kept_zeroed: list[KeptGroup] = field(default_factory=list)
+    # what went: per weight and axis that lost indices, its size, how many kept, and the
+    # removed indices ({tensor, axis, size, kept, removed})
+    removed_slices: list[dict[str, Any]] = field(default_factory=list)
     sparsity: list[Sparsity] = field(default_factory=list)
     removed_nodes: int = 0
     written: list[str] = field(default_factory=list)
@@ -92,6 +95,7 @@ class ShrinkResult:
         "barriers",
         "replayed",
         "kept_zeroed",
+        "removed_slices",
         "sparsity",
         "removed_nodes",
         "written",

@@ -54,6 +54,8 @@ class RewriteResult:
     # every tensor that lost indices: {name: {axis: kept}} (filled for --validate-layers, whose
     # proof compares the tensors after the first blocks on the indices they kept)
     kept: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    # per weight and axis that lost indices: tensor, axis, size, kept, removed (the indices)
+    removed_slices: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Rewriter:

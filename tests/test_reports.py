@@ -303,3 +303,39 @@ def test_macs_count_a_scan_body_once_per_slice():
 
     # 5 slices x (6*6 + 4*6); outside 5*3*4 + 6*2
     assert count_macs(tiny(SCAN_MACS), {}) == 5 * 60 + 60 + 12
+
+
+def test_which_slices_went_is_reported_per_weight_and_explained(tmp_path, capsys):
+    """Filters 1 and 4 of W1 masked: the report lists, per weight and axis, the indices that
+    went (W1's and B1's rows, W2's columns: computed here from the masks), the run counts them,
+    and --explain lists them in words and says that nothing was kept back."""
+    import json
+
+    model = tiny(CONV2, seed=11)
+    path, masks, out, r = (tmp_path / n for n in ("m.onnx", "masks.npz", "small.onnx", "r.json"))
+    onnx.save(model, path)
+    w1, b1 = np.ones((6, 3, 3, 3), np.float32), np.ones(6, np.float32)
+    w1[[1, 4]], b1[[1, 4]] = 0, 0
+    np.savez(masks, W1=w1, B1=b1)
+    assert main([str(path), str(masks), "-o", str(out), "--explain", "--report", str(r)]) == 0
+    printed = capsys.readouterr().out
+    gone = np.flatnonzero((w1 == 0).all(axis=(1, 2, 3))).tolist()
+    expected = [
+        {"tensor": t, "axis": a, "size": 6, "kept": 6 - len(gone), "removed": gone}
+        for t, a in (("B1", 0), ("W1", 0), ("W2", 1))
+    ]
+    assert json.loads(r.read_text())["removed_slices"] == expected
+    assert init(onnx.load(out), "W2").shape == (4, 4, 1, 1)
+    assert "[I] 6 slice(s) removed from 3 weight axis/axes:" in printed
+    assert "[I]     W2 (axis 1): 2 of 6 removed (1, 4), 4 kept" in printed
+    assert "[I] --explain: no zeroed slice was kept back: every one was removed" in printed
+
+
+def test_masks_written_is_said_after_the_proof_passed(tmp_path, capsys):
+    model = tiny(CONV2, seed=11)
+    path, out, masks = tmp_path / "m.onnx", tmp_path / "small.onnx", tmp_path / "masks.npz"
+    onnx.save(model, path)
+    assert main([str(path), "--prune", "0.5", "--no-price", "-o", str(out), "--masks-out", str(masks)]) == 0
+    printed = capsys.readouterr().out
+    assert masks.exists() and params(onnx.load(out)) == 196 - 3 * (27 + 1 + 4)
+    assert printed.index("PASSED | All outputs matched") < printed.index(f"masks written to {masks}")

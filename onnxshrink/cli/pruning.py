@@ -56,7 +56,6 @@ def run_prune(args: argparse.Namespace, options: ShrinkOptions, say: Say) -> Any
     if not result.removed():
         say(f"[W] nothing was pruned ({_why_nothing(result, args)}): the output is the input, shrunk as it is")
     _say_sizes(result, say)
-    _say_written(result, args, say)
     return result
 
 
@@ -94,8 +93,9 @@ def _say_sizes(result: Any, say: Say) -> None:
         say(f"[I] relative output error the sensitivity predicts: {result.predicted:.4g}")
 
 
-def _say_written(result: Any, args: argparse.Namespace, say: Say) -> None:
-    """The files the prune wrote besides the model (--sensitivity, --masks-out, --weights-out)."""
+def say_prune_written(result: Any, args: argparse.Namespace, say: Say) -> None:
+    """The files the prune wrote besides the model (--sensitivity, --masks-out, --weights-out):
+    said after the proof, which they were written after."""
     if args.sensitivity:
         say(f"[I] sensitivity of {len(result.families or [])} family(ies) written to {args.sensitivity}")
     if args.masks_out and not result.masks:

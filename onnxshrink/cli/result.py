@@ -33,6 +33,7 @@ def print_result(result: Any, args: argparse.Namespace, say: Say) -> None:
     _say_interface(result, say)
     _say_recovery(result, args, say)
     _say_folds(result, say)
+    _say_removed(result, args, say)
     _say_kept(result, args, say)
     _say_sparsity(result, args, say)
     _say_written(result, args, say)
@@ -99,6 +100,34 @@ def _say_folds(result: Any, say: Say) -> None:
         )
 
 
+def _say_removed(result: Any, args: argparse.Namespace, say: Say) -> None:
+    """Which indices of which weights went: counted per weight, each listed under --explain."""
+    gone = result.removed_slices
+    if not gone:
+        return
+    say(
+        f"[I] {sum(len(r['removed']) for r in gone)} slice(s) removed from {len(gone)} weight "
+        "axis/axes" + (":" if args.explain else "; the report lists them, --explain too")
+    )
+    if args.explain:
+        for r in gone:
+            say(
+                f"[I]     {r['tensor']} (axis {r['axis']}): {len(r['removed'])} of {r['size']} "
+                f"removed ({_indices(r['removed'])}), {r['kept']} kept"
+            )
+
+
+def _indices(idx: list[int]) -> str:
+    """Indices as runs: 0-3, 7, 9-10."""
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _say_kept(result: Any, args: argparse.Namespace, say: Say) -> None:
     """The nodes replayed, the nodes that keep every channel and the zeroed slices kept (each
     with its reason under --explain)."""
@@ -131,6 +160,8 @@ def _say_kept(result: Any, args: argparse.Namespace, say: Say) -> None:
             + (f" ({human(in_slices)} zero weights)" if in_slices else "")
             + ("" if args.explain else "; --explain says why")
         )
+    if args.explain and not kept and not result.barriers:
+        say("[I] --explain: no zeroed slice was kept back: every one was removed")
     if args.explain:
         for g in result.kept_zeroed:
             where = f" in {g.module}" if g.module else ""

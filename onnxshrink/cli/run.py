@@ -14,7 +14,7 @@ from onnxshrink import __version__
 from onnxshrink.cli.checks import check_command, prune_target, report_path
 from onnxshrink.cli.flags import options_from
 from onnxshrink.cli.parser import build_parser, order_free
-from onnxshrink.cli.pruning import run_prune, write_groups
+from onnxshrink.cli.pruning import run_prune, say_prune_written, write_groups
 from onnxshrink.cli.result import Say, print_result
 from onnxshrink.errors import (
     ShrinkError,
@@ -68,6 +68,8 @@ def _run(args: argparse.Namespace, say: Say) -> int:
     pruned, result, failure = _shrink_or_prune(args, options, pruning_to is not None, say)
     if result is not None:
         print_result(result, args, say)
+    if pruned is not None:
+        say_prune_written(pruned, args, say)
     if report is not None:
         _write_report(report, pruned, result, failure)
     if failure is not None:

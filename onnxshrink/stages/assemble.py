@@ -64,6 +64,7 @@ def assemble(
         shared_initializers=masked.bound.shared,
         folds=rewritten.folds,
         kept_zeroed=rewritten.kept_zeroed,
+        removed_slices=rewritten.removed_slices,
         sparsity=sparsity_left(shrunk, arrays=rewritten.arrays, skip=rewritten.inserted),
         removed_nodes=rewritten.removed_nodes,
         renamed_nodes=source.renamed,

@@ -3,6 +3,7 @@ it (an `Attempt`); a recovery's tries are attempts with some tensor axes kept wh
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -147,7 +148,15 @@ def rewrite(
         modules = weight_modules(reference)
         for g in rewritten.kept_zeroed:
             g.module = modules.get(g.tensor, "")
+    kept = analysis.keep.kept_masks()
     if opts is not None and opts.validate_layers is not None:
-        rewritten.kept = analysis.keep.kept_masks()
+        rewritten.kept = kept
+    weights = {n for n, t in analysis.keep.tensors.items() if isinstance(t, gs.Constant)}
+    rewritten.removed_slices = [
+        {"tensor": n, "axis": a, "size": len(k), "kept": int(k.sum()), "removed": np.flatnonzero(~k).tolist()}
+        for n, axes in sorted(kept.items())
+        if n in weights
+        for a, k in sorted(axes.items())
+    ]
     release(analysis.graph)  # the shrunk weights now live in the rewritten model
     return rewritten
