@@ -43,12 +43,27 @@ def bar(total: float, desc: str, unit: str = "it", show: bool = False) -> Any:
     )
 
 
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux: from /proc; None elsewhere): the start-up a
+    command line spends before its first phase (the interpreter, the imports)."""
+    import os
+
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        with open(f"/proc/{os.getpid()}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class PhaseClock:
     """Seconds per phase of a run: `lap(name)` ends the phase begun at the last lap."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
-        self._t = time.perf_counter()
+        self._t = self.started = time.perf_counter()
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()

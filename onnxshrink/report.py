@@ -400,8 +400,21 @@ def stats_table(before: ModelStats, after: ModelStats, timings: dict[str, float]
         lines.append(f"| {r[0]:<{w0}} | {r[1]:>{w[0]}} | {r[2]:>{w[1]}} | {r[3]:>{w[2]}} |")
     lines.append(sep)
     if timings:
-        lines.append("Time: " + " | ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+        lines.append(time_line(timings))
     return lines
+
+
+def time_line(timings: dict[str, float]) -> str:
+    """Each phase's seconds, in order; a prune's phases with its shrink's inside `shrink` (the
+    keys `shrink.NAME`), and their total, which is the run's wall time less its start-up."""
+    top = {k: v for k, v in timings.items() if not k.startswith("shrink.")}
+    inner = {k.split(".", 1)[1]: v for k, v in timings.items() if k.startswith("shrink.") and k != "shrink.save"}
+    parts = []
+    for k, v in top.items():
+        parts.append(f"{k} {v:.2f} s" + (f" ({', '.join(f'{n} {s:.2f}' for n, s in inner.items())})" if k == "shrink" and inner else ""))
+    if inner:
+        parts.append(f"total {sum(top.values()):.2f} s")
+    return "Time: " + " | ".join(parts)
 
 
 # How a normalization (or a mean) whose zero channels left keeps the statistics of its original

@@ -439,3 +439,33 @@ def test_help_says_what_prune_ratio_means():
     text = " ".join(next(a.help for a in build_parser()._actions if "--prune" in a.option_strings).split())
     assert "each layer's groups" in text and "compound" in text
     assert "the same fraction of the parameters" in text and "--prune-to-params" in text
+
+
+def test_the_time_line_holds_every_phase_of_a_prune_and_they_sum_to_its_wall_time(tmp_path, capsys):
+    """Groups, the ratio's meaning, calibration, importance, compensation, sensitivity,
+    allocation, the shrink (its own phases inside), the price and the save: each in the Time
+    line and the report, their total within 5% of the run's wall time, measured here."""
+    import json
+    import re
+    import time
+
+    model = tiny(UNEVEN, seed=21)
+    path, out, r, calib = tmp_path / "m.onnx", tmp_path / "small.onnx", tmp_path / "r.json", tmp_path / "c.npz"
+    onnx.save(model, path)
+    np.savez(calib, x=np.random.default_rng(4).standard_normal((1, 16, 8, 8)).astype(np.float32))
+    argv = [str(path), "--prune", "0.25", "--allocation", "sensitivity", "--compensate", "bias", "--inputs", str(calib), "-o", str(out), "--report", str(r)]
+    t0 = time.perf_counter()
+    assert main(argv) == 0
+    wall = time.perf_counter() - t0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("Time: "))
+    phases = dict(re.findall(r"(?:^Time: | \| )([a-z]+) ([0-9.]+) s", line))
+    assert list(phases) == [
+        "start", "load", "groups", "target", "calibrate", "importance", "compensation", "sensitivity",
+        "allocation", "zero", "masks", "shrink", "price", "save", "total",
+    ]
+    assert re.search(r"shrink [0-9.]+ s \(load [0-9.]+, bind [0-9.]+, analyze [0-9.]+, rewrite [0-9.]+, validate [0-9.]+\)", line)
+    total = float(phases.pop("total"))
+    assert total == pytest.approx(sum(map(float, phases.values())), abs=0.01 * len(phases))
+    assert abs(total - wall) <= 0.05 * wall
+    timings = json.loads(r.read_text())["timings"]
+    assert set(phases) - {"start"} <= set(timings) and "shrink.validate" in timings

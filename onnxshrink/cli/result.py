@@ -12,8 +12,11 @@ from typing import Any
 Say = Callable[[str], None]
 
 
-def print_result(result: Any, args: argparse.Namespace, say: Say) -> None:
-    """Say everything a shrink's `result` holds, in the order a reader needs it."""
+def print_result(
+    result: Any, args: argparse.Namespace, say: Say, timings: dict[str, float] | None = None
+) -> None:
+    """Say everything a shrink's `result` holds, in the order a reader needs it (`timings`: a
+    prune's phases, its shrink's inside, instead of the shrink's alone)."""
     from onnxshrink.report import stats_table, summary
 
     if result.renamed_nodes:
@@ -27,7 +30,7 @@ def print_result(result: Any, args: argparse.Namespace, say: Say) -> None:
             say(line)
     else:
         say("[W] validation skipped (--no-validate): the output is not proven equivalent")
-    for line in stats_table(result.before, result.after, result.timings):
+    for line in stats_table(result.before, result.after, timings or result.timings):
         say(line)
     say(f"[I] {summary(result.before, result.after, Counter(f.into for f in result.folds))}")
     _say_interface(result, say)

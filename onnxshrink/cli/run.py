@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -24,22 +25,28 @@ from onnxshrink.errors import (
     os_error_message,
 )
 from onnxshrink.options import ShrinkOptions
+from onnxshrink.progress import process_seconds
 
 EXIT_INTERNAL = 3
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: the process's) and return its exit code."""
+    # when the run began: the process's start for the command line itself (its start-up is
+    # part of what the user waits for), the call for a caller in Python
+    entered = time.perf_counter()
+    since = process_seconds() if argv is None else None
+    began = entered - since if since is not None else entered
     argv = order_free(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_intermixed_args(argv)
     say: Say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     try:
-        return _run(args, say)
+        return _run(args, say, began)
     except (Exception, KeyboardInterrupt) as exc:
         return _failed(exc, args)
 
 
-def _run(args: argparse.Namespace, say: Say) -> int:
+def _run(args: argparse.Namespace, say: Say, began: float) -> int:
     """Check the command line, then write the groups, prune or shrink as it says."""
     from onnxshrink.logs import show_library_logs
 
@@ -67,7 +74,9 @@ def _run(args: argparse.Namespace, say: Say) -> int:
             return 0
     pruned, result, failure = _shrink_or_prune(args, options, pruning_to is not None, say)
     if result is not None:
-        print_result(result, args, say)
+        # a prune's phases, after the start-up (reading the command line, the imports)
+        timings = {"start": pruned.started - began, **pruned.timings} if pruned is not None else None
+        print_result(result, args, say, timings)
     if pruned is not None:
         say_prune_written(pruned, args, say)
     if report is not None:

@@ -69,6 +69,7 @@ class PruneResult:
     # seconds per phase: load, groups, importance, select, zero (the reference), then the
     # shrink's own phases (its validate is the proof), and masks when written
     timings: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0  # time.perf_counter() when the first phase began
     target: Any = None  # the Target met (targets.Target)
     reached: float | None = None  # its measure of the result (a fraction of the input's)
     allocation: str = "uniform"
@@ -104,11 +105,14 @@ class PruneResult:
             "sensitivity": [f.to_dict() for f in self.families] if self.families else None,
             "predicted_error": self.predicted,
             "weights_out": sorted(self.weights),
+            "timings": self.timings,
         }
         return prune_report(self.plans, self.original, self.skipped_masks, self.shrink.to_dict(), quality)
 
 
-QUALITY_KEYS = ("target", "reached", "allocation", "compensate", "price", "sensitivity", "predicted_error", "weights_out")
+QUALITY_KEYS = (
+    "target", "reached", "allocation", "compensate", "price", "sensitivity", "predicted_error", "weights_out", "timings",
+)  # fmt: skip
 
 
 def prune_report(
@@ -185,10 +189,11 @@ def prune(
     gset = _find_groups(given, ask, opts)
     clock.lap("groups")
     target = _ratio_target(given, gset, ask, opts)
+    clock.lap("target")
     scored = _score(given, gset, ask, opts, clock)
     meters: list[LatencyMeter] = []
     choice = _allocate(given, scored, ask, opts, meters, target)
-    clock.lap("select")
+    clock.lap("allocation")
     before = None
     if ask.price:
         before = _price_input(given, scored, ask, opts, meters)
@@ -519,6 +524,7 @@ def _shrink_and_write(
         for path, tmp in staged.items():
             with file_access(path):
                 os.replace(tmp, path)
+        clock.lap("save")
     except ValidationFailed as exc:  # its report, as a prune's (the same keys as one that passed)
         if exc.result is not None:
             exc.result.before = given.original
@@ -615,7 +621,7 @@ def _outputs(
     """What the prune did, its phases' timings followed by its shrink's."""
     timings = {**clock.timings, **{f"shrink.{k}": v for k, v in result.timings.items()}}
     slices = zeroed.slices
-    out = PruneResult(scored.gset, choice.plans, slices, result, given.original, slices.skipped, timings)
+    out = PruneResult(scored.gset, choice.plans, slices, result, given.original, slices.skipped, timings, clock.started)
     out.target, out.reached, out.allocation, out.compensate = ask.target, choice.reached, ask.allocation, ask.compensate
     out.price, out.families, out.weights, out.unnamed_weights = cost, scored.families, zeroed.weights, zeroed.unnamed
     if scored.families is not None:
