@@ -171,8 +171,10 @@ def measure_families(
     max_layer_ratio: float,
     ratios: Sequence[float] = sens.RATIOS,
     say: Callable[[str], None] = lambda m: None,
+    progress: bool = False,
 ) -> list[sens.Family]:
-    """Each family pruned alone at each ratio, on the calibration inputs, in one session."""
+    """Each family pruned alone at each ratio, on the calibration inputs, in one session
+    (`progress`: a bar counting the runs, on a terminal)."""
     comp = builder.compensation
     assert comp is not None
     runner = Runner(comp_mod.with_all_biases(comp), comp.variable(), calibration.feeds)
@@ -191,6 +193,7 @@ def measure_families(
         ratios,
         lambda f, k: _bounded(gset, plans[f.layer], k, round_to, max_layer_ratio),
         say,
+        progress,
     )
 
 

@@ -229,17 +229,19 @@ def find_groups(
     name: str = "",
     verify: bool = True,
     query_ranks: bool = False,
+    progress: bool = False,
 ) -> GroupSet:
     """Every coupled group of `model` (its weights in `base_dir` when stored externally).
     `verify`: check each exact group by zeroing it and running the closure (see the module
     docstring). `query_ranks`: grouped-query attention's query heads are `head` units by their
     rank in the K/V groups (the query heads of rank r in every group: removing them leaves
     every K/V head serving one fewer), not `kv_group` units with their K/V head; the K/V heads
-    are then listed, not exact (they go with all their query heads)."""
+    are then listed, not exact (they go with all their query heads). `progress`: bars over the
+    analysis's first pass and the verification's two analyses, on a terminal."""
     graph, untied = prepare(model, base_dir)
     opset = default_opset(model)
     log = CouplingLog(_cuts(query_ranks))
-    analysis = analyze(graph, opset, lookup(opset), untied, log=log)
+    analysis = analyze(graph, opset, lookup(opset), untied, log=log, progress=progress)
     part = log.partition()
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied, query_ranks)
@@ -251,7 +253,7 @@ def find_groups(
     result.dequant = {k: v for k, v in finder.dequant.items() if k in arrays}
     result.quant_params = finder.quant_params & set(arrays)
     if verify:
-        _verify(result, model, base_dir, opset)
+        _verify(result, model, base_dir, opset, progress)
     # The analysis's graph holds a copy of every weight, and onnx-graphsurgeon's nodes and
     # tensors refer to each other: freed only by the cyclic collector, whenever it next runs
     # (a 1.1 B-parameter prune carried 7 GiB of it into the next phase). Free it here.
@@ -842,43 +844,54 @@ def _layer_name(members: list[Member], kind: str = "") -> str:
 
 
 # ---------------------------------------------------------------------- checking them
-def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int) -> None:
+def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, progress: bool = False) -> None:
     """Zero the exact groups, half of each layer at a time (a layer left empty is a different
     question: `max ratio` keeps one), run the closure, and mark not exact any group the
     closure keeps a member of, with its reason."""
     by_layer: dict[int, list[Group]] = defaultdict(list)
     for g in result.exact():
         by_layer[g.layer].append(g)
-    for half in (0, 1):
-        chosen = [g for layer in by_layer.values() for k, g in enumerate(layer) if k % 2 == half]
-        if not chosen:
-            continue
-        graph, untied = prepare(model, base_dir)
-        tensors = ir.all_tensors(graph)
-        zeroed: dict[str, np.ndarray] = {}
-        slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members(chosen))
-        for (name, axis), idx in slices.items():
-            if name not in zeroed:  # the values the analysis read (prepare's, untouched)
-                zeroed[name] = np.array(result.arrays[name])
-            zero_slice(zeroed[name], axis, idx, result.zero_of(name))
-        for name, values in result.arrays.items():  # read already: not converted again
-            if name in tensors:
-                tensors[name].values = zeroed.get(name, values)
-        ks = analyze(graph, opset, lookup(opset), untied).keep
-        kept_any = set()  # the zeroed slices the closure keeps some index of: usually none
-        for (name, axis), idx in slices.items():
-            kept = ks.kept(tensors[name], axis)
-            if kept is not None and kept[idx].any():
-                kept_any.add((name, axis))
-        for g in chosen if kept_any else ():
-            for m in g.members:
-                if (m.tensor, m.axis) not in kept_any:
-                    continue
-                t = tensors[m.tensor]
-                kept = ks.kept(t, m.axis)
-                if kept is not None and kept[m.indices].any():
-                    j = int(m.indices[np.flatnonzero(kept[m.indices])[0]])
-                    why = ks.why(t, m.axis)[j]
-                    g.exact = False
-                    g.reason = f"{m.initializer} (axis {m.axis}) is kept when it is zeroed: {why}"
-                    break
+    from onnxshrink.progress import bar
+
+    with bar(2, "groups: verifying by zeroing them", "half", progress) as shown:
+        for half in (0, 1):
+            _verify_half(result, model, base_dir, opset, by_layer, half)
+            shown.update(1)
+
+
+def _verify_half(
+    result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, by_layer: dict[int, list[Group]], half: int
+) -> None:
+    """One half of every layer's exact groups zeroed and verified (see `_verify`)."""
+    chosen = [g for layer in by_layer.values() for k, g in enumerate(layer) if k % 2 == half]
+    if not chosen:
+        return
+    graph, untied = prepare(model, base_dir)
+    tensors = ir.all_tensors(graph)
+    zeroed: dict[str, np.ndarray] = {}
+    slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members(chosen))
+    for (name, axis), idx in slices.items():
+        if name not in zeroed:  # the values the analysis read (prepare's, untouched)
+            zeroed[name] = np.array(result.arrays[name])
+        zero_slice(zeroed[name], axis, idx, result.zero_of(name))
+    for name, values in result.arrays.items():  # read already: not converted again
+        if name in tensors:
+            tensors[name].values = zeroed.get(name, values)
+    ks = analyze(graph, opset, lookup(opset), untied).keep
+    kept_any = set()  # the zeroed slices the closure keeps some index of: usually none
+    for (name, axis), idx in slices.items():
+        kept = ks.kept(tensors[name], axis)
+        if kept is not None and kept[idx].any():
+            kept_any.add((name, axis))
+    for g in chosen if kept_any else ():
+        for m in g.members:
+            if (m.tensor, m.axis) not in kept_any:
+                continue
+            t = tensors[m.tensor]
+            kept = ks.kept(t, m.axis)
+            if kept is not None and kept[m.indices].any():
+                j = int(m.indices[np.flatnonzero(kept[m.indices])[0]])
+                why = ks.why(t, m.axis)[j]
+                g.exact = False
+                g.reason = f"{m.initializer} (axis {m.axis}) is kept when it is zeroed: {why}"
+                break

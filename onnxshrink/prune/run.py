@@ -323,7 +323,7 @@ def _find_groups(given: Input, ask: Request, opts: ShrinkOptions) -> GroupSet:
     opts.say("finding the coupled groups ...")
     # grouped-query attention's query heads by rank when heads may go but K/V groups may not
     query_ranks = "head" in ask.units and "kv_group" not in ask.units
-    return find_groups(given.proto, name=str(given.source.path or ""), query_ranks=query_ranks)
+    return find_groups(given.proto, name=str(given.source.path or ""), query_ranks=query_ranks, progress=opts.progress)
 
 
 @dataclass
@@ -380,6 +380,7 @@ def _sensitivity(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions
         round_to=ask.round_to,
         max_layer_ratio=ask.max_layer_ratio,
         say=opts.say,
+        progress=opts.progress,
     )
     if ask.sensitivity is not None:
         how = (

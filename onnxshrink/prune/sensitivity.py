@@ -65,14 +65,28 @@ def measure(
     ratios: Sequence[float] = RATIOS,
     bound: Callable[[Family, int], int] = lambda f, k: k,
     say: Callable[[str], None] = lambda m: None,
+    progress: bool = False,
 ) -> list[Family]:
-    """Each family pruned alone at each ratio: `evaluate(group ids removed)` is the deviation."""
-    for k, fam in enumerate(families):
+    """Each family pruned alone at each ratio: `evaluate(group ids removed)` is the deviation
+    (`progress`: a bar counting the evaluations, on a terminal)."""
+    from onnxshrink.progress import bar
+
+    for fam in families:
         fam.counts = counts_at(len(fam.order), ratios, lambda n, f=fam: bound(f, n))  # type: ignore[misc]
-        fam.deviation = [evaluate(fam.order[:c]) for c in fam.counts]
-        worst = fam.deviation[-1] if fam.deviation else 0.0
-        say(f"sensitivity {k + 1}/{len(families)}: {fam.name} ({fam.kind}), error {worst:.3g} at {fam.counts[-1] if fam.counts else 0} of {len(fam.order)}")
+    with bar(sum(len(f.counts) for f in families), "sensitivity", "run", progress) as shown:
+        for k, fam in enumerate(families):
+            fam.deviation = []
+            for c in fam.counts:
+                fam.deviation.append(evaluate(fam.order[:c]))
+                shown.update(1)
+            _said(k, families, say)
     return families
+
+
+def _said(k: int, families: list[Family], say: Callable[[str], None]) -> None:
+    fam = families[k]
+    worst = fam.deviation[-1] if fam.deviation else 0.0
+    say(f"sensitivity {k + 1}/{len(families)}: {fam.name} ({fam.kind}), error {worst:.3g} at {fam.counts[-1] if fam.counts else 0} of {len(fam.order)}")
 
 
 def allocate(
