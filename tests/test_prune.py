@@ -459,10 +459,10 @@ def test_the_time_line_holds_every_phase_of_a_prune_and_they_sum_to_its_wall_tim
     assert main(argv) == 0
     wall = time.perf_counter() - t0
     line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("Time: "))
-    phases = dict(re.findall(r"(?:^Time: | \| )([a-z]+) ([0-9.]+) s", line))
+    phases = dict(re.findall(r"(?:^Time: | \| )([a-z.]+) ([0-9.]+) s", line))
     assert list(phases) == [
         "start", "load", "groups", "target", "calibrate", "importance", "compensation", "sensitivity",
-        "allocation", "zero", "masks", "shrink", "price", "save", "total",
+        "allocation", "price.input", "zero", "masks", "shrink", "price", "save", "total",
     ]
     assert re.search(r"shrink [0-9.]+ s \(load [0-9.]+, bind [0-9.]+, analyze [0-9.]+, rewrite [0-9.]+, validate [0-9.]+\)", line)
     total = float(phases.pop("total"))
