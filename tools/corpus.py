@@ -334,6 +334,113 @@ _ZERO_POINTS: dict[str, dict[int, tuple[int, Any]]] = {
 }
 
 
+def _legacy_module(node_name: str) -> str | None:
+    """The module of a node of the TorchScript exporter: '/head/head.0/head.0.0/Conv' -> 'head.0.0',
+    '/encoder/out_linear1/linear/MatMul' -> 'encoder.out_linear1.linear' (each scope either
+    names its submodule in full or by its attribute alone)."""
+    path: list[str] = []
+    for part in [p for p in node_name.split("/") if p][:-1]:
+        if path and part.startswith(path[-1] + "."):  # 'body' then 'body.0': the same attribute's item
+            path[-1] = part
+        else:
+            path.append(part)
+    return ".".join(path) or None
+
+
+def _dynamo_module(node: Any) -> str | None:
+    """The innermost module the dynamo exporter recorded on a node (its name-scopes metadata)."""
+    import ast
+
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            try:
+                scopes = [x for x in ast.literal_eval(prop.value)[1:-1] if x]
+            except (ValueError, SyntaxError):
+                return None
+            return scopes[-1] if scopes else None
+    return None
+
+
+# a module's parameter -> (op, its input slot, whether torch's layout is the stored one transposed)
+_PARAM_SLOTS = {
+    "weight": {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1},
+    "bias": {"Conv": 2, "ConvTranspose": 2, "Gemm": 2, "Add": None},
+}
+
+
+def framework_masks(model: Any, masks: dict[str, Any], names: set[str]) -> tuple[dict[str, Any], list[str]]:
+    """Masks under framework names that are no tensor of the model (`names`), put on the tensors
+    the module's nodes read, in the stored layout: 'M.weight' is the weight input of the one
+    Conv/Gemm/MatMul whose scope (as the exporter recorded it) is module M, 'M.bias' its bias
+    (a MatMul's by the Add in M that reads a constant); torch's [out, in] Linear weight is
+    transposed onto a MatMul's [in, out]. The problems: names no node of the model answers to,
+    or several; and a framework name whose module's own recorded parameters carry a prefix the
+    mask's name lacks (a state dict with that name would not load)."""
+    import numpy as np
+    import onnx
+
+    consts = {t.name for t in model.graph.initializer} | {
+        n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
+    modules: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        mod = _dynamo_module(n) or _legacy_module(n.name)
+        if mod:
+            modules.setdefault(mod, []).append(n)
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, mask in masks.items():
+        if key in names or "." not in key:
+            continue
+        mod, param = key.rsplit(".", 1)
+        found = []
+        for n in modules.get(mod, []):
+            slot = _PARAM_SLOTS.get(param, {}).get(n.op_type, -1)
+            if slot is None:  # an Add: the constant it reads
+                slot = next((i for i, x in enumerate(n.input) if x in consts), -1)
+            if slot == -1 or slot >= len(n.input) or n.input[slot] not in consts:
+                continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            flip = param == "weight" and (n.op_type == "MatMul" or (n.op_type == "Gemm" and not attrs.get("transB", 0)))
+            found.append((n.input[slot], mask.T if flip and mask.ndim == 2 else mask))
+        if len(found) != 1:
+            problems.append(f"{key}: framework name that {len(found)} node(s) of module {mod} answer to")
+            continue
+        out[found[0][0]] = np.asarray(found[0][1])
+        prefixed = sorted(t for t in names if t.endswith("." + mod + "." + param.replace("weight", "bias")))
+        if prefixed and not any(t.startswith(mod + ".") for t in names):
+            problems.append(f"{key}: the model records this module's parameters as {prefixed[0]}")
+    return out, problems
+
+
+def _gathered_zero_point(gather: Any, readers: dict[str, list[Any]], values: dict[str, Any]) -> Any:
+    """The zero point of an integer table whose gathered rows every reader dequantizes
+    (DequantizeLinear input 0) with one scalar zero point, or a problem (str)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    zs = []
+    todo, dequantizers = [gather.output[0]], []
+    while todo:  # through the ops that only move the gathered values
+        x = todo.pop()
+        for node in readers.get(x, []):
+            if node.op_type in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten") \
+                    and node.input[0] == x:
+                todo.append(node.output[0])
+            else:
+                dequantizers.append((x, node))
+    for x, node in dequantizers:
+        if node.op_type != "DequantizeLinear" or node.input[0] != x:
+            return f"integer table gathered and read by {node.op_type}, whose zero point this check does not know"
+        z = (numpy_helper.to_array(values[node.input[2]]).astype(np.int64)
+             if len(node.input) > 2 and node.input[2] else np.zeros((), np.int64))
+        if z.size != 1:
+            return "integer table gathered, then dequantized per channel: not handled by this check"
+        zs.append(z.reshape(()))
+    if not zs or any(z != zs[0] for z in zs):
+        return "integer table gathered with no or differing zero points among its readers"
+    return zs[0]
+
+
 def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[str]:
     """Apply every mask to the tensor it names (initializers and Constant outputs, in every graph),
     in numpy: a float tensor is multiplied by it; an integer one its readers dequantize has its
@@ -348,7 +455,6 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
     model = onnx.load(str(model_path))
     masks = dict(np.load(masks_path))
     used: set[str] = set()
-    problems = []
 
     # --masks-out writes the ONNX tensors the framework has no name for under its `onnx/` section
     masks = {k.removeprefix("onnx/"): v for k, v in masks.items()}
@@ -372,6 +478,11 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
 
     index(model.graph)
 
+    # masks under framework names (torch's parameter names, where the ONNX tensor has another)
+    by_module, problems = framework_masks(model, masks, set(values))
+    masks = {k: v for k, v in masks.items() if k in values or "." not in k}
+    masks.update(by_module)
+
     def zero_point(name: str, w: Any) -> Any:
         """The zero point of integer tensor `name` broadcast against it, or a problem (str)."""
         found = []
@@ -379,6 +490,12 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
             slots = _ZERO_POINTS.get(node.op_type, {})
             for i, x in enumerate(node.input):
                 if x != name:
+                    continue
+                if node.op_type == "Gather" and i == 0:  # rows of a quantized table, dequantized after
+                    z = _gathered_zero_point(node, readers, values)
+                    if isinstance(z, str):
+                        return f"{name}: {z}"
+                    found.append(np.broadcast_to(z, w.shape))
                     continue
                 if i not in slots:
                     return f"{name}: integer tensor read by {node.op_type} input {i}, whose zero point this check does not know"
@@ -457,6 +574,14 @@ def _max_rel_error(a: list[Any], b: list[Any]) -> float:
         y = np.asarray(y, dtype=np.float64)
         if x.shape != y.shape:
             return float("inf")
+        # non-finite values (a graph network's reference on random inputs) must sit at the same
+        # places with the same value; the rest is compared as numbers
+        odd = ~np.isfinite(x) | ~np.isfinite(y)
+        if odd.any():
+            same = (np.isnan(x) & np.isnan(y)) | (x == y)
+            if not same[odd].all():
+                return float("inf")
+            x, y = x[~odd], y[~odd]
         scale = float(np.max(np.abs(x))) if x.size else 0.0
         diff = float(np.max(np.abs(x - y))) if x.size else 0.0
         worst = max(worst, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")))
