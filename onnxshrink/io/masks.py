@@ -141,8 +141,14 @@ def _read_pt(p: Path, say: Callable[[str], None] | None = None):
                 "run code. Save a plain dict instead: torch.save({name: mask_tensor}, path)."
             ) from exc
         raise ShrinkError(_unreadable_pt(p)) from exc
+    except NoValues as exc:  # a whole torch file, but no values in it: said as it is
+        raise ShrinkError(f"{p}: cannot be read as a torch file of values: {exc}; save the tensors from a real device.") from exc
     except Exception as exc:  # a corrupt or truncated file
         raise ShrinkError(_unreadable_pt(p)) from exc
+
+
+class NoValues(ValueError):
+    """A torch file read whole whose tensors hold no values (saved from the meta device)."""
 
 
 # torch's own messages for a file it cannot read advise loading it with weights_only=False,
@@ -184,7 +190,7 @@ def _mapped_leaves(obj: Any) -> Any:
         return {k: _mapped_leaves(v) for k, v in obj.items()}
     if hasattr(obj, "detach") and hasattr(obj, "numpy") and not obj.is_sparse:
         if obj.is_meta:  # saved from a model built on the meta device: shapes, no values
-            raise ValueError("it holds a tensor on the meta device, which has no values")
+            raise NoValues("it holds a tensor on the meta device, which has no values")
         dtype = _np_dtype(obj)
         # a view of the mapped file, except bf16 (widened to a float32 copy)
         mapped = str(obj.dtype) != "torch.bfloat16"
