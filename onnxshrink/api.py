@@ -15,7 +15,7 @@ from onnxshrink.result import ShrinkResult
 from onnxshrink.stages.assemble import assemble
 from onnxshrink.stages.attempt import first_attempt
 from onnxshrink.stages.masking import bind, scratch_for
-from onnxshrink.stages.read import MasksLike, ModelLike, check_options, read
+from onnxshrink.stages.read import MasksLike, ModelLike, Source, check_options, read
 from onnxshrink.stages.recovery import recovered
 from onnxshrink.stages.save import finished, save, write_runtime_configs
 
@@ -24,7 +24,7 @@ __all__ = ["MasksLike", "ModelLike", "ShrinkResult", "check_options", "shrink"]
 
 @scoped
 def shrink(
-    model: ModelLike,
+    model: ModelLike | Source,
     masks: MasksLike = None,
     output: str | Path | None = None,
     *,

@@ -296,6 +296,12 @@ class Scratch:
         self._spilled.append(path)
         return self.store.writer(path)
 
+    def discard_spills(self) -> None:
+        """Delete the spill files (their mapped views stay valid while used)."""
+        for f in self._spilled:
+            f.unlink(missing_ok=True)
+        self._spilled.clear()
+
     def discard(self, writer: DataWriter) -> None:
         """An attempt's data that will not be saved (its mapped views stay valid while used)."""
         writer.close()

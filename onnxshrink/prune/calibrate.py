@@ -111,11 +111,13 @@ def collect(
     streams: Collection[tuple[str, str, int]] = (),
     seed: int = 0,
     provider: Provider = "cpu",
+    data_dir: str | None = None,
 ) -> Calibration:
     """Statistics of each activation in `activations` ({tensor: channel axis}) over `feeds`,
     and the model's outputs on them. `samples`: keep up to MAX_SAMPLES positions per
     activation (the least-squares refit needs their covariance). `streams`: blocks' (before,
-    after, axis) whose cosine to measure in the same runs."""
+    after, axis) whose cosine to measure in the same runs. `data_dir`: where `model` keeps its
+    external weights (not loaded): a large model is then run segment by segment."""
     from onnxshrink.proof.inputs import check_inputs
     from onnxshrink.proof.sessions import session
 
@@ -127,35 +129,103 @@ def collect(
     streams = [s for s in streams if s[0] in visible and s[1] in visible]
     outputs = [o.name for o in model.graph.output]
     probe, names = probe_model(model, [*activations, *(n for s in streams for n in s[:2])])
-    sess = session(probe, provider)
-    rng = np.random.default_rng(seed)
-    stats: dict[str, ChannelStats] = {}
-    kept: list[dict[str, np.ndarray]] = []
-    cosines = dict.fromkeys(streams, 0.0)
-    for ran in run_feeds(sess, feeds, names, "--inputs"):
+    acc = _Accumulator(activations, streams, len(feeds), samples, np.random.default_rng(seed))
+    if data_dir is not None and not samples:  # weights on disk: run in segments if they are large
+        kept = _in_segments(probe, feeds, outputs, acc, provider, data_dir)
+        if kept is not None:
+            return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines)
+    sess = session(probe, provider, data_dir)
+    kept = []
+    for f, ran in enumerate(run_feeds(sess, feeds, names, "--inputs")):
         kept.append({k: ran[k] for k in outputs})
-        for before, after, axis in streams:
-            cosines[before, after, axis] += mean_cosine(ran[before], ran[after], axis) / len(feeds)
-        for name, axis in activations.items():
-            x = np.asarray(ran[name], dtype=np.float64)
-            rows = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
-            s = stats.get(name)
-            if s is None:
-                c = rows.shape[1]
-                s = stats[name] = ChannelStats(
-                    0, np.zeros(c), np.zeros(c), np.zeros(c), np.zeros((0, c)) if samples else None
-                )
-            s.count += rows.shape[0]
-            s.total += rows.sum(axis=0)
-            s.squares += np.einsum("ij,ij->j", rows, rows)
-            s.absolute += np.abs(rows).sum(axis=0)
-            if s.samples is not None:
-                take = rows if len(rows) <= MAX_SAMPLES else rows[rng.choice(len(rows), MAX_SAMPLES, replace=False)]
-                s.samples = np.concatenate([s.samples, take])
-    for s in stats.values():
-        if s.samples is not None and len(s.samples) > MAX_SAMPLES:
-            s.samples = s.samples[rng.choice(len(s.samples), MAX_SAMPLES, replace=False)]
-    return Calibration(stats, list(feeds), kept, feed_label(feeds), cosines)
+        acc.add(ran, feed=f)
+    acc.finish()
+    return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines)
+
+
+class _Accumulator:
+    """The statistics of the activations and the blocks' cosines, a feed's values at a time."""
+
+    def __init__(self, activations: Mapping[str, int], streams, feeds: int, samples: bool, rng) -> None:
+        self.activations, self.streams, self.feeds, self.samples, self.rng = activations, streams, feeds, samples, rng
+        self.stats: dict[str, ChannelStats] = {}
+        self.cosines = dict.fromkeys(streams, 0.0)
+        self.done: set[tuple[tuple[str, str, int], int]] = set()  # (stream, feed) measured
+
+    def add(self, ran: Mapping[str, np.ndarray], held: Mapping[str, np.ndarray] | None = None, feed: int = 0) -> None:
+        """What feed `feed`'s run gave, `ran` (all of it, or a segment's part: each activation
+        comes once per feed, the feeds in order), with `held`: the values at hand beside it (a
+        block's stream made by an earlier segment)."""
+        held = ran if held is None else held
+        for stream in self.streams:
+            before, after, axis = stream
+            if (stream, feed) not in self.done and before in held and after in held:
+                self.done.add((stream, feed))
+                self.cosines[stream] += mean_cosine(held[before], held[after], axis) / self.feeds
+        for name, axis in self.activations.items():
+            if name in ran:
+                self._channels(name, axis, np.asarray(ran[name], dtype=np.float64))
+
+    def waiting(self) -> set[str]:
+        """The streams' tensors whose block's cosine some feed still lacks."""
+        return {n for s in self.streams for n in s[:2] if any((s, f) not in self.done for f in range(self.feeds))}
+
+    def _channels(self, name: str, axis: int, x: np.ndarray) -> None:
+        rows = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+        s = self.stats.get(name)
+        if s is None:
+            c = rows.shape[1]
+            s = self.stats[name] = ChannelStats(
+                0, np.zeros(c), np.zeros(c), np.zeros(c), np.zeros((0, c)) if self.samples else None
+            )
+        s.count += rows.shape[0]
+        s.total += rows.sum(axis=0)
+        s.squares += np.einsum("ij,ij->j", rows, rows)
+        s.absolute += np.abs(rows).sum(axis=0)
+        if s.samples is not None:
+            rng = self.rng
+            take = rows if len(rows) <= MAX_SAMPLES else rows[rng.choice(len(rows), MAX_SAMPLES, replace=False)]
+            s.samples = np.concatenate([s.samples, take])
+
+    def finish(self) -> None:
+        for s in self.stats.values():
+            if s.samples is not None and len(s.samples) > MAX_SAMPLES:
+                s.samples = s.samples[self.rng.choice(len(s.samples), MAX_SAMPLES, replace=False)]
+
+
+def _in_segments(
+    probe: onnx.ModelProto,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    outputs: list[str],
+    acc: _Accumulator,
+    provider: Provider,
+    data_dir: str,
+) -> list[dict[str, np.ndarray]] | None:
+    """The model's outputs on each feed, run segment by segment as the proof runs a large model
+    (one segment's weights in memory at a time), each activation added to `acc` as its segment
+    makes it and then dropped; None when the model needs no cut (or cannot be cut)."""
+    from onnxshrink.proof.segment import pieces
+    from onnxshrink.proof.sessions import segment_bytes, session
+
+    parts = pieces(probe, segment_bytes(probe))  # each piece's model made when it runs
+    if not parts:
+        return None
+    values: list[dict[str, np.ndarray]] = [dict(feed) for feed in feeds]
+    for k, part in enumerate(parts):
+        sess = session(part.model, provider, data_dir)
+        names = [o.name for o in sess.get_outputs()]
+        wanted = [i.name for i in sess.get_inputs()]
+        for f, (feed, v) in enumerate(zip(feeds, values, strict=True)):
+            what = str(getattr(feed, "source", "--inputs"))
+            ran = next(run_feeds(sess, [{n: v[n] for n in wanted}], names, what))
+            v.update(ran)
+            acc.add(ran, v, f)
+        del sess
+        later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs) | acc.waiting()
+        for v in values:
+            for n in [n for n in v if n not in later]:
+                del v[n]
+    return [{o: v[o] for o in outputs} for v in values]
 
 
 def mean_cosine(x: np.ndarray, y: np.ndarray, axis: int) -> float:

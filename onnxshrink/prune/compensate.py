@@ -34,7 +34,8 @@ from onnxshrink.ops import facts
 from onnxshrink.options import COMPENSATIONS
 from onnxshrink.prepare import default_opset
 from onnxshrink.prune.calibrate import Calibration
-from onnxshrink.prune.groups import GroupSet, Member, ParamRef, _with, gather_slices, zero_slice
+from onnxshrink.prune.groups import GroupSet, Member, ParamRef, _with, gather_slices
+from onnxshrink.prune.spill import zero_slice
 
 
 @dataclass

@@ -43,7 +43,10 @@ from onnxshrink.bind.graph import ModelIndex, Site, is_fused_batchnorm, module_o
 from onnxshrink.core.handler import Handler, OpNode, WeightAxes
 from onnxshrink.core.reasons import LIVE
 from onnxshrink.core.registry import Lookup
+from onnxshrink.io.model import Scratch
+from onnxshrink.io.weights import WeightStore
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, prepare
+from onnxshrink.prune import spill
 from onnxshrink.quantized import Dequant, Moved, readings, same_zero
 
 SCHEMA = "onnxshrink.groups/1"
@@ -230,15 +233,19 @@ def find_groups(
     verify: bool = True,
     query_ranks: bool = False,
     progress: bool = False,
+    store: WeightStore | None = None,
 ) -> GroupSet:
     """Every coupled group of `model` (its weights in `base_dir` when stored externally).
     `verify`: check each exact group by zeroing it and running the closure (see the module
     docstring). `query_ranks`: grouped-query attention's query heads are `head` units by their
     rank in the K/V groups (the query heads of rank r in every group: removing them leaves
     every K/V head serving one fewer), not `kv_group` units with their K/V head; the K/V heads
-    are then listed, not exact (they go with all their query heads). `progress`: bars over the
+    are then listed, not exact (they go with all their query heads). External weights are
+    mapped by `store` (a new one when None), read as the analysis reads them, and the members'
+    `arrays` are those mapped views: the weights stay on disk. `progress`: bars over the
     analysis's first pass and the verification's two analyses, on a terminal."""
-    graph, untied = prepare(model, base_dir)
+    store = store or WeightStore()
+    graph, untied = prepare(model, base_dir, store)
     opset = default_opset(model)
     log = CouplingLog(_cuts(query_ranks))
     analysis = analyze(graph, opset, lookup(opset), untied, log=log, progress=progress)
@@ -253,7 +260,7 @@ def find_groups(
     result.dequant = {k: v for k, v in finder.dequant.items() if k in arrays}
     result.quant_params = finder.quant_params & set(arrays)
     if verify:
-        _verify(result, model, base_dir, opset, progress)
+        _verify(result, model, base_dir, opset, store, progress)
     # The analysis's graph holds a copy of every weight, and onnx-graphsurgeon's nodes and
     # tensors refer to each other: freed only by the cyclic collector, whenever it next runs
     # (a 1.1 B-parameter prune carried 7 GiB of it into the next phase). Free it here.
@@ -733,17 +740,6 @@ def _reads_matrix(node: gs.Node, handler_for: Lookup) -> bool:
     return False
 
 
-def zero_slice(values: np.ndarray, axis: int, indices: np.ndarray, zero: np.ndarray | None = None) -> None:
-    """values[..., indices, ...] = 0 along `axis`, in place; `zero`: what zero is (a quantized
-    weight's zero point, broadcast against `values`)."""
-    index: list[Any] = [slice(None)] * values.ndim
-    index[axis] = indices
-    if zero is None or not np.any(zero):
-        values[tuple(index)] = 0
-    else:
-        values[tuple(index)] = np.broadcast_to(zero, values.shape)[tuple(index)]
-
-
 def gather_slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, int], np.ndarray]:
     """The indices of every (key, axis) of `items`, gathered: each sliced axis is then zeroed
     once, not once per member (a layer's thousands of groups each hold one index of it)."""
@@ -844,7 +840,9 @@ def _layer_name(members: list[Member], kind: str = "") -> str:
 
 
 # ---------------------------------------------------------------------- checking them
-def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, progress: bool = False) -> None:
+def _verify(
+    result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, store: WeightStore, progress: bool = False
+) -> None:
     """Zero the exact groups, half of each layer at a time (a layer left empty is a different
     question: `max ratio` keeps one), run the closure, and mark not exact any group the
     closure keeps a member of, with its reason."""
@@ -855,28 +853,26 @@ def _verify(result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, prog
 
     with bar(2, "groups: verifying by zeroing them", "half", progress) as shown:
         for half in (0, 1):
-            _verify_half(result, model, base_dir, opset, by_layer, half)
+            _verify_half(result, model, base_dir, opset, store, by_layer, half)
             shown.update(1)
 
 
 def _verify_half(
-    result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, by_layer: dict[int, list[Group]], half: int
+    result: GroupSet,
+    model: onnx.ModelProto,
+    base_dir,
+    opset: int,
+    store: WeightStore,
+    by_layer: dict[int, list[Group]],
+    half: int,
 ) -> None:
     """One half of every layer's exact groups zeroed and verified (see `_verify`)."""
     chosen = [g for layer in by_layer.values() for k, g in enumerate(layer) if k % 2 == half]
     if not chosen:
         return
-    graph, untied = prepare(model, base_dir)
+    scratch = Scratch(store, None)  # a large mapped weight is zeroed on disk, not in memory
+    graph, untied, slices = _zeroed_graph(result, model, base_dir, store, chosen, scratch)
     tensors = ir.all_tensors(graph)
-    zeroed: dict[str, np.ndarray] = {}
-    slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members(chosen))
-    for (name, axis), idx in slices.items():
-        if name not in zeroed:  # the values the analysis read (prepare's, untouched)
-            zeroed[name] = np.array(result.arrays[name])
-        zero_slice(zeroed[name], axis, idx, result.zero_of(name))
-    for name, values in result.arrays.items():  # read already: not converted again
-        if name in tensors:
-            tensors[name].values = zeroed.get(name, values)
     ks = analyze(graph, opset, lookup(opset), untied).keep
     kept_any = set()  # the zeroed slices the closure keeps some index of: usually none
     for (name, axis), idx in slices.items():
@@ -895,3 +891,26 @@ def _verify_half(
                 g.exact = False
                 g.reason = f"{m.initializer} (axis {m.axis}) is kept when it is zeroed: {why}"
                 break
+    del graph, tensors, ks  # (cyclic: its spilled weights' maps go with the collector)
+    gc.collect()
+    scratch.discard_spills()
+
+
+def _zeroed_graph(
+    result: GroupSet, model: onnx.ModelProto, base_dir, store: WeightStore, chosen: list[Group], scratch: Scratch
+) -> tuple[gs.Graph, dict[str, str], dict[tuple[str, int], np.ndarray]]:
+    """The analysis graph with the `chosen` groups zeroed (a large mapped weight written to a
+    spill file of `scratch`, never copied whole into memory), and the slices zeroed."""
+    graph, untied = prepare(model, base_dir, store)
+    tensors = ir.all_tensors(graph)
+    slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members(chosen))
+    per_tensor: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
+    for (name, axis), idx in slices.items():
+        per_tensor[name].append((axis, idx))
+    writer = scratch.spill()
+    for name, values in result.arrays.items():  # read already: not converted again
+        if name in tensors:  # the values the analysis read (prepare's, untouched), zeroed
+            cut = per_tensor.get(name)
+            tensors[name].values = values if cut is None else spill.zeroed(values, cut, result.zero_of(name), writer, name)
+    writer.close()
+    return graph, untied, slices

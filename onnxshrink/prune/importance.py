@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 
 from onnxshrink.errors import ShrinkError
+from onnxshrink.io import weights
 from onnxshrink.options import CRITERIA, DATA_CRITERIA
 from onnxshrink.prune.calibrate import Calibration, collect
 from onnxshrink.prune.groups import Group, GroupSet, Member
@@ -139,13 +140,24 @@ def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
     key = (tensor, axis, p)
     if key not in gset.norms:
         values = gset.real(tensor)  # a quantized weight's dequantized values (a new array)
-        rows = np.moveaxis(values, axis, 0).reshape(values.shape[axis], -1)
-        rows = rows.astype(np.float64, copy=tensor not in gset.dequant)
-        np.abs(rows, out=rows)
-        if p != 1:
-            np.power(rows, p, out=rows)
-        gset.norms[key] = np.sum(rows, axis=1)
+        n = values.shape[axis]
+        step = max(1, NORM_BLOCK_BYTES // max(1, 8 * values.size // max(n, 1)))
+        out = np.empty(n, np.float64)
+        where: list[slice] = [slice(None)] * values.ndim
+        for start in range(0, n, step):  # indices of `axis` a block at a time: a mapped weight
+            where[axis] = slice(start, min(start + step, n))  # is never copied whole
+            part = values[tuple(where)]
+            rows = np.moveaxis(part, axis, 0).reshape(part.shape[axis], -1).astype(np.float64)
+            np.abs(rows, out=rows)
+            if p != 1:
+                np.power(rows, p, out=rows)
+            out[start : start + len(rows)] = np.sum(rows, axis=1)  # each index's sum as a whole
+        weights.trim()  # the mapped pages read go back to the page cache
+        gset.norms[key] = out
     return gset.norms[key]
+
+
+NORM_BLOCK_BYTES = 32 * 2**20  # the float64 block of a weight `channel_norms` holds at once
 
 
 def _activation_score(gset: GroupSet, g: Group, stats: dict[str, np.ndarray], p: int = 1) -> float:

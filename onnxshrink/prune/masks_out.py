@@ -16,7 +16,8 @@ import onnx
 from onnxshrink import ir
 from onnxshrink.errors import ShrinkError, file_access
 from onnxshrink.masks import ONNX_SECTION
-from onnxshrink.prune.groups import Member, gather_slices, zero_slice
+from onnxshrink.prune.groups import Member, gather_slices
+from onnxshrink.prune.spill import zero_slice
 
 
 # ---------------------------------------------------------------------- masks out

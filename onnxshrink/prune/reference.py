@@ -4,30 +4,40 @@ copies that stay equal tied again."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from onnxshrink import ir
-from onnxshrink.prune.groups import GroupSet, Member, gather_slices, zero_slice
+from onnxshrink.prune import spill
+from onnxshrink.prune.groups import GroupSet, Member, gather_slices
+from onnxshrink.prune.spill import Disk
 
 
 # ---------------------------------------------------------------------- the reference
 def zeroed(
-    model: onnx.ModelProto, gset: GroupSet, members: list[Member], copy: bool = True, retie: bool = True
+    model: onnx.ModelProto,
+    gset: GroupSet,
+    members: list[Member],
+    copy: bool = True,
+    retie: bool = True,
+    disk: Disk | None = None,
 ) -> onnx.ModelProto:
     """`model` with every member's slice zeroed, a quantized one set to its zero point (`copy`
     False: `model` itself, changed). An initializer several nodes read is first given one copy
     per reader (as the analysis saw it), so that only the readers in the chosen groups lose
     their slices; with `retie`, the copies that end up equal are one initializer again (as
     masks applied to the input make them: `bind.apply`), else a reference would hold two equal
-    tensors where the masks' has one, and the shrink keeps what its input holds apart."""
+    tensors where the masks' has one, and the shrink keeps what its input holds apart. With
+    `disk`, external weights are read mapped and the large ones zeroed are written to its spill
+    file, tensor by tensor (the reference then refers to it): never the model in memory."""
     out = model
     if copy:
         out = onnx.ModelProto()
         out.CopyFrom(model)
+    read = disk.read if disk is not None else numpy_helper.to_array
     _constants_to_initializers(out, {m.initializer for m in members})
     graphs = list(ir.all_graphs(out.graph))  # weights in If/Loop/Scan bodies too
     inits = {t.name: t for g in graphs for t in g.initializer}
@@ -35,32 +45,38 @@ def zeroed(
     shared = {m.initializer for m in members if m.tensor != m.initializer}
     chosen = {m.initializer for m in members}
     shared |= {original for original in gset.untied.values() if original in chosen}
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = {}  # each tensor made, as read (zeroed as it is stored)
     copies: dict[str, str] = {}
     if shared:
         for g in graphs:  # a copy lives beside its reader (untied uses share one scope)
             for name, original in _copy_per_reader(g, gset, shared).items():
-                values[name] = numpy_helper.to_array(inits[original]).copy()
+                values[name] = read(inits[original])
                 home[name] = g
                 copies[name] = original
     initializer_of = {m.tensor: m.initializer for m in members}
+    cuts: dict[str, list[tuple[int, np.ndarray]]] = {}
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
         if name not in values:
-            source = inits[name] if name in inits else inits[initializer_of[name]]
-            values[name] = numpy_helper.to_array(source).copy()
-        zero_slice(values[name], axis, idx, gset.zero_of(name))
-    for name, v in values.items():
-        t = numpy_helper.from_array(v, name)
+            values[name] = read(inits[name] if name in inits else inits[initializer_of[name]])
+        cuts.setdefault(name, []).append((axis, idx))
+    writer = disk.writer if disk is not None else None
+    for name in list(values):
+        v = spill.zeroed(values.pop(name), cuts.get(name, []), gset.zero_of(name), writer, name)
+        t = disk.proto(name, v) if disk is not None else numpy_helper.from_array(v, name)
         if name in inits:
             inits[name].CopyFrom(t)
         else:
             home.get(name, out.graph).initializer.append(t)
     if retie:
-        retie_copies(out, copies)
+        retie_copies(out, copies, read)
     return out
 
 
-def retie_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> None:
+def retie_copies(
+    model: onnx.ModelProto,
+    copies: Mapping[str, str],
+    read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array,
+) -> None:
     """Each copy ({copy: original}) whose values equal its original's, or an earlier copy's of
     the same original, is that tensor again: its readers read it, and the copy is dropped."""
     graphs = list(ir.all_graphs(model.graph))
@@ -73,9 +89,9 @@ def retie_copies(model: onnx.ModelProto, copies: Mapping[str, str]) -> None:
         if name not in inits or original not in inits:
             continue
         if original not in kept:
-            kept[original] = [(original, numpy_helper.to_array(inits[original][1]))]
+            kept[original] = [(original, read(inits[original][1]))]
         g, t = inits[name]
-        v = numpy_helper.to_array(t)
+        v = read(t)
         # the original (stored where all its readers see it) or a copy beside this one: a copy
         # in a sibling body is out of this reader's scope
         same = next(

@@ -24,7 +24,7 @@ from onnxshrink import ir
 from onnxshrink.analyze.replay import scoped
 from onnxshrink.api import shrink
 from onnxshrink.errors import NotShrunk, ShrinkError, ValidationFailed, file_access, first_line
-from onnxshrink.io.model import check_output, load_external
+from onnxshrink.io.model import Scratch, check_output, load_external
 from onnxshrink.options import (
     ALLOCATIONS,
     COMPENSATIONS,
@@ -46,11 +46,13 @@ from onnxshrink.prune.groups import Group, GroupSet, Member, find_groups
 from onnxshrink.prune.importance import activations, block_streams, scores
 from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
 from onnxshrink.prune.price import Price, PriceInput, measure, price_feeds, price_input
+from onnxshrink.prune.reference import zeroed as zeroed_reference
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.prune.sensitivity import Family
+from onnxshrink.prune.spill import Disk
 from onnxshrink.prune.targets import Costs, LatencyMeter, Target
 from onnxshrink.report import ModelStats, model_stats
-from onnxshrink.result import ShrinkResult
+from onnxshrink.result import ShrinkResult, in_memory
 from onnxshrink.stages.assemble import constant_weight
 from onnxshrink.stages.read import Source, check_against_model, check_options, read_model
 from onnxshrink.stages.save import save, write_runtime_configs
@@ -288,15 +290,35 @@ def _check_units(units: Sequence[str] | None) -> tuple[str, ...]:
 # ---------------------------------------------------------------------- the phases
 @dataclass
 class Input:
-    """The model to prune, read once: its `Source`, this call's own copy with its weights loaded
-    (the caller's proto is never changed; the references are made from this copy), the shapes
-    the proof draws, and the statistics of the unpruned input."""
+    """The model to prune, read once: its `Source`, this call's own copy (the caller's proto is
+    never changed; the references are made from this copy), the shapes the proof draws, and the
+    statistics of the unpruned input. A model with external data stays on disk (`streamed`):
+    its weights are mapped as they are read, and `full()` loads them for what still needs them
+    in memory (onnxruntime's sessions, the compensation, a measured target's candidates)."""
 
     source: Source
     proto: onnx.ModelProto
     shapes: dict[str, list[int]]
     original: ModelStats
     found: dict[str, list[int]]  # the sizes found for its free dynamic dims (proof.sizes)
+    _full: onnx.ModelProto | None = None
+
+    @property
+    def streamed(self) -> bool:
+        """Weights on disk, read mapped, the reference's zeroed ones spilled: as the shrink does
+        a large model with external data (a small one's are read into memory)."""
+        s = self.source
+        return s.base_dir is not None and s.streamed and not in_memory(s.file_bytes)
+
+    def full(self) -> onnx.ModelProto:
+        """The input with its weights in memory (read on first use)."""
+        if not self.streamed:
+            return self.proto
+        if self._full is None:
+            self._full = onnx.ModelProto()
+            self._full.CopyFrom(self.proto)
+            load_external(self._full, Path(str(self.source.base_dir)), str(self.source.path))
+        return self._full
 
 
 def _read_input(model: str | Path | onnx.ModelProto, output: str | Path | None, ask: Request, opts: ShrinkOptions) -> Input:
@@ -310,7 +332,7 @@ def _read_input(model: str | Path | onnx.ModelProto, output: str | Path | None, 
         check_inputs(source.proto, feeds)  # names, dtypes and shapes, each named
     proto = onnx.ModelProto()
     proto.CopyFrom(source.proto)
-    if source.base_dir is not None:
+    if source.base_dir is not None and (not source.streamed or in_memory(source.file_bytes)):
         load_external(proto, Path(source.base_dir), str(source.path))
     # the unpruned input as its file holds it (before the reference is made from it: Constant
     # weights made initializers, a weight copied per reader), at the shapes the proof draws
@@ -323,7 +345,14 @@ def _find_groups(given: Input, ask: Request, opts: ShrinkOptions) -> GroupSet:
     opts.say("finding the coupled groups ...")
     # grouped-query attention's query heads by rank when heads may go but K/V groups may not
     query_ranks = "head" in ask.units and "kv_group" not in ask.units
-    return find_groups(given.proto, name=str(given.source.path or ""), query_ranks=query_ranks, progress=opts.progress)
+    return find_groups(
+        given.proto,
+        given.source.base_dir,
+        str(given.source.path or ""),
+        query_ranks=query_ranks,
+        store=given.source.store,
+        progress=opts.progress,
+    )
 
 
 @dataclass
@@ -344,23 +373,29 @@ def _score(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions, cloc
     calibration = None
     if ask.needs:
         opts.say(f"running the model on the calibration inputs ({len(ask.data or [])} feed(s)) ...")
+        refit = ask.compensate == "refit"  # (its samples: from one run of the whole model)
+        on_disk = given.streamed and not refit  # run in segments, the weights read from disk
         calibration = collect(
-            given.proto,
+            given.proto if on_disk else given.full(),
             activations(gset.exact()),
             ask.data or [],
-            samples=ask.compensate == "refit",
+            samples=refit,
             streams=block_streams(gset, gset.exact()),
             seed=opts.seed,
             provider=opts.provider,
+            data_dir=given.source.base_dir if on_disk else None,
         )
         clock.lap("calibrate")
-    importance = scores(gset, ask.criterion, seed=opts.seed, model=given.proto, inputs=ask.data, calibration=calibration)
+    importance = scores(gset, ask.criterion, seed=opts.seed, calibration=calibration)
     clock.lap("importance")
     comp = None
     if ask.compensate != "none" or ask.measures_sensitivity:
-        comp = comp_mod.prepare(given.proto, gset)
+        comp = comp_mod.prepare(given.full(), gset)
         clock.lap("compensation")
-    builder = alloc.Builder(given.proto, gset, comp, calibration, ask.compensate, ask.ridge)
+    # a ratio's one reference is zeroed on disk (`_zero`); the candidates a measured target
+    # shrinks, and a compensation's, are made in memory
+    held = comp is not None or ask.target.kind != "ratio"
+    builder = alloc.Builder(given.full() if held else given.proto, gset, comp, calibration, ask.compensate, ask.ridge)
     scored = Scored(gset, importance, calibration, comp, builder, None)
     if ask.measures_sensitivity:
         scored.families = _sensitivity(given, scored, ask, opts)
@@ -429,7 +464,7 @@ def _allocate(
     def meter() -> LatencyMeter:
         if not meters:
             feeds = price_feeds(given.proto, ask.held_out, ask.data, given.shapes, opts.draws, opts.seed)[0]
-            meters.append(LatencyMeter(given.proto, feeds[0]))
+            meters.append(LatencyMeter(given.full(), feeds[0]))
         return meters[0]
 
     return alloc.plan(
@@ -442,7 +477,7 @@ def _allocate(
         max_layer_ratio=ask.max_layer_ratio,
         units=ask.units,
         builder=scored.builder,
-        costs=lambda: Costs(scored.gset, given.proto, given.shapes),
+        costs=lambda: Costs(scored.gset, given.full(), given.shapes),
         count=count,
         shrunk=shrunk,
         meter=meter,
@@ -462,6 +497,14 @@ class Zeroed:
     slices: MaskSlices
     weights: dict[str, np.ndarray]
     unnamed: list[str]
+    # a streamed input's reference: its weights on disk (the zeroed ones in the spill file of
+    # `scratch`, which lives as long as this), the Source the shrink reads it as
+    source: Source | None = None
+    scratch: Scratch | None = None
+
+    @property
+    def shrink_input(self) -> onnx.ModelProto | Source:
+        return self.source if self.source is not None else self.reference
 
 
 def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts: ShrinkOptions) -> Zeroed:
@@ -469,18 +512,26 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
     chosen = [gset.groups[i] for p in plans for i in p.removed]
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({ask.criterion}, {ask.allocation})")
     members = gset.zeroed_members(chosen)
-    # given.proto is this call's own copy: the last reference may be made in it
-    reference = scored.builder.reference(plans, copy=scored.comp is not None or ask.target.kind != "ratio")
+    source = scratch = None
+    if scored.builder.model is given.proto and given.streamed:  # zeroed on disk, tensor by tensor
+        scratch = Scratch(given.source.store, None)
+        disk = Disk(str(given.source.base_dir), given.source.store, scratch.spill())
+        reference = zeroed_reference(given.proto, gset, alloc.members_of(gset, plans), copy=True, disk=disk)
+        disk.writer.close()
+        s = given.source
+        source = Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store)
+    else:  # given.proto is this call's own copy: the last reference may be made in it
+        reference = scored.builder.reference(plans, copy=scored.comp is not None or ask.target.kind != "ratio")
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
     framework = any(m.params for g in gset.groups for m in g.members)
     slices = mask_slices(reference, members, framework)
     comp = scored.comp
     weights, unnamed = comp_mod.framework_values(gset, scored.builder.values, comp) if comp is not None else ({}, [])
-    return Zeroed(chosen, members, reference, slices, weights, unnamed)
+    return Zeroed(chosen, members, reference, slices, weights, unnamed, source, scratch)
 
 
-def shrink_reference(reference: onnx.ModelProto, opts: ShrinkOptions, original: ModelStats) -> ShrinkResult:
+def shrink_reference(reference: onnx.ModelProto | Source, opts: ShrinkOptions, original: ModelStats) -> ShrinkResult:
     """The exact shrink of a prune's reference, an in-memory model whose zeros are the masks,
     nothing written; `before` is the unpruned input's `original`."""
     return shrink(reference, options=opts, input_stats=original)
@@ -509,7 +560,7 @@ def _shrink_and_write(
     try:
         _stage(zeroed, ask, staged)
         clock.lap("masks")
-        result = shrink_reference(zeroed.reference, shrink_opts, given.original)
+        result = shrink_reference(zeroed.shrink_input, shrink_opts, given.original)
         _check_removed(result, zeroed, ask, output, shrink_opts)
         clock.lap("shrink")  # its phases are the shrink's own timings
         cost = _priced(given, result, ask, opts, before, clock) if before is not None else None
@@ -520,7 +571,7 @@ def _shrink_and_write(
             as_input = Source(result.reference, data=given.source.data)
             save(result, as_input, output, shrink_opts.but(external_data=opts.external_data), given.original.file_bytes)
             if given.source.path is not None:
-                write_runtime_configs(result, given.source.path, given.proto, None, output, scored.gset)
+                write_runtime_configs(result, given.source.path, given.proto, given.source.base_dir, output, scored.gset)
             result.timings["save"] = time.perf_counter() - t0
         for path, tmp in staged.items():
             with file_access(path):

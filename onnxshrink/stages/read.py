@@ -102,11 +102,14 @@ class Source:
         return [self.path, *self.data] if self.path is not None else []
 
 
-def read_model(model: ModelLike) -> Source:
+def read_model(model: ModelLike | Source) -> Source:
     """The input model, checked; nodes that share a name are named apart, and the weights it
     computes from constants only (pruning hooks and parametrizations exported as they are) are
     stored as the weights they are (prepare.computed); in a copy of a ModelProto given: the
-    caller's is never changed."""
+    caller's is never changed. A `Source` is a model read already (a prune's reference, its
+    weights still on disk where the input's were): taken as it is."""
+    if isinstance(model, Source):
+        return model
     if isinstance(model, str | Path):
         path = Path(model)
         proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
@@ -165,7 +168,7 @@ class GivenMasks:
     name: str = "masks"
 
 
-def read(model: ModelLike, masks: MasksLike, output: str | Path | None, opts: ShrinkOptions) -> tuple[Source, GivenMasks]:
+def read(model: ModelLike | Source, masks: MasksLike, output: str | Path | None, opts: ShrinkOptions) -> tuple[Source, GivenMasks]:
     """The input model and the masks, each checked: an output that would overwrite the input,
     options the model contradicts, refused first."""
     source = read_model(model)
