@@ -1,0 +1,65 @@
+"""A large model's prune streams its weights (external data mapped, the zeroed ones spilled to
+disk, calibration in the proof's segments): the same groups, scores and output as the prune
+that reads the model into memory. The sizes that decide it are lowered, so that a tiny LLaMA
+takes the large model's path."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from models.llama import LlamaConfig, build
+from onnxshrink.io.model import Scratch
+from onnxshrink.io.weights import absolute
+from onnxshrink.proof import segment
+from onnxshrink.prune import prune, spill
+from onnxshrink.prune import run as prune_run
+
+
+def _tensors(path) -> dict[str, bytes]:
+    m = onnx.load(str(path))
+    return {t.name: numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
+
+
+def _streamed(monkeypatch) -> dict[str, int]:
+    """Take the large model's path however small the model; count the spill files made and
+    the calibration models cut into segments."""
+    counts = {"spills": 0, "cut": 0}
+    spill_file, split = Scratch.spill, segment.split
+
+    def counted_spill(self):
+        counts["spills"] += 1
+        return spill_file(self)
+
+    def counted_split(model, budget):
+        parts = split(model, budget)
+        counts["cut"] += bool(parts)
+        return parts
+
+    monkeypatch.setattr(prune_run, "in_memory", lambda size: False)
+    monkeypatch.setattr(spill, "SPILL_BYTES", 0)
+    monkeypatch.setattr("onnxshrink.proof.sessions.SEGMENT_BYTES", 64 * 1024)
+    monkeypatch.setattr(Scratch, "spill", counted_spill)
+    monkeypatch.setattr(segment, "split", counted_split)
+    return counts
+
+
+def test_a_streamed_prune_writes_what_the_prune_in_memory_writes(tmp_path, monkeypatch):
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig.preset("tiny", seed=3), path)
+    rng = np.random.default_rng(0)
+    feeds = [{"input_ids": rng.integers(0, 128, (1, 16)).astype(np.int64)} for _ in range(3)]
+    kw = dict(criterion="wanda", data=feeds, validate=False, price=False)
+    held = prune(path, 0.25, tmp_path / "held.onnx", **kw)
+    assert not any(absolute(t) for t in held.shrink.reference.graph.initializer)
+    counts = _streamed(monkeypatch)
+    streamed = prune(path, 0.25, tmp_path / "streamed.onnx", **kw)
+    # the groups' two checks and the reference zeroed on disk; the reference refers to its spill
+    assert counts["spills"] == 3
+    assert any(absolute(t) for t in streamed.shrink.reference.graph.initializer)
+    assert counts["cut"] == 1  # the calibration run in segments
+    assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
+    assert streamed.removed()  # (it pruned something)
+    assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
+    assert streamed.shrink.after.params == held.shrink.after.params < held.original.params
