@@ -891,8 +891,8 @@ def _verify_half(
                 g.exact = False
                 g.reason = f"{m.initializer} (axis {m.axis}) is kept when it is zeroed: {why}"
                 break
-    del graph, tensors, ks  # (cyclic: its spilled weights' maps go with the collector)
-    gc.collect()
+    # its spilled weights are mapped views of files deleted here: their pages are the page
+    # cache's (the maps go whenever the collector frees the graph, not worth a collection)
     scratch.discard_spills()
 
 
