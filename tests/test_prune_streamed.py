@@ -26,14 +26,14 @@ def _streamed(monkeypatch) -> dict[str, int]:
     """Take the large model's path however small the model; count the spill files made and
     the calibration models cut into segments."""
     counts = {"spills": 0, "cut": 0}
-    spill_file, split = Scratch.spill, segment.split
+    spill_file, cut = Scratch.spill, segment.pieces
 
     def counted_spill(self):
         counts["spills"] += 1
         return spill_file(self)
 
-    def counted_split(model, budget):
-        parts = split(model, budget)
+    def counted_pieces(model, budget):
+        parts = cut(model, budget)
         counts["cut"] += bool(parts)
         return parts
 
@@ -41,7 +41,7 @@ def _streamed(monkeypatch) -> dict[str, int]:
     monkeypatch.setattr(spill, "SPILL_BYTES", 0)
     monkeypatch.setattr("onnxshrink.proof.sessions.SEGMENT_BYTES", 64 * 1024)
     monkeypatch.setattr(Scratch, "spill", counted_spill)
-    monkeypatch.setattr(segment, "split", counted_split)
+    monkeypatch.setattr(segment, "pieces", counted_pieces)
     return counts
 
 
