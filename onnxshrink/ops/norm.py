@@ -487,15 +487,11 @@ def rms_chain(mean: gs.Tensor, reader: Reader) -> RmsChain | None:
         return None
     q = sqrt.outputs[0]
     step = _only_reader(q, ("Reciprocal", "Div"))
-    if step is None:
+    if step is None or (step.op == "Div" and step.inputs[1] is not q):
         return None
-    if step.op == "Div" and step.inputs[1] is q:  # x / sqrt(...)
+    if step.op == "Div" and not _is_one(step.inputs[0], reader):  # x / sqrt(...)
         z = step.outputs[0]
-    else:
-        if step.op == "Div":  # 1 / sqrt(...)
-            one = reader.value(step.inputs[0]) if isinstance(step.inputs[0], gs.Constant) else None
-            if one is None or np.size(one) != 1 or float(np.asarray(one).reshape(-1)[0]) != 1.0:
-                return None
+    else:  # Reciprocal or Div(1, .) (torch's rsqrt, as its legacy exporter writes it)
         mul = _only_reader(step.outputs[0], "Mul")
         if mul is None or _other(mul, step.outputs[0]) is None:
             return None
@@ -510,6 +506,12 @@ def rms_chain(mean: gs.Tensor, reader: Reader) -> RmsChain | None:
     if scale is None or scale.ndim != 1:
         return None
     return RmsChain(add, eps_at[0], gain, scale_at[0])
+
+
+def _is_one(t: gs.Tensor, reader: Reader) -> bool:
+    """Whether `t` is the constant scalar 1 (a reciprocal's numerator)."""
+    v = reader.value(t) if isinstance(t, gs.Constant) else None
+    return v is not None and np.size(v) == 1 and float(np.asarray(v).reshape(-1)[0]) == 1.0
 
 
 def rescale_rms(rw: RewriteView, mean: gs.Tensor, f: float) -> bool:

@@ -58,6 +58,23 @@ def decomposed_rms(i: int, x: str, div: bool = False) -> str:
   n{i} = Mul (G{i}, nz{i})"""
 
 
+def legacy_rms(i: int, x: str) -> str:
+    """As torch's legacy exporter writes LlamaRMSNorm: float32 statistics (a Cast), rsqrt as
+    Div(1, Sqrt) with Constant nodes for 1 and epsilon, the Cast back, then the scale."""
+    return f"""
+  xc{i} = Cast <to = 1> ({x})
+  p{i} = Pow (xc{i}, Two)
+  v{i} = ReduceMean <axes = [-1]> (p{i})
+  eps{i} = Constant <value = float {{1e-5}}> ()
+  ve{i} = Add (v{i}, eps{i})
+  sd{i} = Sqrt (ve{i})
+  one{i} = Constant <value = float {{1.0}}> ()
+  r{i} = Div (one{i}, sd{i})
+  nz{i} = Mul (xc{i}, r{i})
+  nc{i} = Cast <to = TENUM> (nz{i})
+  n{i} = Mul (G{i}, nc{i})"""
+
+
 def second(norm) -> str:
     return "s = Add (a, b)\n  " + norm(2, "s")
 
@@ -96,6 +113,7 @@ FORMS = {
         second(lambda i, x: decomposed_rms(i, x, div=True)),
         False, 17,
     ),
+    "decomposed RMSNorm, legacy rsqrt": (legacy_rms(1, "a"), second(legacy_rms), False, 17),
 }  # fmt: skip
 
 
@@ -103,13 +121,17 @@ def stream(form: str, dtype: str, init: str):
     """The model, and the zeros that are its masks."""
     norm1, norm2, centered, opset = FORMS[form]
     text = STREAM.replace("NORM1", norm1).replace("NORM2", norm2).replace("T[", f"{dtype}[")
+    text = text.replace("TENUM", "10" if dtype == "float16" else "1")
     text = text.replace("T Two", f"{dtype} Two").replace("T Eps", f"{dtype} Eps")
     if "Two" not in norm1:
         text = text.replace(f", {dtype} Two, {dtype} Eps", "")
+    elif "Eps" not in norm1:  # a Constant node's epsilon
+        text = text.replace(f", {dtype} Eps", "")
     if not centered:
         text = text.replace(f", {dtype}[8] Z1", "").replace(f", {dtype}[8] Z2", "")
     np_dtype = np.float16 if dtype == "float16" else np.float32
     values: dict = {"Two": np.asarray(2.0, np_dtype), "Eps": np.asarray(1e-5, np_dtype)}
+    values = {k: v for k, v in values.items() if f"{dtype} {k}" in text}
     if init == "default":  # unit scales, zero biases, one scale (and bias) for both norms
         values |= {"G1": np.ones(8, np_dtype), "Z1": np.zeros(8, np_dtype), "Bin": np.zeros(8, np_dtype)}
         values |= {"B1": np.zeros(8, np_dtype)}
@@ -199,6 +221,24 @@ def test_the_forms_used_are_in_the_report():
         ],
         "decomposed RMSNorm": [("normalization with epsilon and scale rescaled", 2)],
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("form", ["decomposed RMSNorm", "decomposed RMSNorm, legacy rsqrt"])
+def test_a_decomposed_rmsnorm_is_rescaled_in_place_with_no_node_added(form):
+    # rsqrt(mean + eps) as Reciprocal or Div(1, .): epsilon x d/(d-k), scale x sqrt(d/(d-k));
+    # not the mean's divisor kept by a Mul after it
+    model, _ = stream(form, "float", "random")
+    result = shrink(model, validate=False)
+    assert error_against(model, result.model) <= 1e-5
+    ops = sorted(n.op_type for n in model.graph.node if n.op_type != "Constant")
+    assert sorted(n.op_type for n in result.model.graph.node if n.op_type != "Constant") == ops
+    assert {(f.into, f.channels) for f in result.folds} == {("normalization with epsilon and scale rescaled", 2)}
+    from onnx import numpy_helper
+
+    values = {t.name: numpy_helper.to_array(t) for t in result.model.graph.initializer}
+    g1 = next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "G1")
+    kept = [c for c in range(8) if c not in CUT]
+    np.testing.assert_allclose(values["G1"], g1[kept] * np.sqrt(8 / 6), rtol=1e-6)  # x sqrt(d / (d - k))
 
 
 GROUPNORM = """
