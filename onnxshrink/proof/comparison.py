@@ -175,6 +175,7 @@ def compare(
     level = OFF if models.integer else default_level()
     ref_out, level = _reference_outputs(proof, runs, level, models.detail)
     noise, noise_out = _reference_noise(runs, level, models.outputs, ref_out, models.detail)
+    runs.release(0)
     models.detail += [_how_run(proof, level), runs.order()]
     tally = ErrorTally(models.outputs)
     new_out, failure = _run_shrunk(proof, models, runs, level, ref_out)
@@ -276,6 +277,22 @@ class _Runs:
         self.proof, self.models = proof, models
         self.parts = [pieces(m, segment_bytes(m)) for m in (models.reference, models.shrunk)]
         self.counts = [len(p) if p else 1 for p in self.parts]
+        # each model run whole is serialized once for all its sessions (the reference's weights
+        # are inline: 0.2 s a copy for ResNet-50's), and its bytes dropped after its last one
+        self.data: list[bytes | None] = [None, None]
+
+    def bytes_of(self, k: int) -> bytes | None:
+        """Model k's bytes for a session of it whole (made on first use); None in segments."""
+        if self.parts[k] or self.data[k] is not None:
+            return self.data[k]
+        from onnxshrink.proof.sessions import serialized
+
+        self.data[k] = serialized((self.models.reference, self.models.shrunk)[k])
+        return self.data[k]
+
+    def release(self, k: int) -> None:
+        """Model k has had its last session: its bytes are dropped."""
+        self.data[k] = None
 
     def reference(self, at: str, what: str) -> list[list[np.ndarray]]:
         """The reference's outputs on every feed, at graph optimization level `at`."""
@@ -297,7 +314,8 @@ class _Runs:
 
         opts, feeds, outputs = self.proof.opts, self.proof.feeds, self.models.outputs
         with bar(len(feeds) * self.counts[k], what, "run", opts.progress) as progress:
-            return run_model(model, feeds, outputs, opts.provider, data_dir, progress, self.parts[k], at)
+            parts, data = self.parts[k], self.bytes_of(k)
+            return run_model(model, feeds, outputs, opts.provider, data_dir, progress, parts, at, data)
 
 
 def _reference_outputs(
@@ -368,8 +386,9 @@ def _run_shrunk(
         _same_frontier_shapes(models.outputs, ref_out[0], new_out[0])
     refused = _refused_levels(
         models.reference, models.shrunk, proof.opts.provider, proof.reference_dir, proof.shrunk_dir, level,
-        max(runs.counts),
+        max(runs.counts), runs.bytes_of(1),
     )  # fmt: skip
+    runs.release(1)
     if refused is not None:
         failure, note = refused
         if failure:
@@ -521,14 +540,16 @@ def _refused_levels(
     shrunk_dir: str | Path | None,
     ran_at: str,
     segments: int,
+    data: bytes | None = None,
 ) -> tuple[str, str] | None:
     """Whether onnxruntime loads the shrunk model at every optimization level it loads the
     reference at: (the failure, or "" ; a note for the report). A model run in segments is
-    loaded at the level it ran at only (a segment is not the model the optimizer would see)."""
+    loaded at the level it ran at only (a segment is not the model the optimizer would see).
+    `data`: the shrunk model's bytes, as its run had them."""
     if segments > 1:
         return "", f"loaded at {ran_at} only (run in segments)"
     others = [lv for lv in levels() if lv != ran_at]
-    refused = refusals(new_model, provider, shrunk_dir, others)
+    refused = refusals(new_model, provider, shrunk_dir, others, data)
     if not refused:
         return None
     by_reference = refusals(ref_model, provider, reference_dir, list(refused))

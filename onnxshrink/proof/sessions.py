@@ -147,7 +147,11 @@ def session(
     threads = session_threads()
     if threads:
         so.intra_op_num_threads = so.inter_op_num_threads = threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # no thread spins waiting for work: the proof measures no latency, and on a shared machine
+    # spinning threads take the cores the others' work needs (ResNet-50's proof, loaded machine:
+    # see tools/bench_peer_prune.py)
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.__members__[level]
     so.use_deterministic_compute = True  # the same inputs give the same proof (and recovery)
     # a block-wise int4 DequantizeLinear -> MatMul fused into MatMulNBits multiplies in float32,
@@ -193,20 +197,25 @@ def run_model(
     progress=None,
     parts: list[Piece] | None = None,
     level: str = OFF,
+    data: bytes | None = None,
 ) -> list[list[np.ndarray]]:
     """`outputs` of `model` on each feed, with one session at a time: the whole model, or its
     segments in order when its weights exceed SEGMENT_BYTES (each run on every feed, its
     results kept, its session freed), at graph optimization `level`. RunFailed when
     onnxruntime cannot load or run it. `parts`: the segments, when already cut
-    (onnxshrink.proof.segment.pieces: each made when it runs, one piece's weights copied at a time)."""
+    (onnxshrink.proof.segment.pieces: each made when it runs, one piece's weights copied at a time).
+    `data`: the whole model as `serialized` made it (several runs of one model), when run whole."""
     from onnxshrink.proof.segment import Piece, pieces
 
     parts = parts or pieces(model, segment_bytes(model))
+    if parts:
+        data = None  # the bytes are the whole model's, not a segment's
     parts = parts or [Piece(lambda: model, [i.name for i in model.graph.input], outputs)]
     values = [dict(feed) for feed in feeds]
     for k, part in enumerate(parts):
         try:
-            sess = session(_inlined(part.model, own=len(parts) > 1), provider, data_dir, level)
+            run = model if data is not None else _inlined(part.model, own=len(parts) > 1)
+            sess = session(run, provider, data_dir, level, data)
         except ShrinkError:
             raise
         except Exception as exc:
@@ -228,12 +237,23 @@ def run_model(
     return [[v[o] for o in outputs] for v in values]
 
 
+def serialized(model: onnx.ModelProto) -> bytes | None:
+    """The bytes onnxruntime is given for `model` run whole (its spilled weights inline), made
+    once for several sessions of it; None past protobuf's 2 GB limit."""
+    return _serialized(_inlined(model, own=False))
+
+
 def refusals(
-    model: onnx.ModelProto, provider: str, data_dir: str | Path | None, at: Sequence[str]
+    model: onnx.ModelProto,
+    provider: str,
+    data_dir: str | Path | None,
+    at: Sequence[str],
+    data: bytes | None = None,
 ) -> dict[str, str]:
-    """The optimization levels of `at` at which onnxruntime refuses to load `model`, and why."""
+    """The optimization levels of `at` at which onnxruntime refuses to load `model`, and why
+    (`data`: its bytes from `serialized`, when already made)."""
     model = _inlined(model, own=False)
-    data = _serialized(model)
+    data = data if data is not None else _serialized(model)
     out = {}
     for level in at:
         try:
