@@ -396,13 +396,12 @@ def test_a_failed_proof_keeps_the_removals_responsible_and_writes_the_proven_res
     assert json.loads(report.read_text())["passed"] is False
 
 
-def test_recovery_keeps_back_only_the_wrong_removals_and_is_deterministic(monkeypatch):
-    """Filters of the first conv zeroed with their biases (removable) and of the second zeroed
-    alone (constant channels folded into B3, with a wrong value here): recovery keeps the folded
-    channels back, removes the others, and gives the same model, byte for byte, on every run."""
+def _folded_convs():
+    """Filters of the first conv zeroed with their biases, of the second zeroed alone (their
+    constant channels folded into B3)."""
     rng = np.random.default_rng(3)
     b2 = rng.uniform(0.1, 1.0, 16).astype(np.float32)  # positive: relu(b2) folded into B3
-    model = tiny(
+    return tiny(
         """g (float[1,8,8,8] x, float[16,8,3,3] W1, float[16] B1, float[16,16,1,1] W2, float[16] B2,
              float[8,16,1,1] W3, float[8] B3) => (float[1,8,8,8] y) {
              h = Conv<pads=[1,1,1,1]>(x, W1, B1)
@@ -415,6 +414,37 @@ def test_recovery_keeps_back_only_the_wrong_removals_and_is_deterministic(monkey
         values={"B2": b2},
         zero={"W1": np.s_[:4], "B1": np.s_[:4], "W2": np.s_[:6]},
     )
+
+
+def test_recovery_runs_the_reference_once_for_all_its_tries(monkeypatch):
+    # the reference and the inputs are the same in every try: its outputs and noise are reused
+    import onnxshrink.proof.comparison as comparison
+
+    calls = {"reference": 0, "proofs": 0}
+    run_reference, compare = comparison._reference_outputs, comparison.compare
+
+    def counted(*args):
+        calls["reference"] += 1
+        return run_reference(*args)
+
+    def proof(*args):
+        calls["proofs"] += 1
+        return compare(*args)
+
+    monkeypatch.setattr(comparison, "_reference_outputs", counted)
+    monkeypatch.setattr("onnxshrink.stages.attempt.compare", proof)
+    _wrong_fold(monkeypatch, 1e-3, "B3")
+    r = shrink(_folded_convs())
+    assert r.passed and {k["indices"] for k in r.kept_after_failed_proof} == {6}
+    assert calls["proofs"] >= 2 and calls["reference"] == 1
+
+
+def test_recovery_keeps_back_only_the_wrong_removals_and_is_deterministic(monkeypatch):
+    """Filters of the first conv zeroed with their biases (removable) and of the second zeroed
+    alone (constant channels folded into B3, with a wrong value here): recovery keeps the folded
+    channels back, removes the others, and gives the same model, byte for byte, on every run."""
+    rng = np.random.default_rng(3)
+    model = _folded_convs()
     _wrong_fold(monkeypatch, 1e-3, "B3")
     runs = [shrink(model) for _ in range(2)]
     layer1 = 8 * 9 + 1 + 16  # a W1 filter, its bias, a W2 column

@@ -129,6 +129,40 @@ class _Proof:
 
 
 @dataclass
+class _ReferenceRuns:
+    """The reference's outputs on `feeds` at `level`, its noise and the outputs that measured
+    it, and the notes they left for the report."""
+
+    feeds: list[dict[str, np.ndarray]]
+    outputs: list[str]
+    ref_out: list[list[np.ndarray]]
+    level: str
+    noise: dict[str, float | None]
+    noise_out: list[list[np.ndarray]] | None
+    notes: list[str]
+
+
+class KnownRuns:
+    """The reference's runs of one proof, for the next proof of the same reference (a
+    recovery's tries: the reference and its inputs are the same, only the shrunk model
+    differs), reused when the feeds and outputs are the same arrays; held by its caller, and
+    let go with it."""
+
+    def __init__(self) -> None:
+        self.runs: _ReferenceRuns | None = None
+
+    def of(self, feeds: list[dict[str, np.ndarray]], outputs: list[str]) -> _ReferenceRuns | None:
+        runs = self.runs
+        if runs is None or runs.outputs != outputs or len(runs.feeds) != len(feeds):
+            return None
+        same = all(
+            a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+            for a, b in zip(runs.feeds, feeds, strict=True)
+        )
+        return runs if same else None
+
+
+@dataclass
 class _Compared:
     """The two models as the proof runs them, `kind` the part ("full": whole), with `outputs`
     compared; `integer`: their quantized products computed in integers; `detail`: how, for the
@@ -151,6 +185,7 @@ def compare(
     twin: Callable[[], onnx.ModelProto] | None = None,
     judge_macs: float | None = None,
     kept: Mapping[str, Mapping[int, np.ndarray]] | None = None,
+    known: KnownRuns | None = None,
 ) -> ValidationReport:
     """Run both models on the given and random inputs as users run them (onnxruntime's default
     graph optimizations), one after the other (the reference's outputs kept, its session freed
@@ -163,7 +198,9 @@ def compare(
     rounding passes, or under a given rtol fails as rounding. `*_dir`: where each model's
     external data are. With `opts.validate_layers`, only the first blocks are compared (see
     onnxshrink.proof.segment.prefix), each on the indices the shrink kept (`kept`: per tensor
-    that lost indices, the kept mask of each such axis)."""
+    that lost indices, the kept mask of each such axis). `known`: the reference's runs of an
+    earlier proof of the same reference, reused by a whole proof on the same inputs (its runs
+    kept there for the next)."""
     proof = _Proof.of(reference, shrunk, opts or ShrinkOptions(), reference_dir, shrunk_dir)
     models = _compared(proof, kept or {})
     runs = _Runs(proof, models)
@@ -173,9 +210,8 @@ def compare(
     # steps with any change of float order (ResNet-50, QDQ: 0.1 between the levels for the
     # reference itself). Both models run with optimizations off; each still loads at every level.
     level = OFF if models.integer else default_level()
-    ref_out, level = _reference_outputs(proof, runs, level, models.detail)
-    noise, noise_out = _reference_noise(runs, level, models.outputs, ref_out, models.detail)
-    runs.release(0)
+    ref = _reference_runs(proof, models, runs, level, known)
+    ref_out, level, noise, noise_out = ref.ref_out, ref.level, ref.noise, ref.noise_out
     models.detail += [_how_run(proof, level), runs.order()]
     tally = ErrorTally(models.outputs)
     new_out, failure = _run_shrunk(proof, models, runs, level, ref_out)
@@ -186,6 +222,26 @@ def compare(
     report = _finished(proof.report(checks), proof, models, level)
     _judge_undecided(proof, models.kind, report, tally, ref_out, new_out, twin, judge_macs)
     return report
+
+
+def _reference_runs(
+    proof: _Proof, models: _Compared, runs: _Runs, level: str, known: KnownRuns | None
+) -> _ReferenceRuns:
+    """The reference's outputs as users run it and its noise: `known`'s when on the same
+    inputs (the same model, run again, gives the same arrays: deterministic compute), else run.
+    Not for a partial proof: its reference is narrowed to the indices each shrink kept."""
+    known = known if models.kind == "full" else None
+    ref = known.of(proof.feeds, models.outputs) if known is not None else None
+    if ref is None:
+        notes: list[str] = []
+        ref_out, level = _reference_outputs(proof, runs, level, notes)
+        noise, noise_out = _reference_noise(runs, level, models.outputs, ref_out, notes)
+        ref = _ReferenceRuns(proof.feeds, models.outputs, ref_out, level, noise, noise_out, notes)
+        if known is not None:
+            known.runs = ref
+    runs.release(0)
+    models.detail += ref.notes
+    return ref
 
 
 def _finished(report: ValidationReport, proof: _Proof, models: _Compared, level: str) -> ValidationReport:

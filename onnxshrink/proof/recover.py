@@ -19,11 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from onnxshrink.analyze import Analysis
 from onnxshrink.core.reasons import AxisKey
 from onnxshrink.proof.verdict import ValidationReport
 from onnxshrink.rewrite import RewriteResult
+
+if TYPE_CHECKING:
+    from onnxshrink.proof.comparison import KnownRuns
 
 # Tries beyond the first failure (each is a whole shrink and proof): enough for ddmin to isolate
 # a few culprits among thousands of axes; past it, the smallest passing set found so far is kept.
@@ -38,6 +42,7 @@ class Attempt:
     rewritten: RewriteResult | None
     report: ValidationReport | None
     error: str | None = None  # the rewrite failed (an InternalError, a model onnx rejects)
+    known: KnownRuns | None = None  # its proof's runs of the reference, for a recovery's tries
 
     @property
     def passed(self) -> bool:

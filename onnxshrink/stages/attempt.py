@@ -16,7 +16,7 @@ from onnxshrink.io.weights import DataWriter, WeightStore
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.progress import PhaseClock, bar
-from onnxshrink.proof.comparison import compare
+from onnxshrink.proof.comparison import KnownRuns, compare
 from onnxshrink.proof.inputs import resolve_shapes
 from onnxshrink.proof.recover import Attempt
 from onnxshrink.proof.verdict import ValidationReport
@@ -37,7 +37,8 @@ def first_attempt(
     if opts.validate:
         opts.say("validating with onnxruntime ...")
         if first.rewritten is not None:
-            first.report = prove(reference, source, first.rewritten, opts)
+            first.known = KnownRuns()  # the reference's runs, for a recovery's tries
+            first.report = prove(reference, source, first.rewritten, opts, known=first.known)
         clock.lap("validate")
     return first
 
@@ -79,9 +80,11 @@ def prove(
     opts: ShrinkOptions,
     pins: frozenset[AxisKey] = frozenset(),
     judge_macs: float | None = None,
+    known: KnownRuns | None = None,
 ) -> ValidationReport:
     """The proof of `rewritten` against `reference`; an output that fails it is judged in
-    float64 against the same shrink (`pins` alike) of the reference widened to float64."""
+    float64 against the same shrink (`pins` alike) of the reference widened to float64.
+    `known`: the reference's runs of an earlier proof of it (comparison.KnownRuns)."""
     shrunk_dir = rewritten.data_file.parent if rewritten.data_file is not None else None
 
     def twin() -> onnx.ModelProto:
@@ -99,11 +102,14 @@ def prove(
         # sliced reference hide from the ops the inputs they constrain
         whole = resolve_shapes(reference, opts.shapes())
         reference = sliced_interface(reference, rewritten.interface)
+        known = None  # another reference for each interface
         opts = opts.but(
             input_shapes=sliced_shapes(whole, rewritten.interface),
             inputs=sliced_feeds(opts.inputs, rewritten.interface),
         )
-    return compare(reference, rewritten.model, opts, source.base_dir, shrunk_dir, twin, judge_macs, rewritten.kept)
+    return compare(
+        reference, rewritten.model, opts, source.base_dir, shrunk_dir, twin, judge_macs, rewritten.kept, known
+    )
 
 
 def attempt(
@@ -112,13 +118,15 @@ def attempt(
     opts: ShrinkOptions,
     pins: frozenset[AxisKey],
     scratch: Scratch | None = None,
+    known: KnownRuns | None = None,
 ) -> Attempt:
     """A whole analysis, rewrite and proof, with some tensor axes kept whole (a try of recovery:
-    a failure is judged in float64 only when that is quick)."""
+    a failure is judged in float64 only when that is quick; `known`: the reference's runs of
+    the first proof)."""
     analysis = analyze_model(reference, source.base_dir, opts, pins, source.store)
     result = attempt_rewrite(analysis, reference, opts, scratch)
     if result.rewritten is not None:
-        result.report = prove(reference, source, result.rewritten, opts, pins, TRY_JUDGE_MACS)
+        result.report = prove(reference, source, result.rewritten, opts, pins, TRY_JUDGE_MACS, known)
     return result
 
 

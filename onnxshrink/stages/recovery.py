@@ -48,6 +48,7 @@ def recovered(
         run.recovery = _recover(first, reference, source, opts, scratch)
         run.outcome = run.recovery.attempt
         clock.lap("recover")
+    first.known = None  # the reference's runs: let go
     if run.outcome.rewritten is None:  # the rewrite failed even keeping every channel
         raise ValidationFailed(f"{run.outcome.failure()}; nothing was written.", None)
     if run.recovery is not None and run.outcome.passed:
@@ -73,7 +74,7 @@ def _recover(
         last = f"; the last took {seconds:.0f} s" if tries > 1 else ""
         opts.say(f"recovery: try {tries} (at most {BUDGET}), keeping {len(pins)} of {total} tensor axes whole{last} ...")
         t0 = time.perf_counter()
-        tried = attempts.attempt(reference, source, opts, pins, scratch)
+        tried = attempts.attempt(reference, source, opts, pins, scratch, first.known)
         seconds = time.perf_counter() - t0
         data = tried.rewritten.data_file if tried.rewritten else None
         if not tried.passed and tries > 1 and data is not None:
