@@ -491,9 +491,9 @@ def test_the_proof_runs_the_reference_at_the_default_level_and_off_and_the_shrun
     runs: list[tuple[bool, str]] = []
     real = proof_compare.run_model
 
-    def counting(model, feeds, outputs, provider, data_dir=None, progress=None, parts=None, level=sessions.OFF):
+    def counting(model, feeds, outputs, provider, data_dir=None, progress=None, parts=None, level=sessions.OFF, data=None):
         runs.append((_shrunk(model), level))
-        return real(model, feeds, outputs, provider, data_dir, progress, parts, level)
+        return real(model, feeds, outputs, provider, data_dir, progress, parts, level, data)
 
     monkeypatch.setattr(proof_compare, "run_model", counting)
     model = tiny(WIDE, seed=2, zero={"W1": np.s_[:8], "B1": np.s_[:8]})
