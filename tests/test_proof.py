@@ -705,7 +705,9 @@ def test_the_norms_rescaled_gains_are_judged_with_their_rounding_accounted_for(m
     assert result.validation.rounding() and params(result.model) < params(model)
     assert [t.dims[0] for t in result.model.graph.initializer if t.name == "g0"] == [26]
     (o,) = result.validation.outputs
-    assert o.rounding is True and o.float64 < 1e-12 and o.max_rel_error > 1e-8
+    # against the twin (gains rescaled in float64) exact; the shrunk model itself in float64
+    # differs by its gains' float32 rounding (a relative 6e-8 each), under one float32 epsilon
+    assert o.rounding is True and o.float64 < (1e-12 if twin else 2.0**-23) and o.max_rel_error > 1e-8
     assert ("its float64 twin" in o.judged) == twin
     assert ("its stored constants' rounding reaching" in o.judged) != twin
     _edit(monkeypatch, scaled("g1", 1e-4))

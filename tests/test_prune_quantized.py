@@ -595,8 +595,8 @@ def test_a_prune_whose_every_removal_is_kept_back_writes_nothing(tmp_path, monke
     from onnxshrink.proof.verdict import OutputCheck
     from onnxshrink.stages import attempt as api
 
-    def failing(reference, source, rewritten, opts, *more):
-        report = original(reference, source, rewritten, opts, *more)
+    def failing(reference, source, rewritten, opts, *more, **named):
+        report = original(reference, source, rewritten, opts, *more, **named)
         if params(rewritten.model) < params(reference):
             report.passed = False
             report.outputs = [OutputCheck("y", [1, 4, 6, 6], 1.0, 1.0, False)]
