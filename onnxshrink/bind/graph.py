@@ -13,7 +13,9 @@ weights are [out, in] (F.linear), conv weights as ONNX stores them.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +89,60 @@ def is_fused_batchnorm(node: onnx.NodeProto) -> bool:
     return rule is not None and "FuseBatchNorm" in rule
 
 
+_CALL = re.compile(r"^(.+)_(\d+)$")
+
+
+def framework_modules(modules: list[str | None], names: Iterable[str]) -> list[str | None]:
+    """The framework's path of each node's module, read against the parameter names the model
+    records (`names`: torch's exporters keep a parameter's state_dict name where they read it as
+    it is). Two things the legacy exporter's scopes say differently: a module called again is
+    scoped `cell_1`, `cell_2`, ... (one module, one parameter: `cell`), and the root module's own
+    attribute on the way to a submodule (a wrapper's `m.`) is not in the scope. Each is read as
+    the framework's only where the recorded names say so: `cell_1` is `cell` when the model
+    records parameters under `cell` and none under `cell_1`; a scope whose first part the model
+    records under exactly one prefix (`m.combine.bias` for scope `combine`) takes that prefix.
+    Elsewhere the scope stays as it is."""
+    owners = _owners(names)
+    prefix = {first: _prefix(first, owners) for first in {m.split(".")[0] for m in modules if m}}
+    out: list[str | None] = []
+    for m in modules:
+        if not m:
+            out.append(m)
+            continue
+        path = prefix[m.split(".")[0]].rstrip(".")
+        for part in m.split("."):
+            at = f"{path}.{part}" if path else part
+            call = _CALL.match(part)
+            base = (f"{path}.{call.group(1)}" if path else call.group(1)) if call else at
+            path = base if at not in owners and base in owners else at
+        out.append(path)
+    return out
+
+
+def _prefix(first: str, owners: set[str]) -> str:
+    """The path the model records a scope's first part under, when it is not a top-level
+    module of its own: the one recorded owner that ends in it (called again: in its base)."""
+    call = _CALL.match(first)
+    for part in (first, call.group(1)) if call else (first,):
+        found = {o[: -len(part)] for o in owners if o.endswith("." + part)}
+        if part in owners or len(found) > 1:
+            return ""
+        if found:
+            return found.pop()
+    return ""
+
+
+def _owners(names: Iterable[str]) -> set[str]:
+    """Every module path a recorded parameter name is under (`a.b.weight`: `a`, `a.b`); names
+    the exporter made (`onnx::MatMul_12`, `/conv/Constant_output_0`) are none."""
+    owners: set[str] = set()
+    for name in names:
+        parts = name.split(".")
+        if "/" not in name and "::" not in name and len(parts) > 1:
+            owners.update(".".join(parts[:k]) for k in range(1, len(parts)))
+    return owners
+
+
 def inside(module: str | None, scope: str) -> bool:
     """Is a node of `module` part of `scope` (the module itself or a submodule)?"""
     return module is not None and (module == scope or module.startswith(scope + "."))
@@ -139,10 +195,14 @@ class ModelIndex:
                 if init in self.inits:
                     self.sites[init].append(Site(k, i))
         self.modules = [module_of(n) for n in self.nodes]
+        # the modules as the framework names them (see `framework_modules`)
+        self.framework = framework_modules(self.modules, self.inits)
         self.scopes: dict[str, list[int]] = defaultdict(list)
-        for k, m in enumerate(self.modules):
+        for k, (m, f) in enumerate(zip(self.modules, self.framework, strict=True)):
             if m:
                 self.scopes[m].append(k)
+            if f and f != m:
+                self.scopes[f].append(k)  # a module's parameter binds at every call of it
         self._arrays: dict[str, np.ndarray] = {}
         self._store: WeightStore | None = None
 
@@ -173,7 +233,8 @@ class ModelIndex:
         return self.nodes[site.node]
 
     def module(self, site: Site) -> str | None:
-        return self.modules[site.node]
+        """The framework module whose parameter the site reads (every call of a module is it)."""
+        return self.framework[site.node]
 
     def constant_inputs(self, k: int) -> list[bool]:
         return [self.resolve(x) is not None for x in self.nodes[k].input]

@@ -461,7 +461,7 @@ class _Finder:
         k = self.node_of.get(node.outputs[0].name) if node.outputs else None
         if k is None:
             return []
-        module = self.index.modules[k] or ""
+        module = self.index.framework[k] or ""  # a module called again: the one module
         if not (module_of_dynamo_node(self.index.nodes[k]) or self.index.model.producer_name == "pytorch"):
             return []  # node names read as module paths only where torch's exporter wrote them
         handler, op = self.index.facts[k]
