@@ -97,6 +97,22 @@ def round_trip(module: nn.Module, shapes: list[tuple[int, ...]], tmp_path, same:
     return masks
 
 
+def test_an_lstm_cell_stepped_over_time_masks_weight_ih_and_weight_hh(tmp_path, capsys):
+    torch.manual_seed(0)
+    module = Stepped().eval()
+    masks = round_trip(module, [(2, 3, 8)], tmp_path, same=False)
+    # every step reads the one weight_hh; the prune zeroed 2 of its columns at some steps only,
+    # so its mask keeps them (a parameter has one mask), and says so
+    said = capsys.readouterr()
+    out = said.out + said.err
+    assert "'cell.weight_hh' is read at 3 places the prune zeroed differently" in out
+    assert "cell.weight" not in masks and not any("cell_" in k for k in masks)
+    # the hidden neurons of `up` go: its rows and bias, head's columns
+    assert {"up.weight", "up.bias", "head.weight"} <= set(masks)
+    assert int((masks["up.bias"] == 0).sum()) == 6
+    assert (masks["head.weight"][:, masks["up.bias"] == 0] == 0).all()
+
+
 def test_a_block_called_three_times_is_masked_as_its_one_parameter(tmp_path):
     torch.manual_seed(1)
     module = Thrice().eval()
@@ -127,3 +143,26 @@ def test_framework_modules_read_scopes_against_the_recorded_names():
     # a scope's first part recorded under two prefixes: left as it is
     assert framework_modules(["up"], ["a.up.weight", "b.up.weight"]) == ["up"]
 
+
+def test_one_name_for_two_tensors_of_different_shapes_names_neither():
+    """Two tensors given one parameter name (as the scopes once named an LSTMCell's weight_ih
+    and weight_hh `cell_1.weight`): each goes under onnx/ by its own name, with a note."""
+    from onnx import helper, numpy_helper
+
+    from onnxshrink.prune.groups import Member, ParamRef
+    from onnxshrink.prune.masks_out import mask_slices
+
+    inits = [numpy_helper.from_array(np.ones(s, np.float32), n) for n, s in (("a", (4, 3)), ("b", (4, 5)))]
+    model = helper.make_model(helper.make_graph([], "g", [], [], inits))
+
+    def member(name: str, shape: tuple[int, int], index: int) -> Member:
+        ref = ParamRef("cell_1.weight", 0, shape)
+        return Member(name, 0, np.array([index]), name, "Gemm", "weight", "out", [ref], name)
+
+    slices = mask_slices(model, [member("a", (4, 3), 1), member("b", (4, 5), 2)])
+    masks = slices.masks()
+    assert sorted(masks) == ["onnx/a", "onnx/b"]
+    assert masks["onnx/a"].shape == (4, 3) and masks["onnx/b"].shape == (4, 5)
+    assert [int(i) for i in np.flatnonzero(~masks["onnx/a"].all(axis=1))] == [1]
+    assert [int(i) for i in np.flatnonzero(~masks["onnx/b"].all(axis=1))] == [2]
+    assert slices.notes == ["'cell_1.weight' names tensors of different shapes (a, b): no mask under it"]

@@ -128,3 +128,5 @@ def say_prune_written(result: Any, args: argparse.Namespace, say: Say) -> None:
         )
     for name in result.skipped_masks:
         say(f"[W] no mask written for shared initializer {name!r}: no parameter name recorded")
+    for note in result.slices.notes if args.masks_out else []:
+        say(f"[W] --masks-out: {note}")

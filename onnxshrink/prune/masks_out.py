@@ -23,10 +23,12 @@ from onnxshrink.prune.spill import zero_slice
 # ---------------------------------------------------------------------- masks out
 @dataclass
 class MaskSlices:
-    """The slices the masks zero, per (name, shape) and axis, and the initializers left out."""
+    """The slices the masks zero, per (name, shape) and axis, the initializers left out, and
+    what was done with a parameter the model reads at several places (`notes`)."""
 
     zeroed: dict[tuple[tuple[str, tuple[int, ...]], int], np.ndarray]
     skipped: list[str]
+    notes: list[str] = field(default_factory=list)
     _made: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     def masks(self) -> dict[str, np.ndarray]:
@@ -40,7 +42,13 @@ class MaskSlices:
         return self._made
 
 
-def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool = True) -> MaskSlices:
+Key = tuple[tuple[str, tuple[int, ...]], int]  # ((name, shape), axis)
+Slice = tuple[tuple[str, tuple[int, ...]], int, np.ndarray]
+
+
+def mask_slices(
+    model: onnx.ModelProto, members: list[Member], framework: bool = True, untied: Mapping[str, str] | None = None
+) -> MaskSlices:
     """What the 0/1 masks of the zeroed slices are, as a framework state dict: under the
     framework parameter names the exporter recorded (in the framework's layout), and nothing
     else. A slice of a tensor with no framework name (a graph-only constant: an LSTM's packed
@@ -48,22 +56,71 @@ def mask_slices(model: onnx.ModelProto, members: list[Member], framework: bool =
     its own, `onnx/NAME`, which a strict loader drops and onnxshrink reads back; in a model that
     records no framework names at all (`framework` False: paddle2onnx, tf2onnx, spox exports)
     the tensors' names are the only names, and stand alone. An initializer several nodes share
-    with no parameter name for its slice is listed as skipped (its name would mask every reader)."""
+    with no parameter name for its slice is listed as skipped (its name would mask every reader).
+
+    One name, one tensor: a name the members give two shapes (two tensors the exporter's
+    scopes would name alike) names neither; each goes under `onnx/` by its own name. A
+    parameter the model reads at several places (a module called again; `untied`: each
+    analysis copy of a shared initializer -> the initializer) is one parameter: its mask zeroes
+    what every place zeroed, and a place that kept a slice keeps it (said in `notes`)."""
     shapes = {t.name: tuple(t.dims) for g in ir.all_graphs(model.graph) for t in g.initializer}
-    skipped: set[str] = set()
-    slices: list[tuple[tuple[str, tuple[int, ...]], int, np.ndarray]] = []
-    shared = {m.initializer for m in members if m.tensor != m.initializer}
     section = ONNX_SECTION if framework else ""
+    clashes = _clashes(members)
+    skipped: set[str] = set()
+    named: list[tuple[Member, Slice]] = []
+    slices: list[Slice] = []
+    shared = {m.initializer for m in members if m.tensor != m.initializer}
     for m in members:
-        for p in m.params:
-            slices.append(((p.name, p.shape), p.axis, m.indices))
-        if m.params:
+        params = [p for p in m.params if p.name not in clashes]
+        named += [(m, ((p.name, p.shape), p.axis, m.indices)) for p in params]
+        if params:
             continue
         if m.initializer not in shared and m.initializer in shapes:
             slices.append(((section + m.initializer, shapes[m.initializer]), m.axis, m.indices))
         else:
             skipped.add(m.initializer)
-    return MaskSlices(gather_slices(slices), sorted(skipped))
+    agreed, notes = _agreed(named, untied or {})
+    notes += [f"{name!r} names tensors of different shapes ({clashes[name]}): no mask under it" for name in sorted(clashes)]
+    return MaskSlices({**gather_slices(slices), **agreed}, sorted(skipped), notes)
+
+
+def _clashes(members: list[Member]) -> dict[str, str]:
+    """The parameter names the members give tensors of more than one shape, with the tensors."""
+    seen: dict[str, dict[tuple[int, ...], set[str]]] = {}
+    for m in members:
+        for p in m.params:
+            seen.setdefault(p.name, {}).setdefault(p.shape, set()).add(m.initializer)
+    return {n: ", ".join(sorted(t for ts in s.values() for t in ts)) for n, s in seen.items() if len(s) > 1}
+
+
+def _agreed(named: list[tuple[Member, Slice]], untied: Mapping[str, str]) -> tuple[dict[Key, np.ndarray], list[str]]:
+    """Each named slice's indices zeroed at every place that reads its tensor: the places of an
+    initializer are itself and its untied copies."""
+    places: dict[str, set[str]] = {}
+    for copy, base in untied.items():
+        places.setdefault(base, {base}).add(copy)
+    per: dict[Key, dict[str, list[np.ndarray]]] = {}
+    readers: dict[Key, set[str]] = {}
+    for m, (key, axis, idx) in named:
+        per.setdefault((key, axis), {}).setdefault(m.tensor, []).append(idx)
+        readers.setdefault((key, axis), set()).update(places.get(m.initializer, {m.tensor}))
+    out: dict[Key, np.ndarray] = {}
+    notes: list[str] = []
+    for k, by_place in per.items():
+        sets = [np.unique(np.concatenate(v)) for v in by_place.values()]
+        common = sets[0]
+        for s in sets[1:]:
+            common = np.intersect1d(common, s)
+        if len(by_place) < len(readers[k]):
+            common = common[:0]  # a place that zeroed nothing of it
+        if any(len(s) != len(common) for s in sets) or len(by_place) < len(readers[k]):
+            notes.append(
+                f"{k[0][0]!r} is read at {len(readers[k])} places the prune zeroed differently: "
+                f"its mask zeroes the {len(common)} slice(s) of axis {k[1]} all of them zeroed"
+            )
+        if len(common):
+            out[k] = common
+    return out, notes
 
 
 def stage_masks(masks: Mapping[str, np.ndarray], path: str | Path) -> Path:

@@ -525,7 +525,7 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
     # masks were left out as if shared
     framework = any(m.params for g in gset.groups for m in g.members)
-    slices = mask_slices(reference, members, framework)
+    slices = mask_slices(reference, members, framework, gset.untied)
     comp = scored.comp
     weights, unnamed = comp_mod.framework_values(gset, scored.builder.values, comp) if comp is not None else ({}, [])
     return Zeroed(chosen, members, reference, slices, weights, unnamed, source, scratch)
