@@ -381,19 +381,27 @@ def framework_masks(model: Any, masks: dict[str, Any], names: set[str]) -> tuple
 
     consts = {t.name for t in model.graph.initializer} | {
         n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.output}
+    import re
+
     modules: dict[str, list[Any]] = {}
     for n in model.graph.node:
         mod = _dynamo_module(n) or _legacy_module(n.name)
         if mod:
             modules.setdefault(mod, []).append(n)
+            # a module called again is scoped `cell_1`, `mlp.0_2`: the same module
+            called = ".".join(re.sub(r"_\d+$", "", part) for part in mod.split("."))
+            if called != mod:
+                modules.setdefault(called, []).append(n)
     out: dict[str, Any] = {}
     problems: list[str] = []
     for key, mask in masks.items():
         if key in names or "." not in key:
             continue
         mod, param = key.rsplit(".", 1)
+        parts = mod.split(".")  # a wrapper's attribute (`m.`) the scopes leave out
+        scope = next((".".join(parts[i:]) for i in range(len(parts)) if ".".join(parts[i:]) in modules), mod)
         found = []
-        for n in modules.get(mod, []):
+        for n in modules.get(scope, []):
             slot = _PARAM_SLOTS.get(param, {}).get(n.op_type, -1)
             if slot is None:  # an Add: the constant it reads
                 slot = next((i for i, x in enumerate(n.input) if x in consts), -1)
@@ -402,10 +410,13 @@ def framework_masks(model: Any, masks: dict[str, Any], names: set[str]) -> tuple
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
             flip = param == "weight" and (n.op_type == "MatMul" or (n.op_type == "Gemm" and not attrs.get("transB", 0)))
             found.append((n.input[slot], mask.T if flip and mask.ndim == 2 else mask))
+        found = list({t: (t, m) for t, m in found}.values())  # every call reads the one tensor
         if len(found) != 1:
-            problems.append(f"{key}: framework name that {len(found)} node(s) of module {mod} answer to")
+            problems.append(f"{key}: framework name that {len(found)} tensor(s) of module {mod} answer to")
             continue
         out[found[0][0]] = np.asarray(found[0][1])
+        if scope != mod and not any(t.startswith(mod + ".") for t in names):
+            problems.append(f"{key}: the model records no parameter under {mod} (the scopes say {scope})")
         prefixed = sorted(t for t in names if t.endswith("." + mod + "." + param.replace("weight", "bias")))
         if prefixed and not any(t.startswith(mod + ".") for t in names):
             problems.append(f"{key}: the model records this module's parameters as {prefixed[0]}")
