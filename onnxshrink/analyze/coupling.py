@@ -9,9 +9,13 @@ tensor axis: a component is a set of indices that can only be removed together.
 
 Where the closure reads an axis whole (`pin`), its components cannot be removed; the reasons are
 kept (a normalization over the axis, a graph input or output, an unsupported op). A reshape's
-flat index space is cut into units along its outermost axis (a head of head_dim channels, a
-conv channel of H*W flattened features, a K/V head with the query heads that read it); its
-inner axes are not units.
+index space is cut into units along the outermost factor of its two shapes' common refinement
+that is not read whole (a head of head_dim channels, a conv channel of H*W flattened features, a
+K/V head with the query heads that read it); its inner axes are not units. Factors read whole
+are skipped: an axis pinned, or whose indices are slots each picked out by a constant scalar
+Gather (the q, k, v thirds of a packed projection: its heads are the units), and a batch factor
+merged before heads ([T, B, E] -> [T, B*H, hd]): the heads are then carried by period, and a
+later B*H -> [B, H] split is cut by heads, not by batch.
 """
 
 from __future__ import annotations
@@ -34,6 +38,18 @@ class _Block:
     site: gs.Node
 
 
+Digit = tuple[int, int]  # (stride, size): the digit (i // stride) % size of an axis's index i
+
+
+@dataclass
+class _Factor:
+    """One factor of a block's common refinement: its size, and on each side the axis that holds
+    it as (key, the axis's size, the factor's stride within the axis)."""
+
+    size: int
+    at: list[tuple[AxisKey, int, int]]
+
+
 class CouplingLog:
     """The ties and pins the keep closure's handlers declared (each recorded once)."""
 
@@ -49,6 +65,7 @@ class CouplingLog:
         self.blocks: dict[tuple[tuple[AxisKey, ...], tuple[AxisKey, ...]], _Block] = {}  # by its sides
         self.pins: dict[AxisKey, list[Reason]] = defaultdict(list)
         self.normalized: set[AxisKey] = set()  # axes a LayerNorm/RMSNorm normalizes
+        self.selected: set[AxisKey] = set()  # axes a constant scalar Gather picks slots from
 
     def _axis(self, name: str, axis: int, size: int | None) -> AxisKey | None:
         if size is None or size < 1:
@@ -68,6 +85,11 @@ class CouplingLog:
         key = self._axis(name, axis, size)
         if key is not None:
             self.normalized.add(key)
+
+    def selects(self, name: str, axis: int, size: int | None) -> None:
+        key = self._axis(name, axis, size)
+        if key is not None:
+            self.selected.add(key)
 
     def same(self, n1: str, a1: int, n2: str, a2: int, size: int, meet: gs.Node | None) -> None:
         k1, k2 = self._axis(n1, a1, size), self._axis(n2, a2, size)
@@ -162,7 +184,7 @@ class Partition:
             link(k1, np.arange(len(idx)), k2, idx)
         for (k1, k2), (i1, i2) in log.paired.items():
             link(k1, i1, k2, i2)
-        whole = _pinned_whole(log) if blocks else set()
+        whole = _whole_digits(log, blocks) if blocks else {}
         for b in blocks:
             self._cut_block(b, link, inner_pins, whole)
         a = np.concatenate(edges_a) if edges_a else np.zeros(0, np.int64)
@@ -185,17 +207,29 @@ class Partition:
                     self.meets[int(comp)].append(meet)
 
     @staticmethod
-    def _cut_block(b: _Block, link, inner_pins: dict[AxisKey, Reason], whole: set[AxisKey]) -> None:
-        """Units along a reshape: a flat axis is cut along the other side's outermost axis (size-1
-        axes aside, and axes an op reads whole: a recurrent layer's directions before its
-        hidden units); the inner axes are not units. Two multi-axis sides: no units at all."""
-        sides = [
-            [(k, n) for k, n in zip(keys, ns, strict=True) if n > 1]
-            for keys, ns in zip(b.sides, b.sizes, strict=True)
-        ]
-        flat = [s for s in sides if len(s) == 1]
-        if not all(sides):
+    def _cut_block(
+        b: _Block, link, inner_pins: dict[AxisKey, Reason], whole: dict[AxisKey, set[Digit]]
+    ) -> None:
+        """Units along a reshape: its index space is cut along the outermost factor of the two
+        shapes' common refinement that is not read whole (`_is_whole`; else the innermost);
+        every axis holding that factor maps its indices to the factor's digit (a batch factor
+        before it carries the units by period); axes inside it are not units. Shapes whose
+        sizes do not nest: no units at all."""
+        factors = _refine(b)
+        if factors is None:
+            for keys in b.sides:
+                for k in keys:
+                    inner_pins[k] = Reason(
+                        "structure", b.site.name, b.site.op, "a reshape between two shapes whose sizes do not nest"
+                    )
+            return
+        if not factors:
             return  # everything is size 1
+        u = next((f for f in factors if not _is_whole(f, whole)), factors[-1])
+        anchor, _, a_stride = u.at[-1]
+        for k, n, stride in u.at:
+            r = np.arange(n)
+            link(k, r, anchor, ((r // stride) % u.size) * a_stride)
         why = Reason(
             "structure",
             b.site.name,
@@ -203,21 +237,9 @@ class Partition:
             "it is an inner axis of a reshape (e.g. the head dims of heads x head dims): "
             "units are whole blocks of the outer axis",
         )
-        if not flat:
-            for s in sides:
-                for k, _ in s:
-                    inner_pins[k] = Reason(
-                        "structure", b.site.name, b.site.op, "a reshape between two multi-axis shapes"
-                    )
-            return
-        (fk, fn), = flat[0]
-        other = sides[1] if sides[0] is flat[0] else sides[0]
-        at = next((j for j, (k, _) in enumerate(other[:-1]) if k not in whole), len(other) - 1)
-        (ok, on), inner = other[at], other[at + 1 :]
-        block = fn // int(np.prod([n for _, n in other[: at + 1]]))
-        r = np.arange(fn)
-        link(fk, r, ok, (r // block) % on)
-        for k, _ in inner:
+        inside = factors[factors.index(u) + 1 :]
+        held = {k for f in factors[: factors.index(u) + 1] for k, _, _ in f.at}
+        for k in {k for f in inside for k, _, _ in f.at} - held:
             inner_pins[k] = why
 
     def of(self, key: AxisKey) -> np.ndarray:
@@ -232,20 +254,96 @@ class Partition:
         return [r for r in reasons if r != LIVE] + [r for r in reasons if r == LIVE]
 
 
-def _pinned_whole(log: CouplingLog) -> set[AxisKey]:
-    """The axes pinned whole: pinned, or tied index for index (`equal`) to one that is."""
+def _tied_classes(log: CouplingLog) -> dict[AxisKey, list[AxisKey]]:
+    """Each axis tied index for index (`equal`) to others: the axes of its class."""
     near: dict[AxisKey, list[AxisKey]] = defaultdict(list)
     for k1, k2 in log.equal:
         near[k1].append(k2)
         near[k2].append(k1)
-    seen = {k for k, reasons in log.pins.items() if reasons}
-    todo = list(seen)
-    while todo:
-        for k in near.get(todo.pop(), []):
-            if k not in seen:
-                seen.add(k)
-                todo.append(k)
-    return seen
+    classes: dict[AxisKey, list[AxisKey]] = {}
+    for start in near:
+        if start in classes:
+            continue
+        members, todo = [start], [start]
+        classes[start] = members
+        while todo:
+            for k in near[todo.pop()]:
+                if k not in classes:
+                    classes[k] = members
+                    members.append(k)
+                    todo.append(k)
+    return classes
+
+
+def _whole_digits(log: CouplingLog, blocks: list[_Block]) -> dict[AxisKey, set[Digit]]:
+    """The digits of each axis that are read whole: every index of an axis pinned, or whose
+    slots constant scalar Gathers pick out, or tied index for index to one; and, across a
+    reshape, a factor read whole that is part of a wider axis on the other side (a batch merged
+    with heads), tied on likewise."""
+    classes = _tied_classes(log)
+    whole: dict[AxisKey, set[Digit]] = {}
+
+    def add(key: AxisKey, digit: Digit) -> bool:
+        fresh = False
+        for k in classes.get(key, [key]):
+            have = whole.setdefault(k, set())
+            fresh |= digit not in have
+            have.add(digit)
+        return fresh
+
+    for key in [k for k, reasons in log.pins.items() if reasons] + sorted(log.selected):
+        add(key, (1, log.sizes[key]))
+    refined = [f for f in (_refine(b) for b in blocks) if f]
+    changed = True
+    while changed:
+        changed = False
+        for factors in refined:
+            for f in (f for f in factors if _is_whole(f, whole)):
+                for k, n, stride in f.at:
+                    if f.size < n:
+                        changed |= add(k, (stride, f.size))
+    return whole
+
+
+def _is_whole(f: _Factor, whole: dict[AxisKey, set[Digit]]) -> bool:
+    """Is factor `f` read whole: on some side, a whole digit covers it, where the digit is a
+    part of its axis or `f` is the whole axis (an axis read whole tells nothing about which of
+    several factors it holds would be units)."""
+    for k, n, stride in f.at:
+        for s, m in whole.get(k, ()):
+            if s <= stride and stride * f.size <= s * m and (m < n or f.size == n):
+                return True
+    return False
+
+
+def _refine(b: _Block) -> list[_Factor] | None:
+    """The common refinement of a block's two shapes (size-1 axes aside), outermost factor
+    first: every boundary between axes of either side is one between factors. None when the
+    sizes do not nest (a boundary of one side falls inside a factor of the other)."""
+    spans: list[list[tuple[AxisKey, int, int]]] = []  # per side: (key, size, stride), innermost first
+    bounds: set[int] = set()
+    for keys, ns in zip(b.sides, b.sizes, strict=True):
+        stride, span = 1, []
+        for k, n in reversed([(k, n) for k, n in zip(keys, ns, strict=True) if n > 1]):
+            span.append((k, n, stride))
+            bounds.add(stride)
+            stride *= n
+        bounds.add(stride)
+        spans.append(span)
+    edges = sorted(bounds)
+    if any(hi % lo for lo, hi in zip(edges, edges[1:], strict=False)):
+        return None
+    factors = []
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        at = []
+        for span in spans:
+            holder = next((x for x in span if x[2] <= lo and hi <= x[2] * x[1]), None)
+            if holder is None:
+                return None  # the two sides' sizes differ
+            k, n, s = holder
+            at.append((k, n, lo // s))
+        factors.append(_Factor(hi // lo, at))
+    return factors[::-1]
 
 
 def _components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -427,6 +427,13 @@ class KeepState:
         if self.log is not None:
             self.log.normalizes(t.name, axis, self.size(t, axis))
 
+    def selects(self, t: gs.Tensor, axis: int) -> None:
+        """Records (for the coupled groups) that a constant scalar index picks one index of `t`'s
+        axis out (a Gather of slot q, k or v of a packed projection): its indices are slots,
+        each read by itself, not units. Keeps nothing."""
+        if self.log is not None:
+            self.log.selects(t.name, axis, self.size(t, axis))
+
     def claim(self, node: gs.Node, i: int) -> None:
         """The handler uses shape-valued input i as a size and constrains what it refers to."""
         self._claimed.add((id(node), i))

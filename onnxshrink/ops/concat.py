@@ -554,6 +554,7 @@ class Gather(Handler):
             idx = np.where(idx < 0, idx + n, idx)
             if idx.ndim == 0:
                 ks.need(x, axis, [int(idx)])
+                ks.selects(x, axis)
             else:  # the index's one axis of more than one entry (as_strided's [1, C, 1, 1])
                 for k in range(idx.ndim):
                     if k != along:

@@ -275,6 +275,15 @@ def _cuts(query_ranks: bool) -> tuple[str, ...]:
     return ("head",) if query_ranks else ("kv_group",)
 
 
+def _read_width(members: list[Member], d: int) -> int:
+    """A head's width as the linear layers reading it see it (their columns of it), when they
+    agree and it divides the `d` rows each producer holds (a packed Q/K/V projection holds a
+    head's rows in each of its slots); else `d`."""
+    widths = {len(m.indices) for m in members if m.side == "in" and m.matrix}
+    w = widths.pop() if len(widths) == 1 else d
+    return w if w < d and d % w == 0 else d
+
+
 class _Finder:
     def __init__(
         self, analysis: Analysis, part: Partition, index: ModelIndex, untied: dict[str, str], query_ranks: bool
@@ -576,7 +585,7 @@ class _Finder:
                 return Unit("kv_group", d, head_dim=d, query_heads=counts[-1] // d)
             if self._gated(comp, handlers):  # a quantization block of gated neurons (MatMulNBits)
                 return Unit("gated_neuron", d)
-            return Unit("head", d, head_dim=d)
+            return Unit("head", d, head_dim=_read_width(members, d))
         if comp in self.part.normalized:
             return Unit("width", 1)
         if producers and families == {"linear"}:
