@@ -473,18 +473,20 @@ def test_the_time_line_holds_every_phase_of_a_prune_and_they_sum_to_its_wall_tim
 
 
 def test_a_prune_on_a_terminal_counts_its_long_phases_and_is_quiet_with_q(tmp_path):
-    """The groups' verification and the sensitivity runs show bars with counts on a terminal
-    (the sensitivity: one run per family and ratio measured, 2 families here); -q shows none."""
+    """The groups' verification, the sensitivity runs and the price show bars with counts on a
+    terminal (the sensitivity: one run per family and ratio measured, 2 families here; the
+    price: one input here); -q shows none."""
     from conftest import cli_on_terminal
 
     model = tiny(UNEVEN, seed=21)
     onnx.save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=np.random.default_rng(4).standard_normal((1, 16, 8, 8)).astype(np.float32))
-    argv = ["m.onnx", "--prune", "0.25", "--allocation", "sensitivity", "--inputs", "c.npz", "--no-price", "-o", "s.onnx"]
+    argv = ["m.onnx", "--prune", "0.25", "--allocation", "sensitivity", "--inputs", "c.npz", "-o", "s.onnx"]
     code, printed, shown = cli_on_terminal(*argv, cwd=tmp_path)
     assert code == 0, shown
     assert len(re.findall(r"^\[I\] sensitivity \d/2: ", printed, re.M)) == 2
     assert re.search(r"groups: verifying by zeroing them: +\d+%\|[^|]*\| [0-2]/2 \[", shown)
     assert re.search(r"sensitivity: +\d+%\|[^|]*\| \d+/\d+ \[", shown)
+    assert re.search(r"price: the input and the pruned model: +\d+%\|[^|]*\| [01]/1 \[", shown)
     code, printed, shown = cli_on_terminal(*argv, "-q", cwd=tmp_path)
     assert code == 0 and printed == "" and shown == ""

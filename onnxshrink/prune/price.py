@@ -172,11 +172,13 @@ def price_input(
     return PriceInput(untouched, feeds, label, known, meter)
 
 
-def measure(given: PriceInput, pruned: onnx.ModelProto) -> Price:
+def measure(given: PriceInput, pruned: onnx.ModelProto, progress: bool = False) -> Price:
     """The input's and the pruned model's outputs on the same inputs, compared, and both
     latencies (the CPU provider, all of onnxruntime's optimizations, as a deployment runs them).
     The two run feed by feed in turns; after the first (the sessions' slow first runs), each
-    pair on inputs of the latency feed's shapes is timed as one round of the latency's."""
+    pair on inputs of the latency feed's shapes is timed as one round of the latency's.
+    `progress`: a bar counting the inputs, on a terminal."""
+    from onnxshrink.progress import bar
     from onnxshrink.prune.calibrate import run_feeds
     from onnxshrink.prune.targets import LatencyMeter
 
@@ -188,17 +190,19 @@ def measure(given: PriceInput, pruned: onnx.ModelProto) -> Price:
     before: list[dict[str, np.ndarray]] = list(given.outputs or [])
     after: list[dict[str, np.ndarray]] = []
     rounds: tuple[list[float], list[float]] = ([], [])
-    for k, feed in enumerate(given.feeds):
-        pair = []
-        for sess, outputs in ((base, before), (candidate, after)):
-            if sess is base and given.outputs is not None:
-                continue
-            t0 = time.perf_counter()
-            outputs.extend(run_feeds(sess, [feed], names, "inputs"))
-            pair.append((time.perf_counter() - t0) * 1e3)
-        if len(pair) == 2 and k > 0 and _same_shapes(feed, meter.feed):
-            rounds[0].append(pair[0])
-            rounds[1].append(pair[1])
+    with bar(len(given.feeds), "price: the input and the pruned model", "input", progress) as shown:
+        for k, feed in enumerate(given.feeds):
+            pair = []
+            for sess, outputs in ((base, before), (candidate, after)):
+                if sess is base and given.outputs is not None:
+                    continue
+                t0 = time.perf_counter()
+                outputs.extend(run_feeds(sess, [feed], names, "inputs"))
+                pair.append((time.perf_counter() - t0) * 1e3)
+            if len(pair) == 2 and k > 0 and _same_shapes(feed, meter.feed):
+                rounds[0].append(pair[0])
+                rounds[1].append(pair[1])
+            shown.update(1)
     result = Price(given.label, compare_outputs(before, after))
     result.latency_before_ms, result.latency_after_ms = meter.compare(candidate, given.outputs is None, rounds)
     result.threads = meter.threads

@@ -647,7 +647,7 @@ def _priced(
     was before anything was zeroed (`before`), on the same inputs."""
     opts.say("measuring the price ...")
     try:
-        cost = measure(before, result.model)
+        cost = measure(before, result.model, opts.progress)
     except Exception as exc:  # ops onnxruntime cannot run (--no-validate)
         if isinstance(exc, ShrinkError) and ask.held_out:
             raise  # the user's held-out inputs the pruned model cannot run on
