@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import error_against, params, tiny, with_masks
+from test_reports import PADDED
 
 from onnxshrink import shrink
 from onnxshrink.cli import main
@@ -15,14 +16,7 @@ from onnxshrink.cli import main
 # Filters 1 and 3 of W1 zeroed, their biases positive: constant channels relu(b) > 0 that the
 # shrink folds into W2's consumer with a border correction (zero padding at the borders). On a
 # model this small the correction's nodes outweigh the 2 filters removed: it would grow.
-PADDED = """
-g (float[1,3,8,8] x, float[6,3,3,3] W1, float[6] B1, float[4,6,3,3] W2, float[4] B2)
-  => (float[1,4,8,8] y) {
-  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
-  r = Relu(h)
-  y = Conv<pads=[1,1,1,1]>(r, W2, B2)
-}
-"""
+# (test_reports' PADDED, whose report of that growth is tested there.)
 B1 = np.asarray([0.3, 0.7, -0.2, 1.1, 0.5, -0.4], np.float32)
 ZEROED = [1, 3]
 
