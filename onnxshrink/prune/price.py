@@ -6,7 +6,6 @@ before and after, measured (targets.LatencyMeter)."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -144,12 +143,6 @@ def price_feeds(
     return drawn, "random inputs (no --inputs given: a poor stand-in for your data)"
 
 
-def weight_bytes(model: onnx.ModelProto) -> int:
-    return sum(
-        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in model.graph.initializer
-    )
-
-
 def price_input(
     given: onnx.ModelProto,
     untouched: str | onnx.ModelProto,
@@ -163,6 +156,7 @@ def price_input(
     already (the calibration's outputs on them, a latency meter). A model whose weights the
     proof runs in segments is not priced (sessions of it and of the pruned model would not fit
     where the proof's segments do)."""
+    from onnxshrink.proof.segment import weight_bytes
     from onnxshrink.proof.sessions import SEGMENT_BYTES
 
     weights = weight_bytes(given)

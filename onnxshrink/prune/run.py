@@ -477,7 +477,7 @@ def _allocate(
         max_layer_ratio=ask.max_layer_ratio,
         units=ask.units,
         builder=scored.builder,
-        costs=lambda: Costs(scored.gset, given.full(), given.shapes),
+        costs=lambda: Costs(scored.gset, given.proto, given.shapes),  # dims only: no weights loaded
         count=count,
         shrunk=shrunk,
         meter=meter,
@@ -516,7 +516,7 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
     if scored.builder.model is given.proto and given.streamed:  # zeroed on disk, tensor by tensor
         scratch = Scratch(given.source.store, None)
         disk = Disk(str(given.source.base_dir), given.source.store, scratch.spill())
-        reference = zeroed_reference(given.proto, gset, alloc.members_of(gset, plans), copy=True, disk=disk)
+        reference = zeroed_reference(given.proto, gset, members, copy=True, disk=disk)
         disk.writer.close()
         s = given.source
         source = Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store)
