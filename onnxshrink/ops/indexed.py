@@ -35,6 +35,7 @@ from onnxshrink.core import (
     compress,
     int_attr,
     register,
+    str_attr,
 )
 from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig
 
@@ -171,7 +172,7 @@ class ScatterElements(Handler):
         return {1: (0, int_attr(node, "axis", 0))}
 
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
-        return (0, 2) if _reduction(node) == "none" else ()
+        return (0, 2) if str_attr(node, "reduction", "none") == "none" else ()
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         """A slice across the written axis is constant where data's is, the same all along the
@@ -196,7 +197,7 @@ class ScatterElements(Handler):
             ok[written] = False
         else:
             u_uni, u_first = _uniform_along(cu, axis, tuple(1 if a == axis else int(udims[a] or 0) for a in range(r)))
-            ok[written] &= u_uni & _leaves(_reduction(node), d_first[written], u_first)
+            ok[written] &= u_uni & _leaves(str_attr(node, "reduction", "none"), d_first[written], u_first)
         if not ok.any():
             return None
         return [compress(ok, np.where(ok, d_first, np.zeros((), d_first.dtype)))]
@@ -226,11 +227,6 @@ class ScatterElements(Handler):
             else:
                 ks.pin(updates, a, written)
                 ks.pin(y, a, written)
-
-
-def _reduction(node: gs.Node | OpNode) -> str:
-    red = node.attrs.get("reduction", "none")
-    return red.decode() if isinstance(red, bytes) else str(red)
 
 
 def _uniform_along(c: ConstInfo, axis: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

@@ -335,7 +335,7 @@ class _Recurrent(Handler):
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         h = int_attr(node, "hidden_size", 0)
         self.drop_zero_states(node, rw, self.axes(node)["state"][2], h)
-        k = rw.kept(node.inputs[2], 2)
+        k = rw.kept(node.inputs[2], self.column_axis)
         if k is not None:
             node.attrs["hidden_size"] = int(k.sum())
 
@@ -500,12 +500,6 @@ class DynamicQuantizeLSTM(_Recurrent):
             Reason("normalization", node.name, node.op, "X is quantized with a range from every "
                    "element (only zeros do not count)"),
         )  # fmt: skip
-
-    def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
-        self.drop_zero_states(node, rw, 2, int_attr(node, "hidden_size", 0))
-        k = rw.kept(node.inputs[2], 1)
-        if k is not None:
-            node.attrs["hidden_size"] = int(k.sum())
 
 
 def _constant_weights(node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:

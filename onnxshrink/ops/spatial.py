@@ -18,6 +18,7 @@ from onnxshrink.core import (
     compress,
     evaluate_op,
     register,
+    str_attr,
 )
 from onnxshrink.ops.common import channelwise_constants, const_or_live, ints
 from onnxshrink.ops.oracle import OracleCase, declare_cases, layout_dims, needs, sig
@@ -62,11 +63,6 @@ def _pad_mask(
     return ctx.evaluate(node, [m, *rest])[0] > 0.5
 
 
-def _mode(node: gs.Node) -> str:
-    mode = node.attrs.get("mode", "constant")
-    return mode.decode() if isinstance(mode, bytes) else str(mode)
-
-
 def _index_map(before: int, after: int, n: int | None, m: int | None) -> tuple[bool, np.ndarray] | None:
     """A constant-mode pad of an axis of size n to size m: (x is the smaller, idx) where index j
     of the smaller is index idx[j] of the larger (x's i is y's i + before); None where neither
@@ -94,7 +90,7 @@ class Pad(Handler):
         amounts = pad_amounts(node, ctx, r) if r is not None else None
         if amounts is None or r is None:
             return None
-        mode = _mode(node)
+        mode = str_attr(node, "mode", "constant")
         rest = [ctx.value(t) if t is not None and t.name else None for t in node.inputs[1:]]
         if c is None:  # a live input: in constant mode, the cells padded hold the pad value
             # (recorded where one axis grows: whole slices, as a channel pad makes; the borders
@@ -125,7 +121,7 @@ class Pad(Handler):
             return
         touched = {a for a, (b, e) in amounts.items() if b or e}
         why = Reason("structure", node.name, node.op, "padded axis")
-        if _mode(node) != "constant":
+        if str_attr(node, "mode", "constant") != "constant":
             _per_axis(node, ks, x, y, touched, why)
             return
         ks.demand(x, pin=False)
@@ -149,7 +145,7 @@ class Pad(Handler):
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         x, y = node.inputs[0], node.outputs[0]
         r = ir.rank(x)
-        amounts = pad_amounts(node, rw, r) if r is not None and _mode(node) == "constant" else None
+        amounts = pad_amounts(node, rw, r) if r is not None and str_attr(node, "mode", "constant") == "constant" else None
         changes = {}
         for a, (b, e) in (amounts or {}).items():
             kx, ky = rw.kept(x, a), rw.kept(y, a)
