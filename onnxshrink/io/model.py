@@ -17,7 +17,7 @@ from onnx import helper
 from onnxshrink.errors import ShrinkError, file_access, first_line
 from onnxshrink.io import dims
 from onnxshrink.io.skeleton import checkable
-from onnxshrink.io.weights import ALIGN, ALIGN_FROM, DataWriter, WeightStore
+from onnxshrink.io.weights import DataWriter, WeightStore, pad_for
 from onnxshrink.ir import all_graphs
 
 TWO_GB = 2**31
@@ -438,7 +438,7 @@ def _write_external(
             if not t.HasField("raw_data") or len(t.raw_data) < threshold:
                 continue
             # large tensors page-aligned (readers can map each), as onnxruntime's writer does
-            pad = -offset % ALIGN if len(t.raw_data) >= ALIGN_FROM else 0
+            pad = pad_for(offset, len(t.raw_data))
             f.write(b"\0" * pad)
             offset += pad
             raw = t.raw_data

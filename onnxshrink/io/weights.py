@@ -47,6 +47,11 @@ ALIGN = 4096  # offsets of large written tensors: a page, so that each can be ma
 # to make a lightly pruned model's data file larger than its input's.
 ALIGN_FROM = 2**20
 
+
+def pad_for(offset: int, nbytes: int) -> int:
+    """Zero bytes to write at `offset` before a tensor of `nbytes` (see ALIGN_FROM)."""
+    return -offset % ALIGN if nbytes >= ALIGN_FROM else 0
+
 _STORES: weakref.WeakSet[WeightStore] = weakref.WeakSet()
 # An array's identity in a store: its address, shape, strides and dtype (see `_key`)
 _Key = tuple[int, tuple[int, ...], tuple[int, ...], str]
@@ -176,7 +181,7 @@ class DataWriter:
         Blocks that need a copy (slices) are made by a worker thread while the previous one is
         written: the copies and the writes overlap."""
         expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        pad = -self.offset % ALIGN if expected >= ALIGN_FROM else 0
+        pad = pad_for(self.offset, expected)
         if pad:
             self._f.write(b"\0" * pad)
             self.offset += pad

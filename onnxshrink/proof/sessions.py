@@ -252,8 +252,9 @@ def refusals(
 ) -> dict[str, str]:
     """The optimization levels of `at` at which onnxruntime refuses to load `model`, and why
     (`data`: its bytes from `serialized`, when already made)."""
-    model = _inlined(model, own=False)
-    data = data if data is not None else _serialized(model)
+    if data is None:  # with its bytes given, the model itself is not read by session()
+        model = _inlined(model, own=False)
+        data = _serialized(model)
     out = {}
     for level in at:
         try:

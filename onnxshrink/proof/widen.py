@@ -13,6 +13,7 @@ where another piece needs the reference evaluator.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -372,6 +373,7 @@ def conv_nd(
     return y
 
 
+@functools.cache  # onnxruntime's kernel list does not change within a process
 def _double_kernels() -> set[tuple[str, str]]:
     """(domain, op) of onnxruntime's CPU kernels that take float64 tensors."""
     try:
