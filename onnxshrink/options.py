@@ -155,6 +155,8 @@ class ShrinkOptions:
     found_shapes: the shapes found for the inputs whose dynamic dims no shape was given for,
         the first sizes at which the input model runs (set by the run, see
         onnxshrink.proof.sizes; None: not searched yet).
+    check_analysis: called with the analysis of the reference before it is rewritten; what it
+        raises ends the shrink (a prune checks there that every group it chose goes).
     """
 
     validate: bool = flagged(
@@ -251,6 +253,7 @@ class ShrinkOptions:
     log: Callable[[str], None] | None = None
     progress: bool = False
     found_shapes: Mapping[str, list[int]] | None = None
+    check_analysis: Callable[[Any], None] | None = None
 
     def shapes(self) -> dict[str, list[int]]:
         """The shapes the proof draws its inputs at, where known: those given (input_shapes)

@@ -59,7 +59,8 @@ def process_seconds() -> float | None:
 
 
 class PhaseClock:
-    """Seconds per phase of a run: `lap(name)` ends the phase begun at the last lap."""
+    """Seconds per phase of a run: `lap(name)` ends the phase begun at the last lap (a phase
+    run again, a prune choosing again, adds to its time)."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
@@ -67,5 +68,5 @@ class PhaseClock:
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
-        self.timings[name] = now - self._t
+        self.timings[name] = self.timings.get(name, 0.0) + now - self._t
         self._t = now

@@ -473,7 +473,7 @@ def test_the_time_line_holds_every_phase_of_a_prune_and_they_sum_to_its_wall_tim
 
 
 def test_a_prune_on_a_terminal_counts_its_long_phases_and_is_quiet_with_q(tmp_path):
-    """The groups' verification, the sensitivity runs and the price show bars with counts on a
+    """The analysis finding the groups, the sensitivity runs and the price show bars with counts on a
     terminal (the sensitivity: one run per family and ratio measured, 2 families here; the
     price: one input here); -q shows none."""
     from conftest import cli_on_terminal
@@ -485,7 +485,7 @@ def test_a_prune_on_a_terminal_counts_its_long_phases_and_is_quiet_with_q(tmp_pa
     code, printed, shown = cli_on_terminal(*argv, cwd=tmp_path)
     assert code == 0, shown
     assert len(re.findall(r"^\[I\] sensitivity \d/2: ", printed, re.M)) == 2
-    assert re.search(r"groups: verifying by zeroing them: +\d+%\|[^|]*\| [0-2]/2 \[", shown)
+    assert re.search(r"analysis: reading weights: +\d+%\|[^|]*\| \d+/\d+ \[", shown)
     assert re.search(r"sensitivity: +\d+%\|[^|]*\| \d+/\d+ \[", shown)
     assert re.search(r"price: the input and the pruned model: +\d+%\|[^|]*\| [01]/1 \[", shown)
     code, printed, shown = cli_on_terminal(*argv, "-q", cwd=tmp_path)

@@ -55,11 +55,26 @@ def test_a_streamed_prune_writes_what_the_prune_in_memory_writes(tmp_path, monke
     assert not any(absolute(t) for t in held.shrink.reference.graph.initializer)
     counts = _streamed(monkeypatch)
     streamed = prune(path, 0.25, tmp_path / "streamed.onnx", **kw)
-    # the groups' two checks and the reference zeroed on disk; the reference refers to its spill
-    assert counts["spills"] == 3
+    # the reference zeroed on disk (the groups are checked on its analysis); it refers to its spill
+    assert counts["spills"] == 1
     assert any(absolute(t) for t in streamed.shrink.reference.graph.initializer)
     assert counts["cut"] == 1  # the calibration run in segments
     assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
     assert streamed.removed()  # (it pruned something)
     assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
     assert streamed.shrink.after.params == held.shrink.after.params < held.original.params
+
+
+def test_a_streamed_global_prune_counts_its_candidates_with_their_weights(tmp_path, monkeypatch):
+    """`--allocation global` turns the ratio into a parameter target met on shrunk candidates:
+    a streamed input's candidates are made from the model with its weights (they were made from
+    its weightless copy), and the result is the in-memory prune's."""
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig.preset("tiny", seed=4), path)
+    kw = dict(allocation="global", validate=False, price=False)
+    held = prune(path, 0.3, tmp_path / "held.onnx", **kw)
+    _streamed(monkeypatch)
+    streamed = prune(path, 0.3, tmp_path / "streamed.onnx", **kw)
+    assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
+    assert streamed.removed()
+    assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")

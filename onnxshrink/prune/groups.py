@@ -10,9 +10,11 @@ FFN neuron's gate and up rows and down column). Groups of the same parameter sli
 
 A group is *exact* when removing it (zeroing every member) shrinks exactly to the model without
 it. It is not when the closure reads its axis whole for a stated reason (a LayerNorm over the
-hidden size, a graph input or output, an unsupported op), and that is checked again the way
-the shrink will see it: every exact group is zeroed (half of each layer at a time) and the
-closure must remove all of its members.
+hidden size, a graph input or output, an unsupported op). Whether the closure removes a group
+when it is zeroed is checked the way the shrink will see it: a prune checks the groups it
+chose on the analysis of its reference (`kept_when_zeroed`: those kept are not exact, and it
+chooses again); `find_groups(verify=True)` zeroes every exact group (half of each layer at a
+time) for a listing.
 
 Quantized weights are weights: an integer constant an op dequantizes (`Handler.quantized_input`:
 a DequantizeLinear's input, a QLinearConv's weight or int32 bias, a MatMulInteger's weight) is a
@@ -880,29 +882,49 @@ def _verify_half(
     if not chosen:
         return
     scratch = Scratch(store, None)  # a large mapped weight is zeroed on disk, not in memory
-    graph, untied, slices = _zeroed_graph(result, model, base_dir, store, chosen, scratch)
-    tensors = ir.all_tensors(graph)
-    ks = analyze(graph, opset, lookup(opset), untied).keep
-    kept_any = set()  # the zeroed slices the closure keeps some index of: usually none
-    for (name, axis), idx in slices.items():
-        kept = ks.kept(tensors[name], axis)
-        if kept is not None and kept[idx].any():
-            kept_any.add((name, axis))
-    for g in chosen if kept_any else ():
-        for m in g.members:
-            if (m.tensor, m.axis) not in kept_any:
-                continue
-            t = tensors[m.tensor]
-            kept = ks.kept(t, m.axis)
-            if kept is not None and kept[m.indices].any():
-                j = int(m.indices[np.flatnonzero(kept[m.indices])[0]])
-                why = ks.why(t, m.axis)[j]
-                g.exact = False
-                g.reason = f"{m.initializer} (axis {m.axis}) is kept when it is zeroed: {why}"
-                break
+    graph, untied, _ = _zeroed_graph(result, model, base_dir, store, chosen, scratch)
+    analysis = analyze(graph, opset, lookup(opset), untied)
+    for gid, why in kept_when_zeroed(analysis, chosen).items():
+        result.groups[gid].exact = False
+        result.groups[gid].reason = why
     # its spilled weights are mapped views of files deleted here: their pages are the page
     # cache's (the maps go whenever the collector frees the graph, not worth a collection)
     scratch.discard_spills()
+
+
+def kept_when_zeroed(analysis: Analysis, groups: Iterable[Group]) -> dict[int, str]:
+    """The `groups` (by id) the closure of `analysis` keeps some index of, each with why, where
+    `analysis` is of a model with them all zeroed. Each member is found where it is read (the
+    node making its site's output, that node's input), so that the analysis may be of another
+    copy of the model (the prune's reference, whose shared weights are untied anew)."""
+    ks = analysis.keep
+    reader = {n.outputs[0].name: n for n in ir.flat_nodes(analysis.graph) if n.outputs}
+    tensors = ir.all_tensors(analysis.graph)
+
+    def read_as(m: Member) -> gs.Tensor | None:
+        node = reader.get(m.site[0])
+        if node is not None and m.site[1] < len(node.inputs):
+            return node.inputs[m.site[1]]
+        return tensors.get(m.tensor)
+
+    located = [(g, m, read_as(m)) for g in groups for m in g.members]
+    # each zeroed axis asked once; members one by one only where some index stays (rare)
+    axes = gather_slices((t.name, m.axis, m.indices) for _, m, t in located if t is not None)
+    named = {t.name: t for _, _, t in located if t is not None}
+    suspect = set()
+    for (name, axis), idx in axes.items():
+        kept = ks.kept(named[name], axis)
+        if kept is not None and kept[idx].any():
+            suspect.add((name, axis))
+    out: dict[int, str] = {}
+    for g, m, t in located:
+        if t is None or (t.name, m.axis) not in suspect or g.id in out:
+            continue
+        kept = ks.kept(t, m.axis)
+        if kept is not None and kept[m.indices].any():
+            j = int(m.indices[np.flatnonzero(kept[m.indices])[0]])
+            out[g.id] = f"{m.initializer} (axis {m.axis}) is kept when it is zeroed: {ks.why(t, m.axis)[j]}"
+    return out
 
 
 def _zeroed_graph(

@@ -12,7 +12,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from onnxshrink.prune import allocate as alloc
 from onnxshrink.prune import compensate as comp_mod
 from onnxshrink.prune.calibrate import Calibration, collect
 from onnxshrink.prune.compensate import Compensation
-from onnxshrink.prune.groups import Group, GroupSet, Member, find_groups
+from onnxshrink.prune.groups import Group, GroupSet, Member, find_groups, kept_when_zeroed
 from onnxshrink.prune.importance import activations, block_streams, scores
 from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
 from onnxshrink.prune.price import Price, PriceInput, measure, price_feeds, price_input
@@ -192,18 +192,75 @@ def prune(
     clock.lap("groups")
     target = _ratio_target(given, gset, ask, opts)
     clock.lap("target")
-    scored = _score(given, gset, ask, opts, clock)
-    meters: list[LatencyMeter] = []
-    choice = _allocate(given, scored, ask, opts, meters, target)
-    clock.lap("allocation")
-    before = None
-    if ask.price:
-        before = _price_input(given, scored, ask, opts, meters)
-        clock.lap("price.input")
-    zeroed = _zero(given, scored, choice, ask, opts)  # may zero given.proto in place
-    clock.lap("zero")
-    result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, before, clock)
+    scored = _score(given, gset, ask, opts, clock, target)
+    choice, zeroed, result, cost = _choose_and_shrink(given, scored, ask, opts, target, output, clock)
     return _outputs(given, scored, choice, zeroed, result, cost, ask, clock)
+
+
+# Times the groups are chosen again when the shrink would keep some of them (then, the shrink
+# keeps what it must and says so).
+CHOOSE_AGAIN = 3
+
+
+class _ChosenKept(Exception):
+    """The shrink's analysis keeps some index of chosen groups: {group id: why}."""
+
+    def __init__(self, groups: dict[int, str]):
+        super().__init__(f"{len(groups)} chosen group(s) kept")
+        self.groups = groups
+
+
+def _all_go(chosen: list[Group]) -> Callable[[Any], None]:
+    """The check the shrink runs on the analysis of the reference: every chosen group goes."""
+
+    def check(analysis: Any) -> None:
+        kept = kept_when_zeroed(analysis, chosen)
+        if kept:
+            raise _ChosenKept(kept)
+
+    return check
+
+
+def _without(kept: dict[int, str], given: Input, scored: Scored, zeroed: Zeroed, opts: ShrinkOptions) -> None:
+    """The groups the shrink would keep are not exact (with why), and what the last choice
+    changed is undone: its spilled weights, the input its reference was made in."""
+    for gid, why in kept.items():
+        scored.gset.groups[gid].exact, scored.gset.groups[gid].reason = False, why
+    opts.say(
+        f"{len(kept)} of the {len(zeroed.chosen)} groups chosen cannot be removed "
+        f"({next(iter(kept.values()))}); choosing again without them"
+    )
+    if zeroed.scratch is not None:
+        zeroed.scratch.discard_spills()
+    if zeroed.reference is scored.builder.model:  # zeroed in place: the input read again
+        given.proto = scored.builder.model = _own_copy(given.source)
+
+
+def _choose_and_shrink(
+    given: Input, scored: Scored, ask: Request, opts: ShrinkOptions, target: Target, output: str | Path | None,
+    clock: PhaseClock,
+) -> tuple[alloc.Choice, Zeroed, ShrinkResult, Price | None]:  # fmt: skip
+    """The groups chosen, zeroed and shrunk. The shrink checks that every chosen group goes (its
+    analysis is of the model with them zeroed: the only verification the groups get); those it
+    would keep are not exact, and the groups are chosen again without them, a few times at most."""
+    meters: list[LatencyMeter] = []
+    before = None
+    for tries_left in range(CHOOSE_AGAIN, -1, -1):
+        choice = _allocate(given, scored, ask, opts, meters, target)
+        clock.lap("allocation")
+        if ask.price and before is None:
+            before = _price_input(given, scored, ask, opts, meters)
+            clock.lap("price.input")
+        zeroed = _zero(given, scored, choice, ask, opts)  # may zero given.proto in place
+        clock.lap("zero")
+        check = _all_go(zeroed.chosen) if tries_left else None
+        try:
+            result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, before, clock, check)
+            return choice, zeroed, result, cost
+        except _ChosenKept as kept:
+            clock.lap("shrink")
+            _without(kept.groups, given, scored, zeroed, opts)
+    raise AssertionError("the last try has no check")  # pragma: no cover
 
 
 def _options(
@@ -330,15 +387,22 @@ def _read_input(model: str | Path | onnx.ModelProto, output: str | Path | None, 
     check_against_model(source.proto, opts, str(source.path or "model"))  # before the groups
     for feeds in (ask.data, ask.held_out):
         check_inputs(source.proto, feeds)  # names, dtypes and shapes, each named
-    proto = onnx.ModelProto()
-    proto.CopyFrom(source.proto)
-    if source.base_dir is not None and (not source.streamed or in_memory(source.file_bytes)):
-        load_external(proto, Path(source.base_dir), str(source.path))
+    proto = _own_copy(source)
     # the unpruned input as its file holds it (before the reference is made from it: Constant
     # weights made initializers, a weight copied per reader), at the shapes the proof draws
     found = dict(with_found_shapes(proto, opts, source.base_dir, source.file_bytes).found_shapes or {})
     shapes = resolve_shapes(proto, {**found, **(opts.input_shapes or {})})
     return Input(source, proto, shapes, model_stats(proto, shapes, source.file_bytes), found)
+
+
+def _own_copy(source: Source) -> onnx.ModelProto:
+    """This call's own copy of the input (the caller's is never changed), its weights in memory
+    unless it is streamed."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(source.proto)
+    if source.base_dir is not None and (not source.streamed or in_memory(source.file_bytes)):
+        load_external(proto, Path(source.base_dir), str(source.path))
+    return proto
 
 
 def _find_groups(given: Input, ask: Request, opts: ShrinkOptions) -> GroupSet:
@@ -349,6 +413,7 @@ def _find_groups(given: Input, ask: Request, opts: ShrinkOptions) -> GroupSet:
         given.proto,
         given.source.base_dir,
         str(given.source.path or ""),
+        verify=False,  # the shrink checks the groups chosen (`_all_go`)
         query_ranks=query_ranks,
         store=given.source.store,
         progress=opts.progress,
@@ -368,7 +433,9 @@ class Scored:
     families: list[Family] | None
 
 
-def _score(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions, clock: PhaseClock) -> Scored:
+def _score(
+    given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions, clock: PhaseClock, target: Target
+) -> Scored:
     """Calibration, importance, the compensation's consumers and the sensitivity, each timed."""
     calibration = None
     if ask.needs:
@@ -394,7 +461,7 @@ def _score(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions, cloc
         clock.lap("compensation")
     # a ratio's one reference is zeroed on disk (`_zero`); the candidates a measured target
     # shrinks, and a compensation's, are made in memory
-    held = comp is not None or ask.target.kind != "ratio"
+    held = comp is not None or target.kind != "ratio"  # a global or sensitivity ratio: a params target
     builder = alloc.Builder(given.full() if held else given.proto, gset, comp, calibration, ask.compensate, ask.ridge)
     scored = Scored(gset, importance, calibration, comp, builder, None)
     if ask.measures_sensitivity:
@@ -547,11 +614,12 @@ def _shrink_and_write(
     output: str | Path | None,
     before: PriceInput | None,
     clock: PhaseClock,
+    check: Callable[[Any], None] | None = None,
 ) -> tuple[ShrinkResult, Price | None]:
     """The reference shrunk exactly, the price measured, and the outputs written. The masks (and
     weights) are written before the shrink (a place they cannot be written fails the run before
     the model is), staged beside their name, and put there only once the shrink has passed: a
-    refused or failed shrink leaves neither."""
+    refused or failed shrink leaves neither. `check`: run on the reference's analysis."""
     # The reference is in memory: say what the input was, so that the output is written as a
     # plain shrink of it would be (external data when the input had it) and never over it.
     external = opts.external_data if opts.external_data is not None else bool(given.source.data)
@@ -560,7 +628,7 @@ def _shrink_and_write(
     try:
         _stage(zeroed, ask, staged)
         clock.lap("masks")
-        result = shrink_reference(zeroed.shrink_input, shrink_opts, given.original)
+        result = shrink_reference(zeroed.shrink_input, shrink_opts.but(check_analysis=check), given.original)
         _check_removed(result, zeroed, ask, output, shrink_opts)
         clock.lap("shrink")  # its phases are the shrink's own timings
         cost = _priced(given, result, ask, opts, before, clock) if before is not None else None

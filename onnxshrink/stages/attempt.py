@@ -30,6 +30,8 @@ def first_attempt(
     """The reference analyzed, rewritten, and (with validation on) proven, each phase timed."""
     opts.say(f"analyzing {len(reference.graph.node)} nodes ...")
     analysis = analyze_model(reference, source.base_dir, opts, store=source.store)
+    if opts.check_analysis is not None:
+        opts.check_analysis(analysis)
     clock.lap("analyze")
     opts.say(f"analyzed in {clock.timings['analyze']:.2f} s; rewriting ...")
     first = attempt_rewrite(analysis, reference, opts, scratch)

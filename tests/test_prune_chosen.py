@@ -1,0 +1,80 @@
+"""The groups a prune chooses are verified by the shrink itself: its analysis is of the model
+with them zeroed, and a group it would keep is not exact; the prune then chooses again without
+it (and says so), so that what it removes is what it chose."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+from onnxshrink.prune import prune
+
+
+class Stepped(nn.Module):
+    """An LSTMCell stepped twice, then a Linear: the exporter splits each step's gates with a
+    Split, which keeps at least one index of each part."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.LSTMCell(8, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = c = torch.zeros(x.shape[0], 6)
+        for t in range(2):
+            h, c = self.cell(x[:, t], (h, c))
+        return self.head(h)
+
+
+def _run(model: onnx.ModelProto, feed: np.ndarray) -> np.ndarray:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: feed})[0]
+
+
+def test_a_chosen_group_the_shrink_would_keep_is_chosen_again_without_it(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "cell.onnx"
+    torch.onnx.export(Stepped().eval(), (torch.randn(2, 2, 8),), str(path), dynamo=False)
+    said: list[str] = []
+    r = prune(path, 0.5, tmp_path / "p.onnx", log=said.append, price=False)
+    kept = [g for g in r.groups.groups if not g.exact and "kept when it is zeroed" in (g.reason or "")]
+    assert kept and all("Split" in g.reason or "channel" in g.reason for g in kept)
+    assert any("cannot be removed" in s and "choosing again" in s for s in said)
+    chosen = {i for p in r.plans for i in p.removed}
+    assert chosen and not chosen & {g.id for g in kept}
+    # every group chosen went: the output is the input with exactly their slices zeroed
+    model, out = onnx.load(path), onnx.load(tmp_path / "p.onnx")
+    for node in [n for n in model.graph.node if n.op_type == "Constant"]:  # weights as initializers
+        value = onnx.helper.get_attribute_value(node.attribute[0])
+        model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(value), node.output[0]))
+        model.graph.node.remove(node)
+    values = {t.name: numpy_helper.to_array(t).copy() for t in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    for g in r.groups.groups:
+        for m in g.members if g.id in chosen else ():
+            if m.tensor != m.initializer:  # a shared weight: the copy this reader reads
+                values.setdefault(m.tensor, values[m.initializer].copy())
+                nodes[m.node].input[m.input_index] = m.tensor
+            m = replace(m, initializer=m.tensor)
+            index = [slice(None)] * values[m.initializer].ndim
+            index[m.axis] = m.indices
+            values[m.initializer][tuple(index)] = 0
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in values.items())
+    x = np.random.default_rng(1).standard_normal((2, 2, 8)).astype(np.float32)
+    want, got = _run(model, x), _run(out, x)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    # and no zeroed slice stayed behind (the random weights have no zero slice of their own)
+    for t in out.graph.initializer:
+        v = numpy_helper.to_array(t)
+        for axis in range(v.ndim if v.ndim >= 1 and v.dtype.kind == "f" else 0):
+            assert np.abs(np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)).sum(axis=1).all(), (t.name, axis)
+    assert r.shrink.after.params == sum(numpy_helper.to_array(t).size for t in out.graph.initializer if t.data_type == 1)
