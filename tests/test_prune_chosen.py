@@ -17,8 +17,9 @@ from onnxshrink.prune import prune
 
 
 class Stepped(nn.Module):
-    """An LSTMCell stepped twice, then a Linear: the exporter splits each step's gates with a
-    Split, which keeps at least one index of each part."""
+    """An LSTMCell stepped twice, then a Linear. Ranked globally, the inputs of the first step's
+    Gemm (the zero initial state times weight_hh, folded to a constant) can all be chosen: a
+    Gemm keeps at least one input channel."""
 
     def __init__(self):
         super().__init__()
@@ -44,9 +45,9 @@ def test_a_chosen_group_the_shrink_would_keep_is_chosen_again_without_it(tmp_pat
     path = tmp_path / "cell.onnx"
     torch.onnx.export(Stepped().eval(), (torch.randn(2, 2, 8),), str(path), dynamo=False)
     said: list[str] = []
-    r = prune(path, 0.5, tmp_path / "p.onnx", log=said.append, price=False)
+    r = prune(path, 0.6, tmp_path / "p.onnx", allocation="global", log=said.append, price=False)
     kept = [g for g in r.groups.groups if not g.exact and "kept when it is zeroed" in (g.reason or "")]
-    assert kept and all("Split" in g.reason or "channel" in g.reason for g in kept)
+    assert kept and all("at least one channel" in g.reason for g in kept)
     assert any("cannot be removed" in s and "choosing again" in s for s in said)
     chosen = {i for p in r.plans for i in p.removed}
     assert chosen and not chosen & {g.id for g in kept}
@@ -72,9 +73,44 @@ def test_a_chosen_group_the_shrink_would_keep_is_chosen_again_without_it(tmp_pat
     x = np.random.default_rng(1).standard_normal((2, 2, 8)).astype(np.float32)
     want, got = _run(model, x), _run(out, x)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
-    # and no zeroed slice stayed behind (the random weights have no zero slice of their own)
+    # and no zeroed slice stayed behind (the random weights have no zero slice of their own;
+    # the initial state is zeros, and a Gemm keeps one channel of it)
     for t in out.graph.initializer:
         v = numpy_helper.to_array(t)
+        if not v.any():
+            continue
         for axis in range(v.ndim if v.ndim >= 1 and v.dtype.kind == "f" else 0):
             assert np.abs(np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)).sum(axis=1).all(), (t.name, axis)
     assert r.shrink.after.params == sum(numpy_helper.to_array(t).size for t in out.graph.initializer if t.data_type == 1)
+
+
+class Thrice(nn.Module):
+    """One MLP applied to three inputs: each of its weights is read by three nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+
+    def forward(self, a, b, c):
+        return self.mlp(a) + self.mlp(b) + self.mlp(c)
+
+
+def test_a_neuron_of_a_block_called_three_times_is_one_group_over_its_three_calls(tmp_path):
+    from onnxshrink.prune import find_groups
+
+    torch.manual_seed(3)
+    path = tmp_path / "thrice.onnx"
+    torch.onnx.export(Thrice().eval(), tuple(torch.randn(2, 5, 8) for _ in range(3)), str(path), dynamo=False)
+    gset = find_groups(onnx.load(path), verify=False)
+    hidden = [g for g in gset.groups if g.unit.kind == "neuron" and any(m.initializer == "mlp.0.bias" for m in g.members)]
+    assert len(hidden) == 16 and all(g.exact for g in hidden)
+    for g in hidden:
+        # each of the neuron's weights from every call's copy, one index each; counted once:
+        # a row of mlp.0.weight (8), its bias (1) and a column of mlp.2.weight (8)
+        by_weight: dict[tuple[str, int], set[str]] = {}
+        for m in g.members:
+            assert len(m.indices) == 1
+            by_weight.setdefault((m.initializer, m.axis), set()).add(m.tensor)
+        assert len(by_weight) == 3 and all(len(copies) == 3 for copies in by_weight.values())
+        assert g.params == 8 + 1 + 8
+    assert len({g.layer for g in hidden}) == 1

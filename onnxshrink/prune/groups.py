@@ -30,7 +30,7 @@ import gc
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -255,8 +255,12 @@ def find_groups(
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied, query_ranks)
     groups, layers = finder.build()
-    blocks = finder.blocks(groups, layers)
     tensors = ir.all_tensors(graph)
+    copies = copies_of(graph, untied)
+    shapes = {m.tensor: tuple(int(d) for d in tensors[m.tensor].shape) for g in groups for m in g.members}
+    shapes |= {t: tuple(int(d) for d in tensors[t].shape) for readers in copies.values() for t in readers}
+    groups, layers = tie_copies(groups, layers, copies, shapes)
+    blocks = finder.blocks(groups, layers)
     arrays = {m.tensor: np.asarray(tensors[m.tensor].values) for g in groups for m in g.members}
     result = GroupSet(groups, layers, name, untied, arrays, blocks=blocks)
     result.dequant = {k: v for k, v in finder.dequant.items() if k in arrays}
@@ -945,3 +949,136 @@ def _zeroed_graph(
             tensors[name].values = values if cut is None else spill.zeroed(values, cut, result.zero_of(name), writer, name)
     writer.close()
     return graph, untied, slices
+
+
+# ---------------------------------------------------------------------- shared weights
+# A weight several nodes read (an LSTMCell stepped over time, a block called on several inputs,
+# tied embeddings) has one copy per reader in the analysis (prepare.tie), so that each use can
+# be sliced on its own. But it has one set of values, and a framework one mask per parameter:
+# a slice of it goes from every reader or from none. So groups holding one slice through
+# different copies are one group (neuron j of a block called three times), a group takes its
+# slices from every copy of the weight (whether the closure then removes them all is checked
+# as for any member: `kept_when_zeroed`), and parameters are counted once per weight.
+@dataclass(frozen=True)
+class Reader:
+    """Where a copy of a shared weight is read: the node, its first output, the input index."""
+
+    node: str
+    op: str
+    output: str
+    index: int
+
+
+def copies_of(graph: gs.Graph, untied: dict[str, str]) -> dict[str, dict[str, Reader]]:
+    """Every analysis tensor of each shared initializer (its copies and itself), with its reader."""
+    out: dict[str, dict[str, Reader]] = defaultdict(dict)
+    for node in ir.flat_nodes(graph):
+        for i, t in enumerate(node.inputs):
+            if isinstance(t, gs.Constant) and (t.name in untied or t.name in untied.values()):
+                first = node.outputs[0].name if node.outputs else ""
+                out[untied.get(t.name, t.name)].setdefault(t.name, Reader(node.name, node.op, first, i))
+    return dict(out)
+
+
+def tie_copies(
+    groups: list[Group], layers: list[Layer], copies: dict[str, dict[str, Reader]], shapes: dict[str, tuple[int, ...]]
+) -> tuple[list[Group], list[Layer]]:
+    """`groups` with those holding one slice of a weight through different copies merged, each
+    taking its slices of a shared weight from every copy, its parameters counted once per
+    weight (`shapes`: by analysis tensor). A slice of zeros too: the shrink stores a weight
+    once for all its readers when their slicings would hold more (`analyze.shared`)."""
+    if not copies:
+        return groups, layers
+    sets = _merged(groups, copies)
+    if any(len(s) > 1 for s in sets):
+        groups, layers = _rebuilt(groups, layers, sets)
+    for g in groups:
+        if any(m.initializer in copies for m in g.members):
+            g.members = _every_copy(g.members, copies)
+            g.params = weight_params(g.members, shapes)
+    return groups, layers
+
+
+def weight_params(members: list[Member], shapes: dict[str, tuple[int, ...]]) -> int:
+    """Elements the members' slices hold, each weight counted once whatever copies read it."""
+    per_weight: dict[str, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+    shape_of: dict[str, tuple[int, ...]] = {}
+    for m in members:
+        per_weight[m.initializer][m.axis].update(int(i) for i in m.indices)
+        shape_of[m.initializer] = shapes[m.tensor]
+    total = 0
+    for name, axes in per_weight.items():
+        shape = shape_of[name]
+        total += math.prod(shape) - math.prod(n - len(axes.get(a, ())) for a, n in enumerate(shape))
+    return total
+
+
+def _merged(groups: list[Group], copies: dict[str, dict[str, Reader]]) -> list[list[int]]:
+    """The groups' ids in sets holding a common slice of a shared weight (each in order)."""
+    parent = list(range(len(groups)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[tuple[str, int, int], int] = {}
+    for g in groups:
+        for m in g.members:
+            if m.initializer not in copies:
+                continue
+            for i in m.indices:
+                other = owner.setdefault((m.initializer, m.axis, int(i)), g.id)
+                if root(other) != root(g.id):
+                    parent[root(g.id)] = root(other)
+    sets: dict[int, list[int]] = defaultdict(list)
+    for g in groups:
+        sets[root(g.id)].append(g.id)
+    return sorted(sets.values())
+
+
+def _rebuilt(groups: list[Group], layers: list[Layer], sets: list[list[int]]) -> tuple[list[Group], list[Layer]]:
+    """One group per set (members joined; exact when all were), renumbered, and the layers
+    again: groups over the same parameter slices, named as the first group's layer was."""
+    out: list[Group] = []
+    new_layers: list[Layer] = []
+    layer_of: dict[tuple[tuple[str, int], ...], int] = {}
+    for ids in sets:
+        first = groups[ids[0]]
+        members = [m for i in ids for m in groups[i].members]
+        blocked = [groups[i].reason for i in ids if not groups[i].exact]
+        key = tuple(sorted({(m.initializer, m.axis) for m in members}))
+        if key not in layer_of:
+            layer_of[key] = len(new_layers)
+            old = layers[first.layer]
+            new_layers.append(Layer(len(new_layers), old.name, [], old.kind))
+        layer = new_layers[layer_of[key]]
+        g = Group(len(out), layer.id, members, first.unit, first.params, not blocked, blocked[0] if blocked else None)
+        layer.groups.append(g.id)
+        out.append(g)
+    return out, new_layers
+
+
+def _every_copy(members: list[Member], copies: dict[str, dict[str, Reader]]) -> list[Member]:
+    """`members` with each slice of a shared weight taken from every copy of it (read where
+    that copy is read): the union of the copies' indices along each axis."""
+    out = [m for m in members if m.initializer not in copies]
+    by_axis: dict[tuple[str, int], list[Member]] = defaultdict(list)
+    for m in members:
+        if m.initializer in copies:
+            by_axis[(m.initializer, m.axis)].append(m)
+    for (name, _), ms in by_axis.items():
+        every = np.unique(np.concatenate([m.indices for m in ms]))
+        mine: dict[str, list[Member]] = defaultdict(list)
+        for m in ms:
+            mine[m.tensor].append(m)
+        for tensor, at in sorted(copies[name].items()):
+            own = mine.get(tensor) or [  # a reader the group did not reach: read there
+                replace(ms[0], tensor=tensor, node=at.node, op=at.op, site=(at.output, at.index),
+                        input_index=at.index, indices=np.zeros(0, np.int64), data=None)
+            ]  # fmt: skip
+            idx = np.union1d(np.concatenate([m.indices for m in own]), every)
+            if len(idx):
+                out.append(own[0] if np.array_equal(own[0].indices, idx) else _with(own[0], idx))
+    return out

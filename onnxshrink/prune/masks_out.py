@@ -70,8 +70,11 @@ def mask_slices(
     named: list[tuple[Member, Slice]] = []
     slices: list[Slice] = []
     shared = {m.initializer for m in members if m.tensor != m.initializer}
+    # a place that reads a shared weight with no name recorded for it (through an Identity) is
+    # still a place of the parameter the other places name
+    named_as = {(m.initializer, m.axis): m.params for m in members if m.params and m.initializer in shared}
     for m in members:
-        params = [p for p in m.params if p.name not in clashes]
+        params = [p for p in m.params or named_as.get((m.initializer, m.axis), []) if p.name not in clashes]
         named += [(m, ((p.name, p.shape), p.axis, m.indices)) for p in params]
         if params:
             continue

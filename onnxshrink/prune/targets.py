@@ -81,7 +81,11 @@ class Costs:
         for (tensor, axis), idx in cut.items():
             dims = left.setdefault(tensor, list(self.shapes[tensor]))
             dims[axis] -= len(idx)
-        params = sum(math.prod(self.shapes[t]) - math.prod(dims) for t, dims in left.items())
+        # a weight several nodes read is one weight, whatever copies the analysis gave them
+        # (groups take a slice from all of them: groups.tie_copies)
+        weight = {t: self.gset.untied.get(t, t) for t in left}
+        counted = {weight[t]: t for t in sorted(left)}
+        params = sum(math.prod(self.shapes[t]) - math.prod(left[t]) for t in counted.values())
         macs = 0.0
         for t, dims in left.items():
             if t in self.weight_macs:
