@@ -906,10 +906,14 @@ def kept_when_zeroed(analysis: Analysis, groups: Iterable[Group]) -> dict[int, s
     tensors = ir.all_tensors(analysis.graph)
 
     def read_as(m: Member) -> gs.Tensor | None:
+        """The member's tensor: read at its site when that reads its weight (a compensation's
+        Add may have taken the site's name), else by its name; None: not in this model."""
         node = reader.get(m.site[0])
-        if node is not None and m.site[1] < len(node.inputs):
-            return node.inputs[m.site[1]]
-        return tensors.get(m.tensor)
+        at = node.inputs[m.site[1]] if node is not None and m.site[1] < len(node.inputs) else None
+        for t in (at, tensors.get(m.tensor)):
+            if t is not None and (t.name == m.tensor or analysis.untied.get(t.name, t.name) in (m.tensor, m.initializer)):
+                return t
+        return None
 
     located = [(g, m, read_as(m)) for g in groups for m in g.members]
     # each zeroed axis asked once; members one by one only where some index stays (rare)
