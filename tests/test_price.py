@@ -215,18 +215,103 @@ def test_the_command_line_prints_the_price_against_the_input(tmp_path, name):
         assert float(top1) == pytest.approx(100 * expected["top1"], abs=0.06)
 
 
-def test_a_model_the_proof_runs_in_segments_is_not_priced_and_says_so(monkeypatch):
-    from onnxshrink.proof import sessions
+# three layers of a ReLU MLP over 4 samples, 10 classes: run in segments of one layer each
+MLP = """
+g (float[4,16] x, float[16,48] W1, float[48] B1, float[48,40] W2, float[40] B2, float[40,10] W3,
+   float[10] B3) => (float[4,10] y) {
+  h1 = MatMul(x, W1)
+  a1 = Add(h1, B1)
+  r1 = Relu(a1)
+  h2 = MatMul(r1, W2)
+  a2 = Add(h2, B2)
+  r2 = Relu(a2)
+  h3 = MatMul(r2, W3)
+  y = Add(h3, B3)
+}
+"""
+
+
+def _segments(monkeypatch, budget: int) -> list[int]:
+    """Models past `budget` bytes of weights run in segments (proof.sessions.SEGMENT_BYTES);
+    the segment count of each model cut, in order."""
+    from onnxshrink.proof import segment, sessions
+
+    cut: list[int] = []
+    pieces = segment.pieces
+
+    def counted(model, size):
+        parts = pieces(model, size)
+        cut.append(len(parts) if parts else 1)
+        return parts
+
+    monkeypatch.setattr(sessions, "SEGMENT_BYTES", budget)
+    monkeypatch.setattr(segment, "pieces", counted)
+    return cut
+
+
+@pytest.mark.parametrize(
+    ("how", "streamed"),
+    [({"ratio": 0.3}, False), ({"ratio": 0.3}, True), ({"params": 0.6, "compensate": "bias"}, False)],
+    ids=["ratio", "ratio-streamed", "params-bias"],
+)
+def test_a_model_the_proof_runs_in_segments_is_priced_in_segments_against_the_input(
+    tmp_path, monkeypatch, streamed, how
+):
+    """The input file (external data) and the pruned model, each run segment by segment as the
+    proof runs a model past SEGMENT_BYTES: the price is the written output against the input
+    file, computed here whole. `streamed`: the large model's path (weights mapped, the zeroed
+    ones spilled, the pruned model's weights in a scratch file at price time; a compensated
+    reference is made in memory)."""
+    from onnxshrink.io.weights import absolute
+    from onnxshrink.prune import run as prune_run
+
+    model = trained_like(MLP, seed=13)
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    if streamed:  # the sizes that decide it lowered (see test_prune_streamed)
+        monkeypatch.setattr("onnxshrink.result.IN_MEMORY_BYTES", 0)
+        monkeypatch.setattr("onnxshrink.prune.spill.SPILL_BYTES", 0)
+    cut = _segments(monkeypatch, 3000)  # W1 is 3 KB, W2 7.5 KB, W3 1.6 KB: three segments
+    measured = prune_run.measure
+    where: list[object] = []  # the pruned model's data folder, at price time
+    monkeypatch.setattr(prune_run, "measure", lambda *a: where.append(a[3]) or measured(*a))
+    held = [feeds(model, 3), feeds(model, 4)]
+    said: list[str] = []
+    out = tmp_path / "out.onnx"
+    result = prune(tmp_path / "m.onnx", output=out, data=[feeds(model, 1)], held_out=held, log=said.append, **how)
+    assert result.shrink.passed and result.shrink.after.params < result.original.params
+    spilled = any(absolute(t) for t in result.shrink.reference.graph.initializer)
+    assert spilled == streamed and (where[0] is not None) == streamed
+    expected = independent(onnx.load(tmp_path / "m.onnx"), onnx.load(out), held)
+    assert_price(result.price, expected)
+    assert result.price.latency_before_ms is None and result.price.latency_after_ms is None
+    pruned = cut[-1]  # the price ran the input in 3 segments, then the pruned model
+    assert cut[-2] == 3 and pruned >= 2
+    assert result.price.note == (
+        "latency not measured: a model whose weights pass 2.8e-06 GiB is run here as the proof runs "
+        f"it, one segment's session at a time (the input in 3 segments, the pruned model in {pruned} segments): "
+        "not its latency deployed"
+    )
+    printed = "\n".join(said)
+    (line,) = PRICE_LINE.findall(printed)
+    assert float(line[0]) == pytest.approx(expected["rel_error"], rel=6e-4)
+    assert float(line[3]) == pytest.approx(100 * expected["top1"], abs=0.06)
+    assert printed.endswith("    " + result.price.note)
+
+
+def test_a_given_model_the_proof_runs_in_segments_is_priced_against_it(monkeypatch):
+    """The caller's ModelProto, run in segments: the price is against it, not against the
+    prune's copy with the chosen groups zeroed (in place, by --prune RATIO)."""
+    from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     model = trained_like(CNN, seed=5)
+    kept = model.SerializeToString()
     weights = sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)  # all float32
-    monkeypatch.setattr(sessions, "SEGMENT_BYTES", weights - 1)
+    cut = _segments(monkeypatch, weights // 3)
     result = prune(model, 0.3, validate=False)
-    assert result.price.outputs == [] and result.price.latency_before_ms is None
-    assert result.price.note == (
-        f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run in segments by the proof, not whole"
-    )
-    assert result.price.lines()[-1] == "    " + result.price.note
+    assert model.SerializeToString() == kept
+    assert cut[-2] >= 2  # the input, in segments
+    assert result.price.inputs.startswith("random inputs")
+    assert_price(result.price, independent(model, result.model, make_inputs(model, resolve_shapes(model, {}), 3, 0)))
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,16 @@
 or the proof's random ones: labelled so), per output of the model, the relative error
 ||y - y0|| / ||y0|| and the cosine of each sample's output (rows of the batch axis) with the
 input model's, top-1 agreement for classifier-like outputs ([batch, classes]); and the latency
-before and after, measured (targets.LatencyMeter)."""
+before and after, measured (targets.LatencyMeter). A model whose weights the proof runs in
+segments is priced in segments too (proof.sessions.run_model), with no latency: a model run in
+pieces is not the model deployed."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,32 +71,32 @@ class Price:
         return asdict(self)
 
 
+# float64 copies of at most about this many bytes at a time: an LLM's logits on a held-out batch
+# are hundreds of MB in float32 (SmolLM2's on 16 x 128 tokens: 0.4 GB), each copy twice that
+CHUNK_BYTES = 64 * 2**20
+
+
 def compare_outputs(
     before: Sequence[Mapping[str, np.ndarray]], after: Sequence[Mapping[str, np.ndarray]]
 ) -> list[OutputPrice]:
-    """Each float output of `after` against `before`, over every feed."""
+    """Each float output of `after` against `before`, over every feed, in float64 (a few rows
+    of the batch axis at a time)."""
     out = []
     for name in before[0]:
         y0s = [np.asarray(b[name]) for b in before]
         if not np.issubdtype(y0s[0].dtype, np.floating):
             continue
-        num = den = 0.0
+        sums = np.zeros(2)  # ||y - y0||^2, ||y0||^2
         cosines: list[np.ndarray] = []
         agree, rows = 0, 0
-        for b, a in zip(y0s, (np.asarray(x[name]) for x in after), strict=True):
-            y0, y = b.astype(np.float64), a.astype(np.float64)
-            num += float(np.sum((y - y0) ** 2))
-            den += float(np.sum(y0**2))
+        for y0, y in zip(y0s, (np.asarray(x[name]) for x in after), strict=True):
             r0 = y0.reshape(y0.shape[0], -1) if y0.ndim >= 2 else y0.reshape(1, -1)
-            r = y.reshape(r0.shape)
-            n0, n = np.linalg.norm(r0, axis=1), np.linalg.norm(r, axis=1)
-            both = (n0 > 0) & (n > 0)
-            c = np.where(both, np.sum(r0 * r, axis=1) / np.where(both, n0 * n, 1), (n0 == n).astype(float))
-            cosines.append(c)
+            cosines.append(_rows_compared(r0, y.reshape(r0.shape), sums))
             if y0.ndim == 2 and y0.shape[1] >= 2:
                 agree += int(np.sum(np.argmax(y0, axis=1) == np.argmax(y, axis=1)))
                 rows += y0.shape[0]
         cos = np.concatenate(cosines)
+        num, den = float(sums[0]), float(sums[1])
         out.append(
             OutputPrice(
                 name,
@@ -106,6 +109,22 @@ def compare_outputs(
     return out
 
 
+def _rows_compared(r0: np.ndarray, r: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """The cosine of each row of `r` with `r0`'s, in float64; their squared difference and
+    `r0`'s squares added to `sums`."""
+    step = max(1, CHUNK_BYTES // max(8 * r0.shape[1], 1))
+    cosines = [np.zeros(0)]
+    for s in range(0, r0.shape[0], step):
+        a0, a = r0[s : s + step].astype(np.float64), r[s : s + step].astype(np.float64)
+        sums += (float(np.sum((a - a0) ** 2)), float(np.sum(a0**2)))
+        n0, n = np.linalg.norm(a0, axis=1), np.linalg.norm(a, axis=1)
+        both = (n0 > 0) & (n > 0)
+        cosines.append(
+            np.where(both, np.sum(a0 * a, axis=1) / np.where(both, n0 * n, 1), (n0 == n).astype(float))
+        )
+    return np.concatenate(cosines)
+
+
 # ---------------------------------------------------------------------- measuring it
 @dataclass
 class PriceInput:
@@ -113,7 +132,9 @@ class PriceInput:
     file, read by onnxruntime, or the ModelProto the caller gave: the prune zeroes groups in its
     own copy of it), the inputs the price is taken on and what they are called, the input's
     outputs on them when the calibration has run it there already, and the latency meter when
-    one was made (a latency target's). `note`: why there is no price."""
+    one was made (a latency target's). `note`: why there is no price. `segments`: the input as
+    read (its weights inline, or on disk in `data_dir`), when the proof runs it in segments:
+    the price runs it so too."""
 
     model: str | onnx.ModelProto | None
     feeds: list[Mapping[str, np.ndarray]]
@@ -121,6 +142,8 @@ class PriceInput:
     outputs: list[dict[str, np.ndarray]] | None = None
     meter: Any = None  # targets.LatencyMeter
     note: str | None = None
+    segments: onnx.ModelProto | None = None
+    data_dir: str | None = None
 
 
 def price_feeds(
@@ -150,34 +173,46 @@ def price_input(
     label: str,
     known: list[dict[str, np.ndarray]] | None = None,
     meter: Any = None,
+    read: onnx.ModelProto | None = None,
+    data_dir: str | None = None,
 ) -> PriceInput:
     """The price's input model, `untouched` (its file or the caller's ModelProto; `given`: the
     copy the prune read, whose weights are counted here), its inputs `feeds`, and what is known
     already (the calibration's outputs on them, a latency meter). A model whose weights the
-    proof runs in segments is not priced (sessions of it and of the pruned model would not fit
-    where the proof's segments do)."""
+    proof runs in segments (past SEGMENT_BYTES) is run so here too: `read`, the input as read
+    (never the prune's copy, whose chosen groups are zeroed), its external data in `data_dir`."""
     from onnxshrink.proof.segment import weight_bytes
     from onnxshrink.proof.sessions import SEGMENT_BYTES
 
-    weights = weight_bytes(given)
-    if weights > SEGMENT_BYTES:
-        note = f"not measured: the model's {weights / 2**30:.1f} GiB of weights are run in segments by the proof, not whole"
-        return PriceInput(None, feeds, label, note=note)
+    if weight_bytes(given) > SEGMENT_BYTES:
+        if read is None and isinstance(untouched, onnx.ModelProto):
+            read = untouched
+        elif read is None:  # its file: the weights it holds in external data stay on disk
+            from onnxshrink.io.model import load_model
+
+            read, data_dir = load_model(untouched, keep_external=True), str(Path(untouched).parent)
+        return PriceInput(untouched, feeds, label, known, segments=read, data_dir=data_dir)
     return PriceInput(untouched, feeds, label, known, meter)
 
 
-def measure(given: PriceInput, pruned: onnx.ModelProto, progress: bool = False) -> Price:
+def measure(
+    given: PriceInput, pruned: onnx.ModelProto, progress: bool = False, pruned_dir: str | Path | None = None
+) -> Price:
     """The input's and the pruned model's outputs on the same inputs, compared, and both
     latencies (the CPU provider, all of onnxruntime's optimizations, as a deployment runs them).
     The two run feed by feed in turns; after the first (the sessions' slow first runs), each
     pair on inputs of the latency feed's shapes is timed as one round of the latency's.
-    `progress`: a bar counting the inputs, on a terminal."""
+    `progress`: a bar counting the inputs, on a terminal. An input the proof runs in segments
+    (`given.segments`) is run so, and the pruned model as the proof runs it (`pruned_dir`:
+    where its external data are): see in_segments."""
     from onnxshrink.progress import bar
     from onnxshrink.prune.calibrate import run_feeds
     from onnxshrink.prune.targets import LatencyMeter
 
     if given.model is None:
         return Price(given.label, note=given.note)
+    if given.segments is not None:
+        return in_segments(given, given.segments, pruned, pruned_dir, progress)
     meter = given.meter or LatencyMeter(given.model, given.feeds[0], rounds=3, budget=0.05)  # a glance
     base, candidate = meter.base, meter.session(pruned)
     names = [o.name for o in base.get_outputs()]
@@ -205,3 +240,74 @@ def measure(given: PriceInput, pruned: onnx.ModelProto, progress: bool = False) 
 
 def _same_shapes(feed: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> bool:
     return all(k in feed and np.shape(feed[k]) == np.shape(v) for k, v in like.items())
+
+
+# ---------------------------------------------------------------------- a model past SEGMENT_BYTES
+ALL = "ORT_ENABLE_ALL"  # the latency's sessions' level: onnxruntime's default, as deployed
+
+
+def in_segments(
+    given: PriceInput,
+    model: onnx.ModelProto,
+    pruned: onnx.ModelProto,
+    pruned_dir: str | Path | None = None,
+    progress: bool = False,
+) -> Price:
+    """The price of a model whose weights the proof runs in segments (proof.sessions.run_model:
+    one segment's session at a time, each segment's weights copied when it runs), run so: the
+    input `model` (as read, its external data in `given.data_dir`) on every feed, its outputs
+    kept and its sessions freed, then the pruned model (its external data in `pruned_dir`), each
+    at all of onnxruntime's optimizations; no latency (the note says why)."""
+    from onnxshrink.proof import sessions
+
+    names = [o.name for o in model.graph.output]
+    before, cut = given.outputs, 0
+    if before is None:
+        before, cut = _run(model, given.data_dir, given.feeds, names, "the input model", progress)
+    after, pieces = _run(pruned, pruned_dir, given.feeds, names, "the pruned model", progress)
+    result = Price(given.label, compare_outputs(before, after))
+    ran = (f"the input {_pieces(cut)}, " if cut else "") + f"the pruned model {_pieces(pieces)}"
+    result.note = (
+        f"latency not measured: a model whose weights pass {_gib(sessions.SEGMENT_BYTES)} is run here as "
+        f"the proof runs it, one segment's session at a time ({ran}): not its latency deployed"
+    )
+    return result
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2g} GiB"
+
+
+def _pieces(count: int) -> str:
+    return f"in {count} segments" if count > 1 else "whole"
+
+
+def _run(
+    model: onnx.ModelProto,
+    data_dir: str | Path | None,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    names: list[str],
+    what: str,
+    progress: bool,
+) -> tuple[list[dict[str, np.ndarray]], int]:
+    """`model`'s outputs `names` on each feed, and the segments it ran in (1: whole). A feed it
+    cannot run on is the user's, named (as calibrate.run_feeds names it)."""
+    from onnxshrink.errors import ShrinkError, first_line
+    from onnxshrink.progress import bar
+    from onnxshrink.proof.segment import pieces
+    from onnxshrink.proof.sessions import RunFailed, run_model, segment_bytes
+
+    parts = pieces(model, segment_bytes(model))
+    count = len(parts) if parts else 1
+    with bar(len(feeds) * count, f"price: {what}", "run", progress) as shown:
+        try:
+            ran = run_model(model, [dict(f) for f in feeds], names, "cpu", data_dir, shown, parts, ALL)
+        except RunFailed as exc:
+            if exc.loading or exc.feed is None:
+                raise
+            raise ShrinkError(
+                f"{getattr(feeds[exc.feed], 'source', 'inputs')}: {what} {first_line(exc)} on these "
+                "inputs. Check the arrays' values against the model's inputs (e.g. token ids below "
+                "the vocabulary size)."
+            ) from exc
+    return [dict(zip(names, r, strict=True)) for r in ran], count

@@ -703,7 +703,9 @@ def _price_input(
         known = calibration.outputs if calibration is not None and not ask.held_out else None
         source = given.source
         untouched = str(source.path) if source.path is not None else source.proto
-        return price_input(given.proto, untouched, feeds, label, known, meters[0] if meters else None)
+        meter = meters[0] if meters else None
+        # source.proto: the input as read (given.proto is the copy the groups are zeroed in)
+        return price_input(given.proto, untouched, feeds, label, known, meter, source.proto, source.base_dir)
     except Exception as exc:  # inputs it cannot draw
         return PriceInput(None, feeds, label, note=f"not measured: {first_line(exc)}")
 
@@ -715,7 +717,8 @@ def _priced(
     was before anything was zeroed (`before`), on the same inputs."""
     opts.say("measuring the price ...")
     try:
-        cost = measure(before, result.model, opts.progress)
+        data = result.data_file  # the pruned model's weights, when they are in a file
+        cost = measure(before, result.model, opts.progress, data.parent if data is not None else None)
     except Exception as exc:  # ops onnxruntime cannot run (--no-validate)
         if isinstance(exc, ShrinkError) and ask.held_out:
             raise  # the user's held-out inputs the pruned model cannot run on
