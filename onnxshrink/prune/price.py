@@ -214,7 +214,7 @@ def measure(
     if given.segments is not None:
         return in_segments(given, given.segments, pruned, pruned_dir, progress)
     meter = given.meter or LatencyMeter(given.model, given.feeds[0], rounds=3, budget=0.05)  # a glance
-    base, candidate = meter.base, meter.session(pruned)
+    base, candidate = meter.base, _session(meter, pruned, pruned_dir)
     names = [o.name for o in base.get_outputs()]
     before: list[dict[str, np.ndarray]] = list(given.outputs or [])
     after: list[dict[str, np.ndarray]] = []
@@ -236,6 +236,16 @@ def measure(
     result.latency_before_ms, result.latency_after_ms = meter.compare(candidate, given.outputs is None, rounds)
     result.threads = meter.threads
     return result
+
+
+def _session(meter: Any, pruned: onnx.ModelProto, data_dir: str | Path | None):
+    """The meter's session of the pruned model; one whose weights a streamed shrink left in a
+    file of `data_dir` reads them there (those it keeps by absolute path, inline)."""
+    if data_dir is None:
+        return meter.session(pruned)
+    from onnxshrink.proof.sessions import serialized
+
+    return meter.session(serialized(pruned) or pruned, data_dir)
 
 
 def _same_shapes(feed: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> bool:

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -186,8 +187,9 @@ def meet(
 
 
 # ---------------------------------------------------------------------- latency
-def _session(model: onnx.ModelProto | bytes | str, threads: int):
-    """A session of `model`: a ModelProto, its bytes, or its file (read by onnxruntime)."""
+def _session(model: onnx.ModelProto | bytes | str, threads: int, data_dir: str | Path | None = None):
+    """A session of `model`: a ModelProto, its bytes, or its file (read by onnxruntime);
+    `data_dir`: where the external data of a model given in bytes are (a streamed prune's)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -195,6 +197,8 @@ def _session(model: onnx.ModelProto | bytes | str, threads: int):
     if threads:
         so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    if data_dir is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
     data = model if isinstance(model, bytes | str) else model.SerializeToString()
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
@@ -225,9 +229,10 @@ class LatencyMeter:
             sess.run(None, self.feed)
         return (time.perf_counter() - t0) / runs * 1e3
 
-    def session(self, model: onnx.ModelProto):
-        """A session of `model` as the input's (to time with `compare`, or to run)."""
-        return _session(model, self.threads)
+    def session(self, model: onnx.ModelProto | bytes, data_dir: str | Path | None = None):
+        """A session of `model` as the input's (to time with `compare`, or to run); `data_dir`:
+        where its external data are."""
+        return _session(model, self.threads, data_dir)
 
     def compare(self, model, warm: bool = False, runs: tuple[list[float], list[float]] = ([], [])) -> tuple[float, float]:
         """(input ms, `model` ms): a model, or a session of it made by `session`. `warm`: both
