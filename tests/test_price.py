@@ -320,20 +320,28 @@ def test_a_streamed_model_run_whole_is_priced_with_the_pruned_weights_where_the_
     assert result.price.latency_before_ms > 0 and result.price.latency_after_ms > 0
 
 
-def test_a_given_model_the_proof_runs_in_segments_is_priced_against_it(monkeypatch):
+@pytest.mark.parametrize("given", ["random", "calibration"])
+def test_a_given_model_the_proof_runs_in_segments_is_priced_against_it(monkeypatch, given):
     """The caller's ModelProto, run in segments: the price is against it, not against the
-    prune's copy with the chosen groups zeroed (in place, by --prune RATIO)."""
+    prune's copy with the chosen groups zeroed (in place, by --prune RATIO); on the calibration
+    inputs, the input's outputs are the calibration's (only the pruned model runs)."""
     from onnxshrink.proof.inputs import make_inputs, resolve_shapes
 
     model = trained_like(CNN, seed=5)
     kept = model.SerializeToString()
     weights = sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)  # all float32
     cut = _segments(monkeypatch, weights // 3)
-    result = prune(model, 0.3, validate=False)
+    if given == "random":
+        inputs = make_inputs(model, resolve_shapes(model, {}), 3, 0)  # the proof's draws
+        result = prune(model, 0.3, validate=False)
+        assert cut[-2] >= 2  # the input, in segments, then the pruned model
+    else:
+        inputs = [feeds(model, 1), feeds(model, 2)]
+        result = prune(model, 0.3, criterion="wanda", data=inputs, validate=False)
+        assert cut == [2]  # the pruned model alone, in two segments
     assert model.SerializeToString() == kept
-    assert cut[-2] >= 2  # the input, in segments
-    assert result.price.inputs.startswith("random inputs")
-    assert_price(result.price, independent(model, result.model, make_inputs(model, resolve_shapes(model, {}), 3, 0)))
+    assert result.price.inputs.startswith(given)
+    assert_price(result.price, independent(model, result.model, inputs))
 
 
 @pytest.mark.parametrize(
