@@ -310,8 +310,9 @@ def check(
     if proc.returncode != 0:
         return [f"{name}: onnxshrink exit {proc.returncode}: {proc.stderr.strip()[-800:]}"], False
     price = json.loads(report.read_text())["price"]
-    printed = [ln[4:] for ln in proc.stdout.splitlines() if "relative error" in ln or "price on" in ln or "latency" in ln]
-    timed = [ln[4:] for ln in proc.stdout.splitlines() if ln.startswith("Time:") or ln.startswith("[I] Time:")]
+    said = [ln.removeprefix("[I] ") for ln in proc.stdout.splitlines()]
+    printed = [ln for ln in said if "relative error" in ln or "price on" in ln or "latency" in ln]
+    timed = [ln for ln in said if ln.startswith("Time:")]
     with np.load(files[1]) as f:
         truth = independent(src, out, {k: f[k] for k in f.files})
     lines = [
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     if args.minilm:
         cases.append(("all-MiniLM-L6-v2", *minilm(args.minilm, args.work)))
-    for path in args.cnn or [p for p in CNNS if p.exists()]:
+    for path in args.cnn or ([] if args.model or args.minilm else [p for p in CNNS if p.exists()]):
         cases.append((path.stem, path, images(path, 1), images(path, 2)))
     flags = args.flags.split() if args.flags else ["--prune", f"{args.ratio:g}"]
     if args.model:
