@@ -18,6 +18,7 @@ from onnxshrink.proof.inputs import compared_values, graph_inputs, make_inputs, 
 from onnxshrink.proof.sessions import (
     OFF,
     RunFailed,
+    Serialized,
     default_level,
     levels,
     refusals,
@@ -333,11 +334,12 @@ class _Runs:
         self.proof, self.models = proof, models
         self.parts = [pieces(m, segment_bytes(m)) for m in (models.reference, models.shrunk)]
         self.counts = [len(p) if p else 1 for p in self.parts]
-        # each model run whole is serialized once for all its sessions (the reference's weights
-        # are inline: 0.2 s a copy for ResNet-50's), and its bytes dropped after its last one
-        self.data: list[bytes | None] = [None, None]
+        # each model run whole is serialized once for all its sessions, its large weights apart
+        # (sessions.Serialized: the reference's are inline, 100 MB for ResNet-50's), and dropped
+        # after its last one
+        self.data: list[Serialized | None] = [None, None]
 
-    def bytes_of(self, k: int) -> bytes | None:
+    def bytes_of(self, k: int) -> Serialized | None:
         """Model k's bytes for a session of it whole (made on first use); None in segments."""
         if self.parts[k] or self.data[k] is not None:
             return self.data[k]
@@ -596,7 +598,7 @@ def _refused_levels(
     shrunk_dir: str | Path | None,
     ran_at: str,
     segments: int,
-    data: bytes | None = None,
+    data: Serialized | None = None,
 ) -> tuple[str, str] | None:
     """Whether onnxruntime loads the shrunk model at every optimization level it loads the
     reference at: (the failure, or "" ; a note for the report). A model run in segments is
