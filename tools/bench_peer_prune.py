@@ -45,11 +45,13 @@ SIM = (
 )
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall s, CPU s) of one fresh process."""
+def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """(wall s, CPU s) of one fresh process, run in `cwd` (the workdir): `python -m` puts its
+    working directory first on the path, before PYTHONPATH, so that a checkout the bench ran in
+    would be the onnxshrink of every kind, --also's too."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -75,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     from tools.bench_prune import export_model
 
     tmp = None if args.workdir else tempfile.TemporaryDirectory()
-    work = args.workdir or Path(tmp.name)  # type: ignore[union-attr]
+    work = (args.workdir or Path(tmp.name)).absolute()  # type: ignore[union-attr]
     work.mkdir(parents=True, exist_ok=True)
     src = export_model("resnet50", BENCH["resnet50"], work, args.seed)
     # as installed packages run: from compiled bytecode (kept in the workdir, made by the
     # untimed first round), whatever PYTHONDONTWRITEBYTECODE this shell has
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    # this checkout's onnxshrink (each run's working directory is the workdir: see timed)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     sim_env = {**env, "PYTHONPATH": os.pathsep.join([str(args.onnxsim), env.get("PYTHONPATH", "")])}
     ours = [sys.executable, "-m", "onnxshrink.cli", str(src), "--prune", str(args.ratio), "-o", str(work / "ours.onnx"), "-q"]
     commands = {
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in range(args.repeat + 1):
             for kind in kinds:
-                figures = timed(*commands[kind])
+                figures = timed(*commands[kind], work)
                 if k:  # the first round compiles the bytecode and reads the model into the page cache
                     runs[kind].append(figures)
     finally:
