@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from conftest import ort_run
 from onnx import helper, numpy_helper
 
-from conftest import ort_run
 from onnxshrink.proof import sessions
 
 

@@ -38,6 +38,7 @@ from onnx import helper
 
 from onnxshrink.core.evaluate import _attrs
 from onnxshrink.errors import first_line
+from onnxshrink.io.weights import HANDED, handed
 
 # Per draw: (scale, sign) of the base values and of the redrawn slice; sign 0 draws both signs,
 # +1 only positive values, -1 only negative ones. Scales over four orders of magnitude leave the
@@ -185,8 +186,8 @@ def _model(
     for k, (a, v) in enumerate(zip(inputs, live, strict=True)):
         if a is None or v:
             continue
-        if a.nbytes >= _HANDED_BYTES and a.dtype in _HANDED:
-            initializers.append(_placeholder(f"i{k}", a))
+        if a.nbytes >= _HANDED_BYTES and a.dtype in HANDED:
+            initializers.append(handed(f"i{k}", a))
             weights[f"i{k}"] = np.ascontiguousarray(a)
         else:
             initializers.append(onnx.numpy_helper.from_array(np.asarray(a), f"i{k}"))
@@ -200,27 +201,10 @@ def _model(
     return helper.make_model(graph, opset_imports=imports, ir_version=_IR_VERSION), weights
 
 
-# Constant inputs of these types and at least this size are handed to onnxruntime as arrays
-# (`_placeholder`); smaller ones, or of other types, are serialized into the model.
-_HANDED = frozenset(
-    np.dtype(t)
-    for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
-)  # fmt: skip
+# Constant inputs of these types (io.weights.HANDED) and at least this size are handed to
+# onnxruntime as arrays (io.weights.handed); smaller ones, or of other types, are serialized
+# into the model.
 _HANDED_BYTES = 1024
-
-
-def _placeholder(name: str, a: np.ndarray) -> onnx.TensorProto:
-    """An initializer that names its data as external: onnxruntime takes the data from
-    SessionOptions.add_external_initializers instead (it reads no file), and treats it as any
-    initializer (constant: prepacked once)."""
-    t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(a.dtype))
-    t.dims.extend(a.shape)
-    t.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", "handed"), ("offset", "0"), ("length", str(a.nbytes))):
-        entry = t.external_data.add()
-        entry.key, entry.value = key, value
-    return t
 
 
 def _session(model: onnx.ModelProto, weights: Mapping[str, np.ndarray] | None = None):

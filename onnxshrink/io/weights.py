@@ -272,6 +272,28 @@ def tensor_proto(
     return t
 
 
+# The dtypes of initializers a session can be handed as arrays (numpy's, which
+# OrtValue.ortvalue_from_numpy takes as they are) instead of in the model's bytes (`handed`).
+HANDED = frozenset(
+    np.dtype(t)
+    for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
+)  # fmt: skip
+
+
+def handed(name: str, arr: np.ndarray) -> onnx.TensorProto:
+    """An initializer of `arr`'s shape and dtype that names its data as external: onnxruntime
+    takes the data from SessionOptions.add_external_initializers instead (it reads no file),
+    and treats it as any initializer (constant: prepacked once)."""
+    t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+    t.dims.extend(arr.shape)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "handed"), ("offset", "0"), ("length", str(arr.nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t
+
+
 def absolute(t: onnx.TensorProto) -> Path | None:
     """The file of an initializer stored by absolute path (a spilled masked weight), else None."""
     if t.data_location != onnx.TensorProto.EXTERNAL:

@@ -22,7 +22,7 @@ from onnxshrink.options import PROVIDERS, Provider
 if TYPE_CHECKING:  # run_model imports the segmenting (and shape inference) when it runs
     from onnxshrink.proof.segment import Piece
 
-M = TypeVar("M", onnx.ModelProto, onnx.GraphProto, onnx.TensorProto)
+M = TypeVar("M", onnx.ModelProto, onnx.GraphProto)
 
 # onnxruntime's name of each provider a run can be given (options.Provider)
 EXECUTION_PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -261,14 +261,9 @@ class Serialized:
     weights: dict[str, np.ndarray]
 
 
-# the initializers given to a session apart from the model's bytes: of a dtype numpy has, at
-# least this large (a smaller one costs more to hand over than to serialize)
+# the initializers given to a session apart from the model's bytes: of a dtype numpy has
+# (io.weights.HANDED), at least this large (a smaller one costs more to hand over than to serialize)
 APART_BYTES = 4096
-_NUMPY_TYPES = (
-    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT8,
-    onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
-    onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL,
-)  # fmt: skip
 
 
 def serialized(model: onnx.ModelProto) -> Serialized | None:
@@ -285,11 +280,14 @@ def _apart(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The main graph's initializers a session can be given apart (a numpy dtype, inline raw
     bytes of their size, at least APART_BYTES, a name no other initializer nor input has),
     as arrays over (a copy of) their bytes."""
+    from onnxshrink.io.weights import HANDED
+
+    types = {onnx.helper.np_dtype_to_tensor_dtype(d) for d in HANDED}
     names = Counter(t.name for t in model.graph.initializer)
     names.update(i.name for i in model.graph.input)
     out: dict[str, np.ndarray] = {}
     for t in model.graph.initializer:
-        if t.data_type not in _NUMPY_TYPES or t.data_location == onnx.TensorProto.EXTERNAL:
+        if t.data_type not in types or t.data_location == onnx.TensorProto.EXTERNAL:
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
         size = math.prod(t.dims) * dtype.itemsize
@@ -304,18 +302,12 @@ def _apart(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 def _skeleton(model: onnx.ModelProto, apart: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """A copy of `model` whose initializers named in `apart` are marked external, without their
     values (the model's main graph: the initializers a session can be given)."""
+    from onnxshrink.io.weights import handed
+
     skeleton = _copy_but(model, "graph", onnx.ModelProto())
     graph = _copy_but(model.graph, "initializer", skeleton.graph)
     for t in model.graph.initializer:
-        if t.name not in apart:
-            graph.initializer.append(t)
-            continue
-        stub = _copy_but(t, "raw_data", graph.initializer.add())
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        del stub.external_data[:]
-        for key, value in (("location", "given-apart"), ("offset", "0"), ("length", str(apart[t.name].nbytes))):
-            entry = stub.external_data.add()
-            entry.key, entry.value = key, value
+        graph.initializer.append(handed(t.name, apart[t.name]) if t.name in apart else t)
     return skeleton
 
 
