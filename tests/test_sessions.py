@@ -54,7 +54,7 @@ def test_a_model_with_its_weights_apart_computes_what_it_computes_serialized_who
     for seed, zeros in ((0, False), (1, True)):
         model = _model(seed, zeros)
         before = model.SerializeToString()
-        data = sessions.serialized(model)
+        data = sessions.weights_apart(model)
         assert data is not None
         assert model.SerializeToString() == before  # the model itself is left as it was
         # the large ones of numpy dtypes; B is small, S may be fed
@@ -86,7 +86,7 @@ def test_weights_kept_in_external_data_are_read_from_the_data_directory(tmp_path
     path = tmp_path / "m.onnx"
     onnx.save(_model(2), path, save_as_external_data=True, all_tensors_to_one_file=True, location="m.data", size_threshold=10_000)
     stored = onnx.load(path, load_external_data=False)  # W and S (16 KiB, 150 KiB) in m.data
-    data = sessions.serialized(stored)
+    data = sessions.weights_apart(stored)
     assert data is not None and sorted(data.weights) == ["H", "I", "M"]  # inline, and large enough
     feed = {"x": np.random.default_rng(3).standard_normal((1, 64)).astype(np.float32)}
     expected = ort_run(model, feed)[0]

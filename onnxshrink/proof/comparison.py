@@ -343,9 +343,9 @@ class _Runs:
         """Model k's bytes for a session of it whole (made on first use); None in segments."""
         if self.parts[k] or self.data[k] is not None:
             return self.data[k]
-        from onnxshrink.proof.sessions import serialized
+        from onnxshrink.proof.sessions import weights_apart
 
-        self.data[k] = serialized((self.models.reference, self.models.shrunk)[k])
+        self.data[k] = weights_apart((self.models.reference, self.models.shrunk)[k])
         return self.data[k]
 
     def release(self, k: int) -> None:

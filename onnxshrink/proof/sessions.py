@@ -143,7 +143,7 @@ def session(
 ):
     """An onnxruntime session of `model` at graph optimization `level` (a LEVELS name); weights
     it keeps in external data are read (mapped) from `data_dir`, never copied into this process.
-    `data`: the model already serialized (several sessions of one model: `serialized`)."""
+    `data`: the model already serialized (several sessions of one model: `weights_apart`)."""
     import onnxruntime as ort
 
     ep = check_provider(provider)
@@ -214,7 +214,8 @@ def run_model(
     results kept, its session freed), at graph optimization `level`. RunFailed when
     onnxruntime cannot load or run it. `parts`: the segments, when already cut
     (onnxshrink.proof.segment.pieces: each made when it runs, one piece's weights copied at a time).
-    `data`: the whole model as `serialized` made it (several runs of one model), when run whole."""
+    `data`: the whole model as `weights_apart` (or `serialized`) made it (several runs of one
+    model), when run whole."""
     from onnxshrink.proof.segment import Piece, pieces
 
     parts = parts or pieces(model, segment_bytes(model))
@@ -266,7 +267,13 @@ class Serialized:
 APART_BYTES = 4096
 
 
-def serialized(model: onnx.ModelProto) -> Serialized | None:
+def serialized(model: onnx.ModelProto) -> bytes | None:
+    """The bytes onnxruntime is given for `model` run whole (its spilled weights inline); None
+    past protobuf's 2 GB limit."""
+    return _serialized(_inlined(model, own=False))
+
+
+def weights_apart(model: onnx.ModelProto) -> Serialized | None:
     """What onnxruntime is given for `model` run whole (its spilled weights inline), made once
     for several sessions of it (`Serialized`: its large weights apart); None past protobuf's
     2 GB limit."""
@@ -335,10 +342,10 @@ def refusals(
     data: bytes | Serialized | None = None,
 ) -> dict[str, str]:
     """The optimization levels of `at` at which onnxruntime refuses to load `model`, and why
-    (`data`: its bytes from `serialized`, when already made)."""
+    (`data`: what `weights_apart` made of it, when already made)."""
     if data is None:  # with its bytes given, the model itself is not read by session()
         model = _inlined(model, own=False)
-        data = serialized(model)
+        data = weights_apart(model)
     out = {}
     for level in at:
         try:
