@@ -47,8 +47,11 @@ def opaque_value(node: gs.Node, view: ShapeView) -> SymValue | None:
     ins = [v for v in (view.sym(t) for t in node.inputs if view.is_shape(t)) if v is not None]
     if not ins:
         return None
-    r = ir.static_dim(node.outputs[0], 0)
-    return SymValue((opaque(*ins),) * (r or 1), scalar=ir.rank(node.outputs[0]) == 0)
+    rank = ir.rank(node.outputs[0])
+    n = 1 if rank == 0 else ir.static_dim(node.outputs[0], 0) if rank == 1 else None
+    if n is None:  # a vector of unknown length: no value an element of it could be read from
+        return None
+    return SymValue((opaque(*ins),) * n, scalar=rank == 0)
 
 
 def sized_dims(

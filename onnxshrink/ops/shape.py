@@ -24,8 +24,9 @@ class Shape(_SizesOf):
     def shape_value(self, node: gs.Node, view: ShapeView) -> SymValue | None:
         x = node.inputs[0]
         r = ir.rank(x)
-        if r is None:
-            return SymValue((Opaque(frozenset()),) * (ir.static_dim(node.outputs[0], 0) or 1))
+        if r is None:  # its length is the input's rank: known only when shape inference says
+            n = ir.static_dim(node.outputs[0], 0)
+            return SymValue((Opaque(frozenset()),) * n) if n is not None else None
         start = ir.norm_axis(int(node.attrs.get("start", 0)), r)
         end = node.attrs.get("end")
         stop = r if end is None else min(ir.norm_axis(int(end), r), r)

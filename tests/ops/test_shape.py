@@ -72,3 +72,24 @@ def test_the_element_count_used_as_a_number_keeps_every_axis_it_counts():
 def test_a_product_of_sizes_used_as_a_number_keeps_the_channels():
     result = shrink_checked(tiny(PRODUCT, zero=ZERO, opset=18))
     assert shapes(result.model)["W1"] == (6, 3, 1, 1)
+
+
+def test_the_shape_of_a_tensor_of_unknown_rank_is_not_taken_for_one_size():
+    """Shape of a tensor whose rank nothing says has a length nobody knows. It was read as one
+    size: its slice [1:2] was empty, and a Reshape target built from it lost an axis (PP-OCRv4's
+    recognizer, paddle2onnx: an internal error, a Transpose's perm longer than the rank it was
+    given). Now such a value, and any opaque shape value of unknown length, is not modelled."""
+    import onnx_graphsurgeon as gs
+
+    from onnxshrink.analyze import lookup
+    from onnxshrink.analyze.constants import ConstContext
+    from onnxshrink.analyze.shapes import propagate_shapes
+
+    h = gs.Variable("h", dtype=np.float32)  # no shape: rank unknown
+    s, n = gs.Variable("s", dtype=np.int64), gs.Variable("n", dtype=np.int64, shape=[1])
+    known = gs.Variable("k", dtype=np.float32, shape=[2, 6, 24])
+    nodes = [gs.Node("Shape", inputs=[h], outputs=[s]), gs.Node("Shape", inputs=[known], outputs=[n])]
+    graph = gs.Graph(nodes=nodes, inputs=[h, known], outputs=[s, n], opset=17)
+    syms = propagate_shapes(graph, ConstContext(graph, 17, lookup(17)), lookup(17))
+    assert "s" not in syms  # its length is the unknown rank of h
+    assert len(syms["n"].items) == 3  # a known rank: one size per axis
