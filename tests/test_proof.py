@@ -620,6 +620,30 @@ def test_an_integer_output_is_rounding_only_where_its_values_are_near_ties():
     assert not v.rounding and "another function" in v.text
 
 
+def test_a_single_outputs_float32_size_is_measured_against_the_references_spread_between_levels():
+    """silero_vad_openvino_16k --prune 0.3: one probability, its float32 difference 2.6e-5,
+    within the proof's tolerance; the reference's own float32 error on that input happened to
+    be 1.6e-6, and the judge called 2.6e-5 'past 10 x it' (not rounding) though float64 found
+    the twin the same function to 1.9e-15 and the reference itself moves by 1.6e-5 between
+    onnxruntime's optimization levels. The spread bounds the size too; float64 still decides."""
+    from onnxshrink.proof.judge import verdict
+
+    eps = 2.0**-23
+    r64 = np.array([0.5])
+    r32 = np.array([0.5 + 0.8e-6])  # its own float32 error: 1.6e-6 of the output
+    s32 = np.array([0.5 + 13.8e-6])  # 2.6e-5 away from r32
+    alone = verdict(r32, s32, r64, r64, eps)
+    assert not alone.rounding and "past 10 x it" in alone.text
+    judged = verdict(r32, s32, r64, r64, eps, noise=1.6e-5)
+    assert judged.rounding and "spread between optimization levels 1.6e-05" in judged.text
+    # the spread does not make another function rounding: float64 differs past its reach
+    wrong = verdict(r32, s32, r64, np.array([0.5 + 13.8e-6]), eps, noise=1.6e-5)
+    assert not wrong.rounding and "another function" in wrong.text
+    # nor a float32 difference past 10 x the spread
+    far = verdict(r32, np.array([0.5 + 2e-4]), r64, r64, eps, noise=1.6e-5)
+    assert not far.rounding and "past 10 x it" in far.text
+
+
 # ------------------------------------------------------------------ the float64 judge, in pieces
 def _pieces(monkeypatch, twin: bool) -> None:
     """Every model past 1 KiB computed in float64 piece by piece; the twin made or not."""
