@@ -26,10 +26,11 @@ not zeroed (its channel is zero whatever its scale). How its zero point is read:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -254,14 +255,17 @@ def find_groups(
     part = log.partition()
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied, query_ranks)
-    groups, layers = finder.build()
+    with _no_collection():  # a million members, none in a cycle: the collector only rescans them
+        groups, layers = finder.build()
     tensors = ir.all_tensors(graph)
     copies = copies_of(graph, untied)
-    shapes = {m.tensor: tuple(int(d) for d in tensors[m.tensor].shape) for g in groups for m in g.members}
+    held = dict.fromkeys(m.tensor for g in groups for m in g.members)  # in the members' order
+    shapes = {t: tuple(int(d) for d in tensors[t].shape) for t in held}
     shapes |= {t: tuple(int(d) for d in tensors[t].shape) for readers in copies.values() for t in readers}
     groups, layers = tie_copies(groups, layers, copies, shapes)
     blocks = finder.blocks(groups, layers)
-    arrays = {m.tensor: np.asarray(tensors[m.tensor].values) for g in groups for m in g.members}
+    held = dict.fromkeys(m.tensor for g in groups for m in g.members)  # (tied: copies added)
+    arrays = {t: np.asarray(tensors[t].values) for t in held}
     result = GroupSet(groups, layers, name, untied, arrays, blocks=blocks)
     result.dequant = {k: v for k, v in finder.dequant.items() if k in arrays}
     result.quant_params = finder.quant_params & set(arrays)
@@ -273,6 +277,19 @@ def find_groups(
     del graph, analysis, finder, tensors
     gc.collect()
     return result
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """The cyclic collector paused (as it was before, after): building many objects that form
+    no cycles, it would scan the growing heap again and again for nothing."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _cuts(query_ranks: bool) -> tuple[str, ...]:
@@ -309,41 +326,40 @@ class _Finder:
         self.kv_alone: dict[int, int] = {}
         self.heads = self._fused_heads()
         self.readers = _GraphReaders(analysis)
+        # per node (by id): does it multiply its operands, and the components each input carries
+        # (`_gated`, `_carriers`): asked once per node, not once per group that meets there
+        self._multiplies: dict[int, bool] = {}
+        self._carried: dict[int, list[set[int]]] = {}
+        # per activation: its components' indices (`_data_of`), for every weight reading it
+        self._data: dict[str, dict[int, tuple[str, int, np.ndarray]]] = {}
+        self._sizes: dict[tuple[tuple[str, int, int], ...], int] = {}  # `_params` per layout
 
     def build(self) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
         declared: set[int] = set()
-        for t in list(self.analysis.keep.tensors.values()):
-            if not isinstance(t, gs.Constant) or not (_is_float(t) or self._quantized(t)):
-                continue
-            for axis in range(len(t.shape)):
-                key = (t.name, axis)
-                if key not in self.part.offsets:
-                    continue
-                comps = self.part.of(key)
-                for member, read in self._members(t, axis):
-                    data = self._data_of(member, read)
-                    for comp, idx in _split(comps):
-                        m = _with(member, idx)
-                        if comp in data:
-                            m.data = data[comp]
-                        members[comp].append(m)
-                        if m.side:
-                            declared.add(comp)
+        templates = self._templates()
+        # each group's members in the order it lists them (by initializer, axis and node, ties
+        # in the order found): the templates sorted once, not every group's members
+        templates.sort(key=lambda e: (e[0].initializer, e[0].axis, e[0].node))
+        for member, data, split in templates:
+            for comp, idx in split:
+                m = _with(member, idx)
+                if comp in data:
+                    m.data = data[comp]
+                members[comp].append(m)
+            if member.side:
+                declared.update(comp for comp, _ in split)
         listed = [
             c for c in sorted(declared) if not self._read_whole(c)
         ]  # an axis an op reads whole (kernel taps) is no group
         self.listed = set(listed)
         tensors = self.analysis.keep.tensors
-        shapes = {
-            name: tuple(int(d) for d in tensors[name].shape)
-            for name in {m.tensor for ms in members.values() for m in ms}
-        }
+        shapes = {m.tensor: tuple(int(d) for d in tensors[m.tensor].shape) for m, _, _ in templates}
         groups: list[Group] = []
         layer_of: dict[tuple[tuple[str, int], ...], int] = {}
         layers: list[Layer] = []
         for comp in listed:
-            ms = sorted(members[comp], key=lambda m: (m.initializer, m.axis, m.node))
+            ms = members[comp]
             layer_key = tuple(sorted({(m.tensor, m.axis) for m in ms}))
             unit = self._unit(comp, ms)
             if layer_key not in layer_of:
@@ -358,13 +374,38 @@ class _Finder:
                 layer.id,
                 ms,
                 unit,
-                _params(ms, shapes),
+                self._params_of(ms, shapes),
                 exact=not blocking,
                 reason=blocking[0] if blocking else None,
             )
             layer.groups.append(g.id)
             groups.append(g)
         return groups, layers
+
+    def _templates(self) -> list[tuple[Member, dict[int, tuple[str, int, np.ndarray]], list[tuple[int, np.ndarray]]]]:
+        """Per weight axis that holds components and per node reading it: the member template,
+        the activation it multiplies (`_data_of`) and its indices per component (`_split`)."""
+        out = []
+        for t in list(self.analysis.keep.tensors.values()):
+            if not isinstance(t, gs.Constant) or not (_is_float(t) or self._quantized(t)):
+                continue
+            for axis in range(len(t.shape)):
+                key = (t.name, axis)
+                if key not in self.part.offsets:
+                    continue
+                comps = self.part.of(key)
+                for member, read in self._members(t, axis):
+                    out.append((member, self._data_of(member, read), list(_split(comps))))
+        return out
+
+    def _params_of(self, members: list[Member], shapes: dict[str, tuple[int, ...]]) -> int:
+        """`_params` of the members, once per layout of (tensor, axis, count): a layer's groups
+        share one."""
+        key = tuple((m.tensor, m.axis, len(m.indices)) for m in members)
+        got = self._sizes.get(key)
+        if got is None:
+            got = self._sizes[key] = _params(members, shapes)
+        return got
 
     def _data_of(self, m: Member, read: tuple[gs.Node, int]) -> dict[int, tuple[str, int, np.ndarray]]:
         """For a weight matrix read along its input axis: the activation it multiplies (the
@@ -375,11 +416,13 @@ class _Finder:
         x = node.inputs[1 - slot] if len(node.inputs) > 1 else None
         if x is None or isinstance(x, gs.Constant):
             return {}
-        out: dict[int, tuple[str, int, np.ndarray]] = {}
-        for axis in range(len(x.shape or [])):
-            if (x.name, axis) in self.part.offsets:
-                for comp, idx in _split(self.part.of((x.name, axis))):
-                    out.setdefault(comp, (x.name, axis, idx))
+        out = self._data.get(x.name)
+        if out is None:  # the same for every weight reading x (shared, never changed)
+            out = self._data[x.name] = {}
+            for axis in range(len(x.shape or [])):
+                if (x.name, axis) in self.part.offsets:
+                    for comp, idx in _split(self.part.of((x.name, axis))):
+                        out.setdefault(comp, (x.name, axis, idx))
         return out
 
     def _read_whole(self, comp: int) -> bool:
@@ -521,12 +564,14 @@ class _Finder:
     def _carriers(self, comp: int, node: gs.Node) -> int:
         """How many of `node`'s operands carry the component: two for a gate (silu(g) * u), one
         for a product that scales it (a dynamically quantized layer's output times its scale)."""
-        count = 0
-        for t in node.inputs:
-            axes = range(len(t.shape)) if t is not None and t.shape is not None else range(0)
-            if any((t.name, a) in self.part.offsets and comp in self.part.of((t.name, a)) for a in axes):
-                count += 1
-        return count
+        carried = self._carried.get(id(node))
+        if carried is None:  # each operand's components over all its axes, once per node
+            carried = self._carried[id(node)] = []
+            for t in node.inputs:
+                axes = range(len(t.shape)) if t is not None and t.shape is not None else range(0)
+                keys = [(t.name, a) for a in axes if (t.name, a) in self.part.offsets]
+                carried.append({int(c) for key in keys for c in np.unique(self.part.of(key))})
+        return sum(comp in comps for comps in carried)
 
     def _fused_heads(self) -> dict[int, tuple[int, int, bool]]:
         """Per component holding a fused attention op's query heads (`Handler.head_axis`): its
@@ -580,7 +625,6 @@ class _Finder:
         families = {m.family for m in producers}
         if "recurrent" in families:  # an LSTM/GRU/RNN hidden unit: its gate rows in W and R
             return Unit("recurrent_unit", 1)
-        handlers = [self.analysis.handler_for(n) for n in self.part.meets.get(comp, [])]
         if counts[-1] > 1 and comp in self.part.normalized and families <= {"linear", "embedding"}:
             return Unit("width", counts[0])  # a quantization block of the width (MatMulNBits)
         if counts[-1] > 1 and families != {"linear"}:  # a grouped conv's group
@@ -589,21 +633,26 @@ class _Finder:
             d = counts[0]
             if counts[-1] != d:
                 return Unit("kv_group", d, head_dim=d, query_heads=counts[-1] // d)
-            if self._gated(comp, handlers):  # a quantization block of gated neurons (MatMulNBits)
+            if self._gated(comp):  # a quantization block of gated neurons (MatMulNBits)
                 return Unit("gated_neuron", d)
             return Unit("head", d, head_dim=_read_width(members, d))
         if comp in self.part.normalized:
             return Unit("width", 1)
         if producers and families == {"linear"}:
-            return Unit("gated_neuron" if self._gated(comp, handlers) else "neuron", 1)
+            return Unit("gated_neuron" if self._gated(comp) else "neuron", 1)
         return Unit("channel", 1)
 
-    def _gated(self, comp: int, handlers: list[Handler]) -> bool:
+    def _gated(self, comp: int) -> bool:
         """Does an elementwise product of two operands carrying the component combine it?"""
-        return any(
-            h is not None and h.multiplies(OpNode.of(n)) and self._carriers(comp, n) >= 2
-            for h, n in zip(handlers, self.part.meets.get(comp, []), strict=True)
-        )
+        return any(self._product(n) and self._carriers(comp, n) >= 2 for n in self.part.meets.get(comp, []))
+
+    def _product(self, node: gs.Node) -> bool:
+        """Does `node` multiply its operands (once per node)?"""
+        got = self._multiplies.get(id(node))
+        if got is None:
+            h = self.analysis.handler_for(node)
+            got = self._multiplies[id(node)] = h is not None and h.multiplies(OpNode.of(node))
+        return got
 
 
     # ------------------------------------------------------------------ blocks
@@ -815,15 +864,16 @@ def _split(comps: np.ndarray):
     """(component, indices) pairs of an axis whose index i is in component comps[i]."""
     order = np.argsort(comps, kind="stable")
     ids, starts = np.unique(comps[order], return_index=True)
-    for k, comp in enumerate(ids):
-        end = starts[k + 1] if k + 1 < len(starts) else len(order)
-        yield int(comp), order[starts[k] : end]  # ascending: the argsort is stable
+    bounds = [*starts.tolist(), len(order)]  # Python ints: slicing by them is cheaper
+    for k, comp in enumerate(ids.tolist()):
+        yield comp, order[bounds[k] : bounds[k + 1]]  # ascending: the argsort is stable
 
 
 def _with(template: Member, indices: np.ndarray) -> Member:
     m = Member.__new__(Member)  # a copy of the template (copy.copy is ten times slower)
-    m.__dict__.update(template.__dict__)
-    m.indices = indices
+    fields = template.__dict__.copy()  # (copying the dict whole is faster than updating one)
+    fields["indices"] = indices
+    m.__dict__ = fields
     return m
 
 
