@@ -137,6 +137,26 @@ def sliced(p: Pattern, rows: np.ndarray | None, cols: np.ndarray | None) -> Patt
     return Pattern(r, c, int(r.sum()) * int(c.sum()) - int(inside.sum()), zeros)
 
 
+def zeroed(p: Pattern, rows: np.ndarray | None, cols: np.ndarray | None) -> Pattern | None:
+    """The pattern of W with rows `rows` and columns `cols` set to zero (index arrays; None:
+    none), from W's, without a pass over it; None when W's is not exact. A row (column) stays
+    non-zero when it is not zeroed and one of its columns (rows) that are not holds a non-zero;
+    the zeros inside are W's that lie in the rows and columns still non-zero."""
+    if p.zeros is None:
+        return None
+    kr = np.ones(len(p.rows), bool)
+    kc = np.ones(len(p.cols), bool)
+    if rows is not None:
+        kr[rows] = False
+    if cols is not None:
+        kc[cols] = False
+    r = p.rows_reading(kc) & kr
+    c = p.reached(kr[None, :])[0] & kc
+    zr, zc = p.zeros
+    inside = r[zr] & c[zc]
+    return Pattern(r, c, int(r.sum()) * int(c.sum()) - int(inside.sum()), (zr[inside], zc[inside]))
+
+
 def _renumber(index: np.ndarray, size: int) -> np.ndarray:
     out = np.full(size, -1, np.int64)
     out[index] = np.arange(len(index))

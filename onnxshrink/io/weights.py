@@ -71,6 +71,10 @@ def _key(arr: np.ndarray) -> _Key:
     return (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
 
 
+def _place(arr: np.ndarray, path: Path, offset: int, length: int) -> tuple[Hashable, ...]:
+    return (path, offset, length, arr.shape, arr.strides, arr.dtype.str)
+
+
 class WeightStore:
     """Read-only maps of external data files, and the facts memoized on the arrays they give."""
 
@@ -78,7 +82,11 @@ class WeightStore:
         self._maps: dict[Path, mmap.mmap] = {}
         self._ranges: list[tuple[int, int, mmap.mmap]] = []  # address ranges of every map
         self._where: dict[_Key, Location] = {}  # exact tensors (see `location`)
-        self._memo: dict[tuple[_Key, Hashable], Any] = {}
+        self._memo: dict[tuple[Hashable, Hashable], Any] = {}
+        # files this store's writers made (resolved), and each array viewing a tensor in one:
+        # its place (path, offset, length, shape, strides, dtype), the same for every map of it
+        self._written: set[Path] = set()
+        self._places: dict[_Key, tuple[Hashable, ...]] = {}
         _STORES.add(self)
 
     # ---------------------------------------------------------------- reading
@@ -111,6 +119,8 @@ class WeightStore:
             )
         arr = np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(dims)
         self._where[_key(arr)] = Location(path, offset, length)
+        if path in self._written:  # a tensor a writer of this store wrote, mapped again
+            self._places[_key(arr)] = _place(arr, path, offset, length)
         return arr
 
     def owns(self, arr: np.ndarray) -> bool:
@@ -125,13 +135,20 @@ class WeightStore:
         return self._where.get(_key(arr)) if isinstance(arr, np.ndarray) else None
 
     def memo(self, arr: np.ndarray, kind: Hashable, compute: Callable[[], T]) -> T:
-        key = (_key(arr), kind)
+        key = (self._identity(arr), kind)
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
 
     def peek(self, arr: np.ndarray, kind: Hashable) -> Any:
-        return self._memo.get((_key(arr), kind))
+        return self._memo.get((self._identity(arr), kind))
+
+    def _identity(self, arr: np.ndarray) -> Hashable:
+        """What a memo is kept under: the array's address, or, for a tensor this store wrote,
+        its place in the file, so that what was derived for the writer's view of it (a zeroed
+        weight's non-zero pattern) serves a later map of the file (the shrink reading it)."""
+        key = _key(arr)
+        return self._places.get(key, key)
 
     # ---------------------------------------------------------------- residency
     def populate(self, arr: np.ndarray) -> None:
@@ -159,6 +176,7 @@ class WeightStore:
         self._ranges.clear()
         self._where.clear()
         self._memo.clear()
+        self._places.clear()
 
     # ---------------------------------------------------------------- writing
     def writer(self, path: Path) -> DataWriter:
@@ -173,6 +191,8 @@ class DataWriter:
         self.path = Path(path).absolute()
         with file_access(self.path.parent, "write the shrunk weights in"):
             self._f = open(self.path, "wb")  # noqa: SIM115 (closed by close(), after the last tensor)
+        self.real = self.path.resolve()  # as WeightStore.array names it
+        store._written.add(self.real)
         self.offset = 0
         self.tensors = 0
 
@@ -202,6 +222,7 @@ class DataWriter:
         count = int(np.prod(shape, dtype=np.int64))
         arr = np.frombuffer(mm, dtype=dtype, count=count, offset=start - page).reshape(shape)
         self.store._where[_key(arr)] = Location(self.path, start, length)
+        self.store._places[_key(arr)] = _place(arr, self.real, start, length)
         return arr
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxshrink.core import nonzero
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, WeightStore, tensor_proto
 
@@ -45,7 +46,29 @@ def zeroed(
         return out
     made = writer.write(name, _blocks(arr, slices, zero), arr.shape, arr.dtype)
     weights.trim()  # the mapped rows read go back to the page cache
+    _derive_pattern(arr, made, slices, zero)
     return made
+
+
+def _derive_pattern(
+    arr: np.ndarray, made: np.ndarray, slices: Sequence[tuple[int, np.ndarray]], zero: np.ndarray | None
+) -> None:
+    """The non-zero pattern of a zeroed matrix, derived from its original's when a pass already
+    computed that (the analysis that found the groups), and remembered: the shrink's analysis
+    of the reference then does not scan it again. Not for a quantized weight zeroed to a
+    zero point that is not 0 (its zeroed slices are not zeros)."""
+    if arr.ndim != 2 or (zero is not None and np.any(zero)):
+        return
+    before = nonzero.known(arr)
+    if before is None:
+        return
+    rows = [idx for axis, idx in slices if axis == 0]
+    cols = [idx for axis, idx in slices if axis == 1]
+    after = nonzero.zeroed(
+        before, np.concatenate(rows) if rows else None, np.concatenate(cols) if cols else None
+    )
+    if after is not None:
+        nonzero.remember(made, after)
 
 
 def _blocks(arr: np.ndarray, slices: Sequence[tuple[int, np.ndarray]], zero: np.ndarray | None) -> Iterator[np.ndarray]:

@@ -52,3 +52,45 @@ def test_many_scattered_zeros_fall_back_to_the_matrix(monkeypatch):
     assert not p.exact and p.count == 7
     cols = np.array([True, False, False, False])
     assert np.array_equal(_rows_read(w, cols), [True, False, False, False])
+
+
+def test_zeroed_pattern_is_the_scanned_one():
+    """A zeroed weight's pattern derived from its original's (the prune's reference) equals a
+    pass over the zeroed weight; and a store's memo of a tensor it wrote serves a later map of
+    the same bytes (the shrink reading the spill file)."""
+    from onnxshrink.core.nonzero import zeroed
+
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        w = _random_weight(rng)
+        k, n = w.shape
+        rows = rng.choice(k, rng.integers(0, k + 1), replace=False) if rng.random() < 0.7 else None
+        cols = rng.choice(n, rng.integers(0, n + 1), replace=False) if rng.random() < 0.7 else None
+        z = w.copy()
+        if rows is not None:
+            z[rows] = 0
+        if cols is not None:
+            z[:, cols] = 0
+        derived, scanned = zeroed(_scan(w), rows, cols), _scan(z)
+        assert derived is not None
+        assert np.array_equal(derived.rows, scanned.rows) and np.array_equal(derived.cols, scanned.cols)
+        assert derived.count == scanned.count == np.count_nonzero(z)
+        assert sorted(zip(*derived.zeros, strict=True)) == sorted(zip(*scanned.zeros, strict=True))
+
+
+def test_a_written_tensor_keeps_its_memo_when_mapped_again(tmp_path):
+    from onnxshrink.io.weights import WeightStore, tensor_proto
+
+    store = WeightStore()
+    writer = store.writer(tmp_path / "w.data")
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    made = writer.write("w", iter([w[:2], w[2:]]), w.shape, w.dtype)
+    writer.close()
+    assert store.memo(made, "k", lambda: 7) == 7
+    t = tensor_proto("w", made, store.location(made), None)
+    again = store.array(t, str(tmp_path))
+    assert again.__array_interface__["data"][0] != made.__array_interface__["data"][0]
+    assert np.array_equal(again, w) and store.peek(again, "k") == 7
+    assert store.peek(again.T, "k") is None  # another view: its own memo
+    other = WeightStore()  # a store that did not write it: nothing known
+    assert other.peek(other.array(t, str(tmp_path)), "k") is None
