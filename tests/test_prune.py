@@ -301,6 +301,28 @@ def test_the_choice_on_a_small_model_is_pinned(options, layer1, layer2, after):
     assert error_against(zeroed(model, result), result.model, draws=1) <= 1e-5
 
 
+@pytest.mark.parametrize("block", [None, 8 * 300 * 3])  # 300 x 7 in blocks of 3 columns: one left
+def test_matrix_norms_are_the_blockwise_sums_bit_for_bit(monkeypatch, block):
+    # A matrix's norms read in row blocks add the same numbers in the same order as the
+    # block-wise pass over the moved axis (the scores, hence the choice, are unchanged), and
+    # are the sums of |w|^p.
+    from onnxshrink.prune import importance
+
+    if block is not None:
+        monkeypatch.setattr(importance, "NORM_BLOCK_BYTES", block)
+    rng = np.random.default_rng(3)
+    for shape in [(300, 7), (7, 300), (1, 9), (9, 1), (257, 129)]:
+        for dtype in (np.float32, np.float16, np.float64):
+            w = rng.standard_normal(shape).astype(dtype)
+            w[rng.random(shape) < 0.2] = 0
+            for axis in (0, 1):
+                for p in (1, 2):
+                    fast, blockwise = importance._matrix_norms(w, p)[axis], importance._norms(w, axis, p)
+                    assert fast.tobytes() == blockwise.tobytes()
+                    expected = (np.abs(w.astype(np.float64)) ** p).sum(axis=1 - axis)
+                    np.testing.assert_allclose(fast, expected, rtol=1e-12)
+
+
 def test_an_input_with_external_data_gives_an_output_with_external_data_and_is_never_overwritten(
     tmp_path, capsys
 ):

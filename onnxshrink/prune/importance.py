@@ -28,6 +28,8 @@ every other position.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import onnx
@@ -102,26 +104,40 @@ def magnitudes(gset: GroupSet, groups: list[Group], p: int) -> np.ndarray:
     weight's per-index norms (one fancy index per weight), then averaged per group with one
     reduceat (the same sums, in the same order, as np.mean of each group's list)."""
     members = [weighed(g) for g in groups]
-    counts = np.array([len(ms) for ms in members], np.int64)
-    flat = np.empty(int(counts.sum()), np.float64)
-    single: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
-    k = 0
-    for ms in members:
-        for m in ms:
-            if len(m.indices) == 1:
-                pos, idx = single.setdefault((m.tensor, m.axis), ([], []))
-                pos.append(k)
-                idx.append(int(m.indices[0]))
-            else:
-                flat[k] = member_norm(gset, m, p)
-            k += 1
-    for (tensor, axis), (pos, idx) in single.items():
-        flat[pos] = channel_norms(gset, tensor, axis, p)[idx]
+    counts = np.fromiter(map(len, members), np.int64, len(members))
+    flat = _member_norms(gset, list(chain.from_iterable(members)), p)
     out = np.full(len(groups), np.nan)  # a group with no member to weigh: nan, as np.mean([])
     some = counts > 0
     if some.any():
         starts = (np.cumsum(counts) - counts)[some]
         out[some] = np.add.reduceat(flat, starts) / counts[some]
+    return out
+
+
+def _member_norms(gset: GroupSet, members: list[Member], p: int) -> np.ndarray:
+    """`member_norm` of each member, without a Python step per member where it holds one index
+    (a layer's groups each hold one index of a weight): those are read from each weight's
+    per-index norms with one fancy index per weight."""
+    out = np.empty(len(members), np.float64)
+    indices = list(map(attrgetter("indices"), members))
+    lengths = np.fromiter(map(len, indices), np.int64, len(indices))
+    keys = list(map(attrgetter("tensor", "axis"), members))
+    codes = {key: c for c, key in enumerate(dict.fromkeys(keys))}  # (tensor, axis) -> its number
+    code = np.fromiter(map(codes.__getitem__, keys), np.int64, len(members))
+    for k in np.flatnonzero(lengths != 1).tolist():
+        out[k] = member_norm(gset, members[k], p)
+    single = np.flatnonzero(lengths == 1)
+    if not len(single):
+        return out
+    first = np.concatenate(indices)[(np.cumsum(lengths) - lengths)[single]]  # their one index
+    order = np.argsort(code[single], kind="stable")
+    ids, starts = np.unique(code[single][order], return_index=True)
+    bounds = [*starts.tolist(), len(order)]
+    names = list(codes)
+    for j, c in enumerate(ids.tolist()):
+        at = order[bounds[j] : bounds[j + 1]]
+        tensor, axis = names[c]
+        out[single[at]] = channel_norms(gset, tensor, axis, p)[first[at]]
     return out
 
 
@@ -140,24 +156,77 @@ def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
     key = (tensor, axis, p)
     if key not in gset.norms:
         values = gset.real(tensor)  # a quantized weight's dequantized values (a new array)
-        n = values.shape[axis]
-        step = max(1, NORM_BLOCK_BYTES // max(1, 8 * values.size // max(n, 1)))
-        out = np.empty(n, np.float64)
-        where: list[slice] = [slice(None)] * values.ndim
-        for start in range(0, n, step):  # indices of `axis` a block at a time: a mapped weight
-            where[axis] = slice(start, min(start + step, n))  # is never copied whole
-            part = values[tuple(where)]
-            rows = np.moveaxis(part, axis, 0).reshape(part.shape[axis], -1).astype(np.float64)
-            np.abs(rows, out=rows)
-            if p != 1:
-                np.power(rows, p, out=rows)
-            out[start : start + len(rows)] = np.sum(rows, axis=1)  # each index's sum as a whole
+        if values.ndim == 2 and values.flags.c_contiguous and values.dtype in _FLOATS:
+            weights.populate(values)  # a mapped weight's pages faulted in at once, not one by one
+            # both axes from one pass: a layer's weight is sliced along both (its output
+            # channels, and the hidden width it reads)
+            gset.norms[tensor, 0, p], gset.norms[tensor, 1, p] = _matrix_norms(values, p)
+        else:
+            gset.norms[key] = _norms(values, axis, p)
         weights.trim()  # the mapped pages read go back to the page cache
-        gset.norms[key] = out
     return gset.norms[key]
 
 
-NORM_BLOCK_BYTES = 32 * 2**20  # the float64 block of a weight `channel_norms` holds at once
+def _norms(values: np.ndarray, axis: int, p: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """`channel_norms` of indices start..stop of `axis`, in blocks of indices of NORM_BLOCK_BYTES
+    (in float64): a mapped weight is never copied whole. Each index's sum is numpy's over the
+    block moved to put `axis` first, laid out as `astype` keeps it: along a matrix's rows,
+    pairwise over each row; along its columns (a transposed block), each column's elements
+    added one after the other, in order."""
+    n = values.shape[axis]
+    stop = n if stop is None else stop
+    step = _norm_step(values, axis)
+    out = np.empty(stop - start, np.float64)
+    where: list[slice] = [slice(None)] * values.ndim
+    for first in range(start, stop, step):  # the blocks start where they did for the whole axis
+        where[axis] = slice(first, min(first + step, stop))
+        part = values[tuple(where)]
+        rows = np.moveaxis(part, axis, 0).reshape(part.shape[axis], -1).astype(np.float64)
+        np.abs(rows, out=rows)
+        if p != 1:
+            np.power(rows, p, out=rows)
+        out[first - start : first - start + len(rows)] = np.sum(rows, axis=1)  # each index whole
+    return out
+
+
+def _norm_step(values: np.ndarray, axis: int) -> int:
+    """Indices of `axis` per block of `_norms`."""
+    n = values.shape[axis]
+    return max(1, NORM_BLOCK_BYTES // max(1, 8 * values.size // max(n, 1)))
+
+
+def _matrix_norms(values: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_norms` of a C-ordered float matrix along both axes, the same sums in the same order,
+    from one pass in blocks of rows (contiguous: no transposing copy), each converted and made
+    absolute in one step. Along rows: each row summed whole (pairwise, as `_norms`). Along
+    columns: each column's elements added one row after the other onto the running sums (held
+    as the block's first row, then reduced along the rows: numpy adds them in order), as
+    `_norms` adds a transposed block; except a block of `_norms` of one column, which it sums
+    pairwise: so here."""
+    k, n = values.shape
+    per_row = max(1, MATRIX_BLOCK_BYTES // (8 * max(n, 1)))
+    rows_out = np.empty(k, np.float64)
+    sums = np.zeros(n, np.float64)  # 0 + x is x: the first row's values, as numpy starts with
+    for start in range(0, k, per_row):
+        part = values[start : start + per_row]
+        block = np.empty((len(part) + 1, n), np.float64)
+        block[0] = sums
+        np.abs(part, out=block[1:])
+        if p != 1:
+            np.power(block[1:], p, out=block[1:])
+        rows_out[start : start + len(part)] = np.sum(block[1:], axis=1)
+        sums = np.add.reduce(block, axis=0)
+    step = _norm_step(values, 1)
+    if step == 1 or k == 1:
+        sums = _norms(values, 1, p)
+    elif n % step == 1:  # the last block of `_norms` holds one column
+        sums[n - 1 :] = _norms(values, 1, p, n - 1)
+    return rows_out, sums
+
+
+NORM_BLOCK_BYTES = 32 * 2**20  # the float64 block of a weight `_norms` holds at once
+MATRIX_BLOCK_BYTES = 4 * 2**20  # `_matrix_norms`' blocks: they stay in the CPU's caches
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _activation_score(gset: GroupSet, g: Group, stats: dict[str, np.ndarray], p: int = 1) -> float:
