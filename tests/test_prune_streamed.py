@@ -78,3 +78,36 @@ def test_a_streamed_global_prune_counts_its_candidates_with_their_weights(tmp_pa
     assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
     assert streamed.removed()
     assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
+
+
+def test_a_spilled_weight_is_zeroed_bit_for_bit(tmp_path):
+    # Zeroed through a spill file (row blocks, the other axes' slices cleared with a bit
+    # mask) it holds the bytes numpy's own assignment of 0 gives: +0.0 over -0.0, NaN and inf
+    # too; a quantized weight's slices set to its zero point.
+    from onnxshrink.io.weights import WeightStore
+
+    store = WeightStore()
+    rng = np.random.default_rng(5)
+    cases = []
+    for shape, dtype in [((37, 11), np.float32), ((9, 4, 3), np.float16), ((20, 6), np.int8), ((5, 7), np.float64)]:
+        w = (rng.standard_normal(shape) * 4).astype(dtype)
+        if w.dtype.kind == "f":
+            w.reshape(-1)[rng.random(w.size) < 0.3] = -0.0
+            w.reshape(-1)[:2] = [np.nan, np.inf]
+        slices = [(a, np.sort(rng.choice(shape[a], max(1, shape[a] // 3), replace=False))) for a in range(len(shape))]
+        zero = np.int8(3) if w.dtype == np.int8 else None
+        w.tofile(tmp_path / f"w{len(cases)}.bin")
+        cases.append((w, slices, zero))
+    writer = store.writer(tmp_path / "spill.data")
+    for k, (w, slices, zero) in enumerate(cases):
+        mapped = np.memmap(tmp_path / f"w{k}.bin", w.dtype, "r", shape=w.shape)
+        expected = np.array(w)
+        for axis, idx in slices:
+            index = [slice(None)] * w.ndim
+            index[axis] = idx
+            expected[tuple(index)] = 0 if zero is None else zero
+        got = spill._blocks(np.asarray(mapped), slices, zero)
+        assert b"".join(b.tobytes() for b in got) == expected.tobytes()
+        made = writer.write(f"w{k}", spill._blocks(np.asarray(mapped), slices, zero), w.shape, w.dtype)
+        assert made.tobytes() == expected.tobytes()
+    writer.close()
