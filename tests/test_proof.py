@@ -596,6 +596,33 @@ def test_widened_models_read_as_the_model_does_resize_scales_and_batchnorm_momen
     assert all(o.rounding is not False for o in result.validation.outputs)
 
 
+NAN_FILL = """
+g (float[1,16,8,8] x, float[64,16,3,3] W1, float[64] B1, float[32,64,1,1] W2, float[32] B2, float[4] F)
+  => (float[1,32,8,8] y, float[4] n) {
+  h = Conv<pads=[1,1,1,1]>(x, W1, B1)
+  r = Relu(h)
+  y = Conv(r, W2, B2)
+  n = Identity(F)
+}
+"""
+
+
+def test_a_nan_or_infinite_constant_is_itself_in_the_twin_not_another_model():
+    """caustic_carbons (a graph network, torch.onnx): a ConstantOfShape filled with NaN made the
+    twin's check call the shrunk model 'another model' (NaN is no value rounded to)."""
+    fill = np.array([np.nan, np.inf, -np.inf, 0.25], np.float32)
+    model = tiny(NAN_FILL, seed=4, values={"F": fill}, zero={"W1": np.s_[:8]})
+    shrunk = shrink(model, validate=False).model
+    twin = shrink(widened(model), validate=False).model
+    eps = 2.0**-23
+    assert same_form(shrunk, twin, eps) is None
+    f = next(t for t in shrunk.graph.initializer if t.name == "F")
+    _set(f, np.array([np.nan, np.inf, -np.inf, 0.25 * (1 + 1e-4)], np.float32))
+    assert same_form(shrunk, twin, eps) == "constant F is not its float64 value rounded"
+    _set(f, np.array([0.0, np.inf, -np.inf, 0.25], np.float32))  # a NaN where the twin holds one
+    assert same_form(shrunk, twin, eps) == "constant F is not its float64 value rounded"
+
+
 def test_a_twin_whose_constants_the_shrunk_model_does_not_round_to_is_another_model():
     model = tiny(WIDE, seed=4, values={"B1": np.full(64, 0.5, np.float32)}, zero={"W1": np.s_[:8]})
     shrunk = shrink(model, validate=False).model

