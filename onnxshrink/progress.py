@@ -23,10 +23,11 @@ def enabled() -> bool:
     return sys.stderr.isatty()
 
 
-def bar(total: float, desc: str, unit: str = "it", show: bool = False) -> Any:
+def bar(total: float | None, desc: str, unit: str = "it", show: bool = False) -> Any:
     """A context manager with `update(n)`: a tqdm bar on stderr when `show` and stderr is a
-    terminal, else one that does nothing (and imports nothing)."""
-    if not show or not enabled() or total <= 0:
+    terminal, else one that does nothing (and imports nothing). `total` None: work of no known
+    size, counted as it goes."""
+    if not show or not enabled() or (total is not None and total <= 0):
         return _Silent()
     from tqdm import tqdm
 

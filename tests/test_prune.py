@@ -495,8 +495,8 @@ def test_the_time_line_holds_every_phase_of_a_prune_and_they_sum_to_its_wall_tim
 
 
 def test_a_prune_on_a_terminal_counts_its_long_phases_and_is_quiet_with_q(tmp_path):
-    """The analysis finding the groups, the sensitivity runs and the price show bars with counts on a
-    terminal (the sensitivity: one run per family and ratio measured, 2 families here; the
+    """The analysis finding the groups (its first pass, its closure's visits), their listing, the
+    sensitivity runs and the price show bars with counts on a terminal (the sensitivity: one run per family and ratio measured, 2 families here; the
     price: one input here); -q shows none."""
     from conftest import cli_on_terminal
 
@@ -508,6 +508,8 @@ def test_a_prune_on_a_terminal_counts_its_long_phases_and_is_quiet_with_q(tmp_pa
     assert code == 0, shown
     assert len(re.findall(r"^\[I\] sensitivity \d/2: ", printed, re.M)) == 2
     assert re.search(r"analysis: reading weights: +\d+%\|[^|]*\| \d+/\d+ \[", shown)
+    assert re.search(r"analysis: the keep closure: \d+visit \[", shown)  # no total: a count
+    assert re.search(r"groups: listing them: +\d+%\|[^|]*\| \d+/\d+ \[", shown)
     assert re.search(r"sensitivity: +\d+%\|[^|]*\| \d+/\d+ \[", shown)
     assert re.search(r"price: the input and the pruned model: +\d+%\|[^|]*\| [01]/1 \[", shown)
     code, printed, shown = cli_on_terminal(*argv, "-q", cwd=tmp_path)

@@ -55,17 +55,18 @@ def analyze(
     `mode` "replay": handlers' needs are found by replaying their nodes (analyze/replay.py);
     `free_inputs`: graph inputs are not pinned (what the rules demand of them shows); `log`:
     records what the keep closure ties (analyze.coupling.CouplingLog), for the coupled groups;
-    `progress`: a progress bar over the first pass, which reads the weights."""
+    `progress`: a progress bar over the first pass, which reads the weights, and a count of the
+    keep closure's visits."""
     consts = propagate_constants(graph, opset, lookup, progress=progress)
     syms = propagate_shapes(graph, consts, lookup)
     if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
         consts = propagate_constants(graph, opset, lookup, syms)
         syms = propagate_shapes(graph, consts, lookup)
     keep = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs, log, untied)
-    keep.run()
+    keep.run(progress)
     if keep.larger_copies():  # a shared weight sliced two ways, more than itself: try it once
         shared = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs, log, untied, share_copies=True)
-        shared.run()
+        shared.run(progress)
         if shared.stored() < keep.stored():
             keep = shared
     return Analysis(graph, opset, consts, syms, keep, untied or {}, lookup)

@@ -475,7 +475,15 @@ class KeepState:
                 self.pin(t, a, INTERFACE)
 
     # ---------------------------------------------------------------- fixpoint
-    def run(self) -> None:
+    def run(self, progress: bool = False) -> None:
+        """The closure to its fixed point (`progress`: a count of the nodes visited, on a
+        terminal: how many visits a graph needs is known only at the end)."""
+        from onnxshrink.progress import bar
+
+        with bar(None, "analysis: the keep closure", "visit", progress) as shown:
+            self._run(shown)
+
+    def _run(self, shown: Any) -> None:
         free = free_axes(self.graph, self.handler_for)  # a state (KV cache) input and the output fed back into it
         for t in self.graph.outputs:
             self.demand(t, pin=False)
@@ -497,6 +505,7 @@ class KeepState:
                 self._queued.discard(id(node))
                 if self.node_live(node):
                     self._visit(node)
+                    shown.update(1)
             if not self._repair():
                 break
 

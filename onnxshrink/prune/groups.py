@@ -256,7 +256,7 @@ def find_groups(
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied, query_ranks)
     with _no_collection():  # a million members, none in a cycle: the collector only rescans them
-        groups, layers = finder.build()
+        groups, layers = finder.build(progress)
     tensors = ir.all_tensors(graph)
     copies = copies_of(graph, untied)
     held = dict.fromkeys(m.tensor for g in groups for m in g.members)  # in the members' order
@@ -334,7 +334,7 @@ class _Finder:
         self._data: dict[str, dict[int, tuple[str, int, np.ndarray]]] = {}
         self._sizes: dict[tuple[tuple[str, int, int], ...], int] = {}  # `_params` per layout
 
-    def build(self) -> tuple[list[Group], list[Layer]]:
+    def build(self, progress: bool = False) -> tuple[list[Group], list[Layer]]:
         members: dict[int, list[Member]] = defaultdict(list)
         declared: set[int] = set()
         templates = self._templates()
@@ -358,28 +358,32 @@ class _Finder:
         groups: list[Group] = []
         layer_of: dict[tuple[tuple[str, int], ...], int] = {}
         layers: list[Layer] = []
-        for comp in listed:
-            ms = members[comp]
-            layer_key = tuple(sorted({(m.tensor, m.axis) for m in ms}))
-            unit = self._unit(comp, ms)
-            if layer_key not in layer_of:
-                layer_of[layer_key] = len(layers)
-                layers.append(Layer(len(layers), _layer_name(ms, unit.kind), [], unit.kind))
-            layer = layers[layer_of[layer_key]]
-            blocking = [str(r) for r in self.part.blocking(comp) if r != LIVE]
-            if comp in self.kv_alone:  # its query heads are ranks here, units of their own
-                blocking.insert(0, KV_ALONE)
-            g = Group(
-                len(groups),
-                layer.id,
-                ms,
-                unit,
-                self._params_of(ms, shapes),
-                exact=not blocking,
-                reason=blocking[0] if blocking else None,
-            )
-            layer.groups.append(g.id)
-            groups.append(g)
+        from onnxshrink.progress import bar
+
+        with bar(len(listed), "groups: listing them", "group", progress) as shown:
+            for comp in listed:
+                ms = members[comp]
+                layer_key = tuple(sorted({(m.tensor, m.axis) for m in ms}))
+                unit = self._unit(comp, ms)
+                if layer_key not in layer_of:
+                    layer_of[layer_key] = len(layers)
+                    layers.append(Layer(len(layers), _layer_name(ms, unit.kind), [], unit.kind))
+                layer = layers[layer_of[layer_key]]
+                blocking = [str(r) for r in self.part.blocking(comp) if r != LIVE]
+                if comp in self.kv_alone:  # its query heads are ranks here, units of their own
+                    blocking.insert(0, KV_ALONE)
+                g = Group(
+                    len(groups),
+                    layer.id,
+                    ms,
+                    unit,
+                    self._params_of(ms, shapes),
+                    exact=not blocking,
+                    reason=blocking[0] if blocking else None,
+                )
+                layer.groups.append(g.id)
+                groups.append(g)
+                shown.update(1)
         return groups, layers
 
     def _templates(self) -> list[tuple[Member, dict[int, tuple[str, int, np.ndarray]], list[tuple[int, np.ndarray]]]]:
