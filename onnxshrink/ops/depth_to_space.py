@@ -68,6 +68,7 @@ class DepthToSpace(Handler):
         assert kx is not None and ky is not None  # static (checked above)
         ks.need(x, 1, ky[owner], why=ks.reason_ids(y, 1)[owner])  # an output channel: its block
         ks.keep(y, 1, np.bincount(owner, weights=kx, minlength=co) > 0, why)
+        ks.unit(x, 1, np.arange(len(owner)), y, 1, owner)  # for the groups: a block goes with its channel
 
 
 # ------------------------------------------------------------------ oracle cases

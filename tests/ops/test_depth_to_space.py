@@ -101,3 +101,33 @@ def test_a_half_zeroed_block_stays_whole_and_is_explained():
     assert shapes(result.model)["W1"] == (8, 3, 3, 3)
     [kept] = [g for g in result.kept_zeroed if g.tensor == "W1"]
     assert kept.count == 2 and kept.kind == "live"
+
+
+def test_a_block_of_channels_is_one_group_with_the_output_channel_it_becomes():
+    """The handler ties each input channel to the output channel its block becomes (`ks.unit`),
+    so that the coupled groups see what keep() does: conv filters 4c..4c+3 (CRD) go with output
+    channel c and the next conv's input column c; and a block whose channel is a graph output is
+    no exact group (a pixel-shuffle head: its filters were listed exact, and a prune that chose
+    them had to choose again)."""
+    import onnx
+
+    from onnxshrink.prune import find_groups
+
+    shuffled = """
+    g (float[1, 3, 2, 2] x, float[8, 3, 1, 1] W, float[3, 2, 1, 1] V) => (float[1, 3, 4, 4] y) {
+      c = Conv (x, W)
+      s = DepthToSpace <blocksize = 2, mode = "CRD"> (c)
+      y = Conv (s, V)
+    }"""
+    gset = find_groups(tiny(shuffled, seed=3))
+    w_groups = sorted(
+        (sorted(int(i) for m in g.members if m.initializer == "W" for i in m.indices), g.exact,
+         sorted(int(i) for m in g.members if m.initializer == "V" for i in m.indices))
+        for g in gset.groups if any(m.initializer == "W" and m.axis == 0 for m in g.members)
+    )  # fmt: skip
+    assert w_groups == [([0, 1, 2, 3], True, [0]), ([4, 5, 6, 7], True, [1])]
+    lone = tiny(LONE.format(mode=', mode = "CRD"'), seed=3)
+    assert isinstance(lone, onnx.ModelProto)
+    heads = [g for g in find_groups(lone).groups if any(m.initializer == "W" and m.axis == 0 for m in g.members)]
+    assert heads and not any(g.exact for g in heads)
+    assert all("graph input or output" in (g.reason or "") for g in heads)
