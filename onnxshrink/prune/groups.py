@@ -30,7 +30,7 @@ import contextlib
 import gc
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -883,9 +883,15 @@ def _with(template: Member, indices: np.ndarray) -> Member:
 
 def _params(members: list[Member], shapes: dict[str, tuple[int, ...]]) -> int:
     """Elements the members hold (a tensor sliced along several axes counted once)."""
+    return sliced_elements({(m.tensor, m.axis): len(m.indices) for m in members}, shapes)
+
+
+def sliced_elements(counts: Mapping[tuple[str, int], int], shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """Elements the slices {(tensor, axis): how many indices} take out of the tensors of
+    `shapes` (a tensor sliced along several axes counted once)."""
     per_tensor: dict[str, dict[int, int]] = defaultdict(dict)
-    for m in members:
-        per_tensor[m.tensor][m.axis] = len(m.indices)
+    for (name, axis), k in counts.items():
+        per_tensor[name][axis] = k
     total = 0
     for name, axes in per_tensor.items():
         shape = shapes[name]
@@ -1058,17 +1064,10 @@ def tie_copies(
 
 
 def weight_params(members: list[Member], shapes: dict[str, tuple[int, ...]]) -> int:
-    """Elements the members' slices hold, each weight counted once whatever copies read it."""
-    per_weight: dict[str, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
-    shape_of: dict[str, tuple[int, ...]] = {}
-    for m in members:
-        per_weight[m.initializer][m.axis].update(int(i) for i in m.indices)
-        shape_of[m.initializer] = shapes[m.tensor]
-    total = 0
-    for name, axes in per_weight.items():
-        shape = shape_of[name]
-        total += math.prod(shape) - math.prod(n - len(axes.get(a, ())) for a, n in enumerate(shape))
-    return total
+    """Elements the members' slices hold, each weight counted once whatever copies read it
+    (`shapes`: by analysis tensor; a slice is what any copy holds of it)."""
+    cuts = gather_slices((m.initializer, m.axis, m.indices) for m in members)
+    return sliced_elements({k: len(v) for k, v in cuts.items()}, {m.initializer: shapes[m.tensor] for m in members})
 
 
 def _merged(groups: list[Group], copies: dict[str, dict[str, Reader]]) -> list[list[int]]:

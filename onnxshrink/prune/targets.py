@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from onnxshrink.errors import ShrinkError
-from onnxshrink.prune.groups import GroupSet, Member, gather_slices
+from onnxshrink.prune.groups import GroupSet, Member, gather_slices, sliced_elements
 from onnxshrink.prune.select import LayerPlan
 
 KINDS = ("ratio", "params", "macs", "latency")
@@ -85,8 +85,9 @@ class Costs:
         # a weight several nodes read is one weight, whatever copies the analysis gave them
         # (groups take a slice from all of them: groups.tie_copies)
         weight = {t: self.gset.untied.get(t, t) for t in left}
-        counted = {weight[t]: t for t in sorted(left)}
-        params = sum(math.prod(self.shapes[t]) - math.prod(left[t]) for t in counted.values())
+        per_weight = gather_slices((weight[t], axis, idx) for (t, axis), idx in cut.items())
+        shapes = {weight[t]: self.shapes[t] for t in left}
+        params = sliced_elements({k: len(v) for k, v in per_weight.items()}, shapes)
         macs = 0.0
         for t, dims in left.items():
             if t in self.weight_macs:
