@@ -19,7 +19,8 @@ with a capital letter (W, B, Scale, ...) are initializers: random values, or `va
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,3 +157,59 @@ def _gather_outputs(
             dim.dim_value = len(indices)
         o.name = name  # the declared shape, with the gathered axes' new sizes
     return out
+
+
+# ------------------------------------------------------------------ wrong models, for the proof
+# A rewrite's result edited after the fact (tests/test_proof.py, tools/judge_edges.py): a wrong
+# model the proof must catch. An edit changes initializers given by name.
+Edit = Callable[[dict[str, onnx.TensorProto]], None]
+
+
+def set_values(t: onnx.TensorProto, values: np.ndarray) -> None:
+    """`t` holds `values` now, in its own dtype (float64 in the float64 twin)."""
+    t.CopyFrom(numpy_helper.from_array(np.asarray(values, numpy_helper.to_array(t).dtype), t.name))
+
+
+def scaled(name: str, relative: float) -> Edit:
+    """Weight `name` times (1 + relative)."""
+    return lambda inits: set_values(inits[name], numpy_helper.to_array(inits[name]).astype(np.float64) * (1 + relative))
+
+
+def element_moved(name: str, delta: float) -> Edit:
+    """One element of weight `name` (a third of the way in) moved by `delta`."""
+
+    def change(inits: dict[str, onnx.TensorProto]) -> None:
+        w = numpy_helper.to_array(inits[name]).astype(np.float64)
+        w.flat[w.size // 3] += delta
+        set_values(inits[name], w)
+
+    return change
+
+
+def row_removed(name: str, row: int) -> Edit:
+    """Row `row` of weight `name` zeroed: a live channel removed."""
+
+    def change(inits: dict[str, onnx.TensorProto]) -> None:
+        w = numpy_helper.to_array(inits[name]).copy()
+        w[row] = 0
+        set_values(inits[name], w)
+
+    return change
+
+
+def wrong_axis(name: str, axis: int) -> Edit:
+    """The weight read along the other axis (its indices reversed along `axis`)."""
+    return lambda inits: set_values(inits[name], np.flip(numpy_helper.to_array(inits[name]), axis))
+
+
+def edited(apply: Callable[..., Any], change: Edit) -> Callable[..., Any]:
+    """`apply` (the rewrite, stages.attempt.apply) with its result changed by `change`, in every
+    try that writes what it edits (recovery's tries and the float64 shrink alike)."""
+
+    def wrong(analysis: Any, reference: Any, *streaming: Any) -> Any:
+        result = apply(analysis, reference, *streaming)
+        with contextlib.suppress(KeyError):  # kept whole, what it edits is not there
+            change({t.name: t for t in result.model.graph.initializer})
+        return result
+
+    return wrong

@@ -12,8 +12,6 @@ pass on the first try, nothing kept back, whatever its rounding.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import onnx
 import pytest
@@ -27,6 +25,8 @@ from onnxshrink.proof import comparison as proof_compare
 from onnxshrink.proof import sessions, verdict
 from onnxshrink.proof.judge import new_constants, same_form
 from onnxshrink.proof.widen import float64_outputs, widened
+from onnxshrink.testing import edited, row_removed, scaled, wrong_axis
+from onnxshrink.testing import set_values as _set
 
 
 def deep_cnn(seed: int, depth: int = 8, c: int = 32, hw: int = 16) -> onnx.ModelProto:
@@ -273,38 +273,7 @@ def _edit(monkeypatch, change) -> None:
     """The rewrite's result changed by `change(initializers by name)` (monkeypatched): a wrong
     model, in every try that writes what it edits (recovery's tries and the float64 shrink
     alike)."""
-    real = api.apply
-
-    def wrong(analysis, reference, *streaming):
-        result = real(analysis, reference, *streaming)
-        with contextlib.suppress(KeyError):  # kept whole, what it edits is not there
-            change({t.name: t for t in result.model.graph.initializer})
-        return result
-
-    monkeypatch.setattr(api, "apply", wrong)
-
-
-def _set(t: onnx.TensorProto, values: np.ndarray) -> None:
-    """`t` holds `values` now, in its own dtype (float64 in the float64 twin)."""
-    t.CopyFrom(numpy_helper.from_array(np.asarray(values, numpy_helper.to_array(t).dtype), t.name))
-
-
-def scaled(name: str, relative: float):
-    return lambda inits: _set(inits[name], numpy_helper.to_array(inits[name]).astype(np.float64) * (1 + relative))
-
-
-def row_removed(name: str, row: int):
-    def change(inits):
-        w = numpy_helper.to_array(inits[name]).copy()
-        w[row] = 0
-        _set(inits[name], w)
-
-    return change
-
-
-def wrong_axis(name: str, axis: int):
-    """The weight read along the other axis (its indices reversed along `axis`)."""
-    return lambda inits: _set(inits[name], np.flip(numpy_helper.to_array(inits[name]), axis))
+    monkeypatch.setattr(api, "apply", edited(api.apply, change))
 
 
 def wrong_fold(name: str, relative: float):

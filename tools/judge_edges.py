@@ -25,59 +25,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _set(t: onnx.TensorProto, values: np.ndarray) -> None:
-    t.CopyFrom(numpy_helper.from_array(np.asarray(values, numpy_helper.to_array(t).dtype), t.name))
-
-
-def _scaled(name: str, relative: float):
-    return lambda inits: _set(inits[name], numpy_helper.to_array(inits[name]).astype(np.float64) * (1 + relative))
-
-
-def _element(name: str, delta: float):
-    def change(inits):
-        w = numpy_helper.to_array(inits[name]).astype(np.float64)
-        w.flat[w.size // 3] += delta
-        _set(inits[name], w)
-
-    return change
-
-
-def _row_removed(name: str, row: int):
-    def change(inits):
-        w = numpy_helper.to_array(inits[name]).copy()
-        w[row] = 0
-        _set(inits[name], w)
-
-    return change
-
-
-def _flipped(name: str, axis: int):
-    """The weight read along the other axis (its indices reversed along `axis`)."""
-    return lambda inits: _set(inits[name], np.flip(numpy_helper.to_array(inits[name]), axis))
-
-
 def _edited(change):
     """The rewrite's result changed by `change(initializers by name)`: a context."""
     import onnxshrink.stages.attempt as attempt
+    from onnxshrink.testing import edited
 
     real = attempt.apply
 
-    def wrong(analysis, reference, *streaming):
-        result = real(analysis, reference, *streaming)
-        with contextlib.suppress(KeyError):
-            change({t.name: t for t in result.model.graph.initializer})
-        return result
-
     @contextlib.contextmanager
     def patched():
-        attempt.apply = wrong
+        attempt.apply = edited(real, change)
         try:
             yield
         finally:
@@ -109,6 +71,8 @@ def _prune(path: Path):
 
 
 def main() -> int:
+    from onnxshrink.testing import element_moved, row_removed, scaled, wrong_axis
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=576)
@@ -141,11 +105,11 @@ def main() -> int:
             print(f"    parameters {built.params} -> {kept}")
         norm, up = "model.layers.1.post_attention_layernorm.weight", "model.layers.1.mlp.up_proj.weight_t"
         edges = {
-            "a rescaled RMSNorm gain off by 1e-4": _scaled(norm, 1e-4),
-            "a weight tensor off by 1e-4 (relative)": _scaled(up, 1e-4),
-            "one weight element off by 1e-4": _element(up, 1e-4),
-            "a live FFN neuron removed": _row_removed("model.layers.2.mlp.down_proj.weight_t", 7),
-            "a weight read along the wrong axis": _flipped("model.layers.0.self_attn.o_proj.weight_t", 1),
+            "a rescaled RMSNorm gain off by 1e-4": scaled(norm, 1e-4),
+            "a weight tensor off by 1e-4 (relative)": scaled(up, 1e-4),
+            "one weight element off by 1e-4": element_moved(up, 1e-4),
+            "a live FFN neuron removed": row_removed("model.layers.2.mlp.down_proj.weight_t", 7),
+            "a weight read along the wrong axis": wrong_axis("model.layers.0.self_attn.o_proj.weight_t", 1),
         }
         wrong_passed = 0
         if args.only:
