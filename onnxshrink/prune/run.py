@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from onnxshrink.prune.reference import zeroed as zeroed_reference
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.prune.sensitivity import Family
 from onnxshrink.prune.spill import Disk
-from onnxshrink.prune.targets import Costs, LatencyMeter, Target
+from onnxshrink.prune.targets import Costs, LatencyMeter, RatioMeaning, Target
 from onnxshrink.report import ModelStats, model_stats
 from onnxshrink.result import ShrinkResult, in_memory
 from onnxshrink.stages.assemble import constant_weight
@@ -224,16 +224,21 @@ def _all_go(chosen: list[Group]) -> Callable[[Any], None]:
 def _without(kept: dict[int, str], given: Input, scored: Scored, zeroed: Zeroed, opts: ShrinkOptions) -> None:
     """The groups the shrink would keep are not exact (with why), and what the last choice
     changed is undone: its spilled weights, the input its reference was made in."""
-    for gid, why in kept.items():
-        scored.gset.groups[gid].exact, scored.gset.groups[gid].reason = False, why
-    opts.say(
-        f"{len(kept)} of the {len(zeroed.chosen)} groups chosen cannot be removed "
-        f"({next(iter(kept.values()))}); choosing again without them"
-    )
+    _not_exact(kept, scored.gset, len(zeroed.chosen), opts)
     if zeroed.scratch is not None:
         zeroed.scratch.discard_spills()
     if zeroed.reference is scored.builder.model:  # zeroed in place: the input read again
         given.proto = scored.builder.model = _own_copy(given.source)
+
+
+def _not_exact(kept: dict[int, str], gset: GroupSet, chosen: int, opts: ShrinkOptions) -> None:
+    """The groups a shrink would keep ({group id: why}) are not exact, and the run says so."""
+    for gid, why in kept.items():
+        gset.groups[gid].exact, gset.groups[gid].reason = False, why
+    opts.say(
+        f"{len(kept)} of the {chosen} groups chosen cannot be removed "
+        f"({next(iter(kept.values()))}); choosing again without them"
+    )
 
 
 def _choose_and_shrink(
@@ -497,21 +502,50 @@ def _sensitivity(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions
 
 def _ratio_target(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions) -> Target:
     """What `--prune R` means, printed before the work: the parameter and MAC fractions R of
-    every layer's groups remove (estimated from the groups; the choice within a layer does not
-    change them where its groups cost alike); the target every allocation then meets: R itself
-    (uniform), or that fraction of the parameters (global, sensitivity)."""
+    every layer's groups remove, counted on that plan shrunk without the proof (estimated from
+    the groups when the input is streamed; the choice within a layer does not change them where
+    its groups cost alike); the target every allocation then meets: R itself (uniform), or that
+    fraction of the parameters (global, sensitivity). A group that shrink would keep is not
+    exact (as the prune's own shrink finds: `_without`), and the plan is chosen again."""
     if ask.target.kind != "ratio":
         return ask.target
     from onnxshrink.prune.select import choose
     from onnxshrink.prune.targets import ratio_meaning
 
-    plans = choose(
-        gset, np.zeros(len(gset.groups)), ask.target.value, ignore=ask.ignore, round_to=ask.round_to,
-        max_layer_ratio=ask.max_layer_ratio, units=ask.units,
-    )  # fmt: skip
-    meaning = ratio_meaning(gset, ask.target.value, Costs(gset, given.proto, given.shapes), plans)
+    costs = Costs(gset, given.proto, given.shapes)
+    for tries_left in range(CHOOSE_AGAIN, -1, -1):
+        plans = choose(
+            gset, np.zeros(len(gset.groups)), ask.target.value, ignore=ask.ignore, round_to=ask.round_to,
+            max_layer_ratio=ask.max_layer_ratio, units=ask.units,
+        )  # fmt: skip
+        meaning = ratio_meaning(gset, ask.target.value, costs, plans)
+        if given.streamed or meaning.params <= 0.0:
+            break  # a streamed input is not shrunk twice: the estimate
+        chosen = [gset.groups[i] for p in plans for i in p.removed]
+        try:
+            meaning = _counted(given, gset, chosen, meaning, opts.but(check_analysis=_all_go(chosen) if tries_left else None))
+            break
+        except _ChosenKept as kept:
+            _not_exact(kept.groups, gset, len(chosen), opts)
     opts.say(meaning.text(ask.allocation))
     return meaning.target(ask.allocation) or ask.target
+
+
+def _counted(given: Input, gset: GroupSet, chosen: list[Group], meaning: RatioMeaning, opts: ShrinkOptions) -> RatioMeaning:
+    """`meaning` with the fractions counted on the `chosen` groups zeroed and shrunk (analysis and
+    rewrite, quietly, without the proof), against the input's own counts. The groups' costs miss
+    what the shrink stores anew: a shared weight's copy per reader where they keep different
+    slices, a fold's constant."""
+    reference = zeroed_reference(given.proto, gset, gset.zeroed_members(chosen), copy=True)
+    quiet = opts.but(validate=False, log=None, progress=False, input_masked=None)
+    after = shrink_reference(reference, quiet, given.original).after
+    params, macs = given.original.params, given.original.macs
+    return replace(
+        meaning,
+        params=1.0 - after.params / max(params, 1),
+        macs=1.0 - after.macs / macs if macs else meaning.macs,
+        counted=True,
+    )
 
 
 def _allocate(

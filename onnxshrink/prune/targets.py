@@ -105,13 +105,17 @@ class Costs:
 
 @dataclass(frozen=True)
 class RatioMeaning:
-    """What `--prune R` removes, estimated from the groups before any work: `params` and `macs`
-    the fractions of the input's that R of every layer's groups (uniform) take out. Every
-    allocation removes that fraction of the parameters: `target` is what the others meet."""
+    """What `--prune R` removes, before any work: `params` and `macs` the fractions of the
+    input's that R of every layer's groups (uniform) take out; `counted`: measured on that plan
+    shrunk (the analysis and rewrite, without the proof: the weights the shrink stores anew, a
+    shared weight's copy per reader or a folded constant, counted), else estimated from the
+    groups. Every allocation removes that fraction of the parameters: `target` is what the
+    others meet."""
 
     ratio: float
     params: float
     macs: float
+    counted: bool = False
 
     def target(self, allocation: str) -> Target | None:
         """The parameter target an allocation other than uniform meets (None: R as it is)."""
@@ -125,10 +129,16 @@ class RatioMeaning:
             if allocation == "uniform"
             else f"; --allocation {allocation} removes the same fraction of the parameters"
         )
+        how = (
+            "counted on that plan shrunk, before the proof"
+            if self.counted
+            else "estimated from the groups; weights the shrink stores anew not counted"
+        )
         return (
-            f"--prune {self.ratio:g} means {self.ratio:.0%} of each layer's groups: about "
-            f"{self.params:.1%} of the parameters and {self.macs:.1%} of the MACs (layers in a "
-            f"row compound){same}; --prune-to-params F keeps the fraction F of the parameters"
+            f"--prune {self.ratio:g} means {self.ratio:.0%} of each layer's groups: "
+            f"{'' if self.counted else 'about '}{self.params:.1%} of the parameters and {self.macs:.1%} of "
+            f"the MACs ({how}; layers in a row compound){same}; --prune-to-params F keeps the fraction F "
+            "of the parameters"
         )
 
 
