@@ -89,25 +89,41 @@ class _ConvBase(Handler):
         """Does a uniform input give a non-uniform output (zero padding, transposed taps)?"""
         return self.transposed or not self.no_padding(node)
 
-    def absorbable(
-        self, node: gs.Node, reader: Reader, x: gs.Tensor, w: np.ndarray, ci: int
-    ) -> np.ndarray:
-        """Input channels whose constant contribution can be folded exactly, and pays: zero
-        ones contribute nothing; uniform ones go into the bias (or a border correction, a
-        one-channel conv); the rest need a constant map added after the conv (static shapes
-        only), taken only when it is no larger than the weights their removal takes out here
-        (each is a column of every filter)."""
+    def constant_inputs(self, node: gs.Node, reader: Reader, x: gs.Tensor, ci: int) -> tuple[np.ndarray, ...]:
+        """(free, border, varying) input channels by what folding their constant contribution
+        takes: nothing (zero ones, and uniform ones without borders: into the bias); a border
+        correction (uniform ones through padding or a transposed conv: a one-input-channel conv
+        of their summed kernel); a constant map added after the conv (the rest, static shapes
+        only: none with a dynamic size)."""
         c = reader.const(x)
         if c is None:
-            return np.zeros(ci, bool)
-        ok = c.slice_zero(1, ci) | c.slice_uniform(1, ci)
-        varying = c.slice_constant(1, ci) & ~ok
+            return np.zeros(ci, bool), np.zeros(ci, bool), np.zeros(ci, bool)
+        zero, uniform = c.slice_zero(1, ci), c.slice_uniform(1, ci)
+        border = uniform & ~zero if self.borders(node) else np.zeros(ci, bool)
+        varying = c.slice_constant(1, ci) & ~(zero | uniform)
+        if static_batch1(x) is None or static_batch1(node.outputs[0]) is None:
+            varying[:] = False
+        return (zero | uniform) & ~border, border, varying
+
+    def absorbable(self, node: gs.Node, ks: KeepView, x: gs.Tensor, w: np.ndarray, ky: np.ndarray) -> np.ndarray:
+        """Input channels whose constant contribution can be folded exactly, and pays: counted,
+        each fold is made only where what it stores is no larger than the weights the removal
+        of the channels it folds takes out here (a channel's column: a filter's taps for every
+        kept output of its group). A border correction stores a kernel per kept output, a
+        constant map one map per kept output, whichever channels it folds, so a group of them
+        folds whole or not at all (see `constant_inputs`)."""
+        g, ci, co = self.layout(node, w)
+        free, border, varying = ks.memo(("constant inputs", id(node)), lambda: self.constant_inputs(node, ks, x, ci))
+        taps = int(np.prod(w.shape[2:]))
+        column = np.repeat(ky.reshape(g, co // g).sum(axis=1), ci // g) * taps  # per input channel
+        d = ks.memo(("depends", id(node)), lambda: self.depends(node, w))
+        reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
+        ok = free.copy()
         out = static_batch1(node.outputs[0])
-        if varying.any() and static_batch1(x) is not None and out is not None:
-            map_size = int(np.prod(out[2:]))
-            per_channel = int(np.prod(w.shape[2:]))  # kernel taps each filter reads it with
-            if map_size <= int(varying.sum()) * per_channel:
-                ok |= varying
+        for folded, stored in ((border, taps), (varying, int(np.prod(out[2:])) if out is not None else 0)):
+            folded = folded & reads  # the rest no kept output reads: removed without a fold
+            if int(ky.sum()) * stored <= int(column[folded].sum()):
+                ok |= folded
         return ok
 
     # -------------------------------------------------------------- forward
@@ -201,7 +217,7 @@ class _ConvBase(Handler):
         d = ks.memo(("depends", id(node)), lambda: self.depends(node, w))
         ky = ks.kept(y, 1)
         assert ky is not None  # its size is static (checked above)
-        absorb = ks.memo(("absorbable", id(node)), lambda: self.absorbable(node, ks, x, w, ci))
+        absorb = self.absorbable(node, ks, x, w, ky)  # what a fold stores grows with ky
         reads = d[ky].any(axis=0) if ky.any() else np.zeros(ci, bool)
         cx = ks.const(x)
         if cx is not None:
@@ -215,9 +231,9 @@ class _ConvBase(Handler):
                         "not-absorbable",
                         node.name,
                         node.op,
-                        "its contribution varies over the map: folding it needs a constant map, "
-                        "which a dynamic size rules out or which would be larger than the "
-                        "weights its removal saves",
+                        "its contribution varies over the map: folding it needs a constant map "
+                        "(which a dynamic size rules out) or a border correction, either larger "
+                        "than the weights its removal takes out",
                     ),
                 )
         ks.need(x, 1, reads & ~absorb)

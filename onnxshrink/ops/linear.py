@@ -82,11 +82,13 @@ def _full_k(m: np.ndarray, v: np.ndarray, k: int, axis: int) -> tuple[np.ndarray
     return m, np.where(m, np.broadcast_to(v, shape), np.zeros((), v.dtype))
 
 
-def absorbable(ks: KeepView, a: gs.Tensor, k_axis: int, k: int) -> np.ndarray:
+def absorbable(ks: KeepView, a: gs.Tensor, k_axis: int, reads: np.ndarray) -> np.ndarray:
     """Constant input features of A (along `k_axis`) a product with constant weights absorbs:
     one uniform over A's other axes adds one row of constants (a bias); one that varies adds a
     constant of A's other sizes per output feature, taken only when that is no larger than
-    the weight rows their removal takes out (static shapes only)."""
+    the weight rows their removal takes out (static shapes only): the rows of the varying
+    features the kept outputs read (`reads`), the others going without a fold."""
+    k = len(reads)
     c = ks.const(a)
     if c is None:
         return np.zeros(k, dtype=bool)
@@ -96,7 +98,7 @@ def absorbable(ks: KeepView, a: gs.Tensor, k_axis: int, k: int) -> np.ndarray:
     if varying.any() and dims is not None:
         rows = [d for i, d in enumerate(dims) if i != k_axis]
         sizes = [d for d in rows if isinstance(d, int)]
-        if len(sizes) == len(rows) and int(np.prod(sizes)) <= int(varying.sum()):
+        if len(sizes) == len(rows) and int(np.prod(sizes)) <= int((varying & reads).sum()):
             uniform = uniform | varying
     return uniform
 
@@ -205,7 +207,7 @@ class Gemm(Handler):
             if _all_kept(ks, a_t, a_k):
                 return
             reads = _rows_read(self.oriented(node, b), ks.kept(y, 1))
-            absorb = absorbable(ks, a_t, a_k, len(reads))
+            absorb = absorbable(ks, a_t, a_k, reads)
             ks.need(a_t, a_k, reads & ~absorb)
         else:
             ks.pin(a_t, a_k)
@@ -382,7 +384,7 @@ class MatMul(Handler):
                 reads = np.asarray(nz[:, kn].any(axis=1) if kn is not None else nz.any(axis=1))
             absorb = np.zeros(len(reads), dtype=bool)
             if rb == 2:
-                absorb = absorbable(ks, a_t, ra - 1, len(reads))
+                absorb = absorbable(ks, a_t, ra - 1, reads)
             ks.need(a_t, ra - 1, reads & ~absorb)
         elif a is not None:
             nz = self._nz_a(a, ra)

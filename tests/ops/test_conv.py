@@ -1,7 +1,8 @@
 """Conv / ConvTranspose: channels through weights, groups, constants folded into biases."""
 
 import numpy as np
-from conftest import init, shapes, shrink_checked, tiny
+import onnx
+from conftest import error_against, init, params, shapes, shrink_checked, tiny
 
 CHAIN = """
 agraph (float[1, 3, 8, 8] x, float[6, 3, 3, 3] W1, float[6] B1, float[5, 6, 3, 3] W2, float[5] B2) => (float[1, 5, 8, 8] y)
@@ -281,3 +282,47 @@ g (float[1, 3, 6, 6] x, float[4, 3, 1, 1] W1, float[4] B1, float[5, 4, 1, 1] W2,
     [add] = [n for n in result.model.graph.node if n.op_type == "Add"]
     assert shapes(result.model)[add.input[1]] == (1, 5, 1, 1)
     assert [(f.op, f.into) for f in result.folds] == [("Conv", "bias")]
+
+
+# Issue 33 (sweep seed 4000745): channels 1, 3 and 5 of h are constant (zeroed filters, biases
+# kept), the MatMul over the width makes them vary along it, and the grouped padded conv reads
+# only channel 1 (its second filter is zeroed). Folding channel 1 stores a 2 x 6 x 4 map to take
+# out one 3 x 3 column (of the one kept filter of its group): the fold counted channels 3 and 5,
+# which no kept output reads, and the map of one output channel, and the shrink grew 10
+# parameters (the CLI's guard then wrote the input). Kept, the rest still goes: the zero
+# channel 3 of `a` (a's filter and bias, h's column).
+GROUPED_FOLD = """
+agraph (float[1, 3, 6, 6] x, float[4, 3, 1, 1] W0, float[4] B0, float[6, 4, 1, 1] W1, float[6] B1,
+        float[6, 4] M, float[2, 3, 3, 3] W2) => (float[1, 2, 6, 4] y)
+{
+  a = Conv (x, W0, B0)
+  r = Relu (a)
+  h = Conv (r, W1, B1)
+  m = MatMul (h, M)
+  y = Conv <group = 2, pads = [1, 1, 1, 1]> (m, W2)
+}
+"""
+
+
+def test_a_fold_that_stores_more_than_it_removes_is_not_made_and_the_rest_still_goes(tmp_path):
+    from onnx import numpy_helper
+
+    from onnxshrink import shrink
+
+    model = tiny(GROUPED_FOLD, seed=7, zero={"W0": np.s_[[3]], "B0": np.s_[[3]], "W1": np.s_[[1, 3, 5]], "W2": np.s_[[1]]})
+    b1 = init(model, "B1")
+    assert np.all(b1[[1, 3, 5]] != 0)  # the constants: the biases, random
+    path, out = tmp_path / "m.onnx", tmp_path / "s.onnx"
+    onnx.save(model, path)
+    result = shrink(path, output=out, validate=False)
+    shrunk = onnx.load(out)
+    assert error_against(model, shrunk) <= 1e-5
+    s = shapes(shrunk)
+    assert s["W2"] == (2, 3, 3, 3) and s["W0"] == (3, 3, 1, 1) and s["W1"] == (6, 3, 1, 1)
+    assert not result.folds
+    assert params(shrunk) == params(model) - (3 + 1 + 6) < params(model)
+    assert out.stat().st_size <= path.stat().st_size
+    assert not [t for t in shrunk.graph.initializer if numpy_helper.to_array(t).ndim == 4 and t.dims[2:] == [6, 4]]
+    # the report says why channel 1 stayed (on main: 124 -> 136 parameters, a 2 x 6 x 4 map)
+    [kept] = [g for g in result.kept_zeroed if g.kind == "not-absorbable"]
+    assert (kept.tensor, kept.count) == ("W1", 1) and "larger than the weights" in kept.reason

@@ -203,3 +203,28 @@ def test_gemm_of_a_constant_whose_features_axis_is_dynamic(with_c):
     s = shapes(result.model)
     assert s["W2"] == (4, 32) and s["W1"] == (2, 3, 1, 1)
     assert not result.folds
+
+
+# Features 0, 1 and 2 of h are constant (W1's columns zeroed) and vary over its 2 rows (P's);
+# y reads only feature 0 (W2's rows 1 and 2 zeroed). Folding feature 0 stores a 2 x 8 constant
+# to take out one 8-wide row of W2 (and a column of W1 and of P): the count took features 1
+# and 2 in, which go without a fold, and the shrink stored 16 to remove 14.
+VARYING_UNREAD = """
+agraph (float[1, 2, 4] x, float[4, 5] W1, float[2, 5] P, float[5, 8] W2) => (float[1, 2, 8] y)
+{
+  m = MatMul (x, W1)
+  h = Add (m, P)
+  y = MatMul (h, W2)
+}
+"""
+
+
+def test_a_varying_constant_feature_is_folded_only_where_the_rows_it_removes_pay():
+    from conftest import params
+
+    model = tiny(VARYING_UNREAD, seed=5, zero={"W1": np.s_[:, [0, 1, 2]], "W2": np.s_[[1, 2]]})
+    result = shrink_checked(model)  # equal to the input, checked there in onnxruntime
+    s = shapes(result.model)
+    assert s["W2"] == (3, 8) and s["W1"] == (4, 3) and s["P"] == (2, 3)
+    assert not result.folds
+    assert params(result.model) == params(model) - 2 * 8 - 2 * (4 + 2)
