@@ -172,8 +172,10 @@ def test_what_prune_r_means_counts_the_weights_the_shrink_stores_anew(tmp_path, 
     torch.onnx.export(module.eval(), (x,), str(path), dynamo=False)
     assert main([str(path), "--prune", ratio, "-o", str(out), "--no-validate", "--no-price"]) == 0
     line = next(t for t in capsys.readouterr().out.splitlines() if f"--prune {ratio} means" in t)
-    printed = float(line.split("groups: ")[1].split("% of the parameters")[0])
+    printed = float(line.split("groups: ")[1].split("% of the parameters")[0].removeprefix("about "))
     before, after = _float_params(onnx.load(path)), _float_params(onnx.load(out))
     assert after < before
     assert abs(printed - 100 * (1 - after / before)) <= 0.1, (printed, before, after)
-    assert "counted on that plan shrunk" in line
+    # counted where the groups' costs can miss what the shrink stores (a weight several nodes
+    # read); estimated from the groups, and exact, where they cannot (an extra shrink saved)
+    assert ("counted on that plan shrunk" in line) == (make == "stepped"), line

@@ -502,8 +502,9 @@ def _sensitivity(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions
 
 def _ratio_target(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOptions) -> Target:
     """What `--prune R` means, printed before the work: the parameter and MAC fractions R of
-    every layer's groups remove, counted on that plan shrunk without the proof (estimated from
-    the groups when the input is streamed; the choice within a layer does not change them where
+    every layer's groups remove, counted on that plan shrunk without the proof where a weight is
+    read by several nodes (the shrink may store it apart per reader), else estimated from the
+    groups (and for a streamed input); the choice within a layer does not change them where
     its groups cost alike); the target every allocation then meets: R itself (uniform), or that
     fraction of the parameters (global, sensitivity). A group that shrink would keep is not
     exact (as the prune's own shrink finds: `_without`), and the plan is chosen again."""
@@ -519,8 +520,10 @@ def _ratio_target(given: Input, gset: GroupSet, ask: Request, opts: ShrinkOption
             max_layer_ratio=ask.max_layer_ratio, units=ask.units,
         )  # fmt: skip
         meaning = ratio_meaning(gset, ask.target.value, costs, plans)
-        if given.streamed or meaning.params <= 0.0:
-            break  # a streamed input is not shrunk twice: the estimate
+        if given.streamed or meaning.params <= 0.0 or not gset.untied:
+            # the estimate: a streamed input is not shrunk twice, and without a weight several
+            # nodes read the groups' costs are what the shrink removes (but for a fold's constant)
+            break
         chosen = [gset.groups[i] for p in plans for i in p.removed]
         try:
             meaning = _counted(given, gset, chosen, meaning, opts.but(check_analysis=_all_go(chosen) if tries_left else None))
