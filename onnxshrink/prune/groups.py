@@ -1080,15 +1080,21 @@ def _merged(groups: list[Group], copies: dict[str, dict[str, Reader]]) -> list[l
             i = parent[i]
         return i
 
-    owner: dict[tuple[str, int, int], int] = {}
+    held: dict[tuple[str, int], list[tuple[np.ndarray, int]]] = defaultdict(list)
     for g in groups:
         for m in g.members:
-            if m.initializer not in copies:
-                continue
-            for i in m.indices:
-                other = owner.setdefault((m.initializer, m.axis, int(i)), g.id)
-                if root(other) != root(g.id):
-                    parent[root(g.id)] = root(other)
+            if m.initializer in copies:
+                held[(m.initializer, m.axis)].append((m.indices, g.id))
+    for parts in held.values():  # sorted by index, neighbours holding the same index are one set
+        index = np.concatenate([np.asarray(ix, np.int64).reshape(-1) for ix, _ in parts])
+        owner = np.concatenate([np.full(np.size(ix), gid, np.int64) for ix, gid in parts])
+        order = np.lexsort((owner, index))
+        index, owner = index[order], owner[order]
+        same = (index[1:] == index[:-1]) & (owner[1:] != owner[:-1])
+        for a, b in zip(owner[:-1][same].tolist(), owner[1:][same].tolist(), strict=True):
+            ra, rb = root(a), root(b)
+            if ra != rb:
+                parent[rb] = ra
     sets: dict[int, list[int]] = defaultdict(list)
     for g in groups:
         sets[root(g.id)].append(g.id)
