@@ -58,10 +58,10 @@ def analyze(
     `progress`: a progress bar over the first pass, which reads the weights, and a count of the
     keep closure's visits."""
     consts = propagate_constants(graph, opset, lookup, progress=progress)
-    syms = propagate_shapes(graph, consts, lookup)
+    syms = propagate_shapes(graph, consts, lookup, not free_inputs)
     if refine_shapes(graph, syms, consts, lookup):  # sizes only the shape values tell: redo
         consts = propagate_constants(graph, opset, lookup, syms)
-        syms = propagate_shapes(graph, consts, lookup)
+        syms = propagate_shapes(graph, consts, lookup, not free_inputs)
     keep = KeepState(graph, consts, syms, lookup, pins, mode, free_inputs, log, untied)
     keep.run(progress)
     if keep.larger_copies():  # a shared weight sliced two ways, more than itself: try it once

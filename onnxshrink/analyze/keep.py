@@ -399,9 +399,14 @@ class KeepState:
         """Records (for the coupled groups) that `x`'s axes `in_axes` and `y`'s `out_axes` are
         one flat index space viewed in two shapes (a Reshape's heads x head dims). Keeps nothing:
         the handler keeps the product sets itself."""
-        if self.log is not None:
-            sizes = [[self.size(t, a) for a in axes] for t, axes in ((x, in_axes), (y, out_axes))]
+        if self.log is not None:  # a periodic axis: its inner index, of the period's size
+            sizes = [[self._block_size(t, a) for a in axes] for t, axes in ((x, in_axes), (y, out_axes))]
             self.log.block(x.name, in_axes, sizes[0], y.name, out_axes, sizes[1], site)
+
+    def _block_size(self, t: gs.Tensor, axis: int) -> int | None:
+        if self.periodic(t, axis):
+            return len(self._state(t)[axis])  # type: ignore[arg-type]  # periodic: a mask
+        return self.size(t, axis)
 
     def unit(
         self,

@@ -225,7 +225,12 @@ def rewrite_size_input(
     new = list(items)
     if inferred is not None:
         after = rw.kept_count(y, inferred)
-        if after is not None and after != ir.static_dim(y, inferred):
+        full, k = ir.static_dim(y, inferred), rw.kept(y, inferred)
+        if full is None and k is not None:
+            # a dynamic axis kept by a period (a batch merged with heads): outer x kept heads,
+            # which the element count gives (the other sizes are literals, dims or products)
+            after = None if k.all() else -1
+        if after is not None and after != full:
             new[inferred] = after
     for p, it in enumerate(items):
         if not isinstance(it, int):
@@ -276,17 +281,10 @@ def _close_product(
 ) -> None:
     """Kept elements of a merged/split block form one set seen from both sides. Dynamic sizes
     may lead the block on both sides (e.g. (batch, heads) merged for a batched MatMul): every
-    index of them is kept, and a single dynamic axis on one side is then kept by the period of
-    the static sizes that follow them on the other (`KeepView.adopt`: index b * heads + h)."""
-    ks.block(x, in_axes, y, out_axes, site)
-    side_a, side_b = _static_tail(ks, x, in_axes), _static_tail(ks, y, out_axes)
-    for t, axes, mine, theirs in ((x, in_axes, side_a, side_b), (y, out_axes, side_b, side_a)):
-        lone_dynamic = len(axes) == 1 and mine is not None and mine[0] and not mine[1]
-        if lone_dynamic and theirs is not None and theirs[1]:
-            period = int(np.prod([len(k) for _, k in theirs[1]], dtype=np.int64))
-            if ks.adopt(t, axes[0], period):
-                side_a, side_b = _static_tail(ks, x, in_axes), _static_tail(ks, y, out_axes)
-            break
+    index of them is kept, and a single dynamic axis on one side is then kept by its period
+    (`_adopt_period`). The block's static and periodic axes are recorded for the coupled groups:
+    its inner index space, the dynamic sizes leading it aside."""
+    side_a, side_b = _adopt_period(ks, x, in_axes, y, out_axes)
     if side_a is None or side_b is None or side_a[0] != side_b[0]:
         _pin_block(ks, x, in_axes, y, out_axes)
         return
@@ -297,6 +295,7 @@ def _close_product(
     if not ka or not kb:
         _pin_block(ks, x, in_axes, y, out_axes)
         return
+    ks.block(x, in_axes, y, out_axes, site)
     fa = reduce(np.logical_and.outer, ka).reshape(-1)
     fb = reduce(np.logical_and.outer, kb).reshape(-1)
     if len(fa) != len(fb):
@@ -319,6 +318,36 @@ def _close_product(
         for n, a in enumerate(axes):
             other = tuple(m for m in range(len(axes)) if m != n)
             ks.keep(side, a, shaped.any(axis=other) if other else shaped, why)
+
+
+Side = tuple[bool, list[tuple[int, np.ndarray]]]
+
+
+def _adopt_period(
+    ks: KeepView, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int]
+) -> tuple[Side | None, Side | None]:
+    """Both sides of a block (`_static_tail`) after a lone dynamic axis leading one side adopts
+    its period: where the other side's static (and periodic) sizes multiply to n times this
+    side's, with dynamic sizes leading both, row-major order makes that axis's index
+    outer * n + inner (a batch merged with heads, [B, E] -> [B * H, E / H]: n = H), for any
+    outer size (`KeepView.adopt`); the other side's periodic axes are part of its lead and of
+    its inner sizes alike."""
+    side_a, side_b = _static_tail(ks, x, in_axes), _static_tail(ks, y, out_axes)
+    if side_a is None or side_b is None:
+        return side_a, side_b
+    for t, axes, mine, theirs in ((x, in_axes, side_a, side_b), (y, out_axes, side_b, side_a)):
+        # one dynamic axis, not periodic, then static sizes only (a periodic axis after it
+        # would put its own outer index between this axis's inner index and the static ones)
+        lone = mine[0] and ks.kept(t, axes[0]) is None and len(axes) == len(mine[1]) + 1
+        lone = lone and all(ir.static_dim(t, a) is not None for a, _ in mine[1])
+        if not lone or not theirs[1] or (not theirs[0] and mine[1]):
+            continue
+        pm = int(np.prod([len(k) for _, k in mine[1]], dtype=np.int64))
+        pt = int(np.prod([len(k) for _, k in theirs[1]], dtype=np.int64))
+        if pt > pm and pt % pm == 0 and ks.adopt(t, axes[0], pt // pm):
+            return _static_tail(ks, x, in_axes), _static_tail(ks, y, out_axes)
+        break
+    return side_a, side_b
 
 
 def _pin_block(ks: KeepView, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int]) -> None:
