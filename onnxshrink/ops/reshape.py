@@ -286,20 +286,20 @@ def _close_product(
     its inner index space, the dynamic sizes leading it aside."""
     side_a, side_b = _adopt_period(ks, x, in_axes, y, out_axes)
     if side_a is None or side_b is None or side_a[0] != side_b[0]:
-        _pin_block(ks, x, in_axes, y, out_axes)
+        _pin_block(ks, x, in_axes, y, out_axes, site)
         return
     in_axes, ka = [a for a, _ in side_a[1]], [k for _, k in side_a[1]]
     out_axes, kb = [b for b, _ in side_b[1]], [k for _, k in side_b[1]]
     if not ka and not kb:
         return
     if not ka or not kb:
-        _pin_block(ks, x, in_axes, y, out_axes)
+        _pin_block(ks, x, in_axes, y, out_axes, site)
         return
     ks.block(x, in_axes, y, out_axes, site)
     fa = reduce(np.logical_and.outer, ka).reshape(-1)
     fb = reduce(np.logical_and.outer, kb).reshape(-1)
     if len(fa) != len(fb):
-        _pin_block(ks, x, in_axes, y, out_axes)
+        _pin_block(ks, x, in_axes, y, out_axes, site)
         return
     if np.array_equal(fa, fb):
         return
@@ -350,11 +350,23 @@ def _adopt_period(
     return side_a, side_b
 
 
-def _pin_block(ks: KeepView, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int]) -> None:
+def _pin_block(
+    ks: KeepView, x: gs.Tensor, in_axes: list[int], y: gs.Tensor, out_axes: list[int], site: gs.Node
+) -> None:
+    """Keep a block whole whose two sides' sizes do not pair up, and say so: which indices go
+    together (heads of a merged batch x heads, say) is not derived from the graph."""
+    why = Reason(
+        "structure",
+        site.name,
+        site.op,
+        "its input and output sizes do not pair up here (a static size against a dynamic one, "
+        "or static sizes whose products differ): which of their indices go together is not "
+        "derived from the graph",
+    )
     for a in in_axes:
-        ks.pin(x, a)
+        ks.pin(x, a, why)
     for b in out_axes:
-        ks.pin(y, b)
+        ks.pin(y, b, why)
 
 
 def _static_tail(
