@@ -15,7 +15,9 @@ K/V head with the query heads that read it); its inner axes are not units. Facto
 are skipped: an axis pinned, or whose indices are slots each picked out by a constant scalar
 Gather (the q, k, v thirds of a packed projection: its heads are the units), and a batch factor
 merged before heads ([T, B, E] -> [T, B*H, hd]): the heads are then carried by period, and a
-later B*H -> [B, H] split is cut by heads, not by batch.
+later B*H -> [B, H] split is cut by heads, not by batch. With a dynamic batch the block holds
+only its static axes and the periodic ones (B*H kept by its period H: its inner index, of size
+H); the dynamic sizes leading it are no units.
 """
 
 from __future__ import annotations

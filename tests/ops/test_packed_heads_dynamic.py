@@ -14,6 +14,8 @@ given), dynamo exporter from models/mha/ (tools/mha_fixtures.py; dynamic batch a
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -22,14 +24,20 @@ from conftest import params
 from onnx import numpy_helper
 
 from models import mha
-from models.mha import E, HD, HEADS
+from models.mha import HD, HEADS, E
 from onnxshrink.prune import find_groups, prune
 
 GROUP_PARAMS = 3 * HD * E + 3 * HD + E * HD  # in_proj rows and biases, out_proj columns
 
 
+@functools.cache
+def _legacy(batch_first: bool, biases: bool, seq: bool) -> bytes:
+    return mha.export(mha.module(batch_first, biases), batch_first, dynamo=False, seq=seq).SerializeToString()
+
+
 def legacy(batch_first: bool, biases: bool, seq: bool = False) -> onnx.ModelProto:
-    return mha.export(mha.module(batch_first, biases), batch_first, dynamo=False, seq=seq)
+    """The legacy exporter's model (exported once per process)."""
+    return onnx.ModelProto.FromString(_legacy(batch_first, biases, seq))
 
 
 def dynamo(batch_first: bool) -> onnx.ModelProto:
