@@ -189,3 +189,69 @@ def test_a_torch_export_without_module_scopes_keeps_onnx_names_apart(tmp_path):
     again = shrink(bare, masks_path, validate=False, input_masked=False)
     assert again.after.params == params(small) == 8 * 8 + 8 + 8 * 4 + 4
     assert error_against(small, again.model) <= 1e-5
+
+
+def torch_prelu_export(slope: np.ndarray, seed: int = 3) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
+    """Conv -> PReLU(8) -> Conv as torch's TorchScript exporter writes it (node scopes /conv,
+    /act, /head): the PReLU slope, [8] in the state dict, is stored unsqueezed to [8, 1, 1] under
+    a name the exporter made (`onnx::PRelu_11`). And the state dict."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    state = {
+        "conv.weight": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+        "conv.bias": rng.standard_normal(8).astype(np.float32),
+        "act.weight": slope.astype(np.float32),
+        "head.weight": rng.standard_normal((4, 8, 1, 1)).astype(np.float32),
+        "head.bias": rng.standard_normal(4).astype(np.float32),
+    }
+    inits = [numpy_helper.from_array(v, k) for k, v in state.items() if k != "act.weight"]
+    inits.append(numpy_helper.from_array(state["act.weight"].reshape(8, 1, 1), "onnx::PRelu_11"))
+    nodes = [
+        helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["c"], name="/conv/Conv", pads=[1, 1, 1, 1]),
+        helper.make_node("PRelu", ["c", "onnx::PRelu_11"], ["p"], name="/act/PRelu"),
+        helper.make_node("Conv", ["p", "head.weight", "head.bias"], ["y"], name="/head/Conv"),
+    ]
+    graph = helper.make_graph(
+        nodes, "main_graph", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, producer_name="pytorch", opset_imports=[helper.make_opsetid("", 18)])
+    return model, {k: torch.from_numpy(v) for k, v in state.items()}
+
+
+@pytest.mark.parametrize("init", ["random", "default"])
+def test_a_prelu_slope_the_exporter_reshaped_goes_under_its_onnx_name(tmp_path, init):
+    """A PReLU slope torch keeps as [8] and the exporter stores as [8, 1, 1] under a name of its
+    own: named `act.weight` with the stored shape, the masks file did not load into the module
+    and onnxshrink could not bind it back (exit 2). It goes under onnx/ by the stored name; the
+    rest loads strictly, and the file reapplied gives the prune's model."""
+    slope = np.random.default_rng(1).uniform(0.05, 0.5, 8) if init == "random" else np.full(8, 0.25)
+    model, state = torch_prelu_export(slope)
+    module = nn.Sequential()
+    module.conv, module.act, module.head = nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(8), nn.Conv2d(8, 4, 1)
+    module.load_state_dict(state)
+    path, out, masks_path = tmp_path / "m.onnx", tmp_path / "small.onnx", tmp_path / "masks.pt"
+    onnx.save(model, path)
+    assert main([str(path), "--prune", "0.5", "-o", str(out), "--masks-out", str(masks_path), "-q"]) == 0
+    masks = torch.load(masks_path, weights_only=True)
+    framework = {k: v for k, v in masks.items() if not k.startswith("onnx/")}
+    assert sorted(masks) == ["conv.bias", "conv.weight", "head.weight", "onnx/onnx::PRelu_11"]
+    strict_check(module, framework)
+    dropped = masks["conv.bias"] == 0
+    assert int(dropped.sum()) == 4  # half of the 8 filters, with their slopes and head columns
+    assert (masks["onnx/onnx::PRelu_11"].reshape(8) == ~dropped).all()
+    assert (masks["head.weight"][:, dropped] == 0).all() and (masks["head.weight"][:, ~dropped] == 1).all()
+    small = onnx.load(out)
+    assert params(small) == 4 * 27 + 4 + 4 + 4 * 4 + 4
+    again = shrink(path, masks_path, validate=False, input_masked=False)
+    assert again.after.params == params(small)
+    assert error_against(small, again.model) <= 1e-5
+    # the masks applied in PyTorch (the slope's by hand, as its flags) give the prune's function
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        masked_in_torch(module, framework)
+        module.act.weight.mul_(masks["onnx/onnx::PRelu_11"].reshape(8))
+        want = module(x).numpy()
+    got = run(small, {"x": x.numpy()})[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

@@ -549,6 +549,11 @@ class _Finder:
             return [ParamRef(f"{module}.weight", 0, n), ParamRef(f"{module}.bias", 0, n), *mine]
         if own is not None:
             return [ref(own)]
+        if layout is None and len(shape) > 1:
+            # a tensor the exporter made (its own name is not the parameter's) that its op gives
+            # no axis roles: the parameter's shape is not this one (a PReLU slope [C] stored as
+            # [C, 1, 1]), and no scope name binds back to it (bind.Binder.by_scope): under onnx/
+            return []
         return [ref(f"{module}.{role}")] if role is not None else []
 
     def _own_name(self, tensor: str, module: str, role: str | None) -> str | None:
