@@ -102,7 +102,8 @@ def node_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> dic
 def macs_of(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple[int, dict[str, int]]:
     """(count_macs, node_macs) from one shape inference."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(fold_shape_arithmetic(skeleton(model, input_shapes)), data_prop=True)
+        light = fold_shape_arithmetic(skeleton(model, input_shapes), integers_only=True)
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:
         return 0, {}
     inferred = contrib_shapes(inferred)

@@ -155,11 +155,13 @@ def _resized_slices(
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not weights
 
 
-def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_shape_arithmetic(model: onnx.ModelProto, integers_only: bool = False) -> onnx.ModelProto:
     """Replace nodes whose inputs are all small constants by their values, in place (meant for a
     skeleton): shape inference propagates values through Shape/Gather/Concat but not through
     e.g. the legacy exporter's Where(Equal(c, -1), 1, c) that builds an Expand target, and
-    without the value every size downstream of it is unknown."""
+    without the value every size downstream of it is unknown. `integers_only`: only the nodes
+    whose values are integers or booleans (sizes, pads, indices and their tests): a float
+    computation on constants stays (the MAC count counts it)."""
     opset = default_opset(model)
 
     g = model.graph
@@ -182,6 +184,8 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
         )
         ort = bool(handler and handler.evaluate_with_ort)
         values = _evaluate(n, known, opset, ort) if fold else None
+        if values is not None and integers_only and not all(v.dtype.kind in "iub" for v in values):
+            values = None  # (integers and the booleans of their tests)
         if values is None:
             kept.append(n)
             continue
