@@ -19,6 +19,11 @@ The installed `onnxshrink` (this interpreter's `-m onnxshrink`, or --onnxshrink 
 subprocesses and each model is checked in its own worker process: a model that fails, hangs or
 crashes onnxruntime is reported in its row and the table goes on. Needs the network for the first
 download (not run in CI). Exit status 0 when every model ran and passed, 1 otherwise.
+
+--no-shapes runs only `--prune` per model, as a user first does: no --input-shapes, no --inputs.
+Each must exit 0 at sizes the tool chose and said ("dynamic dims drawn at ..."; or have no
+dynamic dim), or exit 2 naming each dynamic input and the sizes tried, with no output written;
+the table gives the exit status, the sizes or the message, and what the prune said it removed.
 """
 
 from __future__ import annotations
