@@ -209,3 +209,10 @@ def unique_scope_names(graph: onnx.GraphProto, apply: bool = True) -> list[tuple
 
     visit(graph, {}, True)
     return renamed
+
+
+def nbytes(t: gs.Constant) -> int:
+    """The bytes of a constant's values, without loading them when they are not yet."""
+    held = getattr(t, "_values", None)
+    size = getattr(held, "nbytes", None)
+    return int(size) if size is not None else int(np.asarray(t.values).nbytes)

@@ -19,6 +19,7 @@ from onnxshrink.analyze import Analysis
 from onnxshrink.core import nonzero
 from onnxshrink.core.evaluate import evaluate
 from onnxshrink.core.values import ConstInfo
+from onnxshrink.core.zeroed import ZeroedWeight
 from onnxshrink.errors import InternalError
 from onnxshrink.io import weights
 from onnxshrink.io.skeleton import checkable
@@ -405,7 +406,7 @@ def _slice_weights(rw: Rewriter, ks, writer: DataWriter | None, progress: Any) -
     bytes of each one done)."""
     for t in list(rw.tensors.values()):
         if isinstance(t, gs.Constant) and t.name in ks.demanded:
-            size = t.values.nbytes
+            size = ir.nbytes(t)
             _slice_constant(t, ks, writer)
             if progress is not None:
                 progress.update(size)
@@ -512,12 +513,17 @@ STREAM_BYTES = 1024
 
 
 def _slice_constant(t: gs.Constant, ks, writer: DataWriter | None = None) -> None:
-    values = np.asarray(t.values)
+    zeroed = getattr(getattr(t, "_values", None), "deferred", None)  # made from the original
+    shape = tuple(zeroed.shape) if zeroed is not None else tuple(np.shape(t.values))
     index: dict[int, np.ndarray] = {}
-    for a in range(values.ndim):
+    for a in range(len(shape)):
         k = ks.kept(t, a)
-        if k is not None and len(k) == values.shape[a] and not k.all():
+        if k is not None and len(k) == shape[a] and not k.all():
             index[a] = np.flatnonzero(k)
+    if zeroed is not None and writer is not None:
+        _slice_zeroed(t, zeroed, index, writer)
+        return
+    values = np.asarray(t.values)
     if writer is None or values.nbytes < STREAM_BYTES:
         for a, idx in index.items():
             values = np.take(values, idx, axis=a)
@@ -536,6 +542,20 @@ def _slice_constant(t: gs.Constant, ks, writer: DataWriter | None = None) -> Non
     weights.populate(values)
     before = nonzero.known(values) if values.ndim == 2 else None
     t.values = writer.write(t.name, blocks(), shape, values.dtype)
+    after = nonzero.sliced(before, index.get(0), index.get(1)) if before is not None else None
+    if after is not None:
+        nonzero.remember(t.values, after)
+    weights.trim()
+
+
+def _slice_zeroed(t: gs.Constant, zeroed: ZeroedWeight, index: dict[int, np.ndarray], writer: DataWriter) -> None:
+    """A weight the reference holds zeroed but has not written (`core.zeroed`), sliced from
+    its original: its kept slices, any zeroed one kept set to zero; never the whole made."""
+    arr = zeroed.original
+    shape = tuple(len(index[a]) if a in index else n for a, n in enumerate(arr.shape))
+    weights.populate(arr)
+    before = zeroed.pattern() if arr.ndim == 2 else None
+    t.values = writer.write(t.name, zeroed.kept_blocks(index), shape, arr.dtype)
     after = nonzero.sliced(before, index.get(0), index.get(1)) if before is not None else None
     if after is not None:
         nonzero.remember(t.values, after)

@@ -10,6 +10,8 @@ import onnx
 from onnx import numpy_helper
 
 from models.llama import LlamaConfig, build
+from onnxshrink.core.zeroed import ZeroedWeight
+from onnxshrink.io import weights
 from onnxshrink.io.model import Scratch
 from onnxshrink.io.weights import absolute
 from onnxshrink.proof import segment
@@ -54,15 +56,53 @@ def test_a_streamed_prune_writes_what_the_prune_in_memory_writes(tmp_path, monke
     held = prune(path, 0.25, tmp_path / "held.onnx", **kw)
     assert not any(absolute(t) for t in held.shrink.reference.graph.initializer)
     counts = _streamed(monkeypatch)
+    written = _deferred_writes(monkeypatch)
     streamed = prune(path, 0.25, tmp_path / "streamed.onnx", **kw)
-    # the reference zeroed on disk (the groups are checked on its analysis); it refers to its spill
+    # the reference zeroed on disk (the groups are checked on its analysis); it refers to its
+    # spill, where a zeroed weight is written only if something reads it whole: a MatMul's
+    # weight is read through its pattern and kept slices, never made
     assert counts["spills"] == 1
-    assert any(absolute(t) for t in streamed.shrink.reference.graph.initializer)
+    deferred = [t.name for t in streamed.shrink.reference.graph.initializer if absolute(t)]
+    matmul_weights = {n.input[1] for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == "MatMul"}
+    assert len(deferred) > 10 and matmul_weights & set(deferred)
+    assert not matmul_weights & set(written), written
     assert counts["cut"] == 1  # the calibration run in segments
     assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
     assert streamed.removed()  # (it pruned something)
     assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
     assert streamed.shrink.after.params == held.shrink.after.params < held.original.params
+
+
+def _deferred_writes(monkeypatch) -> list[str]:
+    """The names of the deferred (reserved) weights written, as they are written."""
+    names: list[str] = []
+    write = weights.Pending.write
+
+    def counted(self):
+        names.append(self.name)
+        return write(self)
+
+    monkeypatch.setattr(weights.Pending, "write", counted)
+    return names
+
+
+def test_a_streamed_prune_with_its_proof_writes_its_reference_for_onnxruntime(tmp_path, monkeypatch):
+    """With validation on, the reference's deferred weights are written before onnxruntime
+    reads its files: the proof passes on its first try, and the output is the in-memory prune's."""
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig.preset("tiny", seed=5), path)
+    held = prune(path, 0.25, tmp_path / "held.onnx", validate=False, price=False)
+    assert held.removed()
+    _streamed(monkeypatch)
+    for stage in ("assemble", "save", "growth", "masking"):  # the shrink's stages alike
+        monkeypatch.setattr(f"onnxshrink.stages.{stage}.in_memory", lambda size: False)
+    written = _deferred_writes(monkeypatch)
+    streamed = prune(path, 0.25, tmp_path / "streamed.onnx", price=False)
+    deferred = [t.name for t in streamed.shrink.reference.graph.initializer if absolute(t)]
+    assert deferred and sorted(written) == sorted(deferred)
+    assert streamed.shrink.validation is not None and streamed.shrink.validation.passed
+    assert streamed.shrink.first_failure is None
+    assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
 
 
 def test_a_streamed_global_prune_counts_its_candidates_with_their_weights(tmp_path, monkeypatch):
@@ -78,6 +118,12 @@ def test_a_streamed_global_prune_counts_its_candidates_with_their_weights(tmp_pa
     assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
     assert streamed.removed()
     assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
+
+
+def _pattern_of(w: np.ndarray):
+    from onnxshrink.core import nonzero
+
+    return nonzero._scan(np.array(w))
 
 
 def test_a_spilled_weight_is_zeroed_bit_for_bit(tmp_path):
@@ -106,8 +152,23 @@ def test_a_spilled_weight_is_zeroed_bit_for_bit(tmp_path):
             index = [slice(None)] * w.ndim
             index[axis] = idx
             expected[tuple(index)] = 0 if zero is None else zero
-        got = spill._blocks(np.asarray(mapped), slices, zero)
-        assert b"".join(b.tobytes() for b in got) == expected.tobytes()
-        made = writer.write(f"w{k}", spill._blocks(np.asarray(mapped), slices, zero), w.shape, w.dtype)
+        zeroed = ZeroedWeight(np.asarray(mapped), slices, zero)
+        assert b"".join(b.tobytes() for b in zeroed.blocks()) == expected.tobytes()
+        made = writer.write(f"w{k}", zeroed.blocks(), w.shape, w.dtype)
         assert made.tobytes() == expected.tobytes()
+        # what the shrink reads of it without making it: kept slices (a zeroed one kept is 0,
+        # or the zero point), rows, the non-zero pattern
+        index = {a: np.sort(rng.choice(n, max(1, n - n // 4), replace=False)) for a, n in enumerate(w.shape) if a != 1}
+        sliced = expected
+        for a, idx in index.items():
+            sliced = np.take(sliced, idx, axis=a)
+        assert zeroed.kept(index).tobytes() == sliced.tobytes()
+        used = rng.random(w.shape[0]) < 0.5
+        assert zeroed.rows(used).tobytes() == expected[used].tobytes()
+        if w.ndim == 2 and zero is None:
+            got, want = zeroed.pattern(), _pattern_of(expected)
+            assert got is not None and want.zeros is not None and got.zeros is not None
+            assert np.array_equal(got.rows, want.rows) and np.array_equal(got.cols, want.cols)
+            assert got.count == want.count == int(np.count_nonzero(expected))
+            assert sorted(zip(*got.zeros, strict=True)) == sorted(zip(*want.zeros, strict=True))
     writer.close()

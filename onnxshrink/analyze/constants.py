@@ -83,7 +83,7 @@ def _propagate(
     ctx = ConstContext(graph, opset, handler_for, syms)
     for t in ctx.tensors.values():
         if isinstance(t, gs.Constant):
-            ctx.consts[t.name] = ConstInfo.of_array(t.values)
+            ctx.consts[t.name] = ConstInfo.of_constant(t)
     _walk(graph, ctx, handler_for, shown)
     return ctx
 

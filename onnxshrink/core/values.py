@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -37,6 +38,37 @@ class ConstInfo:
     def of_array(values: np.ndarray) -> ConstInfo:
         values = np.asarray(values)
         return ConstInfo(np.ones((1,) * values.ndim, dtype=bool), values, whole=True)
+
+    @staticmethod
+    def of_constant(t: gs.Constant) -> ConstInfo:
+        """`of_array` of an initializer's values, read only when first asked for when they are
+        not loaded yet (a weight written to disk only when mapped: `_LazyWhole`)."""
+        lazy = getattr(t, "_values", None)
+        if getattr(lazy, "deferred", None) is not None:
+            return _LazyWhole(lazy)
+        return ConstInfo.of_array(t.values)
+
+    def matrix_pattern(self) -> Any:
+        """The non-zero pattern (core.nonzero.Pattern) of a whole 2-D constant."""
+        from onnxshrink.core import nonzero
+
+        return nonzero.pattern(self.value)
+
+    def matrix_rows(self, used: np.ndarray) -> np.ndarray:
+        """Rows `used` (bool) of a whole 2-D constant."""
+        return np.asarray(self.value[used])
+
+    @property
+    def matrix_shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    @property
+    def matrix_dtype(self) -> np.dtype:
+        return self.value.dtype
+
+    @property
+    def value_ndim(self) -> int:
+        return int(self.value.ndim)
 
     def slice_constant(self, axis: int, size: int) -> np.ndarray:
         """Per index along `axis`: is the whole slice constant?"""
@@ -67,6 +99,54 @@ class ConstInfo:
         """The values (at the mask's shape) as one row per index along `axis`."""
         v = np.broadcast_to(self.value, np.broadcast_shapes(self.value.shape, self.mask.shape))
         return np.moveaxis(v, axis, 0).reshape(v.shape[axis], -1)
+
+
+class _LazyWhole(ConstInfo):
+    """A whole initializer's ConstInfo whose values are loaded when first read (from its lazy
+    values: the tensor itself may hold its sliced values by then, in the rewrite)."""
+
+    def __init__(self, lazy: Any):  # no dataclass fields but these
+        self.mask = np.ones((1,) * len(lazy.shape), dtype=bool)
+        self.whole = True
+        self._lazy = lazy
+        self._loaded: np.ndarray | None = None
+
+    @property
+    def zeroed(self) -> Any:
+        """What makes the values (`core.zeroed.ZeroedWeight`): their pattern and rows without them."""
+        return self._lazy.deferred
+
+    @property
+    def value(self) -> np.ndarray:
+        if self._loaded is None:
+            self._loaded = np.asarray(self._lazy.load())
+        return self._loaded
+
+    @value.setter
+    def value(self, v: np.ndarray) -> None:
+        raise AttributeError("a whole initializer's values are its own")
+
+    def matrix_pattern(self) -> Any:
+        if self._loaded is None:
+            derived = self.zeroed.pattern()
+            if derived is not None:
+                return derived
+        return super().matrix_pattern()
+
+    def matrix_rows(self, used: np.ndarray) -> np.ndarray:
+        return np.asarray(self.zeroed.rows(used)) if self._loaded is None else super().matrix_rows(used)
+
+    @property
+    def matrix_shape(self) -> tuple[int, ...]:
+        return tuple(self.zeroed.shape)
+
+    @property
+    def matrix_dtype(self) -> np.dtype:
+        return self.zeroed.original.dtype
+
+    @property
+    def value_ndim(self) -> int:
+        return len(self.zeroed.shape)
 
 
 def _per_index(flags: np.ndarray, size: int) -> np.ndarray:

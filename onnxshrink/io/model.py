@@ -299,6 +299,7 @@ class Scratch:
     def discard_spills(self) -> None:
         """Delete the spill files (their mapped views stay valid while used)."""
         for f in self._spilled:
+            self.store.forget(f)  # its reserved ranges, never written, are no one's now
             f.unlink(missing_ok=True)
         self._spilled.clear()
 

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import onnx
@@ -87,6 +87,9 @@ class WeightStore:
         # its place (path, offset, length, shape, strides, dtype), the same for every map of it
         self._written: set[Path] = set()
         self._places: dict[_Key, tuple[Hashable, ...]] = {}
+        # ranges of written files reserved for a tensor and not written yet: (file, offset) ->
+        # what writes it (see `DataWriter.reserve`); written when first mapped
+        self._pending: dict[tuple[Path, int], Pending] = {}
         _STORES.add(self)
 
     # ---------------------------------------------------------------- reading
@@ -112,6 +115,8 @@ class WeightStore:
         count = int(np.prod(dims, dtype=np.int64))
         offset = int(info.get("offset", 0))
         length = int(info.get("length", count * dtype.itemsize))
+        if (path, offset) in self._pending:
+            self.settle(path, offset)
         if length != count * dtype.itemsize or offset + length > len(mm):
             raise ShrinkError(
                 f"tensor '{tensor.name}': its external data ({length} bytes at {offset} in "
@@ -122,6 +127,29 @@ class WeightStore:
         if path in self._written:  # a tensor a writer of this store wrote, mapped again
             self._places[_key(arr)] = _place(arr, path, offset, length)
         return arr
+
+    def pending(self, tensor: onnx.TensorProto, base_dir: str | Path) -> Pending | None:
+        """What will write `tensor`'s range of a file this store's writers reserved, when it
+        is not written yet (None: it is, or it was never reserved)."""
+        if not self._pending:
+            return None
+        info = {e.key: e.value for e in tensor.external_data}
+        path = (Path(base_dir) / info.get("location", "")).resolve()
+        return self._pending.get((path, int(info.get("offset", 0))))
+
+    def settle(self, path: Path | None = None, offset: int | None = None) -> None:
+        """Write the reserved ranges (one, or all of them): what a reader of the file finds."""
+        keys = [(path, offset)] if path is not None else list(self._pending)
+        for key in keys:
+            job = self._pending.pop(key, None)  # type: ignore[arg-type]
+            if job is not None:
+                job.write()
+
+    def forget(self, path: Path) -> None:
+        """Drop the reserved ranges of a file (deleted unread: see `Scratch.discard_spills`)."""
+        real = Path(path).resolve()
+        for key in [k for k in self._pending if k[0] == real]:
+            del self._pending[key]
 
     def owns(self, arr: np.ndarray) -> bool:
         """Is `arr` a view of one of this store's maps (immutable for the store's life)?"""
@@ -225,9 +253,48 @@ class DataWriter:
         self.store._places[_key(arr)] = _place(arr, self.real, start, length)
         return arr
 
+    def reserve(self, name: str, shape: tuple[int, ...], dtype: np.dtype, source: Deferred) -> Location:
+        """Set aside the range of a tensor of `shape`, written (from `source.blocks()`, its row
+        blocks in C order) only when the store first maps it, or at `settle`: a prune's
+        reference, whose zeroed weights the shrink reads through `source` (their pattern and
+        kept slices), never writes them. The file is extended to hold it (a hole until written)."""
+        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        start = self.offset + pad_for(self.offset, expected)
+        self.offset = start + expected
+        self._f.truncate(self.offset)
+        self.tensors += 1
+        where = Location(self.path, start, expected)
+        self.store._pending[(self.real, start)] = Pending(name, where, np.dtype(dtype), source)
+        return where
+
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+class Deferred(Protocol):
+    """What writes a reserved range: its row blocks, in C order."""
+
+    def blocks(self) -> Iterator[np.ndarray]: ...
+
+
+@dataclass
+class Pending:
+    """A reserved range of a written file and what writes it (`DataWriter.reserve`)."""
+
+    name: str
+    where: Location
+    dtype: np.dtype
+    source: Deferred
+
+    def write(self) -> None:
+        done = 0
+        with open(self.where.path, "r+b") as f:
+            for block in _ahead(self.source.blocks(), self.dtype):
+                os.pwrite(f.fileno(), block.reshape(-1).view(np.uint8).data, self.where.offset + done)
+                done += block.nbytes
+        if done != self.where.length:
+            raise RuntimeError(f"{self.name}: wrote {done} bytes, its shape needs {self.where.length}")
 
 
 class _Failed:

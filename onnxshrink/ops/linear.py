@@ -29,7 +29,6 @@ from onnxshrink.core import (
     compress,
     float_attr,
     int_attr,
-    pattern,
     register,
 )
 from onnxshrink.ops.common import const_or_live, couple_broadcast
@@ -44,34 +43,49 @@ def _live_product(live_a: np.ndarray, nz: np.ndarray) -> np.ndarray:
     return np.matmul(live_a.astype(np.float32), nz.astype(np.float32)) > 0
 
 
-def _const_through(live_a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Output elements of A @ W (W a constant [K, N] matrix) that no live element of A reaches:
+def _const_through(live_a: np.ndarray, w: np.ndarray | ConstInfo) -> np.ndarray:
+    """Output elements of A @ W (W a constant [K, N] matrix: an array, or a whole constant's
+    ConstInfo, read through its pattern) that no live element of A reaches:
     `~_live_product(live_a, W != 0)`, from W's non-zero pattern (one memoized pass over W) when
     it is exact, else from W itself."""
-    p = pattern(w)
+    m = _matrix(w)
+    p = m.matrix_pattern()
     if not p.exact:
-        return ~_live_product(live_a, w != 0)
-    k = w.shape[0]
+        return ~_live_product(live_a, m.value != 0)
+    k, n = m.matrix_shape
     live = np.broadcast_to(live_a, live_a.shape[:-1] + (k,))
-    reached = p.reached(live.reshape(-1, k)).reshape(live.shape[:-1] + (w.shape[1],))
+    reached = p.reached(live.reshape(-1, k)).reshape(live.shape[:-1] + (n,))
     return ~reached
 
 
-def _rows_read(w: np.ndarray, cols: np.ndarray | None) -> np.ndarray:
+def _rows_read(w: np.ndarray | ConstInfo, cols: np.ndarray | None) -> np.ndarray:
     """Rows of a [K, N] matrix W holding a non-zero in a kept column (`cols`, None: all)."""
-    p = pattern(w)
+    m = _matrix(w)
+    p = m.matrix_pattern()
     if p.exact:
-        return p.rows_reading(np.ones(w.shape[1], bool) if cols is None else cols)
-    nz = w != 0
+        return p.rows_reading(np.ones(m.matrix_shape[1], bool) if cols is None else cols)
+    nz = m.value != 0
     return np.asarray(nz[:, cols].any(axis=1) if cols is not None else nz.any(axis=1))
 
 
-def _times_rows(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _times_rows(a: np.ndarray, w: np.ndarray | ConstInfo) -> np.ndarray:
     """a @ w in float64 (a: [..., K], w: [K, N]), reading only the rows of w that a non-zero
     element of a multiplies: the constant part of a product with a large weight costs the rows
     it uses, not a pass over (or a float64 copy of) the whole weight."""
     used = np.asarray(a != 0).reshape(-1, a.shape[-1]).any(axis=0)
-    return np.matmul(a[..., used].astype(np.float64), np.asarray(w[used], dtype=np.float64))
+    rows = _matrix(w).matrix_rows(np.asarray(used))
+    return np.matmul(a[..., used].astype(np.float64), np.asarray(rows, dtype=np.float64))
+
+
+def _matrix(w: np.ndarray | ConstInfo) -> ConstInfo:
+    return w if isinstance(w, ConstInfo) else ConstInfo.of_array(w)
+
+
+def _weight(view: ConstView | KeepView | RewriteView, t: gs.Tensor, rank: int) -> ConstInfo | None:
+    """B as a whole constant matrix (an initializer): the helpers above read its pattern and
+    the rows they use, not its whole values (a prune's zeroed weight is then never made)."""
+    c = view.const(t)
+    return c if rank == 2 and c is not None and c.whole and c.full and c.value_ndim == 2 else None
 
 
 def _full_k(m: np.ndarray, v: np.ndarray, k: int, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -271,17 +285,19 @@ class MatMul(Handler):
         if ctx.const(a_t) is None and ctx.const(b_t) is None:
             return None
         am, av = const_or_live(ctx, a_t, max(ra, 2))
-        bm, bv = const_or_live(ctx, b_t, max(rb, 2))
+        bw = _weight(ctx, b_t, rb)  # a weight: read through its pattern and used rows
+        bm, bv = (np.ones((1, 1), bool), None) if bw is not None else const_or_live(ctx, b_t, max(rb, 2))
         if ra == 1:
             am, av = am.reshape(1, -1), av.reshape(1, -1)
-        if rb == 1:
+        if rb == 1 and bv is not None:
             bm, bv = bm.reshape(-1, 1), bv.reshape(-1, 1)
-        b_full, a_full = ctx.value(b_t), ctx.value(a_t)
+        b_full, a_full = bw if bw is not None else ctx.value(b_t), ctx.value(a_t)
+        b2 = bw if bw is not None else bv  # B as the matrix helpers read it
         if b_full is not None and rb == 2:
-            const = _const_through(~am, bv)
+            assert b2 is not None
+            const = _const_through(~am, b2)
         elif b_full is not None:
-            nz = bv != 0
-            const = ~_live_product(~am, nz)
+            const = ~_live_product(~am, np.asarray(bv != 0))
         elif a_full is not None:
             const = ~_live_product(av != 0, ~bm)
         else:
@@ -297,13 +313,15 @@ class MatMul(Handler):
             return None
         # The contracted size is the tensors' (the constants may be compressed along it: a value
         # uniform over K stands for K equal terms of the sum).
-        packed = max(am.shape[-1], bm.shape[-2], av.shape[-1], bv.shape[-2])
+        assert b2 is not None
+        b_rows = _matrix(b2).matrix_shape[-2] if rb >= 2 else len(np.asarray(b2).reshape(-1))
+        packed = max(am.shape[-1], bm.shape[-2], av.shape[-1], b_rows)
         k = ir.static_dim(a_t, -1) or ir.static_dim(b_t, -2 if rb >= 2 else -1) or packed
         _, av = _full_k(am, av, k, -1)
-        if b_full is not None and rb == 2 and bv.shape[0] == k:  # a weight: only the rows used
-            out = _times_rows(av, bv).astype(np.result_type(av, bv))
+        if b_full is not None and rb == 2 and b_rows == k:  # a weight: only the rows used
+            out = _times_rows(av, b2).astype(np.result_type(av, _matrix(b2).matrix_dtype))
         else:
-            _, bv0 = _full_k(bm, bv, k, -2)
+            _, bv0 = _full_k(bm, bv if bv is not None else _matrix(b2).value, k, -2)
             out = np.matmul(av, bv0)
         const, out = np.broadcast_arrays(const, out)
         const, out = np.array(const), np.array(out)
@@ -372,7 +390,9 @@ class MatMul(Handler):
             ks.couple(b_t, rb - 1, y, y_n)
         b_k = rb - 2 if rb >= 2 else 0
         ks.couple(a_t, ra - 1, b_t, b_k)
-        b, a = ks.value(b_t), ks.value(a_t)
+        bw = _weight(ks, b_t, rb)
+        b = bw if bw is not None else ks.value(b_t)
+        a = ks.value(a_t)
         if b is not None:
             if _all_kept(ks, a_t, ra - 1):
                 return
@@ -380,6 +400,7 @@ class MatMul(Handler):
             if rb == 2:
                 reads = _rows_read(b, kn)
             else:
+                assert isinstance(b, np.ndarray)
                 nz = self._nz_b(b, rb)
                 reads = np.asarray(nz[:, kn].any(axis=1) if kn is not None else nz.any(axis=1))
             absorb = np.zeros(len(reads), dtype=bool)
@@ -412,11 +433,14 @@ class MatMul(Handler):
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         a_t, b_t, y = node.inputs[0], node.inputs[1], node.outputs[0]
         roles = self.roles(node)
-        b0 = rw.original(b_t)
         ca = rw.const(a_t)
-        if roles is None or b0 is None or ca is None:
+        if roles is None or ca is None:
             return
         ra, rb, ry, y_m, y_n = roles
+        bw = _weight(rw, b_t, rb)
+        b0 = bw if bw is not None else rw.original(b_t)
+        if b0 is None:
+            return
         kn = rw.kept(y, y_n) if y_n is not None else None
         cols = kn if kn is not None else slice(None)
         ka = rw.kept(a_t, ra - 1)
@@ -425,6 +449,7 @@ class MatMul(Handler):
         if rb == 2:
             removed = ~ka & _rows_read(b0, kn)
         else:
+            assert isinstance(b0, np.ndarray)
             nz = self._nz_b(b0, rb)
             removed = ~ka & nz[:, cols].reshape(len(ka), -1).any(axis=1)
         rw.check_removed_constant(node, ca, ra - 1, removed)
@@ -435,6 +460,7 @@ class MatMul(Handler):
         if rb == 2:
             delta = _times_rows(a_c, b0)
         else:
+            assert isinstance(b0, np.ndarray)
             bsel = b0.reshape(len(ka), -1) if rb == 1 else b0
             delta = np.matmul(a_c, bsel.astype(np.float64))
         if rb == 1:
@@ -442,7 +468,7 @@ class MatMul(Handler):
         # Y's kept indices on every axis: its columns, and the rows and batch indices A's other
         # axes lose (a constant A, W @ x, loses rows of W)
         delta = rw.kept_part(y, delta)
-        rw.add_constant(node, 0, delta.astype(b0.dtype), int(removed.sum()))
+        rw.add_constant(node, 0, delta.astype(_matrix(b0).matrix_dtype), int(removed.sum()))
 
 
 # ------------------------------------------------------------------ oracle cases

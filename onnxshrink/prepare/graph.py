@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxshrink import ir
 from onnxshrink.io.weights import WeightStore
@@ -40,7 +41,11 @@ def prepare(
             and hasattr(lazy, "tensor")
             and lazy.tensor.data_location == onnx.TensorProto.EXTERNAL
         ):
-            t.values = store.array(lazy.tensor, base_dir or ".")
+            pending = store.pending(lazy.tensor, base_dir or ".")
+            if pending is not None:  # written and mapped when its whole values are read
+                t.values = _Mapped(lazy.tensor, store, str(base_dir or "."), pending.source)
+            else:
+                t.values = store.array(lazy.tensor, base_dir or ".")
             t.data_location = None
         elif isinstance(t, gs.Variable) and isinstance(t.dtype, int):
             # onnx-graphsurgeon keeps the ONNX type of what numpy lacks (bfloat16): ml_dtypes has it
@@ -100,3 +105,16 @@ def _known(declared: list[ir.Dim], inferred: list[ir.Dim]) -> list[ir.Dim]:
     if len(declared) != len(inferred):
         return declared
     return [d if isinstance(d, int) or not isinstance(i, int) else i for d, i in zip(declared, inferred, strict=True)]
+
+
+class _Mapped(LazyValues):
+    """A weight in a range its store reserved and has not written yet (a prune's reference's
+    zeroed weight, `deferred`: what makes it, and answers what the analysis and the rewrite ask
+    without the whole values): written and mapped only when they are read (`load`)."""
+
+    def __init__(self, tensor: onnx.TensorProto, store: WeightStore, base_dir: str, deferred: Any):
+        super().__init__(tensor)
+        self.store, self.base_dir, self.deferred = store, base_dir, deferred
+
+    def load(self) -> Any:
+        return self.store.array(self.tensor, self.base_dir)

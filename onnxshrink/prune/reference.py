@@ -61,8 +61,11 @@ def zeroed(
         cuts.setdefault(name, []).append((axis, idx))
     writer = disk.writer if disk is not None else None
     for name in list(values):
-        v = spill.zeroed(values.pop(name), cuts.get(name, []), gset.zero_of(name), writer, name)
-        t = disk.proto(name, v) if disk is not None else numpy_helper.from_array(v, name)
+        arr, cut = values.pop(name), cuts.get(name, [])
+        t = spill.deferred(arr, cut, gset.zero_of(name), writer, name) if writer is not None else None
+        if t is None:
+            v = spill.zeroed(arr, cut, gset.zero_of(name), writer, name)
+            t = disk.proto(name, v) if disk is not None else numpy_helper.from_array(v, name)
         if name in inits:
             inits[name].CopyFrom(t)
         else:

@@ -8,15 +8,15 @@ zeroed in a copy, as before."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from onnxshrink.core import nonzero
+from onnxshrink.core.zeroed import ZeroedWeight, zero_slice
 from onnxshrink.io import weights
 from onnxshrink.io.weights import DataWriter, WeightStore, tensor_proto
 
@@ -44,10 +44,22 @@ def zeroed(
         for axis, idx in slices:
             zero_slice(out, axis, idx, zero)
         return out
-    made = writer.write(name, _blocks(arr, slices, zero), arr.shape, arr.dtype)
+    made = writer.write(name, ZeroedWeight(arr, slices, zero).blocks(), arr.shape, arr.dtype)
     weights.trim()  # the mapped rows read go back to the page cache
     _derive_pattern(arr, made, slices, zero)
     return made
+
+
+def deferred(
+    arr: np.ndarray, slices: Sequence[tuple[int, np.ndarray]], zero: np.ndarray | None, writer: DataWriter, name: str
+) -> onnx.TensorProto | None:
+    """The TensorProto of `arr` with `slices` zeroed, in a range of `writer`'s file reserved
+    for it and written only when first mapped (`DataWriter.reserve`), when it `spills`; None
+    when it does not (`zeroed` makes it then)."""
+    if not spills(arr, writer):
+        return None
+    where = writer.reserve(name, arr.shape, arr.dtype, ZeroedWeight(arr, slices, zero))
+    return tensor_proto(name, arr, where, None)
 
 
 def _derive_pattern(
@@ -69,56 +81,6 @@ def _derive_pattern(
     )
     if after is not None:
         nonzero.remember(made, after)
-
-
-def _blocks(arr: np.ndarray, slices: Sequence[tuple[int, np.ndarray]], zero: np.ndarray | None) -> Iterator[np.ndarray]:
-    start = 0
-    full = None if zero is None else np.broadcast_to(zero, arr.shape)
-    keep = _keep_bits(arr, slices) if zero is None else None
-    for block in weights.row_blocks(arr):
-        stop = start + len(block)
-        if keep is None:
-            out = np.array(block)
-        else:  # copied with the zeroed slices of the other axes cleared, in one pass
-            out = np.empty(block.shape, block.dtype)
-            np.bitwise_and(block.view(keep.dtype), keep, out=out.view(keep.dtype))
-        fill = None if full is None else full[start:stop]
-        for axis, idx in slices:
-            if axis == 0:
-                rows = idx[(idx >= start) & (idx < stop)] - start
-                if len(rows):
-                    zero_slice(out, 0, rows, fill)
-            elif keep is None:
-                zero_slice(out, axis, idx, fill)
-        yield out
-        start = stop
-
-
-def _keep_bits(arr: np.ndarray, slices: Sequence[tuple[int, np.ndarray]]) -> np.ndarray | None:
-    """For zeroing slices along axes other than the first: a mask of the element's bits, all
-    ones where kept and 0 where zeroed, broadcast along the first axis (block & mask is the
-    block with those slices set to 0, bit for bit: +0.0, as zero_slice writes; a fancy-index
-    assignment per block costs three copies). None when there are none, or the bits cannot be
-    read so (a strided array, an element not of 1, 2, 4 or 8 bytes)."""
-    inner = [(axis, idx) for axis, idx in slices if axis != 0]
-    if not inner or not arr.flags.c_contiguous or arr.dtype.itemsize not in (1, 2, 4, 8):
-        return None
-    bits = np.dtype(f"u{arr.dtype.itemsize}")
-    keep = np.full((1, *arr.shape[1:]), np.iinfo(bits).max, bits)
-    for axis, idx in inner:
-        zero_slice(keep, axis, idx)
-    return keep
-
-
-def zero_slice(values: np.ndarray, axis: int, indices: np.ndarray, zero: np.ndarray | None = None) -> None:
-    """values[..., indices, ...] = 0 along `axis`, in place; `zero`: what zero is (a quantized
-    weight's zero point, broadcast against `values`)."""
-    index: list[Any] = [slice(None)] * values.ndim
-    index[axis] = indices
-    if zero is None or not np.any(zero):
-        values[tuple(index)] = 0
-    else:
-        values[tuple(index)] = np.broadcast_to(zero, values.shape)[tuple(index)]
 
 
 @dataclass

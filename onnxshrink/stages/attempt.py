@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxshrink import ir
 from onnxshrink.analyze import Analysis, analyze, lookup
 from onnxshrink.bind import weight_modules
 from onnxshrink.core.reasons import AxisKey
@@ -88,6 +89,7 @@ def prove(
     float64 against the same shrink (`pins` alike) of the reference widened to float64.
     `known`: the reference's runs of an earlier proof of it (comparison.KnownRuns)."""
     shrunk_dir = rewritten.data_file.parent if rewritten.data_file is not None else None
+    source.store.settle()  # the reference's deferred weights written: onnxruntime reads its files
 
     def twin() -> onnx.ModelProto:
         from onnxshrink.proof.widen import widened
@@ -145,7 +147,7 @@ def rewrite(
 ) -> RewriteResult:
     """The analyzed graph rewritten smaller (its weights sliced, to `writer` when given)."""
     total = sum(
-        t.values.nbytes
+        ir.nbytes(t)
         for t in analysis.keep.tensors.values()
         if isinstance(t, gs.Constant) and t.name in analysis.keep.demanded
     )
