@@ -1056,9 +1056,10 @@ def tie_copies(
     taking its slices of a shared weight from every copy, its parameters counted once per
     weight (`shapes`: by analysis tensor). A slice of zeros too: the shrink stores a weight
     once for all its readers when their slicings would hold more (`analyze.shared`)."""
-    if not copies:
+    touched = [g for g in groups if any(m.initializer in copies for m in g.members)] if copies else []
+    if not touched:  # (an LLM's shared rotary tables: no group holds them)
         return groups, layers
-    sets = _merged(groups, copies)
+    sets = _merged(groups, touched, copies)
     if any(len(s) > 1 for s in sets):
         groups, layers = _rebuilt(groups, layers, sets)
     for g in groups:
@@ -1075,8 +1076,9 @@ def weight_params(members: list[Member], shapes: dict[str, tuple[int, ...]]) -> 
     return sliced_elements({k: len(v) for k, v in cuts.items()}, {m.initializer: shapes[m.tensor] for m in members})
 
 
-def _merged(groups: list[Group], copies: dict[str, dict[str, Reader]]) -> list[list[int]]:
-    """The groups' ids in sets holding a common slice of a shared weight (each in order)."""
+def _merged(groups: list[Group], touched: list[Group], copies: dict[str, dict[str, Reader]]) -> list[list[int]]:
+    """The groups' ids in sets holding a common slice of a shared weight (each in order;
+    `touched`: the groups holding a slice of one)."""
     parent = list(range(len(groups)))
 
     def root(i: int) -> int:
@@ -1086,7 +1088,7 @@ def _merged(groups: list[Group], copies: dict[str, dict[str, Reader]]) -> list[l
         return i
 
     held: dict[tuple[str, int], list[tuple[np.ndarray, int]]] = defaultdict(list)
-    for g in groups:
+    for g in touched:
         for m in g.members:
             if m.initializer in copies:
                 held[(m.initializer, m.axis)].append((m.indices, g.id))
