@@ -390,6 +390,20 @@ def absolute(t: onnx.TensorProto) -> Path | None:
     return Path(location) if os.path.isabs(location) else None
 
 
+def tensor_values(t: onnx.TensorProto, base_dir: str | Path | None = None) -> np.ndarray:
+    """An initializer's values: held in the TensorProto, in external data relative to
+    `base_dir`, or stored by absolute path (a prune's or a masks shrink's reference's spilled
+    weight, which onnx's own reader refuses)."""
+    from onnx import numpy_helper
+
+    if absolute(t) is None:
+        return numpy_helper.to_array(t, base_dir=str(base_dir or ""))
+    held = onnx.TensorProto()
+    held.CopyFrom(t)
+    inline(held)
+    return numpy_helper.to_array(held)
+
+
 def inline(t: onnx.TensorProto) -> None:
     """Read an initializer stored by absolute path into the TensorProto itself."""
     path = absolute(t)

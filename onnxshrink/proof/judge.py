@@ -42,6 +42,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.errors import first_line
+from onnxshrink.io.weights import tensor_values
 from onnxshrink.ops import is_constant_node
 from onnxshrink.proof.verdict import EPS, ROUNDING_STEPS, ErrorTally, OutputCheck
 from onnxshrink.proof.widen import DOUBLE, NARROW, NotJudged, float64_outputs, widened
@@ -124,9 +125,9 @@ def new_constants(
     mine, theirs = _constants(shrunk, NARROW), _constants(reference, NARROW)
     out = {}
     for name, t in mine.items():
-        values = numpy_helper.to_array(t, base_dir=str(shrunk_dir or ""))
+        values = tensor_values(t, shrunk_dir)
         if name in theirs:
-            known = numpy_helper.to_array(theirs[name], base_dir=str(reference_dir or ""))
+            known = tensor_values(theirs[name], reference_dir)
             mask = ~np.isin(values, known)
         else:
             mask = np.ones(values.shape, bool)
@@ -341,7 +342,7 @@ def _tensors(model: onnx.ModelProto, base_dir: str | Path | None) -> dict[str, n
     for k, g in enumerate(all_graphs(model.graph)):
         for t in g.initializer:
             if t.data_type in (*NARROW, DOUBLE):
-                out[f"{k}:{t.name}"] = np.asarray(numpy_helper.to_array(t, base_dir=str(base_dir or "")), np.float64)
+                out[f"{k}:{t.name}"] = np.asarray(tensor_values(t, base_dir), np.float64)
         for n in g.node:
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in (*NARROW, DOUBLE):

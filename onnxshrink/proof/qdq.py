@@ -31,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink import ir
 from onnxshrink.core import Dequantizes, IntegerProduct, QdqForm, Quantizes, RuntimeQuantized
+from onnxshrink.io.weights import tensor_values
 from onnxshrink.ops import facts
 from onnxshrink.prepare import default_opset
 from onnxshrink.prepare.shapes import inferred_shapes
@@ -88,7 +89,7 @@ class _Graph:
     def value(self, name: str) -> np.ndarray | None:
         """An initializer's values (read from its external data file when it has one)."""
         t = self.inits.get(name)
-        return numpy_helper.to_array(t, self.base_dir) if t is not None else None
+        return tensor_values(t, self.base_dir) if t is not None else None
 
     def fresh(self, hint: str) -> str:
         return ir.fresh_name(self.taken, hint)

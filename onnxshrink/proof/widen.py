@@ -23,6 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink.errors import first_line
+from onnxshrink.io.weights import tensor_values
 from onnxshrink.ops import is_constant_node
 
 NARROW = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -34,7 +35,7 @@ class NotJudged(Exception):
 
 
 def _widen_tensor(t: onnx.TensorProto, base_dir: str | Path | None) -> onnx.TensorProto:
-    values = numpy_helper.to_array(t, base_dir=str(base_dir) if base_dir is not None else "")
+    values = tensor_values(t, base_dir)
     return numpy_helper.from_array(np.asarray(values, dtype=np.float64), t.name)
 
 
