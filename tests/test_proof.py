@@ -749,3 +749,60 @@ def test_the_judge_pools_with_asymmetric_pads_as_onnxruntime_does(pads):
     x = np.random.default_rng(2).standard_normal((1, 3, 6, 6)).astype(np.float32)
     (got,), want = float64_outputs(model, [{"x": x}], ["y"])[0], run(model, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_weight_stored_by_absolute_path_is_widened_and_judged(tmp_path):
+    """A streamed reference keeps its zeroed weights in a spill file named by absolute path,
+    which onnx's own reader refuses: the judge could not widen it ("should be a relative path",
+    a 135 M-parameter LLM's first proof then went unjudged into recovery). Its float64 outputs
+    are the model's, computed here in numpy."""
+    from onnxshrink.io.weights import Location, tensor_proto
+
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    spill = tmp_path / "spill.data"
+    spill.write_bytes(b"\0" * 64 + w.tobytes())
+    model = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 6] x) => (float[2, 4] y) { y = MatMul(x, w) }"""
+    )
+    model.graph.initializer.append(tensor_proto("w", w, Location(spill.resolve(), 64, w.nbytes), None))
+    wide = widened(model, None)
+    got = numpy_helper.to_array(next(t for t in wide.graph.initializer if t.name == "w"))
+    assert got.dtype == np.float64 and np.array_equal(got, w.astype(np.float64))
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    (out,) = float64_outputs(model, [{"x": x}], ["y"])[0]
+    assert np.allclose(out, x.astype(np.float64) @ w.astype(np.float64), rtol=1e-12, atol=0)
+
+
+def test_a_recovery_holds_on_disk_only_its_best_try_and_the_current_one(tmp_path, monkeypatch):
+    """Each try of a streamed model's recovery writes its shrunk weights: a passing try replaced
+    by a smaller passing one deletes its data as a failed try does (37 tries of a 135 M-parameter
+    LLM filled 22 GB of disk). Here only the removal of axis 3 breaks the model: the tries find
+    it, and at no moment are more than two tries' files on disk."""
+    from types import SimpleNamespace
+
+    from onnxshrink.proof.recover import Attempt
+    from onnxshrink.rewrite import RewriteResult
+    from onnxshrink.stages import recovery
+
+    axes = [(f"t{k}", 0) for k in range(8)]
+    seen = {"tries": 0, "most": 0}
+
+    def attempt(reference, source, opts, pins, scratch, known):
+        seen["tries"] += 1
+        data = tmp_path / f"try{seen['tries']}.data"
+        data.write_bytes(b"w")
+        seen["most"] = max(seen["most"], len(list(tmp_path.glob("try*.data"))))
+        report = SimpleNamespace(passed=("t3", 0) in pins, error=None, outputs=[])
+        return Attempt(None, RewriteResult(onnx.ModelProto(), data_file=data), report)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recovery.attempts, "attempt", attempt)
+    removed = {a: 4 for a in axes}  # each axis: 4 indices removed
+    first = Attempt(SimpleNamespace(keep=SimpleNamespace(removed=lambda: removed)), None, None, "wrong")  # type: ignore[arg-type]
+    opts = SimpleNamespace(say=lambda *a: None)
+    found = recovery._recover(first, onnx.ModelProto(), SimpleNamespace(), opts, None)  # type: ignore[arg-type]
+    assert set(found.kept) == {("t3", 0)} and found.attempt.passed
+    left = sorted(p.name for p in tmp_path.glob("try*.data"))
+    assert seen["tries"] > 4 and seen["most"] <= 2, seen
+    assert left == [found.attempt.rewritten.data_file.name]

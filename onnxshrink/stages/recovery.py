@@ -63,7 +63,8 @@ def _recover(
     keeps and how long the last one took (a try is a whole shrink and proof: minutes on an
     LLM). Only the first failure's report, the best passing try and the current one are held
     (the first's shrunk model is let go): never more than the prune's own models at once. The
-    data files of the tries not kept are removed as they go."""
+    data files of the tries not kept (failed, or replaced by a smaller passing one) are removed
+    as they go: 37 tries of a 135 M-parameter LLM filled 22 GB of disk when passing ones stayed."""
     total = len(first.analysis.keep.removed())
     first.rewritten = None  # its report says what failed; its model is not the outcome
     tries, seconds, best = 0, 0.0, None
@@ -80,8 +81,11 @@ def _recover(
         if not tried.passed and tries > 1 and data is not None:
             data.unlink(missing_ok=True)  # a failed try's data (the first try may be the outcome)
         if tried.passed:
-            if best is not None:
-                best.rewritten = None  # a smaller passing set replaces it: its model is let go
+            if best is not None:  # a smaller passing set replaces it: its model and data go
+                replaced = best.rewritten.data_file if best.rewritten else None
+                best.rewritten = None
+                if replaced is not None:
+                    replaced.unlink(missing_ok=True)
             best = tried
         return tried
 
