@@ -234,3 +234,44 @@ def test_masks_applied_to_a_large_model_are_spilled(models, tmp_path, monkeypatc
     spilled = [t for t in result.reference.graph.initializer if absolute(t) is not None]
     assert {t.name for t in spilled} == set(masks) and absolute(spilled[0]).exists()
     assert error_against(masked_path, onnx.load(out), {"input_ids": [1, 8]}) <= 1e-5
+
+
+def test_a_weight_two_readers_slice_alike_is_written_once(tmp_path):
+    """A tied embedding (read by a Gather and, transposed, by the LM head's Gemm) whose hidden
+    columns go is sliced alike for both readers: the copies are one initializer again, and the
+    output's data file holds its bytes once (the second copy was written, then merged away,
+    its 90 MB on SmolLM2-135M read by nothing). Outputs equal the input's in onnxruntime."""
+    import onnxruntime as ort
+    from onnx import external_data_helper, numpy_helper
+
+    from onnxshrink import shrink
+
+    rng = np.random.default_rng(21)
+    emb = rng.standard_normal((64, 32)).astype(np.float32)
+    emb[:, [2, 5, 9, 30]] = 0.0  # the zeros are the masks
+    model = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 17]>
+        g (int64[5] ids) => (float[5, 64] y) {
+            h = Gather(E, ids)
+            g2 = Relu(h)
+            y = Gemm<transB: int = 1>(g2, E)
+        }"""
+    )
+    model.graph.initializer.append(numpy_helper.from_array(emb, "E"))
+    external_data_helper.convert_model_to_external_data(model, location="m.onnx.data", size_threshold=0)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    out = tmp_path / "s.onnx"
+    r = shrink(tmp_path / "m.onnx", output=out, validate=False)
+    assert r.data_file is not None or (tmp_path / "s.onnx.data").exists()
+    shrunk = onnx.load(str(out), load_external_data=False)
+    lengths = [
+        int(next(e.value for e in t.external_data if e.key == "length"))
+        for t in shrunk.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+    ]
+    assert [t.name for t in shrunk.graph.initializer] == ["E"] and lengths == [64 * 28 * 4]
+    assert (tmp_path / "s.onnx.data").stat().st_size == sum(lengths)
+    ids = rng.integers(0, 64, 5).astype(np.int64)
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"ids": ids})[0]
+    got = ort.InferenceSession(str(out)).run(None, {"ids": ids})[0]
+    assert np.array_equal(want, got) or np.allclose(want, got, rtol=1e-6, atol=1e-6)

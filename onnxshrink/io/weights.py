@@ -223,6 +223,7 @@ class DataWriter:
         store._written.add(self.real)
         self.offset = 0
         self.tensors = 0
+        self.made: dict[Hashable, np.ndarray] = {}  # slices written, by source and slicing (rewrite._once)
 
     def write(self, name: str, blocks: Iterator[np.ndarray], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Write the row blocks of a tensor of `shape` (C order) and return the mapped view.
