@@ -530,35 +530,21 @@ def _slice_constant(t: gs.Constant, ks, writer: DataWriter | None = None) -> Non
         if values is not t.values:
             t.values = values
         return
-    shape = tuple(len(index[a]) if a in index else n for a, n in enumerate(values.shape))
-    rest = [(a, idx) for a, idx in index.items() if a > 0]
-
-    def blocks():
-        for block in weights.row_blocks(values, index.get(0)):
-            for a, idx in rest:
-                block = weights.take(block, idx, a)
-            yield block
-
-    weights.populate(values)
-    before = nonzero.known(values) if values.ndim == 2 else None
-    key = _place_of(values, index)
-    t.values = _once(writer, key, lambda: writer.write(t.name, blocks(), shape, values.dtype))
-    after = nonzero.sliced(before, index.get(0), index.get(1)) if before is not None else None
-    if after is not None:
-        nonzero.remember(t.values, after)
-    weights.trim()
+    _slice_zeroed(t, ZeroedWeight(values, ()), index, writer)
 
 
 def _slice_zeroed(t: gs.Constant, zeroed: ZeroedWeight, index: dict[int, np.ndarray], writer: DataWriter) -> None:
-    """A weight the reference holds zeroed but has not written (`core.zeroed`), sliced from
-    its original: its kept slices, any zeroed one kept set to zero; never the whole made."""
+    """A mapped weight sliced to `index` and streamed to `writer`, read from its original (a
+    weight the reference holds zeroed but has not written, `core.zeroed`: any zeroed slice kept
+    set to zero; never the whole made). Its non-zero pattern, when known, is derived for the
+    slice (the shrunk model's analysis does not scan it again)."""
     arr = zeroed.original
     shape = tuple(len(index[a]) if a in index else n for a, n in enumerate(arr.shape))
     weights.populate(arr)
-    before = zeroed.pattern() if arr.ndim == 2 else None
+    before = zeroed.known_pattern() if arr.ndim == 2 else None
     place = _place_of(arr, index)
     cuts = tuple((a, np.asarray(idx).tobytes()) for a, idx in zeroed.slices)
-    key = None if place is None else (*place, "zeroed", cuts, None if zeroed.zero is None else zeroed.zero.tobytes())
+    key = None if place is None else (*place, cuts, None if zeroed.zero is None else zeroed.zero.tobytes())
     t.values = _once(writer, key, lambda: writer.write(t.name, zeroed.kept_blocks(index), shape, arr.dtype))
     after = nonzero.sliced(before, index.get(0), index.get(1)) if before is not None else None
     if after is not None:

@@ -66,10 +66,6 @@ class ConstInfo:
     def matrix_dtype(self) -> np.dtype:
         return self.value.dtype
 
-    @property
-    def value_ndim(self) -> int:
-        return int(self.value.ndim)
-
     def slice_constant(self, axis: int, size: int) -> np.ndarray:
         """Per index along `axis`: is the whole slice constant?"""
         m = self.mask
@@ -144,9 +140,6 @@ class _LazyWhole(ConstInfo):
     def matrix_dtype(self) -> np.dtype:
         return self.zeroed.original.dtype
 
-    @property
-    def value_ndim(self) -> int:
-        return len(self.zeroed.shape)
 
 
 def _per_index(flags: np.ndarray, size: int) -> np.ndarray:

@@ -93,29 +93,43 @@ class ZeroedWeight:
 
     def kept_blocks(self, index: dict[int, np.ndarray]) -> Iterator[np.ndarray]:
         """The row blocks of the zeroed weight sliced to `index` ({axis: sorted indices kept}),
-        read from the original: a zeroed slice that is kept is set to zero in each block."""
+        read from the original: a zeroed slice that is kept is set to zero in a copy of each
+        block it crosses (the others are the original's slices, uncopied)."""
         arr = self.original
         kept = {a: np.asarray(index[a]) if a in index else np.arange(n) for a, n in enumerate(arr.shape)}
         rest = [(a, idx) for a, idx in index.items() if a > 0]
-        zero = None if self.zero is None else np.broadcast_to(self.zero, arr.shape)
+        inner = [(a, np.flatnonzero(np.isin(kept[a], cut))) for a, cut in self.slices if a > 0]
+        inner = [(a, at) for a, at in inner if len(at)]  # zeroed and kept: their place in the slice
         start = 0
         for block in weights.row_blocks(arr, index.get(0)):
             rows = kept[0][start : start + len(block)]
+            start += len(block)
             for a, idx in rest:
                 block = weights.take(block, idx, a)
+            at_rows = [np.flatnonzero(np.isin(rows, cut)) for a, cut in self.slices if a == 0]
+            cuts = [(0, at) for at in at_rows if len(at)] + inner
+            if not cuts:
+                yield block
+                continue
             block = np.array(block)
             fill = None
-            if zero is not None:
-                fill = zero[rows]
+            if self.zero is not None:
+                fill = np.broadcast_to(self.zero, arr.shape)[rows]
                 for a, idx in rest:
                     fill = np.take(fill, idx, axis=a)
-            for axis, cut in self.slices:  # the zeroed indices kept: their place in the slice
-                here = rows if axis == 0 else kept[axis]
-                at = np.flatnonzero(np.isin(here, cut))
-                if len(at):
-                    zero_slice(block, axis, at, fill)
+            for axis, at in cuts:
+                zero_slice(block, axis, at, fill)
             yield block
-            start += len(block)
+
+    def known_pattern(self) -> nonzero.Pattern | None:
+        """The non-zero pattern of the zeroed matrix when it is known without a pass: derived by
+        `pattern` already, or from the original's when a pass made that; else None."""
+        if self._pattern:
+            return self._pattern[0]
+        before = nonzero.known(self.original)
+        if not self.slices or before is None:
+            return before
+        return self.pattern()
 
 
 def _keep_bits(arr: np.ndarray, slices: Sequence[tuple[int, np.ndarray]]) -> np.ndarray | None:

@@ -85,7 +85,7 @@ def _weight(view: ConstView | KeepView | RewriteView, t: gs.Tensor, rank: int) -
     """B as a whole constant matrix (an initializer): the helpers above read its pattern and
     the rows they use, not its whole values (a prune's zeroed weight is then never made)."""
     c = view.const(t)
-    return c if rank == 2 and c is not None and c.whole and c.full and c.value_ndim == 2 else None
+    return c if rank == 2 and c is not None and c.whole and c.full and len(c.matrix_shape) == 2 else None
 
 
 def _full_k(m: np.ndarray, v: np.ndarray, k: int, axis: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1062,10 +1062,10 @@ def tie_copies(
     sets = _merged(groups, touched, copies)
     if any(len(s) > 1 for s in sets):
         groups, layers = _rebuilt(groups, layers, sets)
-    for g in groups:
-        if any(m.initializer in copies for m in g.members):
-            g.members = _every_copy(g.members, copies)
-            g.params = weight_params(g.members, shapes)
+        touched = [g for g in groups if any(m.initializer in copies for m in g.members)]
+    for g in touched:
+        g.members = _every_copy(g.members, copies)
+        g.params = weight_params(g.members, shapes)
     return groups, layers
 
 
