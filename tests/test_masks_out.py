@@ -6,6 +6,8 @@ prune's model exactly.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -135,6 +137,16 @@ def test_a_prune_that_removes_nothing_writes_no_masks_file(tmp_path, capsys):
 
 
 
+def _pruned_with_masks_out(model: onnx.ModelProto, path: Path) -> tuple[dict, dict, Path, Path]:
+    """`model` saved at `path` and pruned by the CLI (`--prune 0.5 --masks-out masks.pt`): the
+    masks as torch loads them (weights_only), those under framework names, the output, the file."""
+    out, masks_path = path.with_name("small.onnx"), path.with_name("masks.pt")
+    onnx.save(model, path)
+    assert main([str(path), "--prune", "0.5", "-o", str(out), "--masks-out", str(masks_path), "-q"]) == 0
+    masks = torch.load(masks_path, weights_only=True)
+    return masks, {k: v for k, v in masks.items() if not k.startswith("onnx/")}, out, masks_path
+
+
 def bare_torch_export(seed: int = 5) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
     """Two Linear layers as torch's dynamo exporter writes them for a rank-3 input (MatMul by
     the transposed weight it made, `val_N`; Add of the bias under its state_dict name), its
@@ -174,11 +186,8 @@ def test_a_torch_export_without_module_scopes_keeps_onnx_names_apart(tmp_path):
     module = nn.Sequential()
     module.fc1, module.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
     module.load_state_dict(state)
-    bare, out, masks_path = tmp_path / "bare.onnx", tmp_path / "small.onnx", tmp_path / "masks.pt"
-    onnx.save(model, bare)
-    assert main([str(bare), "--prune", "0.5", "-o", str(out), "--masks-out", str(masks_path), "-q"]) == 0
-    masks = torch.load(masks_path, weights_only=True)
-    framework = {k: v for k, v in masks.items() if not k.startswith("onnx/")}
+    bare = tmp_path / "bare.onnx"
+    masks, framework, out, masks_path = _pruned_with_masks_out(model, bare)
     assert sorted(framework) == ["fc1.bias"] and sorted(set(masks) - set(framework)) == ["onnx/val_0", "onnx/val_1"]
     strict_check(module, framework)
     dropped = framework["fc1.bias"] == 0
@@ -231,11 +240,8 @@ def test_a_prelu_slope_the_exporter_reshaped_goes_under_its_onnx_name(tmp_path, 
     module = nn.Sequential()
     module.conv, module.act, module.head = nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(8), nn.Conv2d(8, 4, 1)
     module.load_state_dict(state)
-    path, out, masks_path = tmp_path / "m.onnx", tmp_path / "small.onnx", tmp_path / "masks.pt"
-    onnx.save(model, path)
-    assert main([str(path), "--prune", "0.5", "-o", str(out), "--masks-out", str(masks_path), "-q"]) == 0
-    masks = torch.load(masks_path, weights_only=True)
-    framework = {k: v for k, v in masks.items() if not k.startswith("onnx/")}
+    path = tmp_path / "m.onnx"
+    masks, framework, out, masks_path = _pruned_with_masks_out(model, path)
     assert sorted(masks) == ["conv.bias", "conv.weight", "head.weight", "onnx/onnx::PRelu_11"]
     strict_check(module, framework)
     dropped = masks["conv.bias"] == 0
