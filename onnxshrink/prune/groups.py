@@ -248,6 +248,29 @@ def find_groups(
     `arrays` are those mapped views: the weights stay on disk. `progress`: bars over the
     analysis's first pass and the verification's two analyses, on a terminal."""
     store = store or WeightStore()
+    # A million members, none in a cycle, and the analysis's objects: the collector would only
+    # rescan them, young and again as they age; paused until the one collection below. That
+    # frees the analysis: its graph and onnx-graphsurgeon's nodes and tensors refer to each
+    # other, freed only by the cyclic collector whenever it next ran (a 1.1 B-parameter prune
+    # carried 7 GiB of it into the next phase). Made before the collector resumes, it leaves it
+    # no young objects to scan first.
+    with _no_collection():
+        result = _group_set(model, base_dir, name, query_ranks, progress, store)
+        gc.collect()
+    if verify:
+        _verify(result, model, base_dir, default_opset(model), store, progress)
+    return result
+
+
+def _group_set(
+    model: onnx.ModelProto,
+    base_dir: str | Path | None,
+    name: str,
+    query_ranks: bool,
+    progress: bool,
+    store: WeightStore,
+) -> GroupSet:
+    """`find_groups` without the verification: the analysis, its partition and the groups."""
     graph, untied = prepare(model, base_dir, store)
     opset = default_opset(model)
     log = CouplingLog(_cuts(query_ranks))
@@ -255,8 +278,7 @@ def find_groups(
     part = log.partition()
     index = ModelIndex(model, str(base_dir) if base_dir else None)
     finder = _Finder(analysis, part, index, untied, query_ranks)
-    with _no_collection():  # a million members, none in a cycle: the collector only rescans them
-        groups, layers = finder.build(progress)
+    groups, layers = finder.build(progress)
     tensors = ir.all_tensors(graph)
     copies = copies_of(graph, untied)
     held = dict.fromkeys(m.tensor for g in groups for m in g.members)  # in the members' order
@@ -269,13 +291,6 @@ def find_groups(
     result = GroupSet(groups, layers, name, untied, arrays, blocks=blocks)
     result.dequant = {k: v for k, v in finder.dequant.items() if k in arrays}
     result.quant_params = finder.quant_params & set(arrays)
-    if verify:
-        _verify(result, model, base_dir, opset, store, progress)
-    # The analysis's graph holds a copy of every weight, and onnx-graphsurgeon's nodes and
-    # tensors refer to each other: freed only by the cyclic collector, whenever it next runs
-    # (a 1.1 B-parameter prune carried 7 GiB of it into the next phase). Free it here.
-    del graph, analysis, finder, tensors
-    gc.collect()
     return result
 
 
@@ -332,59 +347,71 @@ class _Finder:
         self._carried: dict[int, list[set[int]]] = {}
         # per activation: its components' indices (`_data_of`), for every weight reading it
         self._data: dict[str, dict[int, tuple[str, int, np.ndarray]]] = {}
-        self._sizes: dict[tuple[tuple[str, int, int], ...], int] = {}  # `_params` per layout
 
     def build(self, progress: bool = False) -> tuple[list[Group], list[Layer]]:
-        members: dict[int, list[Member]] = defaultdict(list)
-        declared: set[int] = set()
         templates = self._templates()
         # each group's members in the order it lists them (by initializer, axis and node, ties
         # in the order found): the templates sorted once, not every group's members
         templates.sort(key=lambda e: (e[0].initializer, e[0].axis, e[0].node))
-        for member, data, split in templates:
-            for comp, idx in split:
-                m = _with(member, idx)
-                if comp in data:
-                    m.data = data[comp]
-                members[comp].append(m)
-            if member.side:
-                declared.update(comp for comp, _ in split)
+        members, layouts, declared = self._by_component(templates)
         listed = [
             c for c in sorted(declared) if not self._read_whole(c)
         ]  # an axis an op reads whole (kernel taps) is no group
         self.listed = set(listed)
         tensors = self.analysis.keep.tensors
         shapes = {m.tensor: tuple(int(d) for d in tensors[m.tensor].shape) for m, _, _ in templates}
+        gated = self._gated_components()
         groups: list[Group] = []
         layer_of: dict[tuple[tuple[str, int], ...], int] = {}
         layers: list[Layer] = []
+        # A layer's groups share their layout (the templates and counts they take) and so their
+        # layer, unit and size: found once per layout and what the unit reads of the component
+        alike: dict[tuple[object, ...], tuple[Layer, Unit, int]] = {}
         from onnxshrink.progress import bar
 
         with bar(len(listed), "groups: listing them", "group", progress) as shown:
             for comp in listed:
                 ms = members[comp]
-                layer_key = tuple(sorted({(m.tensor, m.axis) for m in ms}))
-                unit = self._unit(comp, ms)
-                if layer_key not in layer_of:
-                    layer_of[layer_key] = len(layers)
-                    layers.append(Layer(len(layers), _layer_name(ms, unit.kind), [], unit.kind))
-                layer = layers[layer_of[layer_key]]
+                heads, kv = self.heads.get(comp), self.kv_alone.get(comp)
+                key = (layouts[comp], heads, kv, comp in self.part.normalized, comp in gated)
+                if key not in alike:
+                    unit = self._unit(comp, ms, gated)
+                    layer_key = tuple(sorted({(m.tensor, m.axis) for m in ms}))
+                    if layer_key not in layer_of:
+                        layer_of[layer_key] = len(layers)
+                        layers.append(Layer(len(layers), _layer_name(ms, unit.kind), [], unit.kind))
+                    alike[key] = (layers[layer_of[layer_key]], unit, _params(ms, shapes))
+                layer, unit, params = alike[key]
                 blocking = [str(r) for r in self.part.blocking(comp) if r != LIVE]
                 if comp in self.kv_alone:  # its query heads are ranks here, units of their own
                     blocking.insert(0, KV_ALONE)
-                g = Group(
-                    len(groups),
-                    layer.id,
-                    ms,
-                    unit,
-                    self._params_of(ms, shapes),
-                    exact=not blocking,
-                    reason=blocking[0] if blocking else None,
-                )
+                reason = blocking[0] if blocking else None
+                g = Group(len(groups), layer.id, ms, unit, params, not blocking, reason)
                 layer.groups.append(g.id)
                 groups.append(g)
                 shown.update(1)
         return groups, layers
+
+    @staticmethod
+    def _by_component(
+        templates: list[tuple[Member, dict[int, tuple[str, int, np.ndarray]], list[tuple[int, np.ndarray]]]],
+    ) -> tuple[dict[int, list[Member]], dict[int, tuple[tuple[int, int], ...]], set[int]]:
+        """Per component: its members (each template's copy with its indices), its layout (the
+        templates it takes and how many indices of each); and the components some member declares
+        (a weight's output or input side: groups)."""
+        members: dict[int, list[Member]] = defaultdict(list)
+        layouts: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        declared: set[int] = set()
+        for t, (member, data, split) in enumerate(templates):
+            for comp, idx in split:
+                m = _with(member, idx)
+                if comp in data:
+                    m.data = data[comp]
+                members[comp].append(m)
+                layouts[comp].append((t, len(idx)))
+            if member.side:
+                declared.update(comp for comp, _ in split)
+        return members, {c: tuple(v) for c, v in layouts.items()}, declared
 
     def _templates(self) -> list[tuple[Member, dict[int, tuple[str, int, np.ndarray]], list[tuple[int, np.ndarray]]]]:
         """Per weight axis that holds components and per node reading it: the member template,
@@ -401,15 +428,6 @@ class _Finder:
                 for member, read in self._members(t, axis):
                     out.append((member, self._data_of(member, read), list(_split(comps))))
         return out
-
-    def _params_of(self, members: list[Member], shapes: dict[str, tuple[int, ...]]) -> int:
-        """`_params` of the members, once per layout of (tensor, axis, count): a layer's groups
-        share one."""
-        key = tuple((m.tensor, m.axis, len(m.indices)) for m in members)
-        got = self._sizes.get(key)
-        if got is None:
-            got = self._sizes[key] = _params(members, shapes)
-        return got
 
     def _data_of(self, m: Member, read: tuple[gs.Node, int]) -> dict[int, tuple[str, int, np.ndarray]]:
         """For a weight matrix read along its input axis: the activation it multiplies (the
@@ -614,7 +632,7 @@ class _Finder:
                             self.kv_alone[int(c)] = at.head_dim
         return out
 
-    def _unit(self, comp: int, members: list[Member]) -> Unit:
+    def _unit(self, comp: int, members: list[Member], gated: set[int]) -> Unit:
         """What the group is, from its members: the layers producing it (weight matrices read
         along their output axis) own one channel each (a channel; a neuron when they are all
         linear layers, gated when an elementwise product combines them), or blocks of
@@ -642,18 +660,27 @@ class _Finder:
             d = counts[0]
             if counts[-1] != d:
                 return Unit("kv_group", d, head_dim=d, query_heads=counts[-1] // d)
-            if self._gated(comp):  # a quantization block of gated neurons (MatMulNBits)
+            if comp in gated:  # a quantization block of gated neurons (MatMulNBits)
                 return Unit("gated_neuron", d)
             return Unit("head", d, head_dim=_read_width(members, d))
         if comp in self.part.normalized:
             return Unit("width", 1)
         if producers and families == {"linear"}:
-            return Unit("gated_neuron" if self._gated(comp) else "neuron", 1)
+            return Unit("gated_neuron" if comp in gated else "neuron", 1)
         return Unit("channel", 1)
 
-    def _gated(self, comp: int) -> bool:
-        """Does an elementwise product of two operands carrying the component combine it?"""
-        return any(self._product(n) and self._carriers(comp, n) >= 2 for n in self.part.meets.get(comp, []))
+    def _gated_components(self) -> set[int]:
+        """The components an elementwise product of two operands carrying them combines (silu(g)
+        * u): per product node they meet at, all at once."""
+        meeting: dict[int, tuple[gs.Node, list[int]]] = {}
+        for comp, nodes in self.part.meets.items():
+            for n in nodes:
+                meeting.setdefault(id(n), (n, []))[1].append(comp)
+        out: set[int] = set()
+        for n, comps in meeting.values():
+            if self._product(n):
+                out.update(c for c in comps if self._carriers(c, n) >= 2)
+        return out
 
     def _product(self, node: gs.Node) -> bool:
         """Does `node` multiply its operands (once per node)?"""
