@@ -134,3 +134,27 @@ def test_a_model_finite_at_no_size_is_drawn_at_the_first_it_runs_at_and_says_so(
     assert result.validation.input_shapes == {"x": [2, 4]}  # the first size tried
     assert any("dynamic dims drawn at x:2,4" in m and "not finite at every size tried" in m for m in logs)
     assert [t.dims for t in result.model.graph.initializer if t.name == "W"] == [[4, 2]]
+
+
+def test_a_feature_size_an_rnn_reads_through_other_ops_comes_from_its_weights():
+    """madmom's RNN models: x [T, F] -> Relu -> Unsqueeze to [T, 1, F] -> RNN with W [1, 5, 37]:
+    the RNN requires X's features to be W's input size, and F flows to them unchanged (onnx's
+    shape inference carries the dim, named or not), so F is 37, which no candidate is; the initial
+    state [5] (a graph input, unsqueezed) is the hidden size."""
+    for dim in ("F", "?"):
+        model = tiny(
+            f"""g (float[T, {dim}] x, float[5] h, float[1, 5, 37] W, float[1, 5, 5] R) => (float[T, 1, 1, 5] y) {{
+                 a = Constant <value = int64[1] {{1}}> ()
+                 s = Constant <value = int64[2] {{0, 1}}> ()
+                 r = Relu (x)
+                 u = Unsqueeze (r, a)
+                 h0 = Unsqueeze (h, s)
+                 y, yh = RNN <hidden_size = 5> (u, W, R, , , h0)
+               }}""",
+            zero={"W": np.s_[:, 2], "R": np.s_[:, 2]},
+        )
+        logs: list[str] = []
+        result = shrink(model, log=logs.append)
+        assert result.validation is not None and result.validation.passed, dim
+        assert result.validation.input_shapes["x"][1] == 37 and result.validation.input_shapes["h"] == [5]
+        assert error_against(model, result.model, result.validation.input_shapes) <= 1e-5

@@ -26,7 +26,7 @@ theirs (0.5^t at zero gates): their initial states must be zero there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -77,6 +77,26 @@ class _Recurrent(Handler):
     #: the axes of W and R holding the gate rows (G blocks of hidden) and R's recurrent axis
     #: (the unit each column reads); LSTM's layout: W [dirs, G * hidden, input]
     rows_axis, column_axis = 1, 2
+    #: W's axis of the input features
+    features_axis = 2
+
+    def input_dims(self, node: OpNode, dims: Callable[[str], Sequence[int | None] | None]) -> Mapping[int, Mapping[int, int]]:
+        """X's feature axis (2, in either layout) is W's input size; the initial states'
+        direction and hidden axes are W's direction count and `hidden_size` (from a static W)."""
+        w = dims(node.inputs[1]) if node.has_input(1) else None
+        if w is None or len(w) != 3:
+            return {}
+        out: dict[int, dict[int, int]] = {}
+        if w[self.features_axis]:
+            out[0] = {2: int(cast(int, w[self.features_axis]))}
+        h = int_attr(node, "hidden_size", 0)
+        dirs_axis = 1 if int_attr(node, "layout", 0) else 0
+        for i in self.state_inputs:
+            if node.has_input(i):
+                state = {dirs_axis: int(w[0])} if w[0] else {}
+                out[i] = {**state, 2: h} if h > 0 else state
+        return out
+
     def weight_axes(self, node: OpNode, i: int, rank: int) -> WeightAxes | None:
         """W and R: gate rows out, inputs in (stored as the ONNX op reads them: the gates of a
         framework's weights are reordered and its two biases concatenated, so no framework
@@ -508,6 +528,7 @@ class DynamicQuantizeLSTM(_Recurrent):
     state_inputs = (5, 6)
     param_slots = (8, 9, 10, 11)
     rows_axis, column_axis = 2, 1
+    features_axis = 1
 
     def quantized_input(self, node: OpNode, i: int, rank: int) -> Quantized | None:
         """W and R: (q - zero point) * scale, per direction ([dirs]) or per column ([dirs,

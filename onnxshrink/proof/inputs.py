@@ -189,8 +189,10 @@ def _shapes_at(
 
 def required_dims(model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto]) -> dict[str, dict[int, int]]:
     """The sizes the ops reading these graph inputs require of their dynamic axes (each handler's
-    `input_dims`: a fused attention's past cache has the query's head size), read from the
-    static dims of the ops' other inputs; inferred only when some op reads such an input."""
+    `input_dims`: a fused attention's past cache has the query's head size, a recurrent layer's
+    X its W's input size), read from the static dims of the ops' other inputs; also where the op
+    reads the input through others that carry the dim unchanged (`Flows`: madmom's RNNs read
+    their input unsqueezed). Inferred only when some op requires a size."""
     from onnxshrink.ops import facts
     from onnxshrink.prepare import default_opset
     from onnxshrink.prepare.shapes import inferred_shapes
@@ -214,16 +216,50 @@ def required_dims(model: onnx.ModelProto, inputs: list[onnx.ValueInfoProto]) -> 
 
     opset = default_opset(model)
     required: dict[str, dict[int, int]] = {}
+    flows: Flows | None = None
     for n in model.graph.node:
-        if not any(x in dynamic for x in n.input):
-            continue
         handler, op = facts(n, opset)
-        for i, axes in (handler.input_dims(op, dims) if handler else {}).items():
+        asked = handler.input_dims(op, dims) if handler else {}
+        for i, axes in asked.items():
             name = n.input[i] if i < len(n.input) else ""
             for k, size in axes.items():
                 if k in dynamic.get(name, ()):
                     required.setdefault(name, {})[k] = size
+                elif name and name not in dynamic and dynamic:  # a dim that flows from an input
+                    flows = flows if flows is not None else Flows(model, dynamic)
+                    for inp, axis in flows.places(name, k):
+                        required.setdefault(inp, {})[axis] = size
     return required
+
+
+class Flows:
+    """Where the graph inputs' dynamic dims flow unchanged: onnx's shape inference on the model's
+    skeleton with each such dim a symbol of its own (one per dim name; an unnamed dim gets one),
+    so a tensor's axis that carries the symbol is, by the ops' shape rules, that input's size
+    (an Unsqueeze, a Slice on another axis, a Concat along another axis keep it)."""
+
+    def __init__(self, model: onnx.ModelProto, dynamic: Mapping[str, set[int]]):
+        from onnxshrink.io.skeleton import skeleton
+        from onnxshrink.prepare.shapes import inferred_shapes
+
+        light = skeleton(model)
+        self.at: dict[str, list[tuple[str, int]]] = {}
+        for inp in light.graph.input:
+            for k, d in enumerate(inp.type.tensor_type.shape.dim):
+                if k in dynamic.get(inp.name, ()):
+                    if not d.dim_param:
+                        d.dim_param = f"onnxshrink_flow_{len(self.at)}"
+                    self.at.setdefault(d.dim_param, []).append((inp.name, k))
+        self.symbols = {
+            vi.name: [d.dim_param if d.HasField("dim_param") else "" for d in vi.type.tensor_type.shape.dim]
+            for vi in inferred_shapes(light)
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+        }
+
+    def places(self, name: str, axis: int) -> list[tuple[str, int]]:
+        """The graph inputs' dynamic axes whose size tensor `name` has at `axis`."""
+        syms = self.symbols.get(name, [])
+        return self.at.get(syms[axis], []) if axis < len(syms) and syms[axis] else []
 
 
 # The size of a dynamic dim (other than a leading batch axis) when the model's shapes infer at it.
