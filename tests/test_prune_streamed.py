@@ -200,3 +200,54 @@ def test_a_spilled_weight_is_zeroed_bit_for_bit(tmp_path):
             assert got.count == want.count == int(np.count_nonzero(expected))
             assert sorted(zip(*got.zeros, strict=True)) == sorted(zip(*want.zeros, strict=True))
     writer.close()
+
+
+def _default_init(path, out) -> None:
+    """The LLaMA at `path` as a default-initialized model exports: every RMSNorm gain 1, and
+    the equal gains merged into one initializer every norm reads (exporters merge equal
+    constants), its weights again in external data."""
+    model = onnx.load(str(path))
+    gains = [t.name for t in model.graph.initializer if t.name.endswith("norm.weight")]
+    width = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == gains[0])).shape
+    keep = [t for t in model.graph.initializer if t.name not in gains]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend([*keep, numpy_helper.from_array(np.ones(width, np.float32), "norm_ones")])
+    for n in model.graph.node:
+        n.input[:] = ["norm_ones" if i in gains else i for i in n.input]
+    onnx.save(model, str(out), save_as_external_data=True, location=out.name + ".data", size_threshold=0)
+
+
+def test_a_streamed_prune_of_a_default_initialized_llama_is_the_input_zeroed(tmp_path, monkeypatch):
+    """Unit norm gains shared by every norm (one initializer read 2L + 1 times): the streamed
+    prune, validation off, equals the in-memory prune and, in onnxruntime, the input with the
+    chosen slices of every weight (the shared gain's too) zeroed by this test."""
+    built = tmp_path / "random.onnx"
+    build(LlamaConfig.preset("tiny", seed=6), built)
+    path = tmp_path / "llama.onnx"
+    _default_init(built, path)
+    rng = np.random.default_rng(1)
+    feeds = [{"input_ids": rng.integers(0, 128, (1, 12)).astype(np.int64)} for _ in range(2)]
+    kw = dict(validate=False, price=False)
+    held = prune(path, 0.25, tmp_path / "held.onnx", **kw)
+    _streamed(monkeypatch)
+    streamed = prune(path, 0.25, tmp_path / "streamed.onnx", **kw)
+    assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
+    assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
+    model = onnx.load(str(path))
+    values = {t.name: numpy_helper.to_array(t).copy() for t in model.graph.initializer}
+    chosen = {i for p in streamed.plans for i in p.removed}
+    kinds = {g.unit.kind for g in streamed.groups.groups if g.id in chosen}
+    assert "width" in kinds, kinds  # the hidden width goes: the shared gain is sliced
+    for g in streamed.groups.groups:
+        for m in g.members if g.id in chosen else ():
+            index = [slice(None)] * values[m.initializer].ndim
+            index[m.axis] = m.indices
+            values[m.initializer][tuple(index)] = 0
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in values.items())
+    for feed in feeds:
+        want, got = _outputs(model, feed), _outputs(tmp_path / "streamed.onnx", feed)
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    out = onnx.load(str(tmp_path / "streamed.onnx")).graph.initializer
+    after = sum(int(np.prod(t.dims)) for t in out if t.data_type == onnx.TensorProto.FLOAT)
+    assert after == streamed.shrink.after.params < held.original.params

@@ -128,6 +128,8 @@ def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto
     check_tensor_data(model, str(p), files)
     if not keep_external:
         load_external(model, p.parent, str(p))
+    else:
+        inline_small(model, p.parent, str(p))
     check_model(model, str(p))
     dims.to_symbolic(model)  # -1 dims are dynamic (see io.dims); restored in the output
     return model
@@ -141,6 +143,39 @@ def load_external(model: onnx.ModelProto, base_dir: Path, source: str = "model")
         raise ShrinkError(
             f"{source}: its external data could not be read ({first_line(exc)})."
         ) from exc
+
+
+# External tensors read into the model even when its weights stay on disk (`inline_small`): an
+# integer tensor up to this many bytes (shapes, axes, indices), a float one up to SMALL_FLOATS
+# elements (an epsilon, a scale), as a model holds them inline (io.skeleton.heavy).
+SMALL_INTEGER_BYTES = 64 * 1024
+SMALL_FLOATS = 64
+
+
+def inline_small(model: onnx.ModelProto, base_dir: Path, source: str = "model") -> None:
+    """Read the small external tensors of `model` into it (in place): torch.onnx.export of a
+    model over 2 GB stores every initializer externally, its shapes and axes too, and shape
+    inference (on the skeleton) and the analysis's constant folding need their values; without
+    them every shape after the first Reshape is unknown and every op keeps its channels."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    from onnxshrink.io.skeleton import FLOAT_TYPES
+
+    for g in all_graphs(model.graph):
+        for t in g.initializer:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            count = int(np.prod(t.dims, dtype=np.int64))
+            size = _data_bytes(t.data_type, count)
+            small = count <= SMALL_FLOATS if t.data_type in FLOAT_TYPES else size is not None and size <= SMALL_INTEGER_BYTES
+            if not small:
+                continue
+            try:
+                load_external_data_for_tensor(t, str(base_dir))
+            except Exception as exc:
+                raise ShrinkError(f"{source}: its external data could not be read ({first_line(exc)}).") from exc
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
 
 
 # Bits per element of the packed sub-byte types (stored several to a byte in raw_data).
