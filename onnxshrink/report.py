@@ -18,7 +18,7 @@ from onnxshrink.core.nonzero import pattern
 from onnxshrink.core.registry import Lookup
 from onnxshrink.ir import is_float
 from onnxshrink.prepare import FLOAT_TYPES, default_opset, skeleton
-from onnxshrink.prepare.shapes import contrib_shapes, fold_shape_arithmetic
+from onnxshrink.prepare.shapes import contrib_shapes, inferred_static
 
 if TYPE_CHECKING:  # the analysis imports every op; explain_kept only reads one it is given
     from onnxshrink.analyze import Analysis
@@ -102,8 +102,7 @@ def node_macs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> dic
 def macs_of(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> tuple[int, dict[str, int]]:
     """(count_macs, node_macs) from one shape inference."""
     try:
-        light = fold_shape_arithmetic(skeleton(model, input_shapes), integers_only=True)
-        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+        inferred = inferred_static(skeleton(model, input_shapes))
     except Exception:
         return 0, {}
     inferred = contrib_shapes(inferred)

@@ -358,6 +358,11 @@ class Handler:
         """The value a node produces without inputs (a Constant node), else None."""
         return None
 
+    def sizes_value(self, node: OpNode, shapes: Sequence[list[int] | None]) -> np.ndarray | None:
+        """Its output from its inputs' static shapes alone (`shapes`, None where unknown), for a
+        node that reads only sizes (Shape, Size), else None."""
+        return None
+
     def constant_tensor(self, node: OpNode, name: str) -> onnx.TensorProto | None:
         """That value as a tensor named `name` (Constant: the node's own tensor, not a copy)."""
         value = self.constant_value(node)

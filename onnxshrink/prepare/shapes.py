@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -155,13 +155,18 @@ def _resized_slices(
 _FOLD_LIMIT = 4096  # elements: shape arithmetic, not weights
 
 
-def fold_shape_arithmetic(model: onnx.ModelProto, integers_only: bool = False) -> onnx.ModelProto:
+def fold_shape_arithmetic(
+    model: onnx.ModelProto, integers_only: bool = False, static: Mapping[str, list[int]] | None = None
+) -> onnx.ModelProto:
     """Replace nodes whose inputs are all small constants by their values, in place (meant for a
     skeleton): shape inference propagates values through Shape/Gather/Concat but not through
     e.g. the legacy exporter's Where(Equal(c, -1), 1, c) that builds an Expand target, and
     without the value every size downstream of it is unknown. `integers_only`: only the nodes
     whose values are integers or booleans (sizes, pads, indices and their tests): a float
-    computation on constants stays (the MAC count counts it)."""
+    computation on constants stays (the MAC count counts it). `static`: tensors' shapes known
+    whole (from an inference): a node that reads only their sizes (Shape, Size) is folded too
+    (`Handler.sizes_value`), which shape inference's own propagation does not follow into e.g.
+    an opset-7 Slice (`static_shapes` and `inferred_static`: repeat until nothing folds)."""
     opset = default_opset(model)
 
     g = model.graph
@@ -184,6 +189,9 @@ def fold_shape_arithmetic(model: onnx.ModelProto, integers_only: bool = False) -
         )
         ort = bool(handler and handler.evaluate_with_ort)
         values = _evaluate(n, known, opset, ort) if fold else None
+        if values is None and static and handler is not None and not any(o in outputs for o in n.output):
+            value = handler.sizes_value(OpNode.of(n), [static.get(i) if i else None for i in n.input])
+            values = [value] if value is not None else None
         if values is not None and integers_only and not all(v.dtype.kind in "iub" for v in values):
             values = None  # (integers and the booleans of their tests)
         if values is None:
@@ -197,6 +205,36 @@ def fold_shape_arithmetic(model: onnx.ModelProto, integers_only: bool = False) -
         g.node.extend(kept)
         g.initializer.extend(folded)
     return model
+
+
+# Rounds of folding sizes (`inferred_static`): each round's inference can make more shapes whole.
+SIZE_ROUNDS = 4
+
+
+def inferred_static(light: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference (with data propagation) on a skeleton whose integer arithmetic is folded,
+    repeated with the sizes it found folded in (`fold_shape_arithmetic`'s `static`) while that
+    folds anything, at most SIZE_ROUNDS times: Shape -> opset-7 Slice -> Concat -> Reshape, as
+    paddle2onnx writes it, leaves every size after the Reshape unknown to one inference."""
+    light = fold_shape_arithmetic(light, integers_only=True)
+    inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    for _ in range(SIZE_ROUNDS):
+        nodes = len(light.graph.node)
+        light = fold_shape_arithmetic(light, integers_only=True, static=static_shapes(inferred))
+        if len(light.graph.node) == nodes:
+            break
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    return inferred
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """The tensors of `model`'s main graph whose every dim is known, by name."""
+    out = {}
+    for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if t is not None and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            out[vi.name] = [d.dim_value for d in t.shape.dim]
+    return out
 
 
 def _evaluate(
