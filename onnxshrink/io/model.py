@@ -129,7 +129,7 @@ def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto
     if not keep_external:
         load_external(model, p.parent, str(p))
     else:
-        inline_small(model, p.parent, str(p))
+        inline_small(model, files)
     check_model(model, str(p))
     dims.to_symbolic(model)  # -1 dims are dynamic (see io.dims); restored in the output
     return model
@@ -152,14 +152,15 @@ SMALL_INTEGER_BYTES = 64 * 1024
 SMALL_FLOATS = 64
 
 
-def inline_small(model: onnx.ModelProto, base_dir: Path, source: str = "model") -> None:
-    """Read the small external tensors of `model` into it (in place): torch.onnx.export of a
-    model over 2 GB stores every initializer externally, its shapes and axes too, and shape
-    inference (on the skeleton) and the analysis's constant folding need their values; without
-    them every shape after the first Reshape is unknown and every op keeps its channels."""
-    from onnx.external_data_helper import load_external_data_for_tensor
-
+def inline_small(model: onnx.ModelProto, files: dict[str, Path]) -> None:
+    """Read the small external tensors of `model` into it (in place; `files`: its data files by
+    location, checked by `data_files`): onnx.save(save_as_external_data=True) can store every
+    initializer externally, its shapes and axes too, and shape inference (on the skeleton) and
+    the analysis's constant folding need their values; without them every shape after the
+    first Reshape is unknown and every op keeps its channels. Read here as the weights are
+    (not by onnx's loader, which refuses a data file with several hard links)."""
     from onnxshrink.io.skeleton import FLOAT_TYPES
+    from onnxshrink.io.weights import inline
 
     for g in all_graphs(model.graph):
         for t in g.initializer:
@@ -168,14 +169,9 @@ def inline_small(model: onnx.ModelProto, base_dir: Path, source: str = "model") 
             count = int(np.prod(t.dims, dtype=np.int64))
             size = _data_bytes(t.data_type, count)
             small = count <= SMALL_FLOATS if t.data_type in FLOAT_TYPES else size is not None and size <= SMALL_INTEGER_BYTES
-            if not small:
-                continue
-            try:
-                load_external_data_for_tensor(t, str(base_dir))
-            except Exception as exc:
-                raise ShrinkError(f"{source}: its external data could not be read ({first_line(exc)}).") from exc
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
+            location = next((e.value for e in t.external_data if e.key == "location"), "")
+            if small and size is not None and location in files:
+                inline(t, files[location], size)
 
 
 # Bits per element of the packed sub-byte types (stored several to a byte in raw_data).

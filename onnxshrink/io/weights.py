@@ -405,14 +405,16 @@ def tensor_values(t: onnx.TensorProto, base_dir: str | Path | None = None) -> np
     return numpy_helper.to_array(held)
 
 
-def inline(t: onnx.TensorProto) -> None:
-    """Read an initializer stored by absolute path into the TensorProto itself."""
-    path = absolute(t)
+def inline(t: onnx.TensorProto, path: str | Path | None = None, length: int | None = None) -> None:
+    """Read an initializer stored externally into the TensorProto itself: from `path` (its data
+    file, checked by the caller), else the absolute path it is stored by; `length`: its bytes
+    when the entry does not say."""
+    path = path if path is not None else absolute(t)
     assert path is not None
     info = {e.key: e.value for e in t.external_data}
     with open(path, "rb") as f:
         f.seek(int(info.get("offset", 0)))
-        t.raw_data = f.read(int(info["length"]))
+        t.raw_data = f.read(int(info.get("length", length if length is not None else -1)))
     del t.external_data[:]
     t.data_location = onnx.TensorProto.DEFAULT
 
