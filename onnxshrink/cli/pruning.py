@@ -29,11 +29,28 @@ def write_groups(args: argparse.Namespace, say: Say) -> None:
         f"[I] {len(groups.groups)} coupled group(s) in {len(groups.layers)} layer(s), "
         f"{len(exact)} removable exactly; written to {args.groups}"
     )
+    say(f"[I] {_how_checked(groups, model)}")
     for layer in groups.layers:
         n = sum(groups.groups[i].exact for i in layer.groups)
         first = groups.groups[layer.groups[0]]
-        why = "" if n else f" (not exact: {first.reason})"
+        not_exact = [groups.groups[i] for i in layer.groups if not groups.groups[i].exact]
+        why = f" ({len(not_exact)} not exact: {not_exact[0].reason})" if not_exact else ""
         say(f"[I]     {layer.name}: {len(layer.groups)} {first.unit.kind}(s), {n} exact{why}")
+
+
+def _how_checked(groups: Any, model: Any) -> str:
+    """What "removable exactly" was checked by: each group zeroed alone, or (a large model) half
+    of each layer zeroed together."""
+    from onnxshrink.prune.groups import ALONE_BUDGET, alone_cost
+
+    if groups.checked == "alone":
+        return "each exact group was zeroed alone and the shrink's analysis removes all of it"
+    n, nodes = alone_cost(groups, model)
+    return (
+        f"exact groups were checked half of each layer at a time, zeroed together (not each alone: "
+        f"{n} groups x {nodes} nodes is over {ALONE_BUDGET:,} node analyses); --prune checks the "
+        "groups it chooses, zeroed together as it removes them"
+    )
 
 
 def run_prune(args: argparse.Namespace, options: ShrinkOptions, say: Say) -> Any:

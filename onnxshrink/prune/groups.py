@@ -13,8 +13,14 @@ it. It is not when the closure reads its axis whole for a stated reason (a Layer
 hidden size, a graph input or output, an unsupported op). Whether the closure removes a group
 when it is zeroed is checked the way the shrink will see it: a prune checks the groups it
 chose on the analysis of its reference (`kept_when_zeroed`: those kept are not exact, and it
-chooses again); `find_groups(verify=True)` zeroes every exact group (half of each layer at a
-time) for a listing.
+chooses again). A listing (`find_groups(verify=True)`) says of each group whether it is removable
+on its own: each exact group is zeroed alone and the analysis run (`_verify_alone`), while the
+model is small enough (`ALONE_BUDGET`). Zeroed together is not the same question, in either
+direction: zeroing more may leave a consumer dead that the group alone keeps live (the last live
+channel of a Conv's input, in a residual branch whose block group, zeroed with it, empties the
+branch: alone, the Conv keeps one channel, the group's), and may empty an axis the group alone
+does not. Above the budget, half of each layer is zeroed at a time (`_verify_halves`, two
+analyses), and the listing says that this is what was checked.
 
 Quantized weights are weights: an integer constant an op dequantizes (`Handler.quantized_input`:
 a DequantizeLinear's input, a QLinearConv's weight or int32 bias, a MatMulInteger's weight) is a
@@ -193,6 +199,9 @@ class GroupSet:
     # the scales and zero points of quantized members: sliced with their channels, never zeroed
     quant_params: set[str] = field(default_factory=set, repr=False)
     blocks: dict[int, Block] = field(default_factory=dict, repr=False)  # block group id -> its stream
+    # how `exact` was checked: "alone" (each group zeroed on its own), "halves" (half of each
+    # layer zeroed together), "" (not checked: the prune checks the groups it chooses)
+    checked: str = ""
 
     def exact(self) -> list[Group]:
         return [g for g in self.groups if g.exact]
@@ -223,6 +232,7 @@ class GroupSet:
         return {
             "schema": SCHEMA,
             "model": self.model,
+            "checked": self.checked,
             "layers": [layer.to_dict() for layer in self.layers],
             "groups": [g.to_dict() for g in self.groups],
         }
@@ -947,7 +957,50 @@ def _layer_name(members: list[Member], kind: str = "") -> str:
 
 
 # ---------------------------------------------------------------------- checking them
+# Each exact group is zeroed alone and analyzed (one analysis of the model each) while exact
+# groups x nodes is at most this (an analysis costs about 2 ms a node: a listing's check then
+# takes up to about 10 s; every random graph of tools/sweep.py is below it, a 37-node ResNet's
+# 338 groups above); above it, half of each layer at a time (two analyses).
+ALONE_BUDGET = 5_000
+
+
+def alone_cost(gset: GroupSet, model: onnx.ModelProto) -> tuple[int, int]:
+    """(exact groups, nodes in every graph): their product is what checking each alone costs."""
+    return len(gset.exact()), sum(len(g.node) for g in ir.all_graphs(model.graph))
+
+
 def _verify(
+    result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, store: WeightStore, progress: bool = False
+) -> None:
+    """Mark not exact, with the analysis's reason, each exact group the closure keeps a member
+    of when it is zeroed: each alone within `ALONE_BUDGET`, else half of each layer at a time."""
+    groups, nodes = alone_cost(result, model)
+    if groups * nodes <= ALONE_BUDGET:
+        result.checked = "alone"
+        _verify_alone(result, model, base_dir, opset, store, progress)
+    else:
+        result.checked = "halves"
+        _verify_halves(result, model, base_dir, opset, store, progress)
+
+
+def _verify_alone(
+    result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, store: WeightStore, progress: bool = False
+) -> None:
+    """Each exact group zeroed on its own, the closure run, and the group marked not exact when
+    the closure keeps a member of it (what zeroing it alone in the model leaves)."""
+    from onnxshrink.progress import bar
+
+    exact = result.exact()
+    kept: dict[int, str] = {}
+    with bar(len(exact), "groups: checking each zeroed alone", "group", progress) as shown:
+        for g in exact:
+            kept |= _kept_zeroed(result, model, base_dir, opset, store, [g])
+            shown.update(1)
+    for gid, why in kept.items():
+        result.groups[gid].exact, result.groups[gid].reason = False, why
+
+
+def _verify_halves(
     result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, store: WeightStore, progress: bool = False
 ) -> None:
     """Zero the exact groups, half of each layer at a time (a layer left empty is a different
@@ -973,19 +1026,27 @@ def _verify_half(
     by_layer: dict[int, list[Group]],
     half: int,
 ) -> None:
-    """One half of every layer's exact groups zeroed and verified (see `_verify`)."""
+    """One half of every layer's exact groups zeroed and verified (see `_verify_halves`)."""
     chosen = [g for layer in by_layer.values() for k, g in enumerate(layer) if k % 2 == half]
     if not chosen:
         return
+    for gid, why in _kept_zeroed(result, model, base_dir, opset, store, chosen).items():
+        result.groups[gid].exact = False
+        result.groups[gid].reason = why
+
+
+def _kept_zeroed(
+    result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, store: WeightStore, chosen: list[Group]
+) -> dict[int, str]:
+    """The `chosen` groups the closure keeps some index of when they are zeroed together."""
     scratch = Scratch(store, None)  # a large mapped weight is zeroed on disk, not in memory
     graph, untied, _ = _zeroed_graph(result, model, base_dir, store, chosen, scratch)
     analysis = analyze(graph, opset, lookup(opset), untied)
-    for gid, why in kept_when_zeroed(analysis, chosen).items():
-        result.groups[gid].exact = False
-        result.groups[gid].reason = why
+    kept = kept_when_zeroed(analysis, chosen)
     # its spilled weights are mapped views of files deleted here: their pages are the page
     # cache's (the maps go whenever the collector frees the graph, not worth a collection)
     scratch.discard_spills()
+    return kept
 
 
 def kept_when_zeroed(analysis: Analysis, groups: Iterable[Group]) -> dict[int, str]:
