@@ -20,8 +20,11 @@ def write_groups(args: argparse.Namespace, say: Say) -> None:
     from onnxshrink.io.model import load_model
     from onnxshrink.prune import find_groups
 
-    model = load_model(Path(args.model))
-    groups = find_groups(model, name=args.model)
+    path = Path(args.model)
+    # external weights stay on disk, mapped as the analysis reads them (a 1.1 B-parameter
+    # model's 4.4 GB were read into memory before the groups were found)
+    model = load_model(path, keep_external=True)
+    groups = find_groups(model, str(path.parent), name=args.model, progress=not args.quiet)
     with file_access(args.groups):
         Path(args.groups).write_text(json.dumps(groups.to_dict()))
     exact = groups.exact()
