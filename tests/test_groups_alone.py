@@ -154,3 +154,40 @@ def test_the_last_live_channel_before_a_sigmoid_is_not_exact_alone_with_zero_bia
 def test_the_last_channel_of_a_split_part_is_not_exact_alone(tmp_path, capsys):
     model = tiny(SPLIT, zero={"W1": np.s_[1:2], "B1": np.s_[1:2]}, opset=18, seed=4)
     check_listing(tmp_path, model, capsys, 0, "each part of a Split keeps at least one index")
+
+
+# 1,200 exact channel groups x 5 nodes: over the 5,000 node analyses checking each alone costs
+WIDE_1x1 = """
+g (float[1,2,1,1] x, float[600,2,1,1] W1, float[600] B1, float[600,600,1,1] W2, float[600] B2,
+   float[3,600,1,1] W3, float[3] B3) => (float[1,3,1,1] y) {
+  a = Conv(x, W1, B1)
+  r = Relu(a)
+  b = Conv(r, W2, B2)
+  s = Relu(b)
+  y = Conv(s, W3, B3)
+}
+"""
+
+
+def test_a_large_model_is_checked_half_of_each_layer_at_a_time_and_the_listing_says_so(tmp_path, capsys):
+    model = tiny(WIDE_1x1, seed=5)
+    groups, printed = listed(tmp_path, model, capsys)
+    assert groups["checked"] == "halves"
+    exact = sum(g["exact"] for g in groups["groups"])
+    assert exact == 1200  # W1's and W2's output channels; W3's are the output's
+    line = f"not each alone: {exact} groups x {len(model.graph.node)} nodes is over 5,000 node analyses"
+    assert line in printed
+
+
+def test_groups_of_a_model_with_external_data_are_those_of_the_same_model_inline(tmp_path, capsys):
+    """The weights stay on disk (mapped): the same groups, members and labels."""
+    model = tiny(SPLIT, zero={"W1": np.s_[1:2], "B1": np.s_[1:2]}, opset=18, seed=4)
+    inline, _ = listed(tmp_path, model, capsys)
+    outside = tmp_path / "ext"
+    outside.mkdir()
+    onnx.save(model, outside / "m.onnx", save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    capsys.readouterr()
+    assert main([str(outside / "m.onnx"), "--groups", str(outside / "g.json"), "-q"]) == 0
+    external = json.loads((outside / "g.json").read_text())
+    assert external["groups"] == inline["groups"] and external["checked"] == inline["checked"] == "alone"
+    assert sum(not g["exact"] for g in external["groups"]) > 0
