@@ -987,14 +987,29 @@ def _verify_alone(
     result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, store: WeightStore, progress: bool = False
 ) -> None:
     """Each exact group zeroed on its own, the closure run, and the group marked not exact when
-    the closure keeps a member of it (what zeroing it alone in the model leaves)."""
+    the closure keeps a member of it (what zeroing it alone in the model leaves). The model is
+    prepared once (a small one: within `ALONE_BUDGET`); each group's slices are zeroed in its
+    graph for its analysis, and their values put back after."""
     from onnxshrink.progress import bar
 
-    exact = result.exact()
+    graph, untied = prepare(model, base_dir, store)
+    tensors = ir.all_tensors(graph)
     kept: dict[int, str] = {}
+    exact = result.exact()
     with bar(len(exact), "groups: checking each zeroed alone", "group", progress) as shown:
         for g in exact:
-            kept |= _kept_zeroed(result, model, base_dir, opset, store, [g])
+            slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members([g]))
+            cuts: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
+            for (name, axis), idx in slices.items():
+                cuts[name].append((axis, idx))
+            held = {name: tensors[name].values for name in cuts if name in tensors}
+            for name in held:
+                tensors[name].values = spill.zeroed(result.arrays[name], cuts[name], result.zero_of(name))
+            try:
+                kept |= kept_when_zeroed(analyze(graph, opset, lookup(opset), untied), [g])
+            finally:
+                for name, values in held.items():
+                    tensors[name].values = values
             shown.update(1)
     for gid, why in kept.items():
         result.groups[gid].exact, result.groups[gid].reason = False, why
