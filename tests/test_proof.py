@@ -641,14 +641,20 @@ def test_a_single_outputs_float32_size_is_measured_against_the_references_spread
 
 
 # ------------------------------------------------------------------ the float64 judge, in pieces
-def _pieces(monkeypatch, twin: bool) -> None:
-    """Every model past 1 KiB computed in float64 piece by piece; the twin made or not."""
+def _pieces(monkeypatch, twin: bool | str) -> None:
+    """Every model past 1 KiB computed in float64 piece by piece; the twin made (in memory, or
+    "streamed": through files, as a reference past TWIN_BYTES) or not (making it fails)."""
     import onnxshrink.proof.judge as judge
     import onnxshrink.proof.widen as widen
 
+    def no_twin(*args):
+        raise OSError("no twin")
+
     monkeypatch.setattr(widen, "PIECE_BYTES", 1024)
-    if not twin:
+    if twin == "streamed":
         monkeypatch.setattr(judge, "TWIN_BYTES", 0)
+    elif not twin:
+        monkeypatch.setattr("onnxshrink.stages.attempt.float64_twin", no_twin)
 
 
 def test_float64_in_pieces_computes_what_the_whole_model_does(monkeypatch):
@@ -710,7 +716,9 @@ def test_the_judges_convolutions_compute_what_onnx_specifies(op):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("twin", [True, False], ids=["its float64 twin", "its new constants moved"])
+@pytest.mark.parametrize(
+    "twin", [True, "streamed", False], ids=["its float64 twin", "its streamed twin", "its new constants moved"]
+)
 def test_the_norms_rescaled_gains_are_judged_with_their_rounding_accounted_for(monkeypatch, twin):
     """The LLaMA-like model's hidden width pruned through its RMSNorms (gains x sqrt(d/n), stored
     in float32), judged in float64 against the reference, in pieces, at --rtol 0 so that the
@@ -728,8 +736,8 @@ def test_the_norms_rescaled_gains_are_judged_with_their_rounding_accounted_for(m
     # against the twin (gains rescaled in float64) exact; the shrunk model itself in float64
     # differs by its gains' float32 rounding (a relative 6e-8 each), under one float32 epsilon
     assert o.rounding is True and o.float64 < (1e-12 if twin else 2.0**-23) and o.max_rel_error > 1e-8
-    assert ("its float64 twin" in o.judged) == twin
-    assert ("its stored constants' rounding reaching" in o.judged) != twin
+    assert ("its float64 twin" in o.judged) == bool(twin)
+    assert ("its stored constants' rounding reaching" in o.judged) != bool(twin)
     _edit(monkeypatch, scaled("g1", 1e-4))
     with pytest.raises(ValidationFailed) as info:
         shrink(model, rtol=0, recover=False)

@@ -15,6 +15,7 @@ from onnx import helper
 from onnxshrink.errors import ShrinkError
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.proof.inputs import compared_values, graph_inputs, make_inputs, resolve_shapes
+from onnxshrink.proof.judge import Twin
 from onnxshrink.proof.sessions import (
     OFF,
     RunFailed,
@@ -183,7 +184,7 @@ def compare(
     opts: ShrinkOptions | None = None,
     reference_dir: str | Path | None = None,
     shrunk_dir: str | Path | None = None,
-    twin: Callable[[], onnx.ModelProto] | None = None,
+    twin: Callable[[bool], Twin] | None = None,
     judge_macs: float | None = None,
     kept: Mapping[str, Mapping[int, np.ndarray]] | None = None,
     known: KnownRuns | None = None,
@@ -194,8 +195,8 @@ def compare(
     output derived from the reference's own noise (the reference run again with the
     optimizations off) unless one is given. The shrunk model must load at every optimization
     level the reference loads at. An output off by more than the dtype's floor (or the rtol
-    given) is judged in float64 (onnxshrink.proof.judge; `twin()` makes the shrink of the reference
-    widened to float64; `judge_macs` bounds the model size judged): another function fails,
+    given) is judged in float64 (onnxshrink.proof.judge; `twin(streamed)` makes the shrink of the
+    reference widened to float64; `judge_macs` bounds the model size judged): another function fails,
     rounding passes, or under a given rtol fails as rounding. `*_dir`: where each model's
     external data are. With `opts.validate_layers`, only the first blocks are compared (see
     onnxshrink.proof.segment.prefix), each on the indices the shrink kept (`kept`: per tensor
@@ -517,7 +518,7 @@ def _judge_undecided(
     tally: ErrorTally,
     ref_out: list[list[np.ndarray]],
     new_out: list[list[np.ndarray]],
-    twin: Callable[[], onnx.ModelProto] | None,
+    twin: Callable[[bool], Twin] | None,
     judge_macs: float | None,
 ) -> None:
     """Above ROUNDING_STEPS epsilons (the floor, or a given rtol), float32 cannot tell rounding
@@ -559,7 +560,7 @@ GRAY_MACS = 5e8
 
 def _judge(
     proof: _Proof,
-    twin: Callable[[], onnx.ModelProto] | None,
+    twin: Callable[[bool], Twin] | None,
     tally: ErrorTally,
     ref_out: list[list[np.ndarray]],
     new_out: list[list[np.ndarray]],

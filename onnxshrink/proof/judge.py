@@ -25,9 +25,13 @@ no rounding). That bound, not the spread between onnxruntime's optimization leve
 float32 tolerance of an output the judge decides.
 
 The judge never declines a model for its size: each model is computed in float64 in pieces
-(onnxshrink.proof.widen), and the twin is made for a reference of at most TWIN_BYTES of weights
-(its float64 copy and analysis held at once); past it, the shrunk model is judged with its new
-constants moved. Contrib ops with no float64 kernel cannot be judged.
+(onnxshrink.proof.widen), and the twin of a reference of at most TWIN_BYTES of weights is made
+in memory; past it, streamed (a `Twin` with its weights on disk): the reference widened into a
+float64 data file tensor by tensor, shrunk as a large model is (its weights mapped, the shrunk
+ones written to a file), compared with the shrunk model a tensor at a time and computed a piece
+at a time, so that its memory is the shrink's, not the model's. Without a twin (it could not be
+made: no room on disk for it, a shrink of it that fails), the shrunk model is judged with its
+new constants moved. Contrib ops with no float64 kernel cannot be judged.
 """
 
 from __future__ import annotations
@@ -42,10 +46,18 @@ import onnx
 from onnx import numpy_helper
 
 from onnxshrink.errors import first_line
-from onnxshrink.io.weights import tensor_values
+from onnxshrink.io.weights import WeightStore, tensor_values, trim
 from onnxshrink.ops import is_constant_node
 from onnxshrink.proof.verdict import EPS, ROUNDING_STEPS, ErrorTally, OutputCheck
-from onnxshrink.proof.widen import DOUBLE, NARROW, NotJudged, float64_outputs, widened
+from onnxshrink.proof.widen import (
+    DOUBLE,
+    NARROW,
+    NotJudged,
+    declared,
+    float64_outputs,
+    stored,
+    widened,
+)
 
 # The twin must agree with the widened reference to float64's rounding (FLOOR_STEPS and
 # AMPLIFIED_STEPS below); the shrunk model's constants must be the twin's rounded to the dtype:
@@ -65,10 +77,11 @@ EPS64 = float(np.finfo(np.float64).eps)
 # this many times the reference's own float32 error (its distance from float64) or ROUNDING_STEPS
 # epsilons. Larger is no rounding (a runtime computing one model otherwise, a wrong model).
 SIZE_FACTOR = 10.0
-# Weights of a reference whose shrink the judge repeats in float64 (the twin: the float64 copy
-# and its analysis); a larger model's shrunk model is judged with its new constants moved, which
-# can be loose: on SmolLM2-135M (541 MB) and random tokens, moving its rescaled norm gains by 64
-# epsilons moves the logits by 7%, where its twin decides to 1e-12 (1.6 GiB more at its peak).
+# Weights of a reference whose shrink the judge repeats in float64 in memory (the twin: the
+# float64 copy and its analysis held at once; SmolLM2-135M's, 541 MB, took 1.6 GiB more at its
+# peak); a larger one's twin is streamed through files (`Twin`). Without a twin the judge is
+# loose: on SmolLM2-135M and random tokens, moving its rescaled norm gains by 64 epsilons moves
+# the logits by 7%, where its twin decides to 1e-12.
 TWIN_BYTES = 1024 * 2**20
 _EPS: dict[int, float] = {int(k): v for k, v in EPS.items()}  # by the element type number
 
@@ -87,6 +100,16 @@ class Case:
     shapes: dict[str, list[int]]
     reference_dir: str | Path | None = None
     shrunk_dir: str | Path | None = None
+
+
+@dataclass
+class Twin:
+    """The shrink of the reference widened to float64. A streamed one keeps its weights in
+    external data under `base_dir` (a scratch directory of its own), deleted by `close()`."""
+
+    model: onnx.ModelProto
+    base_dir: Path | None = None
+    close: Callable[[], None] = lambda: None
 
 
 @dataclass
@@ -230,15 +253,15 @@ def _too_costly(case: Case, macs_limit: float | None) -> str | None:
 
 def judge(
     case: Case,
-    twin: Callable[[], onnx.ModelProto] | None,
+    twin: Callable[[bool], Twin] | None,
     tally: ErrorTally,
     outputs: list[OutputCheck],
     macs_limit: float | None = None,
 ) -> None:
     """Judge each of `outputs` (off by more than the float32 floor) in float64: sets its
-    rounding, float64 and judged (see the module doc). `twin()`: the shrink of the reference
-    widened to float64, made for a model of at most TWIN_BYTES of weights (else the shrunk model
-    is judged with its new constants moved)."""
+    rounding, float64 and judged (see the module doc). `twin(streamed)`: the shrink of the
+    reference widened to float64, streamed for a reference past TWIN_BYTES of weights (without
+    one, the shrunk model is judged with its new constants moved)."""
     from onnxshrink.proof.segment import weight_bytes
 
     def none(why: str) -> None:
@@ -248,37 +271,48 @@ def judge(
     why = _too_costly(case, macs_limit)
     if why:
         return none(why)
+    exact = None
+    try:
+        exact = twin(weight_bytes(case.reference) > TWIN_BYTES) if twin is not None else None
+    except Exception:
+        exact = None  # the float64 shrink failed (or has no room): judged without it
+    try:
+        _judged(case, exact, tally, outputs)
+    except NotJudged as exc:
+        none(str(exc))
+    except Exception as exc:  # its constants cannot be read, ...
+        none(f"it cannot be computed in float64 here ({first_line(exc)})")
+    finally:
+        if exact is not None:
+            exact.close()
+
+
+def _judged(case: Case, exact: Twin | None, tally: ErrorTally, outputs: list[OutputCheck]) -> None:
+    """`judge` with its twin made (or None)."""
     names = [c.name for c in outputs]
     draws = sorted({tally.worst[n] for n in names})
     feeds = [case.feeds[k] for k in draws]
-    exact = None
-    try:
-        exact = twin() if twin is not None and weight_bytes(case.reference) <= TWIN_BYTES else None
-    except Exception:
-        exact = None  # the float64 shrink failed: judged without it
-    try:
-        differs = same_form(case.shrunk, exact, case.eps, case.shrunk_dir) if exact is not None else "no twin"
-        if differs is not None and "rounded" in differs:  # the same graph, other constants
-            for c in outputs:
-                c.rounding, c.judged = False, f"{differs}: another model"
-            return None
-        r64 = float64_outputs(case.reference, feeds, names, case.reference_dir)
-        x64, moved = _shrunk_float64(case, None if differs else exact, feeds, names)
-    except NotJudged as exc:
-        return none(str(exc))
-    except Exception as exc:  # its constants cannot be read, ...
-        return none(f"it cannot be computed in float64 here ({first_line(exc)})")
+    differs = (
+        same_form(case.shrunk, exact.model, case.eps, case.shrunk_dir, exact.base_dir)
+        if exact is not None
+        else "no twin"
+    )
+    if differs is not None and "rounded" in differs:  # the same graph, other constants
+        for c in outputs:
+            c.rounding, c.judged = False, f"{differs}: another model"
+        return
+    r64 = float64_outputs(case.reference, feeds, names, case.reference_dir)
+    x64, moved = _shrunk_float64(case, None if differs else exact, feeds, names)
     _verdicts(case, tally, outputs, draws, r64, x64, moved)
-    return None
 
 
 def _shrunk_float64(
-    case: Case, exact: onnx.ModelProto | None, feeds: list[dict[str, np.ndarray]], names: list[str]
+    case: Case, exact: Twin | None, feeds: list[dict[str, np.ndarray]], names: list[str]
 ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]] | None]:
     """The shrunk model's side in float64: the twin's outputs (`exact`), or the shrunk model's
     and its outputs with its new constants moved (each widened piece by piece)."""
     if exact is not None:
-        return float64_outputs(exact, feeds, names, wide=True), None
+        return float64_outputs(exact.model, feeds, names, exact.base_dir, wide=True), None
     new = new_constants(case.shrunk, case.reference, case.shrunk_dir, case.reference_dir)
     x64 = float64_outputs(case.shrunk, feeds, names, case.shrunk_dir)
     if not new:
@@ -334,40 +368,71 @@ def _form(model: onnx.ModelProto) -> list[_NodeForm | _InitializersForm]:
     return out
 
 
-def _tensors(model: onnx.ModelProto, base_dir: str | Path | None) -> dict[str, np.ndarray]:
-    """Every float initializer and Constant value of the model (all graphs), as float64."""
+def _tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Every float initializer and Constant value of the model (all graphs), by graph and name
+    (their values are read one at a time: see `same_form`)."""
     from onnxshrink.ir import all_graphs
 
     out = {}
     for k, g in enumerate(all_graphs(model.graph)):
         for t in g.initializer:
             if t.data_type in (*NARROW, DOUBLE):
-                out[f"{k}:{t.name}"] = np.asarray(tensor_values(t, base_dir), np.float64)
+                out[f"{k}:{t.name}"] = t
         for n in g.node:
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in (*NARROW, DOUBLE):
-                    out[f"{k}:{n.output[0] if n.output else n.name}:{a.name}"] = np.asarray(numpy_helper.to_array(a.t), np.float64)
+                    out[f"{k}:{n.output[0] if n.output else n.name}:{a.name}"] = a.t
     return out
 
 
 def same_form(
-    shrunk: onnx.ModelProto, twin: onnx.ModelProto, eps: float, shrunk_dir: str | Path | None = None
+    shrunk: onnx.ModelProto,
+    twin: onnx.ModelProto,
+    eps: float,
+    shrunk_dir: str | Path | None = None,
+    twin_dir: str | Path | None = None,
 ) -> str | None:
     """Why `shrunk` is not `twin` (its float64 shrink) with every constant rounded to the model's
-    dtype; None when it is."""
-    if _form(widened(shrunk, shrunk_dir)) != _form(twin):
+    dtype; None when it is. `*_dir`: where each keeps its external data; their weights are read
+    mapped, a tensor and a block of rows at a time."""
+    if _form(widened(shrunk, shrunk_dir, declared)) != _form(twin):
         return "the float64 shrink has another graph (other nodes or weight shapes)"
-    mine, exact = _tensors(shrunk, shrunk_dir), _tensors(twin, None)
-    for name, value in mine.items():
-        want = exact.get(name)
-        if want is None or want.shape != value.shape:
-            return f"constant {name.split(':', 1)[1]} is not in its float64 shrink"
-        # a NaN or infinite value (a fill, a mask) is itself in both: the others are rounded
-        equal = (value == want) | (np.isnan(value) & np.isnan(want))
-        finite = np.isfinite(want)
-        scale = float(np.abs(want[finite]).max(initial=0.0))
-        with np.errstate(invalid="ignore"):
-            close = np.abs(value - want) <= STORED_STEPS * eps * scale
-        if not np.all(equal | (close & finite)):
-            return f"constant {name.split(':', 1)[1]} is not its float64 value rounded"
+    mine, exact = _tensors(shrunk), _tensors(twin)
+    store = WeightStore()
+    try:
+        for name, t in mine.items():
+            w = exact.get(name)
+            if w is None or tuple(w.dims) != tuple(t.dims):
+                return f"constant {name.split(':', 1)[1]} is not in its float64 shrink"
+            if not _rounded(stored(t, shrunk_dir, store), stored(w, twin_dir, store), eps):
+                return f"constant {name.split(':', 1)[1]} is not its float64 value rounded"
+            trim()
+    finally:
+        store.close()
     return None
+
+
+def _rounded(value: np.ndarray, want: np.ndarray, eps: float) -> bool:
+    """Is `value` (a constant of the shrunk model) `want` (its twin's) rounded: each element
+    within STORED_STEPS epsilons of the largest finite value of `want`, or equal to it (a NaN
+    or infinite value, a fill or a mask, is itself in both)? Read a block of rows at a time."""
+    value, want = np.asarray(value), np.asarray(want)
+    if value.ndim == 0:
+        value, want = value.reshape(1), want.reshape(1)
+    rows = max(1, _BLOCK // max(1, want[:1].nbytes))
+    blocks = [slice(s, s + rows) for s in range(0, len(want), rows)]
+    scale = 0.0
+    for b in blocks:
+        part = np.asarray(want[b], np.float64)
+        scale = max(scale, float(np.abs(part[np.isfinite(part)]).max(initial=0.0)))
+    for b in blocks:
+        v, w = np.asarray(value[b], np.float64), np.asarray(want[b], np.float64)
+        equal = (v == w) | (np.isnan(v) & np.isnan(w))
+        with np.errstate(invalid="ignore"):
+            close = np.abs(v - w) <= STORED_STEPS * eps * scale
+        if not np.all(equal | (close & np.isfinite(w))):
+            return False
+    return True
+
+
+_BLOCK = 32 * 2**20  # bytes of a twin's constant compared at once

@@ -9,6 +9,11 @@ weights runs in pieces: the segments the large-model proof cuts (onnxshrink.proo
 widened and run on its own, the next one on the values the last one left. So the float64 copy of
 the weights held at a time is one piece's, and each piece runs in onnxruntime when it can, even
 where another piece needs the reference evaluator.
+
+A model's weights may also be widened into a file (`to_file`: the float64 twin of a large model,
+written tensor by tensor from the mapped weights, a block of rows at a time) or not at all
+(`declared`: only their names, shapes and dtype, for comparing graphs); a widened model whose
+weights are in external data is computed a piece at a time, each piece's weights read in as it runs.
 """
 
 from __future__ import annotations
@@ -23,12 +28,25 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink.errors import first_line
-from onnxshrink.io.weights import tensor_values
+from onnxshrink.io.weights import (
+    DataWriter,
+    WeightStore,
+    row_blocks,
+    tensor_proto,
+    tensor_values,
+    trim,
+)
 from onnxshrink.ops import is_constant_node
 
 NARROW = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 DOUBLE = TensorProto.DOUBLE
 DOUBLE_TYPE = "tensor(double)"
+
+# How a weight (initializer) is widened: the float64 TensorProto that replaces it
+Widening = Callable[[onnx.TensorProto], onnx.TensorProto]
+# Weights this large or larger that `to_file` writes to its file (smaller ones are held inline)
+FILE_BYTES = 4096
+
 
 class NotJudged(Exception):
     """The models cannot be computed in float64 here (the reason is the message)."""
@@ -37,6 +55,41 @@ class NotJudged(Exception):
 def _widen_tensor(t: onnx.TensorProto, base_dir: str | Path | None) -> onnx.TensorProto:
     values = tensor_values(t, base_dir)
     return numpy_helper.from_array(np.asarray(values, dtype=np.float64), t.name)
+
+
+def declared(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A weight widened in name, shape and dtype only (no values: see `_form` in the judge)."""
+    return onnx.TensorProto(name=t.name, dims=list(t.dims), data_type=DOUBLE)
+
+
+def stored(t: onnx.TensorProto, base_dir: str | Path | None, store: WeightStore) -> np.ndarray:
+    """A weight's values: a read-only map of its external data (relative to `base_dir`, or by
+    absolute path) when it has some, else read from the TensorProto."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return store.array(t, base_dir or ".")
+    return tensor_values(t, base_dir)
+
+
+def to_file(writer: DataWriter, base_dir: str | Path | None) -> Widening:
+    """Widen each weight of FILE_BYTES or more into `writer`'s file (read mapped from its own
+    data in `base_dir`, converted a block of rows at a time), referred to relative to the
+    file's directory; a smaller one inline."""
+
+    def widen(t: onnx.TensorProto) -> onnx.TensorProto:
+        shape = tuple(int(d) for d in t.dims)
+        if int(np.prod(shape, dtype=np.int64)) * 8 < FILE_BYTES:
+            return _widen_tensor(t, base_dir)
+        values = stored(t, base_dir, writer.store)
+        arr = writer.write(t.name, row_blocks(values, chunk=_BLOCK), shape, np.dtype(np.float64))
+        trim()  # the pages of the weight read: back to the page cache
+        where = writer.store.location(arr)
+        assert where is not None
+        return tensor_proto(t.name, arr, where, writer.path.parent)
+
+    return widen
+
+
+_BLOCK = 8 * 2**20  # bytes of the narrow weight converted at once (8 x them as float64 in flight)
 
 
 def _widen_node(n: onnx.NodeProto, base_dir: str | Path | None, keep: set[str], opset: int) -> None:
@@ -54,10 +107,10 @@ def _widen_node(n: onnx.NodeProto, base_dir: str | Path | None, keep: set[str], 
         if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in NARROW:
             a.t.CopyFrom(_widen_tensor(a.t, base_dir))
         elif a.type == onnx.AttributeProto.GRAPH:
-            _widen_graph(a.g, base_dir, {}, opset)
+            _widen_graph(a.g, base_dir, {}, opset, functools.partial(_widen_tensor, base_dir=base_dir))
         elif a.type == onnx.AttributeProto.GRAPHS:
             for sub in a.graphs:
-                _widen_graph(sub, base_dir, {}, opset)
+                _widen_graph(sub, base_dir, {}, opset, functools.partial(_widen_tensor, base_dir=base_dir))
         elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in NARROW:
             a.i = DOUBLE
 
@@ -81,7 +134,9 @@ def _narrow_only(n: onnx.NodeProto, index: int, dtype: int, opset: int) -> bool:
     return DOUBLE_TYPE not in allowed and wanted in allowed
 
 
-def _widen_graph(g: onnx.GraphProto, base_dir: str | Path | None, types: dict[str, int], opset: int) -> None:
+def _widen_graph(
+    g: onnx.GraphProto, base_dir: str | Path | None, types: dict[str, int], opset: int, weight: Widening
+) -> None:
     """Widen `g` in place: its inputs, outputs, weights and nodes (value_info is dropped). A
     tensor of a narrow float (`types`: the original model's) that an input reads which admits
     no float64 stays narrow: a constant is kept as it is (a Cast widens it for any reader that
@@ -102,7 +157,7 @@ def _widen_graph(g: onnx.GraphProto, base_dir: str | Path | None, types: dict[st
     del g.value_info[:]
     for t in g.initializer:
         if t.data_type in NARROW and t.name not in keep:
-            t.CopyFrom(_widen_tensor(t, base_dir))
+            t.CopyFrom(weight(t))
     nodes: list[onnx.NodeProto] = []
     casts: dict[tuple[str, int], str] = {}
     for k, n in enumerate(g.node):
@@ -124,10 +179,13 @@ def _widen_graph(g: onnx.GraphProto, base_dir: str | Path | None, types: dict[st
     g.node.extend(nodes)
 
 
-def widened(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.ModelProto:
+def widened(
+    model: onnx.ModelProto, base_dir: str | Path | None = None, weight: Widening | None = None
+) -> onnx.ModelProto:
     """`model` computing in float64: the exact function of its weights (see the module doc).
     Inputs a schema admits no float64 for (Resize's scales) stay in their type, so that shape
-    inference, onnxruntime and the analysis read the widened model as they read the model."""
+    inference, onnxruntime and the analysis read the widened model as they read the model.
+    `weight`: how the main graph's weights are widened (`to_file`, `declared`; else in memory)."""
     from onnxshrink.prepare import default_opset
     from onnxshrink.proof.emulate import tensor_types
 
@@ -139,7 +197,7 @@ def widened(model: onnx.ModelProto, base_dir: str | Path | None = None) -> onnx.
                 types[n.output[0]] = a.t.data_type
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    _widen_graph(out.graph, base_dir, types, opset)
+    _widen_graph(out.graph, base_dir, types, opset, weight or functools.partial(_widen_tensor, base_dir=base_dir))
     for f in out.functions:
         for n in f.node:
             _widen_node(n, base_dir, set(), opset)
@@ -163,14 +221,15 @@ def float64_outputs(
     change: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
 ) -> list[list[np.ndarray]]:
     """`outputs` of `model` computed in float64 on each feed (`wide`: the model is widened
-    already), whole or in pieces (see the module doc); `change`: what to do to each widened piece
-    before it runs (the judge's perturbation). NotJudged when it cannot be computed here."""
+    already), whole or in pieces (see the module doc); `base_dir`: where its external data are
+    (a widened model's are read in a piece at a time); `change`: what to do to each widened
+    piece before it runs (the judge's perturbation). NotJudged when it cannot be computed here."""
     from onnxshrink.proof.segment import Piece, pieces
 
     parts = pieces(model, PIECE_BYTES) or [Piece(lambda: model, [i.name for i in model.graph.input], outputs)]
     values = [_wide_feed(f) for f in feeds]
     for k, part in enumerate(parts):
-        piece = part.model if wide else _widened_piece(part.model, base_dir)  # made now, freed below
+        piece = _held(part.model, base_dir) if wide else _widened_piece(part.model, base_dir)  # freed below
         piece = change(piece) if change is not None else piece
         names = [o for o in part.outputs if o in outputs] if len(parts) == 1 else part.outputs
         wanted = {i.name for i in piece.graph.input}
@@ -182,6 +241,22 @@ def float64_outputs(
             for n in [n for n in v if n not in later]:
                 del v[n]
     return [[v[o] for o in outputs] for v in values]
+
+
+def _held(model: onnx.ModelProto, base_dir: str | Path | None) -> onnx.ModelProto:
+    """`model` with the weights it keeps in external data read into it (a copy; `model` itself
+    when it keeps none there)."""
+    from onnxshrink.ir import all_graphs
+
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for g in all_graphs(model.graph) for t in g.initializer):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for g in all_graphs(out.graph):
+        for t in g.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                t.CopyFrom(numpy_helper.from_array(tensor_values(t, base_dir), t.name))
+    return out
 
 
 def _widened_piece(model: onnx.ModelProto, base_dir: str | Path | None) -> onnx.ModelProto:

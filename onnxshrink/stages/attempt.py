@@ -19,10 +19,12 @@ from onnxshrink.prepare import default_opset, prepare
 from onnxshrink.progress import PhaseClock, bar
 from onnxshrink.proof.comparison import KnownRuns, compare
 from onnxshrink.proof.inputs import resolve_shapes
+from onnxshrink.proof.judge import Twin
 from onnxshrink.proof.recover import Attempt
 from onnxshrink.proof.verdict import ValidationReport
 from onnxshrink.rewrite import RewriteResult, apply, release
 from onnxshrink.stages.read import Source
+from onnxshrink.stages.twin import float64_twin
 
 
 def first_attempt(
@@ -91,12 +93,14 @@ def prove(
     shrunk_dir = rewritten.data_file.parent if rewritten.data_file is not None else None
     source.store.settle()  # the reference's deferred weights written: onnxruntime reads its files
 
-    def twin() -> onnx.ModelProto:
-        from onnxshrink.proof.widen import widened
-
-        wide = widened(reference, source.base_dir)
+    def shrink(
+        wide: onnx.ModelProto, base_dir: str | None, store: WeightStore | None, writer: DataWriter | None
+    ) -> onnx.ModelProto:  # the same shrink of the reference widened (the same axes kept whole)
         quiet = opts.but(progress=False, log=None)
-        return rewrite(analyze_model(wide, None, quiet, pins), wide, None, quiet).model
+        return rewrite(analyze_model(wide, base_dir, quiet, pins, store), wide, writer, quiet).model
+
+    def twin(streamed: bool) -> Twin:
+        return float64_twin(reference, source.base_dir, shrink, shrunk_dir, streamed)
 
     if rewritten.interface:  # a KV cache lost heads: the reference called as the shrunk model is
         from onnxshrink.analyze.cache import sliced_feeds, sliced_interface, sliced_shapes
