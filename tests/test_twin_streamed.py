@@ -105,8 +105,8 @@ def _float32_difference(result, base: Path) -> float:
 
 def _gone(made: list[tuple[Path, list[str]]], tmp_path: Path) -> None:
     """The twin was streamed (its scratch directory held its float64 data file when the judge
-    had it, the widened reference's deleted) and its scratch is gone."""
-    assert len(made) == 1 and made[0][1] == ["twin.float64.data"]
+    had it, and the widened reference the judge computes in float64) and its scratch is gone."""
+    assert len(made) == 1 and made[0][1] == ["reference.float64.data", "twin.float64.data"]
     assert not made[0][0].exists()
     assert not list(tmp_path.rglob(".onnxshrink-twin-*"))
 

@@ -445,6 +445,14 @@ def populate(arr: np.ndarray) -> None:
         store.populate(arr)
 
 
+def release_all() -> None:
+    """Give every live store's mapped pages back to the page cache (read again when touched)."""
+    global _baseline
+    for store in list(_STORES):
+        store.release()
+    _baseline = None
+
+
 def _resident_file_bytes() -> int:
     """File-backed pages resident in this process (mapped weights), from /proc/self/statm."""
     try:

@@ -110,6 +110,9 @@ class Twin:
     model: onnx.ModelProto
     base_dir: Path | None = None
     close: Callable[[], None] = lambda: None
+    # the reference widened, its weights under `base_dir` too (a streamed twin's; else None: the
+    # reference is widened a piece at a time as it runs)
+    reference: onnx.ModelProto | None = None
 
 
 @dataclass
@@ -262,7 +265,10 @@ def judge(
     rounding, float64 and judged (see the module doc). `twin(streamed)`: the shrink of the
     reference widened to float64, streamed for a reference past TWIN_BYTES of weights (without
     one, the shrunk model is judged with its new constants moved)."""
+    from onnxshrink.io.weights import release_all
     from onnxshrink.proof.segment import weight_bytes
+
+    release_all()  # the weights' pages the shrink and its proof read: back to the page cache
 
     def none(why: str) -> None:
         for c in outputs:
@@ -301,7 +307,10 @@ def _judged(case: Case, exact: Twin | None, tally: ErrorTally, outputs: list[Out
         for c in outputs:
             c.rounding, c.judged = False, f"{differs}: another model"
         return
-    r64 = float64_outputs(case.reference, feeds, names, case.reference_dir)
+    if exact is not None and exact.reference is not None:
+        r64 = float64_outputs(exact.reference, feeds, names, exact.base_dir, wide=True)
+    else:
+        r64 = float64_outputs(case.reference, feeds, names, case.reference_dir)
     x64, moved = _shrunk_float64(case, None if differs else exact, feeds, names)
     _verdicts(case, tally, outputs, draws, r64, x64, moved)
 
@@ -406,7 +415,6 @@ def same_form(
                 return f"constant {name.split(':', 1)[1]} is not in its float64 shrink"
             if not _rounded(stored(t, shrunk_dir, store), stored(w, twin_dir, store), eps):
                 return f"constant {name.split(':', 1)[1]} is not its float64 value rounded"
-            trim()
     finally:
         store.close()
     return None
@@ -425,7 +433,9 @@ def _rounded(value: np.ndarray, want: np.ndarray, eps: float) -> bool:
     for b in blocks:
         part = np.asarray(want[b], np.float64)
         scale = max(scale, float(np.abs(part[np.isfinite(part)]).max(initial=0.0)))
+        trim()  # (the pages read: back to the page cache)
     for b in blocks:
+        trim()
         v, w = np.asarray(value[b], np.float64), np.asarray(want[b], np.float64)
         equal = (v == w) | (np.isnan(v) & np.isnan(w))
         with np.errstate(invalid="ignore"):

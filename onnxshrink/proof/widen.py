@@ -31,6 +31,7 @@ from onnxshrink.errors import first_line
 from onnxshrink.io.weights import (
     DataWriter,
     WeightStore,
+    handed,
     row_blocks,
     tensor_proto,
     tensor_values,
@@ -228,19 +229,58 @@ def float64_outputs(
 
     parts = pieces(model, PIECE_BYTES) or [Piece(lambda: model, [i.name for i in model.graph.input], outputs)]
     values = [_wide_feed(f) for f in feeds]
-    for k, part in enumerate(parts):
-        piece = _held(part.model, base_dir) if wide else _widened_piece(part.model, base_dir)  # freed below
-        piece = change(piece) if change is not None else piece
-        names = [o for o in part.outputs if o in outputs] if len(parts) == 1 else part.outputs
-        wanted = {i.name for i in piece.graph.input}
-        results = _run_wide(piece, [{n: v[n] for n in wanted if n in v} for v in values], names)
-        del piece
-        later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs)
-        for v, got in zip(values, results, strict=True):
-            v.update(zip(names, got, strict=True))
-            for n in [n for n in v if n not in later]:
-                del v[n]
+    store = WeightStore()  # maps the weights read from files
+    try:
+        for k, part in enumerate(parts):
+            apart: dict[str, np.ndarray] = {}
+            piece = _piece(part.model, base_dir, wide, change, store, apart)  # freed below
+            names = [o for o in part.outputs if o in outputs] if len(parts) == 1 else part.outputs
+            wanted = {i.name for i in piece.graph.input}
+            feeds_in = [{n: v[n] for n in wanted if n in v} for v in values]
+            results = _run_wide(piece, feeds_in, names, apart, base_dir if wide else None)
+            del piece, apart
+            store.release()  # the piece's mapped pages: back to the page cache
+            later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs)
+            for v, got in zip(values, results, strict=True):
+                v.update(zip(names, got, strict=True))
+                for n in [n for n in v if n not in later]:
+                    del v[n]
+    finally:
+        store.close()
     return [[v[o] for o in outputs] for v in values]
+
+
+def _piece(
+    model: onnx.ModelProto,
+    base_dir: str | Path | None,
+    wide: bool,
+    change: Callable[[onnx.ModelProto], onnx.ModelProto] | None,
+    store: WeightStore,
+    apart: dict[str, np.ndarray],
+) -> onnx.ModelProto:
+    """A piece as it runs. A widened one as it is: onnxruntime maps the weights it keeps in
+    files. Else widened here, its large weights handed to onnxruntime as arrays (`apart`,
+    filled here) rather than in its bytes, which would hold them three times at once (the
+    model, its bytes, the session's copy); with `change`, all of them in the piece (it changes
+    their values)."""
+    if change is not None:
+        return change(_held(model, base_dir) if wide else _widened_piece(model, base_dir))
+    if wide:
+        return model
+    return _widened_piece(model, base_dir, _handing(base_dir, store, apart))
+
+
+def _handing(base_dir: str | Path | None, store: WeightStore, apart: dict[str, np.ndarray]) -> Widening:
+    """Widen each weight in memory (read mapped), one of FILE_BYTES or more handed apart."""
+
+    def widen(t: onnx.TensorProto) -> onnx.TensorProto:
+        values = np.asarray(stored(t, base_dir, store), np.float64)
+        if values.nbytes < FILE_BYTES:
+            return numpy_helper.from_array(values, t.name)
+        apart[t.name] = values = np.ascontiguousarray(values)
+        return handed(t.name, values)
+
+    return widen
 
 
 def _held(model: onnx.ModelProto, base_dir: str | Path | None) -> onnx.ModelProto:
@@ -248,35 +288,56 @@ def _held(model: onnx.ModelProto, base_dir: str | Path | None) -> onnx.ModelProt
     when it keeps none there)."""
     from onnxshrink.ir import all_graphs
 
-    if not any(t.data_location == onnx.TensorProto.EXTERNAL for g in all_graphs(model.graph) for t in g.initializer):
+    if not any(_in_file(t) for g in all_graphs(model.graph) for t in g.initializer):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for g in all_graphs(out.graph):
         for t in g.initializer:
-            if t.data_location == onnx.TensorProto.EXTERNAL:
+            if _in_file(t):
                 t.CopyFrom(numpy_helper.from_array(tensor_values(t, base_dir), t.name))
     return out
 
 
-def _widened_piece(model: onnx.ModelProto, base_dir: str | Path | None) -> onnx.ModelProto:
+def _in_file(t: onnx.TensorProto) -> bool:
+    """Is weight `t` kept in an external data file (not handed apart: io.weights.handed)?"""
+    where = next((e.value for e in t.external_data if e.key == "location"), None)
+    return t.data_location == onnx.TensorProto.EXTERNAL and where != "handed"
+
+
+def _widened_piece(model: onnx.ModelProto, base_dir: str | Path | None, weight: Widening | None = None) -> onnx.ModelProto:
     try:
-        return widened(model, base_dir)
+        return widened(model, base_dir, weight)
     except Exception as exc:
         raise NotJudged(f"its weights cannot be widened ({first_line(exc)})") from exc
 
 
 def _run_wide(
-    model: onnx.ModelProto, feeds: Sequence[dict[str, np.ndarray]], outputs: list[str]
+    model: onnx.ModelProto,
+    feeds: Sequence[dict[str, np.ndarray]],
+    outputs: list[str],
+    apart: dict[str, np.ndarray] | None = None,
+    data_dir: str | Path | None = None,
 ) -> list[list[np.ndarray]]:
     """`outputs` of a widened model (or piece) on each feed: onnxruntime, else onnx's reference
-    evaluator with the kernels given here."""
+    evaluator with the kernels given here. `apart`: the weights the model marks as handed
+    (io.weights.handed), by name; `data_dir`: where the weights it keeps in files are (mapped
+    by onnxruntime: in the page cache, not copied into this process)."""
+    apart = apart or {}
     try:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.log_severity_level = 4
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        # no packed copies of the weights, no arena holding on to the largest temporaries
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        so.enable_cpu_mem_arena = False
+        if data_dir is not None:
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(data_dir))
+        given = [ort.OrtValue.ortvalue_from_numpy(a) for a in apart.values()]  # (alive with the session)
+        if apart:
+            so.add_external_initializers(list(apart), given)
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         names = {i.name for i in sess.get_inputs()}
         return [sess.run(outputs, {k: v for k, v in f.items() if k in names}) for f in feeds]
@@ -287,10 +348,23 @@ def _run_wide(
 
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            evaluator = ReferenceEvaluator(model, new_ops=[_batch_norm(), *_conv(), _max_pool()])
+            whole = _inlined(_held(model, data_dir), apart)
+            evaluator = ReferenceEvaluator(whole, new_ops=[_batch_norm(), *_conv(), _max_pool()])
             return [list(evaluator.run(outputs, dict(f))) for f in feeds]  # type: ignore[arg-type]
     except Exception as exc:
         raise NotJudged(f"onnx's reference evaluator cannot run it ({first_line(exc)})") from exc
+
+
+def _inlined(model: onnx.ModelProto, apart: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """`model` with the weights handed apart in it (for onnx's reference evaluator)."""
+    if not apart:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
+        if t.name in apart and t.data_location == onnx.TensorProto.EXTERNAL and not _in_file(t):
+            t.CopyFrom(numpy_helper.from_array(apart[t.name], t.name))
+    return out
 
 
 def _max_pool() -> type:

@@ -6,8 +6,9 @@ shrunk: the reference widened into a float64 data file a tensor (a block of rows
 then analyzed with its weights mapped from that file and rewritten into a second one. Both
 files are in a scratch directory of their own (beside the shrunk model's data when it has a
 file, else in the system's temporary directory), which needs up to 4 x the reference's float32
-weights on disk (its float64 copy, and the shrink of it); the copy is deleted once the twin is
-written, the directory when the judge is done with the twin, or as soon as making it fails.
+weights on disk (its float64 copy, which the judge computes the reference in float64 from, and
+the shrink of it); the directory is deleted when the judge is done with the twin, or as soon as
+making it fails.
 """
 
 from __future__ import annotations
@@ -51,9 +52,7 @@ def float64_twin(
         wide = widened(reference, base_dir, to_file(copy, base_dir))
         copy.close()
         made = shrink(wide, str(room), store, store.writer(room / "twin.float64.data"))
-        del wide
-        copy.path.unlink()  # every weight of the twin is in its own file (or inline)
-        return Twin(made, room, close)
+        return Twin(made, room, close, wide)  # (the judge computes the reference from its copy)
     except BaseException:
         close()
         raise
