@@ -182,3 +182,4 @@ def test_a_streamed_twin_that_fails_leaves_no_scratch_and_the_judge_goes_on_with
     assert held == [["reference.float64.data", "twin.float64.data"]]
     assert not list(tmp_path.rglob(".onnxshrink-twin-*"))
     assert o.rounding is True and "its stored constants' rounding reaching" in o.judged
+    assert o.judged.endswith("; no float64 twin (the float64 shrink failed)")

@@ -9,7 +9,7 @@ and the whole process's peak.
 
 `--corrupt stored`: the shrunk model's weight `--weight` is written 1e-4 (relative) off, its
 twin's right (a wrong value stored); `--corrupt rewrite`: both written off alike (a bug of the
-rewrite: the twin has it too). Everything is written under `--workdir` (deleted at the end
+rewrite: the twin has it too); `--element`: only the weight's element of largest magnitude. Everything is written under `--workdir` (deleted at the end
 unless `--keep`); nothing is written beside the model.
 
     python tools/judge_big.py /tmp/llm/tinyllama-L22-fp32.onnx --workdir /tmp/tb-judge
@@ -50,9 +50,9 @@ def _reset_hwm() -> None:
         f.write("5")
 
 
-def _corrupted(weight: str, twin_too: bool) -> None:
+def _corrupted(weight: str, twin_too: bool, element: bool) -> None:
     """The rewrite writes `weight` 1e-4 (relative) off in the float32 shrink (and with `twin_too`
-    in the float64 twin's), in its file."""
+    in the float64 twin's), in its file; with `element`, only its element of largest magnitude."""
     import numpy as np
     import onnx
 
@@ -67,14 +67,20 @@ def _corrupted(weight: str, twin_too: bool) -> None:
         if twin_too or t.data_type == onnx.TensorProto.FLOAT:
             base = streaming[0].path.parent if streaming and streaming[0] is not None else None
             values = tensor_values(t, base)
-            new = (values.astype(np.float64) * (1 + 1e-4)).astype(values.dtype)
+            wide = values.astype(np.float64)
+            if element:
+                wide.flat[int(np.argmax(np.abs(wide)))] *= 1 + 1e-4
+            else:
+                wide *= 1 + 1e-4
+            new = wide.astype(values.dtype)
             if base is None or t.data_location != onnx.TensorProto.EXTERNAL:
                 t.CopyFrom(onnx.numpy_helper.from_array(new, t.name))
             else:
                 info = {e.key: e.value for e in t.external_data}
                 with open(base / info["location"], "r+b") as f:
                     os.pwrite(f.fileno(), new.tobytes(), int(info["offset"]))
-            print(f"  {weight} ({onnx.TensorProto.DataType.Name(t.data_type)}, {list(t.dims)}) written 1e-4 off", flush=True)
+            what = "its largest element" if element else "every element"
+            print(f"  {weight} ({onnx.TensorProto.DataType.Name(t.data_type)}, {list(t.dims)}): {what} written 1e-4 off", flush=True)
         return result
 
     attempt.apply = wrong  # type: ignore[assignment]
@@ -143,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--corrupt", choices=["none", "stored", "rewrite"], default="none")
     p.add_argument("--weight", default="model.layers.10.mlp.down_proj.weight_t")
+    p.add_argument("--element", action="store_true", help="corrupt only the weight's element of largest magnitude")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--twin-mib", type=float, help="the judge's TWIN_BYTES in MiB (a smaller model's twin streamed)")
     a = p.parse_args(argv)
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
         judge.TWIN_BYTES = int(a.twin_mib * 2**20)
     if a.corrupt != "none":
-        _corrupted(a.weight, a.corrupt == "rewrite")
+        _corrupted(a.weight, a.corrupt == "rewrite", a.element)
     t0 = time.perf_counter()
     try:
         result = prune(a.model, a.ratio, work / "pruned.onnx", rtol=1e-12, recover=False, price=False,

@@ -277,11 +277,11 @@ def judge(
     why = _too_costly(case, macs_limit)
     if why:
         return none(why)
-    exact = None
+    exact, missing = None, ""
     try:
         exact = twin(weight_bytes(case.reference) > TWIN_BYTES) if twin is not None else None
-    except Exception:
-        exact = None  # the float64 shrink failed (or has no room): judged without it
+    except Exception as exc:  # the float64 shrink failed (or has no room): judged without it
+        missing = f"; no float64 twin ({first_line(exc)})"
     try:
         _judged(case, exact, tally, outputs)
     except NotJudged as exc:
@@ -291,6 +291,8 @@ def judge(
     finally:
         if exact is not None:
             exact.close()
+    for c in outputs if missing else ():
+        c.judged = f"{c.judged}{missing}" if c.judged else missing.removeprefix("; ")
 
 
 def _judged(case: Case, exact: Twin | None, tally: ErrorTally, outputs: list[OutputCheck]) -> None:
