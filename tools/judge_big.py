@@ -9,7 +9,9 @@ and the whole process's peak.
 
 `--corrupt stored`: the shrunk model's weight `--weight` is written 1e-4 (relative) off, its
 twin's right (a wrong value stored); `--corrupt rewrite`: both written off alike (a bug of the
-rewrite: the twin has it too); `--element`: only the weight's element of largest magnitude. Everything is written under `--workdir` (deleted at the end
+rewrite: the twin has it too); `--element`: only the weight's element of largest magnitude. `--no-twin`: judged without a twin
+(the shrunk model with its new constants moved), as a reference past TWIN_BYTES was before its
+twin was streamed. Everything is written under `--workdir` (deleted at the end
 unless `--keep`); nothing is written beside the model.
 
     python tools/judge_big.py /tmp/llm/tinyllama-L22-fp32.onnx --workdir /tmp/tb-judge
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--element", action="store_true", help="corrupt only the weight's element of largest magnitude")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--twin-mib", type=float, help="the judge's TWIN_BYTES in MiB (a smaller model's twin streamed)")
+    p.add_argument("--no-twin", action="store_true", help="judge without the twin (its new constants moved), as before it was streamed")
     a = p.parse_args(argv)
     import numpy as np
     import onnx
@@ -171,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         import onnxshrink.proof.judge as judge
 
         judge.TWIN_BYTES = int(a.twin_mib * 2**20)
+    if a.no_twin:
+        import onnxshrink.stages.attempt as attempt
+
+        def no_twin(*args):  # type: ignore[no-untyped-def]
+            raise OSError("not made (--no-twin)")
+
+        attempt.float64_twin = no_twin  # type: ignore[assignment]
     if a.corrupt != "none":
         _corrupted(a.weight, a.corrupt == "rewrite", a.element)
     t0 = time.perf_counter()
