@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"output {o.name}: float32 {o.max_rel_error:.3g} of the output; judged {verdict}; float64 "
               f"{o.float64 if o.float64 is None else f'{o.float64:.3g}'}\n  {o.judged}")  # fmt: skip
     if "judge_s" in got:
-        twin = f"twin ({'streamed' if got.get('streamed') else 'in memory'}) {got.get('twin_s', float('nan')):.1f} s"
+        twin = (
+            f"twin ({'streamed' if got['streamed'] else 'in memory'}) {got['twin_s']:.1f} s" if "twin_s" in got else "no twin"
+        )
         print(f"judge: {got['judge_s']:.1f} s ({twin}), peak RSS {got['judge_peak'] / GIB:.2f} GiB; "
               f"twin scratch at most {got.get('disk', 0) / GIB:.2f} GiB on disk")  # fmt: skip
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, got.get("before_peak", 0)) / GIB
