@@ -257,3 +257,33 @@ def test_a_streamed_prune_of_a_default_initialized_llama_is_the_input_zeroed(tmp
     out = onnx.load(str(tmp_path / "streamed.onnx")).graph.initializer
     after = sum(int(np.prod(t.dims)) for t in out if t.data_type == onnx.TensorProto.FLOAT)
     assert after == streamed.shrink.after.params < held.original.params
+
+
+def test_a_streamed_parameter_target_counts_its_candidates_on_disk(tmp_path, monkeypatch):
+    """`--prune-to-params` on a streamed input: each candidate is zeroed on disk and shrunk from
+    there, as the chosen one is; the model is never read into memory (it was, with a copy per
+    candidate: 4.6 GiB for SmolLM2-135M's 0.54 GB). The count each candidate gets is the
+    output's own, and the result is the in-memory prune's."""
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig.preset("tiny", seed=6), path)
+    kw = dict(params=0.7, validate=False, price=False)
+    held = prune(path, None, tmp_path / "held.onnx", **kw)
+    counts = _streamed(monkeypatch)
+
+    def refused(self):
+        raise AssertionError("the streamed input read into memory")
+
+    monkeypatch.setattr(prune_run.Input, "full", refused)
+    said: list[str] = []
+    streamed = prune(path, None, tmp_path / "streamed.onnx", **kw, log=said.append)
+    counted = [line for line in said if line.startswith("params: ")]
+    assert counted and counts["spills"] == len(counted) + 1  # a spill per candidate, one for the output
+    assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
+    after = onnx.load(str(tmp_path / "streamed.onnx"))
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    assert not any(n.op_type == "Constant" for n in after.graph.node)
+    params = sum(int(np.prod(t.dims)) for t in after.graph.initializer if t.data_type in floats)  # weights, not shapes
+    assert params == streamed.shrink.after.params < streamed.original.params
+    assert streamed.reached == params / streamed.original.params
+    assert abs(streamed.reached - 0.7) <= 0.005
+    assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")

@@ -77,15 +77,15 @@ def plan(
     max_layer_ratio: float = 1.0,
     builder: Builder,
     costs: Callable[[], Costs],
-    count: Callable[[onnx.ModelProto], tuple[int, int]],
+    count: Callable[[list[LayerPlan]], tuple[int, int]],
     shrunk: Callable[[onnx.ModelProto], onnx.ModelProto],
     meter: Callable[[], LatencyMeter],
     families: list[sens.Family] | None = None,
     units: Sequence[str] = DEFAULT_UNITS,
     say: Callable[[str], None] = lambda m: None,
 ) -> Choice:
-    """The plans meeting `target` by `allocation`. `count(reference)` is the exact (params, macs)
-    of a reference once shrunk, `shrunk(reference)` the shrunk model (for latency), `meter()`
+    """The plans meeting `target` by `allocation`. `count(plans)` is the exact (params, macs)
+    of the plans' reference once shrunk, `shrunk(reference)` the shrunk model (for latency), `meter()`
     the latency meter; `families`: the measured sensitivity (allocation "sensitivity")."""
     if allocation not in ALLOCATIONS:
         raise ShrinkError(f"--allocation {allocation}: choose one of {', '.join(ALLOCATIONS)}.")
@@ -118,7 +118,7 @@ def _meet(
     target: Target,
     builder: Builder,
     c: Costs,
-    count: Callable[[onnx.ModelProto], tuple[int, int]],
+    count: Callable[[list[LayerPlan]], tuple[int, int]],
     shrunk: Callable[[onnx.ModelProto], onnx.ModelProto],
     meter: Callable[[], LatencyMeter],
     say: Callable[[str], None],
@@ -135,7 +135,7 @@ def _meet(
         total = c.params if index == 0 else c.macs
 
         def exact(plans: list[LayerPlan]) -> float:
-            return count(builder.reference(plans))[index] / max(total, 1)
+            return count(plans)[index] / max(total, 1)
 
         plans, reached = meet(plan_at, estimate(target.kind), exact, target.value, 0.005, say, target.kind)
         return Choice(plans, None, reached, families)

@@ -50,7 +50,7 @@ from onnxshrink.prune.reference import zeroed as zeroed_reference
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.prune.sensitivity import Family
 from onnxshrink.prune.spill import Disk
-from onnxshrink.prune.targets import Costs, LatencyMeter, RatioMeaning, Target
+from onnxshrink.prune.targets import Costs, LatencyMeter, RatioMeaning, Target, members_of
 from onnxshrink.report import ModelStats, model_stats
 from onnxshrink.result import ShrinkResult, in_memory
 from onnxshrink.stages.assemble import constant_weight
@@ -464,9 +464,10 @@ def _score(
     if ask.compensate != "none" or ask.measures_sensitivity:
         comp = comp_mod.prepare(given.full(), gset)
         clock.lap("compensation")
-    # a ratio's one reference is zeroed on disk (`_zero`); the candidates a measured target
-    # shrinks, and a compensation's, are made in memory
-    held = comp is not None or target.kind != "ratio"  # a global or sensitivity ratio: a params target
+    # a ratio's reference, and the candidates a parameter or MAC target counts, are zeroed on
+    # disk (`_zero`, `_allocate`); a latency target's candidates (onnxruntime times them), and a
+    # compensation's, are made in memory
+    held = comp is not None or target.kind == "latency"
     builder = alloc.Builder(given.full() if held else given.proto, gset, comp, calibration, ask.compensate, ask.ridge)
     scored = Scored(gset, importance, calibration, comp, builder, None)
     if ask.measures_sensitivity:
@@ -561,8 +562,15 @@ def _allocate(
     def shrunk(reference: onnx.ModelProto) -> onnx.ModelProto:
         return shrink_reference(reference, quiet, given.original).model
 
-    def count(reference: onnx.ModelProto) -> tuple[int, int]:
-        after = shrink_reference(reference, quiet, given.original).after
+    def count(plans: list[LayerPlan]) -> tuple[int, int]:
+        if _zeroed_on_disk(given, scored):  # a streamed input: never the model in memory
+            reference, scratch = _disk_reference(given, scored.gset, members_of(scored.gset, plans))
+            try:
+                after = shrink_reference(reference, quiet, given.original).after
+            finally:
+                scratch.discard_spills()
+        else:
+            after = shrink_reference(scored.builder.reference(plans), quiet, given.original).after
         return after.params, after.macs
 
     def meter() -> LatencyMeter:
@@ -617,13 +625,9 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({ask.criterion}, {ask.allocation})")
     members = gset.zeroed_members(chosen)
     source = scratch = None
-    if scored.builder.model is given.proto and given.streamed:  # zeroed on disk, tensor by tensor
-        scratch = Scratch(given.source.store, None)
-        disk = Disk(str(given.source.base_dir), given.source.store, scratch.spill())
-        reference = zeroed_reference(given.proto, gset, members, copy=True, disk=disk)
-        disk.writer.close()
-        s = given.source
-        source = Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store)
+    if _zeroed_on_disk(given, scored):  # zeroed on disk, tensor by tensor
+        source, scratch = _disk_reference(given, gset, members)
+        reference = source.proto
     else:  # given.proto is this call's own copy: the last reference may be made in it
         reference = scored.builder.reference(plans, copy=scored.comp is not None or ask.target.kind != "ratio")
     # after zeroed, which makes Constant weights initializers (as the analysis saw them): their
@@ -633,6 +637,24 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
     comp = scored.comp
     weights, unnamed = comp_mod.framework_values(gset, scored.builder.values, comp) if comp is not None else ({}, [])
     return Zeroed(chosen, members, reference, slices, weights, unnamed, source, scratch)
+
+
+def _zeroed_on_disk(given: Input, scored: Scored) -> bool:
+    """Is a reference of this prune zeroed on disk (a streamed input, no reference held in
+    memory: no compensation, no latency target)?"""
+    return scored.builder.model is given.proto and given.streamed
+
+
+def _disk_reference(given: Input, gset: GroupSet, members: list[Member]) -> tuple[Source, Scratch]:
+    """The streamed input with `members` zeroed on disk, tensor by tensor (the zeroed weights'
+    ranges of a spill file in the returned Scratch, reserved, written only when read whole), as
+    the Source the shrink reads."""
+    scratch = Scratch(given.source.store, None)
+    disk = Disk(str(given.source.base_dir), given.source.store, scratch.spill())
+    reference = zeroed_reference(given.proto, gset, members, copy=True, disk=disk)
+    disk.writer.close()
+    s = given.source
+    return Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store), scratch
 
 
 def shrink_reference(reference: onnx.ModelProto | Source, opts: ShrinkOptions, original: ModelStats) -> ShrinkResult:
