@@ -287,3 +287,37 @@ def test_a_streamed_parameter_target_counts_its_candidates_on_disk(tmp_path, mon
     assert streamed.reached == params / streamed.original.params
     assert abs(streamed.reached - 0.7) <= 0.005
     assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
+
+
+def _resident_kib(path) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, mine = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                mine = len(head) >= 6 and head[-1] == str(path)
+            elif mine and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def test_a_streamed_prune_gives_its_mapped_weights_back_before_the_price(tmp_path, monkeypatch):
+    """The weight pages the prune read through its maps are given back before the price runs the
+    models in onnxruntime (which maps and reads their files again): the two added up at the
+    prune's peak (SmolLM2-135M with external data, --prune 0.2 --no-validate: 1.14 GiB)."""
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig.preset("tiny", seed=7), path)
+    _streamed(monkeypatch)
+    data = (tmp_path / "llama.onnx.data").resolve()
+    seen: list[int] = []
+    measure = prune_run.measure
+
+    def measured(*args, **kwargs):
+        seen.append(_resident_kib(data))
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(prune_run, "measure", measured)
+    result = prune(path, 0.25, tmp_path / "out.onnx", validate=False)
+    assert result.price is not None and result.price.outputs  # (it measured a price)
+    assert seen == [0]

@@ -24,6 +24,7 @@ from onnxshrink import ir
 from onnxshrink.analyze.replay import scoped
 from onnxshrink.api import shrink
 from onnxshrink.errors import NotShrunk, ShrinkError, ValidationFailed, file_access, first_line
+from onnxshrink.io import weights as mapped
 from onnxshrink.io.model import Scratch, check_output, load_external
 from onnxshrink.options import (
     ALLOCATIONS,
@@ -775,6 +776,9 @@ def _priced(
     """What the prune cost, measured and said: the shrunk model against the input model as it
     was before anything was zeroed (`before`), on the same inputs."""
     opts.say("measuring the price ...")
+    # the weight pages the prune mapped go back to the page cache before onnxruntime maps and
+    # reads the models' own (the two add up at the price's peak: SmolLM2-135M 1.14 -> 0.95 GiB)
+    mapped.trim(0)
     try:
         data = result.data_file  # the pruned model's weights, when they are in a file
         cost = measure(before, result.model, opts.progress, data.parent if data is not None else None)
