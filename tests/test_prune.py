@@ -514,3 +514,39 @@ def test_a_prune_on_a_terminal_counts_its_long_phases_and_is_quiet_with_q(tmp_pa
     assert re.search(r"price: the input and the pruned model: +\d+%\|[^|]*\| [01]/1 \[", shown)
     code, printed, shown = cli_on_terminal(*argv, "-q", cwd=tmp_path)
     assert code == 0 and printed == "" and shown == ""
+
+
+def test_a_parameter_targets_candidates_are_gone_once_counted(tmp_path, monkeypatch):
+    """Each candidate `--prune-to-params` shrinks to count is freed before the chosen groups are
+    zeroed: its analysis's graph (nodes and tensors referring to each other, its constants the
+    weights' values) is a reference cycle, so with the collector idle every candidate stayed
+    through the final shrink (SmolLM2-135M in memory: 1.1 GiB). No more graphs are alive then
+    than when `--prune` shrank no candidate (3 against 1 on the code before)."""
+    import gc
+
+    import onnx_graphsurgeon as gs
+
+    from models.llama import LlamaConfig, build
+    from onnxshrink.prune import run as prune_run
+
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig.preset("tiny", seed=8), path)
+    alive: list[int] = []
+    zero = prune_run._zero
+
+    def zeroing(*args, **kwargs):
+        alive.append(sum(isinstance(o, gs.Graph) for o in gc.get_objects()))
+        return zero(*args, **kwargs)
+
+    monkeypatch.setattr(prune_run, "_zero", zeroing)
+    gc.collect()
+    gc.disable()  # the collector idle, as over a large model's long phases
+    try:
+        plain = prune(path, 0.3, tmp_path / "plain.onnx", validate=False, price=False)
+        gc.collect()
+        result = prune(path, None, tmp_path / "out.onnx", params=0.7, validate=False, price=False)
+    finally:
+        gc.enable()
+    assert plain.removed() and len(alive) == 2 and alive[1] <= alive[0], alive
+    assert result.reached is not None and abs(result.reached - 0.7) <= 0.005
+    assert result.shrink.after.params == round(result.reached * result.original.params)

@@ -8,6 +8,7 @@ parameter names the exporter recorded, so that they can be applied in the framew
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import tempfile
@@ -572,6 +573,10 @@ def _allocate(
                 scratch.discard_spills()
         else:
             after = shrink_reference(scored.builder.reference(plans), quiet, given.original).after
+        # a shrink's result holds reference cycles: the candidate (in memory, a copy of the
+        # input's weights and its shrink) goes now, not at some later full collection (SmolLM2-
+        # 135M in memory: 1.1 GiB held through the final shrink, peak 5.56 -> 4.41 GiB)
+        gc.collect()
         return after.params, after.macs
 
     def meter() -> LatencyMeter:
