@@ -109,6 +109,9 @@ class Weighted:
     in_ids: list[int]
     spatial: int = 1  # input features per channel id (Flatten of a map)
     group: int = 1
+    # of those, the border a Pad with constant 0 added: 0 in every channel, so the shrink may
+    # drop it too (exact) once the Gemm's input is sliced (the pads then go)
+    border: int = 0
 
 
 def act_value(op: str, v):
@@ -290,7 +293,7 @@ class Net:
         y = self.node("BatchNormalization", [x.name, s, b, m, v], name=n, epsilon=1e-5)
         return x.to(y, [np.zeros((x.h, x.w))] * c)  # zeroed scale and shift: 0
 
-    def gemm(self, x: str, in_ids: list[int], nout: int, trans_b: bool, out_ids, spatial=1) -> str:
+    def gemm(self, x: str, in_ids: list[int], nout: int, trans_b: bool, out_ids, spatial=1, border=0) -> str:
         n = self.name("gemm")
         k = len(in_ids) * spatial
         wv = self.randn(nout, k, scale=k**-0.5)
@@ -302,7 +305,7 @@ class Net:
             self.member(out_ids, b, 0)
         self.maskable += [(w, 0), (w, 1), (b, 0)]
         self.weighted.append(
-            Weighted(n, "Gemm", w, out_axis, 1 - out_axis, out_ids, list(in_ids), spatial)
+            Weighted(n, "Gemm", w, out_axis, 1 - out_axis, out_ids, list(in_ids), spatial, border=border)
         )
         return self.node("Gemm", [x, w, b], name=n, transB=int(trans_b))
 
@@ -620,7 +623,8 @@ def head(net: Net, x: T, p: dict) -> tuple[str, int]:
         kind = "gap"
     if kind == "flatten":
         f = net.node("Flatten", [x.name], axis=1)
-        return net.gemm(f, x.ids, n_out, p["trans_b"], None, spatial=x.h * x.w), n_out
+        border = x.h * x.w - (x.h - 2) * (x.w - 2) if x.zero_padded else 0
+        return net.gemm(f, x.ids, n_out, p["trans_b"], None, spatial=x.h * x.w, border=border), n_out
     if kind == "gap":
         g = net.node(p["pool"], [x.name])
         if p["to2d"] == "flatten":
@@ -963,6 +967,8 @@ def check_exact_and_maximal(net: Net, result, zeroed: set[int]) -> None:
         else:
             want_out = kept(rec.out_ids)
         want_in = kept(rec.in_ids) * rec.spatial
+        if rec.border and kept(rec.in_ids) * (rec.spatial - rec.border) <= in_n <= want_in:
+            want_in = in_n  # the zero border may go with the channels (exact: checked above)
         assert (out_n, in_n) == (want_out, want_in), (
             f"{rec.op} {rec.node}: shrunk to {out_n} out x {in_n} in, expected "
             f"{want_out} x {want_in}; kept_zeroed={result.kept_zeroed}"
@@ -1225,3 +1231,30 @@ def test_fixed_stage_arbitrary_masks(name):
 def test_fixed_heads_and_opsets(head, opset):
     _fixed_group(fixed_spec("split", head, opset), as_masks=False)
     _check_arbitrary_property(fixed_spec("se", head, opset), seed=5, p=0.35, as_masks=True)
+
+
+def test_a_zero_padded_map_flattened_into_a_gemm_may_lose_its_border_with_a_channel():
+    """Hypothesis's find (2026-11-29): conv -> 2 MaxPools -> Mul -> Pad (constant 0) -> Flatten
+    -> Gemm, one channel zeroed. The shrink drops the channel's 16 features and the 12 border
+    features of the other (0 in every channel), the pads going: exact, and more than the
+    channels alone. Both counts are allowed; the outputs are checked in onnxruntime."""
+    spec = dict(
+        opset=11, batch=1, seed=0, c=2, h=4, w=4,
+        stages=[
+            _CONV_1X1, _MAXPOOL, _MAXPOOL,
+            dict(kind="chanop", op="Mul", rank4=False, x_first=False, act=None),
+            _PAD,
+        ],
+        head=dict(kind="flatten", pool="GlobalAveragePool", to2d="flatten", reduce="ReduceMean",
+                  matmul=False, trans_b=False, n_out=2),
+    )  # fmt: skip
+    model, net = build(spec)
+    flags = [False] * len(zeroable(net))
+    flags[0] = True
+    zeroed = group_zeroing(net, flags)
+    masks = apply_zeros(model, zero_classes(net, zeroed), False)
+    result = run_shrink(model, masks)  # (checked in onnxruntime against the zeroed input)
+    gemm = next(r for r in net.weighted if r.op == "Gemm")
+    w, group = shrunk_weight(result, gemm)
+    assert sides(gemm, w, group) == (2, 4)  # 1 channel x the 2 x 2 inside of the pad
+    check_exact_and_maximal(net, result, zeroed)
