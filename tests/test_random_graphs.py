@@ -86,3 +86,41 @@ def test_rounding_is_told_from_a_wrong_function():
         if arr.dtype == np.float32 and arr.size > 4:
             t.CopyFrom(numpy_helper.from_array((arr * (1 + 1e-4)).astype(np.float32), t.name))
     assert name not in rounding_only(out.reference, wrong, feed)
+
+
+def test_an_argmax_flipped_on_a_tie_is_rounding_and_on_a_clear_winner_is_not():
+    """Seed 5010918 (2026-11-29): the shrunk model's ArgMax picked index 0 where the reference
+    picked 1, their values 0.0412988 apart by 3.7e-9 (a tie up to float32 rounding): rounding.
+    The same flip where the reference's values differ clearly is a wrong model."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from models.randgraph import rounding_only
+
+    from models.randgraph import ort_session
+
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.standard_normal((3, 16))).astype(np.float32)  # every row sums its weights up
+
+    def argmax_of(weights: np.ndarray):
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("ArgMax", ["s"], ["i"], axis=1, keepdims=0)],
+            "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])],
+            [helper.make_tensor_value_info("i", TensorProto.INT64, [3])], [numpy_helper.from_array(weights, "w")],
+        )  # fmt: skip
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    w = (0.1 * rng.standard_normal((16, 4))).astype(np.float32)
+    w[:, 0] = w[:, 1] = 1.0  # columns 0 and 1 tie, far above the others: ArgMax picks 0
+    ref = argmax_of(w)
+    bumped = w.copy()
+    bumped[:, 1] = np.float32(1 + 2**-22)  # 2 float32 steps of the sum above column 0's
+    off = argmax_of(bumped)
+    r, s = ort_session(ref).run(None, {"x": x})[0], ort_session(off).run(None, {"x": x})[0]
+    assert (r == 0).all() and (s == 1).all(), (r, s)
+    assert "i" in rounding_only(ref, off, {"x": x})
+    moved = w.copy()
+    moved[:, 2] = 2.0  # another function: the winner is a column of twice the sum
+    wrong = argmax_of(moved)
+    assert (ort_session(wrong).run(None, {"x": x})[0] == 2).all()
+    assert "i" not in rounding_only(ref, wrong, {"x": x})
