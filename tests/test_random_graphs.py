@@ -95,9 +95,7 @@ def test_an_argmax_flipped_on_a_tie_is_rounding_and_on_a_clear_winner_is_not():
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from models.randgraph import rounding_only
-
-    from models.randgraph import ort_session
+    from models.randgraph import ort_session, rounding_only
 
     rng = np.random.default_rng(0)
     x = np.abs(rng.standard_normal((3, 16))).astype(np.float32)  # every row sums its weights up
