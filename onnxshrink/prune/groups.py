@@ -352,7 +352,7 @@ class _Finder:
         self.heads = self._fused_heads()
         self.readers = _GraphReaders(analysis)
         # per node (by id): does it multiply its operands, and the components each input carries
-        # (`_gated`, `_carriers`): asked once per node, not once per group that meets there
+        # (`_gated_components`, `_carried_sets`): asked once per node, not once per group
         self._multiplies: dict[int, bool] = {}
         self._carried: dict[int, list[set[int]]] = {}
         # per activation: its components' indices (`_data_of`), for every weight reading it
@@ -598,17 +598,18 @@ class _Finder:
         owner, _, last = name.rpartition(".")
         return name if owner == module or (role is not None and last == role) else None
 
-    def _carriers(self, comp: int, node: gs.Node) -> int:
-        """How many of `node`'s operands carry the component: two for a gate (silu(g) * u), one
-        for a product that scales it (a dynamically quantized layer's output times its scale)."""
+    def _carried_sets(self, node: gs.Node) -> list[set[int]]:
+        """Each operand's components over all its axes (once per node): a gate (silu(g) * u) has
+        a component in two operands, a product that scales it (a dynamically quantized layer's
+        output times its scale) in one."""
         carried = self._carried.get(id(node))
-        if carried is None:  # each operand's components over all its axes, once per node
+        if carried is None:
             carried = self._carried[id(node)] = []
             for t in node.inputs:
                 axes = range(len(t.shape)) if t is not None and t.shape is not None else range(0)
                 keys = [(t.name, a) for a in axes if (t.name, a) in self.part.offsets]
                 carried.append({int(c) for key in keys for c in np.unique(self.part.of(key))})
-        return sum(comp in comps for comps in carried)
+        return carried
 
     def _fused_heads(self) -> dict[int, tuple[int, int, bool]]:
         """Per component holding a fused attention op's query heads (`Handler.head_axis`): its
@@ -688,8 +689,14 @@ class _Finder:
                 meeting.setdefault(id(n), (n, []))[1].append(comp)
         out: set[int] = set()
         for n, comps in meeting.values():
-            if self._product(n):
-                out.update(c for c in comps if self._carriers(c, n) >= 2)
+            if not self._product(n):
+                continue
+            seen: set[int] = set()
+            twice: set[int] = set()  # carried by two operands or more
+            for carried in self._carried_sets(n):
+                twice |= seen & carried
+                seen |= carried
+            out |= twice.intersection(comps)
         return out
 
     def _product(self, node: gs.Node) -> bool:
