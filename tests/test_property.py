@@ -109,9 +109,6 @@ class Weighted:
     in_ids: list[int]
     spatial: int = 1  # input features per channel id (Flatten of a map)
     group: int = 1
-    # of those, the border a Pad with constant 0 added: 0 in every channel, so the shrink may
-    # drop it too (exact) once the Gemm's input is sliced (the pads then go)
-    border: int = 0
 
 
 def act_value(op: str, v):
@@ -293,7 +290,7 @@ class Net:
         y = self.node("BatchNormalization", [x.name, s, b, m, v], name=n, epsilon=1e-5)
         return x.to(y, [np.zeros((x.h, x.w))] * c)  # zeroed scale and shift: 0
 
-    def gemm(self, x: str, in_ids: list[int], nout: int, trans_b: bool, out_ids, spatial=1, border=0) -> str:
+    def gemm(self, x: str, in_ids: list[int], nout: int, trans_b: bool, out_ids, spatial=1) -> str:
         n = self.name("gemm")
         k = len(in_ids) * spatial
         wv = self.randn(nout, k, scale=k**-0.5)
@@ -305,7 +302,7 @@ class Net:
             self.member(out_ids, b, 0)
         self.maskable += [(w, 0), (w, 1), (b, 0)]
         self.weighted.append(
-            Weighted(n, "Gemm", w, out_axis, 1 - out_axis, out_ids, list(in_ids), spatial, border=border)
+            Weighted(n, "Gemm", w, out_axis, 1 - out_axis, out_ids, list(in_ids), spatial)
         )
         return self.node("Gemm", [x, w, b], name=n, transB=int(trans_b))
 
@@ -623,8 +620,7 @@ def head(net: Net, x: T, p: dict) -> tuple[str, int]:
         kind = "gap"
     if kind == "flatten":
         f = net.node("Flatten", [x.name], axis=1)
-        border = x.h * x.w - (x.h - 2) * (x.w - 2) if x.zero_padded else 0
-        return net.gemm(f, x.ids, n_out, p["trans_b"], None, spatial=x.h * x.w, border=border), n_out
+        return net.gemm(f, x.ids, n_out, p["trans_b"], None, spatial=x.h * x.w), n_out
     if kind == "gap":
         g = net.node(p["pool"], [x.name])
         if p["to2d"] == "flatten":
@@ -952,7 +948,8 @@ def check_exact_and_maximal(net: Net, result, zeroed: set[int]) -> None:
     # by that, and the model must not have grown.
     costly = [k for k in result.kept_zeroed if "larger than the weights" in k.reason]
     if costly:
-        assert all(k.kind == "not-absorbable" for k in result.kept_zeroed), result.kept_zeroed
+        # (a grouped conv's equal groups may keep one more: each keep is checked just below)
+        assert all(k.kind in ("not-absorbable", "structure") for k in result.kept_zeroed), result.kept_zeroed
         check_zeros_explained(net, result)
         assert result.after.params <= result.before.params
         return
@@ -967,8 +964,11 @@ def check_exact_and_maximal(net: Net, result, zeroed: set[int]) -> None:
         else:
             want_out = kept(rec.out_ids)
         want_in = kept(rec.in_ids) * rec.spatial
-        if rec.border and kept(rec.in_ids) * (rec.spatial - rec.border) <= in_n <= want_in:
-            want_in = in_n  # the zero border may go with the channels (exact: checked above)
+        if rec.spatial > 1 and in_n <= want_in:
+            # a flattened map's features that are 0 at every input (a zero Pad's border, kept 0
+            # by a Mul, a ReLU, ...) may go with the channels: at least what the channels
+            # remove goes, and the outputs are checked in onnxruntime (run_shrink)
+            want_in = in_n
         assert (out_n, in_n) == (want_out, want_in), (
             f"{rec.op} {rec.node}: shrunk to {out_n} out x {in_n} in, expected "
             f"{want_out} x {want_in}; kept_zeroed={result.kept_zeroed}"
@@ -1069,6 +1069,9 @@ def _check_arbitrary_property(spec: dict, seed: int, p: float, as_masks: bool) -
 
 PROPERTY_SETTINGS = settings(
     max_examples=int(os.environ.get("ONNXSHRINK_PROPERTY_EXAMPLES", "250")),
+    # the same examples on every run: a CI run is not a search (two runs on 2026-11-29 each drew
+    # a new case). ONNXSHRINK_PROPERTY_RANDOM=1 draws new ones; what they find becomes a fixed test
+    derandomize=not os.environ.get("ONNXSHRINK_PROPERTY_RANDOM"),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     # no explain phase: it re-runs a failing example hundreds of times for little insight here
@@ -1258,3 +1261,33 @@ def test_a_zero_padded_map_flattened_into_a_gemm_may_lose_its_border_with_a_chan
     w, group = shrunk_weight(result, gemm)
     assert sides(gemm, w, group) == (2, 4)  # 1 channel x the 2 x 2 inside of the pad
     check_exact_and_maximal(net, result, zeroed)
+
+
+_FLATTEN_HEAD = dict(kind="flatten", pool="GlobalAveragePool", to2d="flatten", reduce="ReduceMean",
+                     matmul=False, trans_b=False, n_out=2)  # fmt: skip
+
+
+def test_a_zero_border_kept_zero_by_a_mul_may_go_with_a_channel():
+    """Hypothesis's find (2026-11-29, CI): conv -> Pad (constant 0) -> Mul by a per-channel
+    constant -> Flatten -> Gemm, one channel zeroed: the border stays 0 through the Mul and goes
+    too (16 of the 36 features kept, against the 36 the channels alone leave)."""
+    stages = [_CONV_1X1, _PAD, dict(kind="chanop", op="Mul", rank4=False, x_first=False, act=None)]
+    spec = dict(opset=11, batch=1, seed=0, c=2, h=4, w=4, stages=stages, head=_FLATTEN_HEAD)
+    _check_group_property(spec, [True, False], as_masks=False)
+
+
+def test_a_grouped_conv_may_keep_a_channel_beside_a_costly_constant():
+    """Hypothesis's find (2026-11-29, CI): conv -> Concat(Sigmoid(conv), it) -> grouped 3x3 conv,
+    two classes zeroed. The grouped conv keeps one zeroed channel for its equal groups
+    (structure) beside a Sigmoid(0) channel whose border fold would cost more than it saves
+    (not-absorbable); both are explained, nothing grows."""
+    branch = dict(width=3, k=1, bn=False, act="Sigmoid")
+    stages = [
+        {**_CONV_1X1, "width": 3},
+        dict(kind="concat", branches=[branch, None], neg_axis=False),
+        dict(kind="gconv", depthwise=False, g=0, mult=1, k=3, bias=False, bn=False, act=None),
+    ]
+    head = dict(kind="gap", pool="GlobalAveragePool", to2d="flatten", reduce="ReduceMean",
+                matmul=False, trans_b=False, n_out=2)  # fmt: skip
+    spec = dict(opset=11, batch=1, seed=0, c=2, h=4, w=4, stages=stages, head=head)
+    _check_group_property(spec, [True, False, False, False, False, True, False, False], as_masks=False)
