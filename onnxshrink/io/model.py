@@ -146,10 +146,10 @@ def load_external(model: onnx.ModelProto, base_dir: Path, source: str = "model")
 
 
 # External tensors read into the model even when its weights stay on disk (`inline_small`): an
-# integer tensor up to this many bytes (shapes, axes, indices), a float one up to SMALL_FLOATS
-# elements (an epsilon, a scale), as a model holds them inline (io.skeleton.heavy).
+# integer tensor up to this many bytes (shapes, axes, indices), a float one up to
+# io.skeleton.SMALL_FLOATS elements (an epsilon, a scale): what the skeleton keeps of a model
+# that holds them inline (io.skeleton.heavy).
 SMALL_INTEGER_BYTES = 64 * 1024
-SMALL_FLOATS = 64
 
 
 def inline_small(model: onnx.ModelProto, files: dict[str, Path]) -> None:
@@ -159,7 +159,7 @@ def inline_small(model: onnx.ModelProto, files: dict[str, Path]) -> None:
     the analysis's constant folding need their values; without them every shape after the
     first Reshape is unknown and every op keeps its channels. Read here as the weights are
     (not by onnx's loader, which refuses a data file with several hard links)."""
-    from onnxshrink.io.skeleton import FLOAT_TYPES
+    from onnxshrink.io.skeleton import FLOAT_TYPES, SMALL_FLOATS
     from onnxshrink.io.weights import inline
 
     for g in all_graphs(model.graph):

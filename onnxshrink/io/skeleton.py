@@ -61,11 +61,16 @@ def skeleton(
     return light
 
 
+# A float constant of at most this many elements is kept in the skeleton (an epsilon, a Resize
+# scale); a larger one is a weight, whose dims are all shape inference needs.
+SMALL_FLOATS = 64
+
+
 def heavy(t: onnx.TensorProto) -> bool:
     """A weight whose data shape inference does not need: stored externally, or a float tensor
-    of more than 64 elements."""
+    of more than SMALL_FLOATS elements."""
     external = t.data_location == onnx.TensorProto.EXTERNAL
-    return external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > 64)
+    return external or (t.data_type in FLOAT_TYPES and int(np.prod(t.dims, dtype=np.int64)) > SMALL_FLOATS)
 
 
 def onnx_knows(node: onnx.NodeProto) -> bool:

@@ -206,6 +206,11 @@ class GroupSet:
     def exact(self) -> list[Group]:
         return [g for g in self.groups if g.exact]
 
+    def not_exact(self, kept: Mapping[int, str]) -> None:
+        """The groups an analysis keeps some index of ({group id: why}) are not exact, for that."""
+        for gid, why in kept.items():
+            self.groups[gid].exact, self.groups[gid].reason = False, why
+
     def zeroed_members(self, groups: Iterable[Group]) -> list[Member]:
         """The members whose slices zeroing `groups` sets to zero (or to their zero point)."""
         return [m for g in groups for m in g.members if m.tensor not in self.quant_params]
@@ -866,6 +871,15 @@ def gather_slices(items: Iterable[tuple[K, int, np.ndarray]]) -> dict[tuple[K, i
     return {k: np.unique(np.concatenate(v)) for k, v in gathered.items()}
 
 
+def cuts_by_tensor(members: Iterable[Member]) -> dict[str, list[tuple[int, np.ndarray]]]:
+    """Each tensor's slices the members zero, as (axis, indices) with each axis's indices
+    gathered (`gather_slices`): what `spill.zeroed` takes."""
+    cuts: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
+        cuts.setdefault(name, []).append((axis, idx))
+    return cuts
+
+
 class _GraphReaders:
     """The analysis' graph, as `quantized.dequant_reads` walks it."""
 
@@ -1008,10 +1022,7 @@ def _verify_alone(
     exact = [g for g in result.exact() if g.id not in done]
     with bar(len(exact), "groups: checking each zeroed alone", "group", progress) as shown:
         for g in exact:
-            slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members([g]))
-            cuts: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
-            for (name, axis), idx in slices.items():
-                cuts[name].append((axis, idx))
+            cuts = cuts_by_tensor(result.zeroed_members([g]))
             held = {name: tensors[name].values for name in cuts if name in tensors}
             for name in held:
                 tensors[name].values = spill.zeroed(result.arrays[name], cuts[name], result.zero_of(name))
@@ -1021,8 +1032,7 @@ def _verify_alone(
                 for name, values in held.items():
                     tensors[name].values = values
             shown.update(1)
-    for gid, why in kept.items():
-        result.groups[gid].exact, result.groups[gid].reason = False, why
+    result.not_exact(kept)
 
 
 def _zero_already(result: GroupSet, group: Group) -> bool:
@@ -1063,23 +1073,12 @@ def _verify_half(
     chosen = [g for layer in by_layer.values() for k, g in enumerate(layer) if k % 2 == half]
     if not chosen:
         return
-    for gid, why in _kept_zeroed(result, model, base_dir, opset, store, chosen).items():
-        result.groups[gid].exact = False
-        result.groups[gid].reason = why
-
-
-def _kept_zeroed(
-    result: GroupSet, model: onnx.ModelProto, base_dir, opset: int, store: WeightStore, chosen: list[Group]
-) -> dict[int, str]:
-    """The `chosen` groups the closure keeps some index of when they are zeroed together."""
     scratch = Scratch(store, None)  # a large mapped weight is zeroed on disk, not in memory
-    graph, untied, _ = _zeroed_graph(result, model, base_dir, store, chosen, scratch)
-    analysis = analyze(graph, opset, lookup(opset), untied)
-    kept = kept_when_zeroed(analysis, chosen)
+    graph, untied = _zeroed_graph(result, model, base_dir, store, chosen, scratch)
+    result.not_exact(kept_when_zeroed(analyze(graph, opset, lookup(opset), untied), chosen))
     # its spilled weights are mapped views of files deleted here: their pages are the page
     # cache's (the maps go whenever the collector frees the graph, not worth a collection)
     scratch.discard_spills()
-    return kept
 
 
 def kept_when_zeroed(analysis: Analysis, groups: Iterable[Group]) -> dict[int, str]:
@@ -1123,22 +1122,19 @@ def kept_when_zeroed(analysis: Analysis, groups: Iterable[Group]) -> dict[int, s
 
 def _zeroed_graph(
     result: GroupSet, model: onnx.ModelProto, base_dir, store: WeightStore, chosen: list[Group], scratch: Scratch
-) -> tuple[gs.Graph, dict[str, str], dict[tuple[str, int], np.ndarray]]:
+) -> tuple[gs.Graph, dict[str, str]]:
     """The analysis graph with the `chosen` groups zeroed (a large mapped weight written to a
-    spill file of `scratch`, never copied whole into memory), and the slices zeroed."""
+    spill file of `scratch`, never copied whole into memory)."""
     graph, untied = prepare(model, base_dir, store)
     tensors = ir.all_tensors(graph)
-    slices = gather_slices((m.tensor, m.axis, m.indices) for m in result.zeroed_members(chosen))
-    per_tensor: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
-    for (name, axis), idx in slices.items():
-        per_tensor[name].append((axis, idx))
+    per_tensor = cuts_by_tensor(result.zeroed_members(chosen))
     writer = scratch.spill()
     for name, values in result.arrays.items():  # read already: not converted again
         if name in tensors:  # the values the analysis read (prepare's, untouched), zeroed
             cut = per_tensor.get(name)
             tensors[name].values = values if cut is None else spill.zeroed(values, cut, result.zero_of(name), writer, name)
     writer.close()
-    return graph, untied, slices
+    return graph, untied
 
 
 # ---------------------------------------------------------------------- shared weights

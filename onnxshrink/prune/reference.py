@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from onnxshrink import ir
 from onnxshrink.prune import spill
-from onnxshrink.prune.groups import GroupSet, Member, gather_slices
+from onnxshrink.prune.groups import GroupSet, Member, cuts_by_tensor
 from onnxshrink.prune.spill import Disk
 
 
@@ -54,11 +54,10 @@ def zeroed(
                 home[name] = g
                 copies[name] = original
     initializer_of = {m.tensor: m.initializer for m in members}
-    cuts: dict[str, list[tuple[int, np.ndarray]]] = {}
-    for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in members).items():
+    cuts = cuts_by_tensor(members)
+    for name in cuts:
         if name not in values:
             values[name] = read(inits[name] if name in inits else inits[initializer_of[name]])
-        cuts.setdefault(name, []).append((axis, idx))
     writer = disk.writer if disk is not None else None
     for name in list(values):
         arr, cut = values.pop(name), cuts.get(name, [])

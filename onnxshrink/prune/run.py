@@ -235,8 +235,7 @@ def _without(kept: dict[int, str], given: Input, scored: Scored, zeroed: Zeroed,
 
 def _not_exact(kept: dict[int, str], gset: GroupSet, chosen: int, opts: ShrinkOptions) -> None:
     """The groups a shrink would keep ({group id: why}) are not exact, and the run says so."""
-    for gid, why in kept.items():
-        gset.groups[gid].exact, gset.groups[gid].reason = False, why
+    gset.not_exact(kept)
     opts.say(
         f"{len(kept)} of the {chosen} groups chosen cannot be removed "
         f"({next(iter(kept.values()))}); choosing again without them"
