@@ -477,8 +477,7 @@ def trim(limit: int = TRIM_BYTES) -> None:
     if _baseline is None or resident < _baseline:
         _baseline = resident
     elif resident - _baseline > limit:
-        for store in list(_STORES):
-            store.release()
+        release_all()
         _baseline = _resident_file_bytes()
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -15,7 +16,6 @@ from onnx import helper
 from onnxshrink.errors import ShrinkError
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.proof.inputs import compared_values, graph_inputs, make_inputs, resolve_shapes
-from onnxshrink.proof.judge import Twin
 from onnxshrink.proof.sessions import (
     OFF,
     RunFailed,
@@ -26,6 +26,9 @@ from onnxshrink.proof.sessions import (
     run_model,
     segment_bytes,
 )
+
+if TYPE_CHECKING:  # (the judge is imported where an output needs it)
+    from onnxshrink.proof.judge import Twin
 from onnxshrink.proof.verdict import (
     NOISE_FACTOR,
     ROUNDING_STEPS,

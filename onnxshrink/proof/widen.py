@@ -264,7 +264,8 @@ def _piece(
     model, its bytes, the session's copy); with `change`, all of them in the piece (it changes
     their values)."""
     if change is not None:
-        return change(_held(model, base_dir) if wide else _widened_piece(model, base_dir))
+        assert not wide, "a widened model's weights are not changed"
+        return change(_widened_piece(model, base_dir))
     if wide:
         return model
     return _widened_piece(model, base_dir, _handing(base_dir, store, apart))
