@@ -13,6 +13,7 @@ then the prune's time over the shrink's and its peak against the model's files:
 
     python tools/bench_prune_memory.py --preset tinyllama                     # 1.1 B, fp32, 4.1 GB
     python tools/bench_prune_memory.py --preset tinyllama --criterion wanda   # 8 x 128 tokens
+    python tools/bench_prune_memory.py --preset tinyllama --criterion fluctuation --compensate bias
     python tools/bench_prune_memory.py --preset smollm135m
     python tools/bench_prune_memory.py --preset tinyllama --layers 2          # quick
 """
@@ -35,11 +36,11 @@ PRUNE = """
 import sys
 import numpy as np
 from onnxshrink.prune import prune
-model, out, ratio, criterion, calib, seq = sys.argv[1:7]
+model, out, ratio, criterion, calib, seq, vocab, compensate = sys.argv[1:9]
 rng = np.random.default_rng(0)
-feeds = [{"input_ids": rng.integers(0, int(sys.argv[7]), (1, int(seq))).astype(np.int64)} for _ in range(int(calib))]
-data = feeds if criterion in ("activation", "wanda", "fluctuation") else None
-r = prune(model, float(ratio), out, criterion=criterion, data=data, validate=False, progress=False)
+feeds = [{"input_ids": rng.integers(0, int(vocab), (1, int(seq))).astype(np.int64)} for _ in range(int(calib))]
+data = feeds if criterion in ("activation", "wanda", "fluctuation") or compensate != "none" else None
+r = prune(model, float(ratio), out, criterion=criterion, compensate=compensate, data=data, validate=False, progress=False)
 print("  prune phases: " + " | ".join(f"{k} {v:.1f} s" for k, v in r.timings.items() if not k.startswith("shrink.")))
 print(f"  parameters {r.original.params:,} -> {r.shrink.after.params:,}")
 """
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, help="override the preset's number of layers")
     p.add_argument("--ratio", type=float, default=0.2)
     p.add_argument("--criterion", default="l1")
-    p.add_argument("--calib", type=int, default=8, help="calibration sequences (data-driven criteria)")
+    p.add_argument("--compensate", default="none", choices=("none", "bias", "refit"))
+    p.add_argument("--calib", type=int, default=8, help="calibration sequences (data-driven criteria, compensation)")
     p.add_argument("--seq", type=int, default=128, help="tokens per calibration sequence")
     p.add_argument("--workdir", default="/tmp/onnxshrink-bench-prune")
     p.add_argument("--no-shrink", action="store_true", help="skip the masks shrink (its figure is then not printed)")
@@ -83,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"masks shrink --no-validate: exit {rc}; wall {wall:.1f} s; peak RSS {peak:.2f} GiB", flush=True)
         shrink_s = wall
     out = work / "pruned.onnx"
-    cmd = [sys.executable, "-c", PRUNE, str(model), str(out), str(a.ratio), a.criterion, str(a.calib), str(a.seq), str(cfg.vocab)]
+    cmd = [sys.executable, "-c", PRUNE, str(model), str(out), str(a.ratio), a.criterion, str(a.calib), str(a.seq), str(cfg.vocab), a.compensate]
     wall, peak, rc = run(cmd)
-    what = f"--prune {a.ratio} --criterion {a.criterion}" + (f" ({a.calib} x {a.seq} tokens)" if a.criterion != "l1" else "")
+    data = a.criterion != "l1" or a.compensate != "none"
+    what = f"--prune {a.ratio} --criterion {a.criterion}" + (f" --compensate {a.compensate}" if a.compensate != "none" else "")
+    what += f" ({a.calib} x {a.seq} tokens)" if data else ""
     print(f"{what} --no-validate: exit {rc}; wall {wall:.1f} s; peak RSS {peak:.2f} GiB ({peak * GIB / size:.2f} x the model's files)")
     if shrink_s:
         print(f"prune / masks shrink wall time: {wall / shrink_s:.2f}")
