@@ -22,6 +22,7 @@ from onnxshrink.prune import sensitivity as sens
 from onnxshrink.prune.calibrate import Calibration, Runner, deviation
 from onnxshrink.prune.groups import GroupSet
 from onnxshrink.prune.select import LayerPlan, _bounded, _ignored, choose
+from onnxshrink.prune.spill import Disk
 from onnxshrink.prune.targets import (
     Costs,
     LatencyMeter,
@@ -55,6 +56,21 @@ class Builder:
             return zeroed(self.model, self.gset, members, copy=copy)
         self.values = comp_mod.changes(self.compensation, members, self.calibration, self.mode, self.ridge)
         return comp_mod.apply(self.compensation, self.values, copy=copy)
+
+    def on_disk(self, plans: Sequence[LayerPlan], disk: Disk) -> onnx.ModelProto:
+        """The reference of a plan of a streamed model, its zeroed weights written to `disk`'s
+        spill file tensor by tensor (and a compensation's large changed values): never the
+        model in memory. `values`: the compensation's changed values alone (and its biases);
+        the tensors only zeroed are left out (`framework_values` leaves them out too)."""
+        from onnxshrink.prune.reference import zeroed
+
+        members = members_of(self.gset, plans)
+        if self.compensation is None:
+            self.values = {}
+            return zeroed(self.model, self.gset, members, copy=True, disk=disk)
+        comp = self.compensation
+        self.values = comp_mod.changes(comp, members, self.calibration, self.mode, self.ridge, zero_all=False)
+        return comp_mod.apply_on_disk(comp, self.values, self.gset, members, disk)
 
 
 @dataclass

@@ -20,7 +20,7 @@ has no parameter for: it goes under `onnx/NAME` in the weights written out.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,13 +29,14 @@ from onnx import helper, numpy_helper
 
 from onnxshrink.core import BiasSlot, float_attr
 from onnxshrink.errors import ShrinkError
+from onnxshrink.io import weights as mapped
 from onnxshrink.masks import ONNX_SECTION  # tensors with no framework name, as in --masks-out
 from onnxshrink.ops import facts
 from onnxshrink.options import COMPENSATIONS
 from onnxshrink.prepare import default_opset
 from onnxshrink.prune.calibrate import Calibration
 from onnxshrink.prune.groups import GroupSet, Member, ParamRef, _with, gather_slices
-from onnxshrink.prune.spill import zero_slice
+from onnxshrink.prune.spill import SPILL_BYTES, Disk, zero_slice
 
 
 @dataclass
@@ -78,14 +79,20 @@ class Compensation:
         return set(self.base)
 
 
-def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
+def prepare(
+    model: onnx.ModelProto, gset: GroupSet, read: Callable[[onnx.TensorProto], np.ndarray] | None = None
+) -> Compensation:
     """`model` (a copy) with every exact group's shared initializers untied per reader (as the
-    analysis saw them), and the bias of each consumer of an exact group found or named."""
-    from onnxshrink.prune.reference import zeroed
+    analysis saw them), and the bias of each consumer of an exact group found or named. `read`:
+    how a streamed model's initializers are read (mapped, `weights.WeightStore.array`); its
+    weights then stay where they are (an untied copy refers to its original's external data)
+    and the values every prune starts from (`base`) are read-only views of the mapped files."""
+    from onnxshrink.prune.reference import untied, zeroed
 
     members = [_with(m, np.zeros(0, np.int64)) for g in gset.exact() for m in g.members]
     # zeroes nothing: unties (each reader its own copy to compensate) and makes Constants initializers
-    out = zeroed(model, gset, members, retie=False)
+    out = zeroed(model, gset, members, retie=False) if read is None else untied(model, gset, members)
+    read = read or numpy_helper.to_array
     g = out.graph
     inits = {t.name: t for t in g.initializer}
     by_output = {n.output[0]: n for n in g.node if n.output}
@@ -104,7 +111,7 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
             node = by_output.get(m.site[0])
             if node is None or m.site[0] in why:
                 continue
-            c = _consumer(node, m, inits, readers, out)
+            c = _consumer(node, m, inits, readers, out, read)
             if isinstance(c, str):
                 why[node.name or node.output[0]] = c
                 continue
@@ -119,35 +126,41 @@ def prepare(model: onnx.ModelProto, gset: GroupSet) -> Compensation:
     for grp in gset.exact():
         for m in grp.members:
             if m.tensor in inits and m.tensor not in base:
-                base[m.tensor] = numpy_helper.to_array(inits[m.tensor])
+                base[m.tensor] = read(inits[m.tensor])
     for c in consumers.values():
         if c.weight not in base:
-            base[c.weight] = numpy_helper.to_array(inits[c.weight])
+            base[c.weight] = read(inits[c.weight])
         if c.create is None:
-            base[c.bias] = numpy_helper.to_array(inits[c.bias])
+            base[c.bias] = read(inits[c.bias])
         else:
-            base[c.bias] = np.zeros(c.shape, numpy_helper.to_array(inits[c.weight]).dtype)
+            base[c.bias] = np.zeros(c.shape, _dtype(inits[c.weight]))
     zeros = {name: z for name in base if (z := gset.zero_of(name)) is not None}
     return Compensation(out, consumers, base, why, zeros, copies)
 
 
-def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
-    """The consumer reading member `m` at `node`, or why its channels cannot be compensated."""
+def _dtype(t: onnx.TensorProto) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+
+
+def _consumer(node, m: Member, inits, readers, model, read) -> Consumer | str:
+    """The consumer reading member `m` at `node`, or why its channels cannot be compensated
+    (its weight's shape from the TensorProto: its values are not read)."""
     i = m.site[1]
     if i >= len(node.input) or node.input[i] not in inits:
         return f"{node.op_type} reads its weight through another node"
-    w = numpy_helper.to_array(inits[node.input[i]])
+    shape = tuple(int(d) for d in inits[node.input[i]].dims)
+    rank = len(shape)
     handler, op = facts(node, default_opset(model))
-    wa = handler.weight_axes(op, i, w.ndim) if handler is not None else None
+    wa = handler.weight_axes(op, i, rank) if handler is not None else None
     if wa is None or wa.inp is None:
         return f"{node.op_type}: no weight matrix at input {i}"
     slot = handler.channel_bias if handler is not None else None
-    if slot is None or i != slot.weight or slot.weight_rank not in (None, w.ndim):
+    if slot is None or i != slot.weight or slot.weight_rank not in (None, rank):
         return f"{node.op_type} with its weight at input {i}: no bias to fold a constant into"
     if slot.groups is not None and op.attrs.get(slot.groups, 1) != 1:
         return f"a grouped {node.op_type} (its input channels map to output channels by group)"
     gain = float_attr(op, slot.gain[0], 1.0) / float_attr(op, slot.gain[1], 1.0) if slot.gain else 1.0
-    channels = w.shape[wa.out]
+    channels = shape[wa.out]
     name = node.name or node.output[0]
     common = dict(site=m.site, node=name, weight=node.input[i], inp=wa.inp, out=wa.out, channels=channels, gain=gain)
     own = node.input[slot.bias] if slot.bias is not None and len(node.input) > slot.bias else ""
@@ -158,18 +171,18 @@ def _consumer(node, m: Member, inits, readers, model) -> Consumer | str:
     after = readers.get(node.output[0], [])
     graph_outputs = {o.name for o in model.graph.output}
     if len(after) == 1 and node.output[0] not in graph_outputs:
-        found = _bias_after(after[0], node, slot, w, channels, inits, model)
+        found = _bias_after(after[0], node, slot, rank, channels, inits, model, read)
         if found is not None:
             return Consumer(bias=found[0], bias_site=found[1], scale=found[2], **common)
     # none: a bias input where the op has a free one, else an Add after it (a computed bias, as
     # torch's exporter writes a Conv's bias=False without its optimizer, stays as it is)
     create = "input" if slot.bias is not None and not own else "add"
-    trailing = w.ndim - 1 - slot.axis if create == "add" and slot.axis != -1 else 0  # a Conv's spatial axes
+    trailing = rank - 1 - slot.axis if create == "add" and slot.axis != -1 else 0  # a Conv's spatial axes
     return Consumer(bias=f"{name}.compensation", create=create, shape=(channels,) + (1,) * trailing, **common)
 
 
 def _bias_after(
-    nxt: onnx.NodeProto, node: onnx.NodeProto, slot: BiasSlot, w: np.ndarray, channels: int, inits, model
+    nxt: onnx.NodeProto, node: onnx.NodeProto, slot: BiasSlot, rank: int, channels: int, inits, model, read
 ) -> tuple[str, tuple[str, int], np.ndarray | None] | None:
     """The bias the one node after a consumer holds for it: an Add of a constant of one value
     per output channel, or a BatchNorm's shift (with the scale it multiplies the output by):
@@ -180,11 +193,10 @@ def _bias_after(
     params = handler.param_inputs(op, [name in inits for name in nxt.input])
     if set(params) == {"bias"} and len(nxt.input) == 2:  # an Add of a constant: a bias
         other = nxt.input[1] if nxt.input[0] == node.output[0] else nxt.input[0]
-        rank = None if slot.axis == -1 else w.ndim
-        if other in inits and _per_channel(list(inits[other].dims), slot.axis, rank, channels):
+        if other in inits and _per_channel(list(inits[other].dims), slot.axis, None if slot.axis == -1 else rank, channels):
             return other, (nxt.output[0], list(nxt.input).index(other)), None
     if "running_var" in params and nxt.input[0] == node.output[0]:  # a BatchNorm after it
-        scale = _bn_scale(nxt, params, inits)
+        scale = _bn_scale(nxt, params, inits, read)
         if scale is not None and scale.shape == (channels,):
             return nxt.input[params["bias"]], (nxt.output[0], params["bias"]), scale
     return None
@@ -202,14 +214,12 @@ def _per_channel(dims: list[int], axis: int, rank: int | None, channels: int) ->
     return 0 <= pos < len(dims) and dims[pos] == channels
 
 
-def _bn_scale(node: onnx.NodeProto, params: Mapping[str, int], inits) -> np.ndarray | None:
+def _bn_scale(node: onnx.NodeProto, params: Mapping[str, int], inits, read) -> np.ndarray | None:
     """What a BatchNorm multiplies its input's channels by (`params`: its parameters' inputs)."""
     names = list(node.input[1:5])
     if len(names) < 4 or any(n not in inits for n in names):
         return None
-    gamma, var = (
-        numpy_helper.to_array(inits[node.input[params[k]]]).astype(np.float64) for k in ("weight", "running_var")
-    )
+    gamma, var = (read(inits[node.input[params[k]]]).astype(np.float64) for k in ("weight", "running_var"))
     eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
     return gamma / np.sqrt(var + eps)
 
@@ -248,10 +258,14 @@ def changes(
     calibration: Calibration | None,
     mode: str = "bias",
     ridge: float = 1.0,
+    zero_all: bool = True,
 ) -> dict[str, np.ndarray]:
     """The new values of every initializer the prune changes: the removed members' slices zeroed
     and, with `mode` "bias" or "refit", each consumer's bias (and, refit, its weights on the kept
-    channels) compensated for the channels it no longer reads. Computed from the unpruned values."""
+    channels) compensated for the channels it no longer reads. Computed from the unpruned values.
+    `zero_all` False: only the values the compensation changed (with their removed slices
+    zeroed); the tensors that are only zeroed are left out (`apply_on_disk` zeroes them on disk,
+    never copying them into memory)."""
     if mode not in COMPENSATIONS:
         raise ShrinkError(f"--compensate {mode}: choose one of {', '.join(COMPENSATIONS)}.")
     out: dict[str, np.ndarray] = {}
@@ -279,8 +293,11 @@ def changes(
         for site, ms in per.items():
             c = comp.consumers[site]
             _compensate(c, ms, calibration, mode, ridge, comp.base, value)
+            mapped.trim()  # a streamed model's weight pages read go back to the page cache
+    # without zero_all: the biases too (small), whose removed outputs are zeroed below
+    held = {c.bias for c in comp.consumers.values()}
     for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in removed).items():
-        if name in comp.base:
+        if name in comp.base and (zero_all or name in out or name in held):
             zero_slice(value(name), axis, idx, comp.zeros.get(name))
     out_removed = defaultdict(list)
     for m in removed:
@@ -360,6 +377,43 @@ def apply(comp: Compensation, values: Mapping[str, np.ndarray], copy: bool = Tru
 
     retie_copies(out, comp.copies)  # the readers' copies that stayed equal: one tensor again
     return out
+
+
+def apply_on_disk(
+    comp: Compensation, values: Mapping[str, np.ndarray], gset: GroupSet, removed: Sequence[Member], disk: Disk
+) -> onnx.ModelProto:
+    """`apply` for a model prepared with its weights on disk (`prepare(..., read)`), with
+    `values` from `changes(..., zero_all=False)`: those written (a large one, a refit weight, to
+    `disk`'s spill file), and the `removed` members' slices of every other tensor `changes`
+    would have zeroed, zeroed on disk tensor by tensor (`reference.zeroed` with `disk`): the
+    same reference as `apply(comp, changes(...))`, never the model's weights in memory."""
+    from onnxshrink.prune.reference import retie_copies, zeroed
+
+    out = onnx.ModelProto()
+    out.CopyFrom(comp.model)
+    g = out.graph
+    add = {c.bias: c for c in comp.consumers.values() if c.create and c.bias in values and np.any(values[c.bias])}
+    _add_biases(g, list(add.values()))
+    inits = {t.name: t for t in g.initializer}
+    for name, v in values.items():
+        if name in inits:
+            inits[name].CopyFrom(_stored(name, np.asarray(v), disk))
+        elif name in add:
+            g.initializer.append(_stored(name, np.asarray(v), disk))
+    # as `changes` zeroes them: the members of tensors the compensation may change (`base`)
+    rest = [m for m in removed if m.tensor in comp.base and m.tensor not in values]
+    zeroed(out, gset, rest, copy=False, retie=False, disk=disk)
+    retie_copies(out, comp.copies, disk.read)
+    return out
+
+
+def _stored(name: str, v: np.ndarray, disk: Disk) -> onnx.TensorProto:
+    """The TensorProto of a changed value: in the spill file when large (written row block by
+    row block, then mapped), else holding it."""
+    if v.nbytes < SPILL_BYTES or v.ndim == 0:
+        return numpy_helper.from_array(v, name)
+    made = disk.writer.write(name, mapped.row_blocks(v), v.shape, v.dtype)
+    return disk.proto(name, made)
 
 
 def with_all_biases(comp: Compensation) -> onnx.ModelProto:

@@ -74,6 +74,41 @@ def zeroed(
     return out
 
 
+def untied(model: onnx.ModelProto, gset: GroupSet, members: list[Member]) -> onnx.ModelProto:
+    """A copy of `model` as `zeroed(model, gset, members, retie=False)` makes it when the members
+    zero nothing (`compensate.prepare`), its weights where they were: a reader's copy of a shared
+    initializer is a copy of its TensorProto (of a streamed model's: the same external data,
+    not its values read), and the other tensors are left as they are."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    _constants_to_initializers(out, {m.initializer for m in members})
+    graphs = list(ir.all_graphs(out.graph))
+    inits = {t.name: t for g in graphs for t in g.initializer}
+    home = {t.name: g for g in graphs for t in g.initializer}
+    shared = {m.initializer for m in members if m.tensor != m.initializer}
+    chosen = {m.initializer for m in members}
+    shared |= {original for original in gset.untied.values() if original in chosen}
+    made: dict[str, str] = {}  # {copy: original}, as `zeroed` makes them
+    if shared:
+        for g in graphs:
+            for name, original in _copy_per_reader(g, gset, shared).items():
+                made[name] = original
+                home[name] = g
+    initializer_of = {m.tensor: m.initializer for m in members}
+    for name in cuts_by_tensor(members):
+        if name not in made and name not in inits:
+            made[name] = initializer_of[name]
+    for name, original in made.items():  # in the order `zeroed` writes them
+        t = onnx.TensorProto()
+        t.CopyFrom(inits[original])
+        t.name = name
+        if name in inits:
+            inits[name].CopyFrom(t)
+        else:
+            home.get(name, out.graph).initializer.append(t)
+    return out
+
+
 def retie_copies(
     model: onnx.ModelProto,
     copies: Mapping[str, str],

@@ -52,7 +52,7 @@ from onnxshrink.prune.reference import zeroed as zeroed_reference
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.prune.sensitivity import Family
 from onnxshrink.prune.spill import Disk
-from onnxshrink.prune.targets import Costs, LatencyMeter, RatioMeaning, Target, members_of
+from onnxshrink.prune.targets import Costs, LatencyMeter, RatioMeaning, Target
 from onnxshrink.report import ModelStats, model_stats
 from onnxshrink.result import ShrinkResult, in_memory
 from onnxshrink.stages.assemble import constant_weight
@@ -462,19 +462,34 @@ def _score(
     importance = scores(gset, ask.criterion, seed=opts.seed, calibration=calibration)
     clock.lap("importance")
     comp = None
+    # a streamed input's references (a ratio's, and the candidates a parameter or MAC target
+    # counts) are zeroed on disk (`_zero`, `_allocate`), compensated or not; a latency target's
+    # candidates (onnxruntime times them), and the sensitivity's runs (one session of the
+    # whole model), are made in memory
+    on_disk = given.streamed and target.kind != "latency" and not ask.measures_sensitivity
     if ask.compensate != "none" or ask.measures_sensitivity:
-        comp = comp_mod.prepare(given.full(), gset)
+        comp = comp_mod.prepare(given.proto, gset, _mapped(given)) if on_disk else comp_mod.prepare(given.full(), gset)
         clock.lap("compensation")
-    # a ratio's reference, and the candidates a parameter or MAC target counts, are zeroed on
-    # disk (`_zero`, `_allocate`); a latency target's candidates (onnxruntime times them), and a
-    # compensation's, are made in memory
-    held = comp is not None or target.kind == "latency"
+    held = not on_disk and (comp is not None or target.kind == "latency")
     builder = alloc.Builder(given.full() if held else given.proto, gset, comp, calibration, ask.compensate, ask.ridge)
     scored = Scored(gset, importance, calibration, comp, builder, None)
     if ask.measures_sensitivity:
         scored.families = _sensitivity(given, scored, ask, opts)
         clock.lap("sensitivity")
     return scored
+
+
+def _mapped(given: Input) -> Callable[[onnx.TensorProto], np.ndarray]:
+    """How a streamed input's initializers are read: a read-only view of the mapped external
+    data (nothing read until used), else the TensorProto's own values."""
+    store, base_dir = given.source.store, str(given.source.base_dir)
+
+    def read(t: onnx.TensorProto) -> np.ndarray:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            return store.array(t, base_dir)
+        return onnx.numpy_helper.to_array(t)
+
+    return read
 
 
 def _sensitivity(given: Input, scored: Scored, ask: Request, opts: ShrinkOptions) -> list[Family]:
@@ -565,7 +580,7 @@ def _allocate(
 
     def count(plans: list[LayerPlan]) -> tuple[int, int]:
         if _zeroed_on_disk(given, scored):  # a streamed input: never the model in memory
-            reference, scratch = _disk_reference(given, scored.gset, members_of(scored.gset, plans))
+            reference, scratch = _disk_reference(given, scored, plans)
             try:
                 after = shrink_reference(reference, quiet, given.original).after
             finally:
@@ -630,8 +645,8 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
     opts.say(f"removing {len(chosen)} of {len(gset.exact())} exact groups ({ask.criterion}, {ask.allocation})")
     members = gset.zeroed_members(chosen)
     source = scratch = None
-    if _zeroed_on_disk(given, scored):  # zeroed on disk, tensor by tensor
-        source, scratch = _disk_reference(given, gset, members)
+    if _zeroed_on_disk(given, scored):  # zeroed (and compensated) on disk, tensor by tensor
+        source, scratch = _disk_reference(given, scored, plans)
         reference = source.proto
     else:  # given.proto is this call's own copy: the last reference may be made in it
         reference = scored.builder.reference(plans, copy=scored.comp is not None or ask.target.kind != "ratio")
@@ -646,17 +661,17 @@ def _zero(given: Input, scored: Scored, choice: alloc.Choice, ask: Request, opts
 
 def _zeroed_on_disk(given: Input, scored: Scored) -> bool:
     """Is a reference of this prune zeroed on disk (a streamed input, no reference held in
-    memory: no compensation, no latency target)?"""
+    memory: no latency target, no sensitivity measured)?"""
     return scored.builder.model is given.proto and given.streamed
 
 
-def _disk_reference(given: Input, gset: GroupSet, members: list[Member]) -> tuple[Source, Scratch]:
-    """The streamed input with `members` zeroed on disk, tensor by tensor (the zeroed weights'
-    ranges of a spill file in the returned Scratch, reserved, written only when read whole), as
-    the Source the shrink reads."""
+def _disk_reference(given: Input, scored: Scored, plans: list[LayerPlan]) -> tuple[Source, Scratch]:
+    """The streamed input with the plans' groups zeroed (and compensated) on disk, tensor by
+    tensor (the zeroed weights' ranges of a spill file in the returned Scratch, reserved,
+    written only when read whole), as the Source the shrink reads."""
     scratch = Scratch(given.source.store, None)
     disk = Disk(str(given.source.base_dir), given.source.store, scratch.spill())
-    reference = zeroed_reference(given.proto, gset, members, copy=True, disk=disk)
+    reference = scored.builder.on_disk(plans, disk)
     disk.writer.close()
     s = given.source
     return Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store), scratch
