@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import onnx
+import pytest
 from onnx import numpy_helper
 
 from models.llama import LlamaConfig, build
@@ -330,17 +331,19 @@ def _refuse_full(monkeypatch) -> None:
     monkeypatch.setattr(prune_run.Input, "full", refused)
 
 
-def test_a_streamed_compensated_prune_writes_what_the_prune_in_memory_writes(tmp_path, monkeypatch):
-    """`--compensate bias` on a streamed input: the compensation reads its consumers' weights
-    mapped and the reference is zeroed and compensated on disk, the model never read into
-    memory (it was, with two copies more: > 12 GiB for the 4.1 GB TinyLlama). The output is the
-    in-memory prune's, and in onnxruntime the input with the chosen slices zeroed and the
-    removed channels' means added to each consumer's output (numpy, here)."""
+@pytest.mark.parametrize("mode", ["bias", "refit"])
+def test_a_streamed_compensated_prune_writes_what_the_prune_in_memory_writes(tmp_path, monkeypatch, mode):
+    """`--compensate bias|refit` on a streamed input: the calibration runs in segments (the
+    refit's samples too), the compensation reads its consumers' weights mapped, and the
+    reference is zeroed and compensated on disk (a refit weight written to the spill file as
+    it is made), the model never read into memory (it was, with two copies more: > 12 GiB for
+    the 4.1 GB TinyLlama). The output is the in-memory prune's, and in onnxruntime not the
+    input merely zeroed."""
     path = tmp_path / "llama.onnx"
     build(LlamaConfig.preset("tiny", seed=8), path)
     rng = np.random.default_rng(2)
     feeds = [{"input_ids": rng.integers(0, 128, (1, 16)).astype(np.int64)} for _ in range(3)]
-    kw = dict(criterion="fluctuation", compensate="bias", data=feeds, validate=False, price=False)
+    kw = dict(criterion="fluctuation", compensate=mode, data=feeds, validate=False, price=False)
     held = prune(path, 0.25, tmp_path / "held.onnx", **kw)
     counts = _streamed(monkeypatch)
     _refuse_full(monkeypatch)
@@ -349,9 +352,14 @@ def test_a_streamed_compensated_prune_writes_what_the_prune_in_memory_writes(tmp
     assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
     assert streamed.removed()
     assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")
-    assert sorted(streamed.weights) == sorted(held.weights) and streamed.weights  # the biases changed
+    assert sorted(streamed.weights) == sorted(held.weights)
+    changed = {n for n in held.weights if not n.endswith(".compensation")}  # the refit weights
+    assert len(held.weights) - len(changed) > 4 and (len(changed) > 4) == (mode == "refit")
     for name, v in held.weights.items():
         assert np.array_equal(streamed.weights[name], v), name
+    spilled = {t.name for t in streamed.shrink.reference.graph.initializer if absolute(t)}
+    matmul_weights = {n.input[1] for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == "MatMul"}
+    assert len(spilled & matmul_weights) > 10
     for feed in feeds:
         want, got = _outputs(tmp_path / "held.onnx", feed), _outputs(tmp_path / "streamed.onnx", feed)
         assert np.array_equal(got, want)

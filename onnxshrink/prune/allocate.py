@@ -69,7 +69,9 @@ class Builder:
             self.values = {}
             return zeroed(self.model, self.gset, members, copy=True, disk=disk)
         comp = self.compensation
-        self.values = comp_mod.changes(comp, members, self.calibration, self.mode, self.ridge, zero_all=False)
+        self.values = comp_mod.changes(
+            comp, members, self.calibration, self.mode, self.ridge, zero_all=False, keep=comp_mod.spilled(disk)
+        )
         return comp_mod.apply_on_disk(comp, self.values, self.gset, members, disk)
 
 

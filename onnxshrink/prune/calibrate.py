@@ -117,7 +117,9 @@ def collect(
     and the model's outputs on them. `samples`: keep up to MAX_SAMPLES positions per
     activation (the least-squares refit needs their covariance). `streams`: blocks' (before,
     after, axis) whose cosine to measure in the same runs. `data_dir`: where `model` keeps its
-    external weights (not loaded): a large model is then run segment by segment."""
+    external weights (not loaded): a large model is then run segment by segment (with
+    `samples`, whole again when a feed has more than MAX_SAMPLES positions of an activation:
+    its draw is made in the whole run's order, so the samples are the same either way)."""
     from onnxshrink.proof.inputs import check_inputs
     from onnxshrink.proof.sessions import session
 
@@ -130,9 +132,14 @@ def collect(
     outputs = [o.name for o in model.graph.output]
     probe, names = probe_model(model, [*activations, *(n for s in streams for n in s[:2])])
     acc = _Accumulator(activations, streams, len(feeds), samples, np.random.default_rng(seed))
-    if data_dir is not None and not samples:  # weights on disk: run in segments if they are large
-        kept = _in_segments(probe, feeds, outputs, acc, provider, data_dir)
+    if data_dir is not None:  # weights on disk: run in segments if they are large
+        try:
+            kept = _in_segments(probe, feeds, outputs, acc, provider, data_dir)
+        except _OutOfOrder:  # samples drawn: in the whole run's order, as the whole run draws them
+            kept = None
+            acc = _Accumulator(activations, streams, len(feeds), samples, np.random.default_rng(seed))
         if kept is not None:
+            acc.finish()
             return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines)
     sess = session(probe, provider, data_dir)
     kept = []
@@ -143,14 +150,23 @@ def collect(
     return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines)
 
 
+class _OutOfOrder(Exception):
+    """A feed's positions of an activation would be sampled out of the whole run's order."""
+
+
 class _Accumulator:
-    """The statistics of the activations and the blocks' cosines, a feed's values at a time."""
+    """The statistics of the activations and the blocks' cosines, a feed's values at a time.
+    `in_order` False (a run in segments: a segment's activations for every feed, then the
+    next segment's): a feed with more positions of an activation than are sampled raises
+    _OutOfOrder, as its draw would not be the whole run's; with fewer, every sample is kept,
+    feed after feed, as the whole run keeps them."""
 
     def __init__(self, activations: Mapping[str, int], streams, feeds: int, samples: bool, rng) -> None:
         self.activations, self.streams, self.feeds, self.samples, self.rng = activations, streams, feeds, samples, rng
         self.stats: dict[str, ChannelStats] = {}
         self.cosines = dict.fromkeys(streams, 0.0)
         self.done: set[tuple[tuple[str, str, int], int]] = set()  # (stream, feed) measured
+        self.in_order = True
 
     def add(self, ran: Mapping[str, np.ndarray], held: Mapping[str, np.ndarray] | None = None, feed: int = 0) -> None:
         """What feed `feed`'s run gave, `ran` (all of it, or a segment's part: each activation
@@ -184,11 +200,16 @@ class _Accumulator:
         s.absolute += np.abs(rows).sum(axis=0)
         if s.samples is not None:
             rng = self.rng
+            if len(rows) > MAX_SAMPLES and not self.in_order:
+                raise _OutOfOrder(name)
             take = rows if len(rows) <= MAX_SAMPLES else rows[rng.choice(len(rows), MAX_SAMPLES, replace=False)]
             s.samples = np.concatenate([s.samples, take])
 
     def finish(self) -> None:
-        for s in self.stats.values():
+        # in the activations' order: the order the whole run first meets them in, whatever
+        # order a run in segments met them in
+        for name in [n for n in self.activations if n in self.stats]:
+            s = self.stats[name]
             if s.samples is not None and len(s.samples) > MAX_SAMPLES:
                 s.samples = s.samples[self.rng.choice(len(s.samples), MAX_SAMPLES, replace=False)]
 
@@ -210,6 +231,7 @@ def _in_segments(
     parts = pieces(probe, segment_bytes(probe))  # each piece's model made when it runs
     if not parts:
         return None
+    acc.in_order = False
     values: list[dict[str, np.ndarray]] = [dict(feed) for feed in feeds]
     for k, part in enumerate(parts):
         sess = session(part.model, provider, data_dir)

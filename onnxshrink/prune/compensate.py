@@ -19,7 +19,7 @@ has no parameter for: it goes under `onnx/NAME` in the weights written out.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -34,9 +34,10 @@ from onnxshrink.masks import ONNX_SECTION  # tensors with no framework name, as 
 from onnxshrink.ops import facts
 from onnxshrink.options import COMPENSATIONS
 from onnxshrink.prepare import default_opset
+from onnxshrink.prune import spill
 from onnxshrink.prune.calibrate import Calibration
 from onnxshrink.prune.groups import GroupSet, Member, ParamRef, _with, gather_slices
-from onnxshrink.prune.spill import SPILL_BYTES, Disk, zero_slice
+from onnxshrink.prune.spill import Disk, zero_slice
 
 
 @dataclass
@@ -259,16 +260,22 @@ def changes(
     mode: str = "bias",
     ridge: float = 1.0,
     zero_all: bool = True,
+    keep: Callable[[str, np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The new values of every initializer the prune changes: the removed members' slices zeroed
     and, with `mode` "bias" or "refit", each consumer's bias (and, refit, its weights on the kept
     channels) compensated for the channels it no longer reads. Computed from the unpruned values.
     `zero_all` False: only the values the compensation changed (with their removed slices
-    zeroed); the tensors that are only zeroed are left out (`apply_on_disk` zeroes them on disk,
-    never copying them into memory)."""
+    zeroed, and the consumers' biases); the tensors that are only zeroed are left out
+    (`apply_on_disk` zeroes them on disk, never copying them into memory). `keep`: where a
+    refit weight goes once it is final (its removed slices zeroed), what is held instead (a
+    streamed reference's spill file: the mapped view of it written), one weight in memory at
+    a time."""
     if mode not in COMPENSATIONS:
         raise ShrinkError(f"--compensate {mode}: choose one of {', '.join(COMPENSATIONS)}.")
     out: dict[str, np.ndarray] = {}
+    cuts = gather_slices((m.tensor, m.axis, m.indices) for m in removed)
+    final: set[str] = set()  # the values handed to `keep`
 
     def value(name: str) -> np.ndarray:
         if name not in out:
@@ -290,14 +297,21 @@ def changes(
                 and len(m.data[2]) == len(m.indices)  # each weight row reads one channel
             ):
                 per[m.site].append(m)
+        readers = Counter(c.weight for c in comp.consumers.values())
         for site, ms in per.items():
             c = comp.consumers[site]
             _compensate(c, ms, calibration, mode, ridge, comp.base, value)
+            if keep is not None and c.weight in out and readers[c.weight] == 1:  # a refit weight, final
+                for (name, axis), idx in cuts.items():
+                    if name == c.weight:
+                        zero_slice(out[name], axis, idx, comp.zeros.get(name))
+                out[c.weight] = keep(c.weight, out[c.weight])
+                final.add(c.weight)
             mapped.trim()  # a streamed model's weight pages read go back to the page cache
     # without zero_all: the biases too (small), whose removed outputs are zeroed below
     held = {c.bias for c in comp.consumers.values()}
-    for (name, axis), idx in gather_slices((m.tensor, m.axis, m.indices) for m in removed).items():
-        if name in comp.base and (zero_all or name in out or name in held):
+    for (name, axis), idx in cuts.items():
+        if name in comp.base and name not in final and (zero_all or name in out or name in held):
             zero_slice(value(name), axis, idx, comp.zeros.get(name))
     out_removed = defaultdict(list)
     for m in removed:
@@ -310,10 +324,7 @@ def changes(
 
 
 def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ridge: float, base, value) -> None:
-    w = np.asarray(base[c.weight], np.float64)
-    rows_w = np.moveaxis(w, [c.inp, c.out], [0, 1])  # [in, out, taps...]
-    flat = rows_w.reshape(rows_w.shape[0], -1)  # [in, out * taps]
-    per_out = rows_w.reshape(rows_w.shape[0], rows_w.shape[1], -1).sum(axis=2)  # [in, out]
+    src = base[c.weight]
     rows = np.concatenate([m.indices for m in ms])
     data = ms[0].data
     assert data is not None
@@ -323,10 +334,14 @@ def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ri
     refit = (
         mode == "refit"
         and samples is not None
-        and w.shape[c.inp] == len(stats.total)
+        and src.shape[c.inp] == len(stats.total)
         and all(m.data is not None and np.array_equal(m.indices, m.data[2]) for m in ms)
     )
     if refit:
+        w = np.asarray(src, np.float64)
+        rows_w = np.moveaxis(w, [c.inp, c.out], [0, 1])  # [in, out, taps...]
+        flat = rows_w.reshape(rows_w.shape[0], -1)  # [in, out * taps]
+        per_out = _per_out(rows_w)
         kept = np.setdiff1d(np.arange(w.shape[c.inp]), rows)
         assert samples is not None
         fit, const = _regress(samples, stats.mean, kept, rows, ridge)
@@ -335,13 +350,19 @@ def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ri
         shaped = new.reshape(rows_w.shape)
         value(c.weight)[...] = np.moveaxis(shaped, [0, 1], [c.inp, c.out]).astype(w.dtype)
         delta = const @ per_out[rows]
-    else:
-        delta = stats.mean[chans] @ per_out[rows]
+    else:  # the removed rows alone, read and summed (a large weight is not copied whole)
+        picked = np.asarray(np.take(src, rows, axis=c.inp), np.float64)
+        delta = stats.mean[chans] @ _per_out(np.moveaxis(picked, [c.inp, c.out], [0, 1]))
     delta = delta * c.gain
     if c.scale is not None:
         delta = delta * c.scale
     b = value(c.bias)
     b.reshape(-1)[...] = (b.reshape(-1).astype(np.float64) + delta).astype(b.dtype)
+
+
+def _per_out(rows_w: np.ndarray) -> np.ndarray:
+    """A weight's [in, out, taps...] rows summed over their taps: [in, out]."""
+    return rows_w.reshape(rows_w.shape[0], rows_w.shape[1], -1).sum(axis=2)
 
 
 def _regress(samples: np.ndarray, mean: np.ndarray, kept: np.ndarray, removed: np.ndarray, ridge: float):
@@ -407,10 +428,24 @@ def apply_on_disk(
     return out
 
 
+def spilled(disk: Disk) -> Callable[[str, np.ndarray], np.ndarray]:
+    """`changes`' keep for a reference on disk: a large value written to `disk`'s spill file,
+    its mapped view held instead (a small one as it is)."""
+
+    def keep(name: str, v: np.ndarray) -> np.ndarray:
+        if v.nbytes < spill.SPILL_BYTES or v.ndim == 0:
+            return v
+        return disk.writer.write(name, mapped.row_blocks(v), v.shape, v.dtype)
+
+    return keep
+
+
 def _stored(name: str, v: np.ndarray, disk: Disk) -> onnx.TensorProto:
     """The TensorProto of a changed value: in the spill file when large (written row block by
     row block, then mapped), else holding it."""
-    if v.nbytes < SPILL_BYTES or v.ndim == 0:
+    if disk.store.owns(v):  # written already (`changes`' keep)
+        return disk.proto(name, v)
+    if v.nbytes < spill.SPILL_BYTES or v.ndim == 0:
         return numpy_helper.from_array(v, name)
     made = disk.writer.write(name, mapped.row_blocks(v), v.shape, v.dtype)
     return disk.proto(name, made)
@@ -472,7 +507,9 @@ def framework_values(
     for name, v in values.items():
         base = comp.base.get(name)
         v = np.asarray(v)
-        if base is not None and _only_zeroed(base, v, comp.zeros.get(name)):
+        only_zeroed = base is not None and _only_zeroed(base, v, comp.zeros.get(name))
+        mapped.trim()  # a streamed model's pages read (`base`, a refit weight spilled) given back
+        if only_zeroed:
             continue  # the masks say it
         site = site_of.get(name)
         ps, axis = refs.get(site, ([], -1)) if site is not None else ([], -1)

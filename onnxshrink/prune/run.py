@@ -446,17 +446,17 @@ def _score(
     calibration = None
     if ask.needs:
         opts.say(f"running the model on the calibration inputs ({len(ask.data or [])} feed(s)) ...")
-        refit = ask.compensate == "refit"  # (its samples: from one run of the whole model)
-        on_disk = given.streamed and not refit  # run in segments, the weights read from disk
+        # a streamed input runs in segments, its weights read from disk (the refit's samples
+        # too, unless a feed has more positions than are sampled: collect runs it whole then)
         calibration = collect(
-            given.proto if on_disk else given.full(),
+            given.proto if given.streamed else given.full(),
             activations(gset.exact()),
             ask.data or [],
-            samples=refit,
+            samples=ask.compensate == "refit",
             streams=block_streams(gset, gset.exact()),
             seed=opts.seed,
             provider=opts.provider,
-            data_dir=given.source.base_dir if on_disk else None,
+            data_dir=given.source.base_dir if given.streamed else None,
         )
         clock.lap("calibrate")
     importance = scores(gset, ask.criterion, seed=opts.seed, calibration=calibration)
