@@ -367,3 +367,35 @@ def test_a_streamed_compensated_prune_writes_what_the_prune_in_memory_writes(tmp
     zeroed_only = _by_hand(path, streamed, feeds[0])
     assert np.max(np.abs(_outputs(tmp_path / "streamed.onnx", feeds[0]) - zeroed_only)) > 1e-4
     assert streamed.shrink.after.params == held.shrink.after.params < held.original.params
+
+
+@pytest.mark.parametrize("most", [4096, 20, 10])
+def test_the_refit_samples_calibrated_in_segments_are_the_whole_runs(tmp_path, monkeypatch, most):
+    """The refit's samples of a streamed model, calibrated in segments (a segment's activations
+    for every feed, then the next segment's), are the whole run's: every position in feed
+    order when all fit (4096), drawn in the order the whole run meets the activations when
+    the feeds together hold more (20: 48 positions), and, when one feed holds more (10: its
+    16 positions, drawn as they come), from the whole run itself."""
+    from onnxshrink.prune import calibrate
+
+    path = tmp_path / "llama.onnx"
+    build(LlamaConfig.preset("tiny", seed=9), path)
+    rng = np.random.default_rng(3)
+    feeds = [{"input_ids": rng.integers(0, 128, (1, 16)).astype(np.int64)} for _ in range(3)]
+    skeleton = onnx.load(str(path), load_external_data=False)
+    # every weight MatMul's input ([1, 16, channels]), last first: not the order a run in
+    # segments meets them in
+    weights = {t.name for t in skeleton.graph.initializer}
+    acts = {n.input[0]: 2 for n in reversed(skeleton.graph.node) if n.op_type == "MatMul" and n.input[1] in weights}
+    monkeypatch.setattr(calibrate, "MAX_SAMPLES", most)
+    whole = calibrate.collect(onnx.load(str(path)), acts, feeds, samples=True, seed=4)
+    counts = _streamed(monkeypatch)
+    cut = calibrate.collect(skeleton, acts, feeds, samples=True, seed=4, data_dir=str(tmp_path))
+    assert counts["cut"] == 1  # (run in segments, or tried to)
+    assert list(cut.stats) and sorted(cut.stats) == sorted(whole.stats) == sorted(acts)
+    for name, s in whole.stats.items():
+        assert s.samples is not None and len(s.samples) == min(48, most)
+        assert np.array_equal(cut.stats[name].samples, s.samples), name
+        assert np.array_equal(cut.stats[name].total, s.total), name
+    for got, want in zip(cut.outputs, whole.outputs, strict=True):
+        assert np.array_equal(got["logits"], want["logits"])
