@@ -357,7 +357,7 @@ class Input:
     never changed; the references are made from this copy), the shapes the proof draws, and the
     statistics of the unpruned input. A model with external data stays on disk (`streamed`):
     its weights are mapped as they are read, and `full()` loads them for what still needs them
-    in memory (onnxruntime's sessions, the compensation, a measured target's candidates)."""
+    in memory (a latency target's sessions and candidates, the sensitivity's runs)."""
 
     source: Source
     proto: onnx.ModelProto
@@ -449,7 +449,7 @@ def _score(
         # a streamed input runs in segments, its weights read from disk (the refit's samples
         # too, unless a feed has more positions than are sampled: collect runs it whole then)
         calibration = collect(
-            given.proto if given.streamed else given.full(),
+            given.proto,  # a streamed input: its weights read from disk (data_dir)
             activations(gset.exact()),
             ask.data or [],
             samples=ask.compensate == "refit",
