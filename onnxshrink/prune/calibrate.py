@@ -36,7 +36,9 @@ class ChannelStats:
     total: np.ndarray  # sum of x
     squares: np.ndarray  # sum of x^2
     absolute: np.ndarray  # sum of |x|
-    samples: np.ndarray | None = None  # [positions, channels] float64, for the refit
+    # [positions, channels] for the refit, in the activation's dtype (float16/32, exact in
+    # float64, which the refit computes in), else float64
+    samples: np.ndarray | None = None
 
     @property
     def mean(self) -> np.ndarray:
@@ -180,19 +182,20 @@ class _Accumulator:
                 self.cosines[stream] += mean_cosine(held[before], held[after], axis) / self.feeds
         for name, axis in self.activations.items():
             if name in ran:
-                self._channels(name, axis, np.asarray(ran[name], dtype=np.float64))
+                self._channels(name, axis, np.asarray(ran[name]))
 
     def waiting(self) -> set[str]:
         """The streams' tensors whose block's cosine some feed still lacks."""
         return {n for s in self.streams for n in s[:2] if any((s, f) not in self.done for f in range(self.feeds))}
 
-    def _channels(self, name: str, axis: int, x: np.ndarray) -> None:
+    def _channels(self, name: str, axis: int, value: np.ndarray) -> None:
+        x = np.asarray(value, np.float64)
         rows = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
         s = self.stats.get(name)
         if s is None:
             c = rows.shape[1]
             s = self.stats[name] = ChannelStats(
-                0, np.zeros(c), np.zeros(c), np.zeros(c), np.zeros((0, c)) if self.samples else None
+                0, np.zeros(c), np.zeros(c), np.zeros(c), np.zeros((0, c), _held(value.dtype)) if self.samples else None
             )
         s.count += rows.shape[0]
         s.total += rows.sum(axis=0)
@@ -202,7 +205,9 @@ class _Accumulator:
             rng = self.rng
             if len(rows) > MAX_SAMPLES and not self.in_order:
                 raise _OutOfOrder(name)
-            take = rows if len(rows) <= MAX_SAMPLES else rows[rng.choice(len(rows), MAX_SAMPLES, replace=False)]
+            # as the run gave them (a float32 held in float64 is the same number: half the memory)
+            given = np.moveaxis(value, axis, -1).reshape(rows.shape)
+            take = given if len(rows) <= MAX_SAMPLES else given[rng.choice(len(rows), MAX_SAMPLES, replace=False)]
             s.samples = np.concatenate([s.samples, take])
 
     def finish(self) -> None:
@@ -212,6 +217,11 @@ class _Accumulator:
             s = self.stats[name]
             if s.samples is not None and len(s.samples) > MAX_SAMPLES:
                 s.samples = s.samples[self.rng.choice(len(s.samples), MAX_SAMPLES, replace=False)]
+
+
+def _held(dtype: np.dtype) -> np.dtype:
+    """The dtype a sample is kept in: the activation's own when float64 holds it exactly."""
+    return np.dtype(dtype) if np.dtype(dtype) in (np.dtype(np.float16), np.dtype(np.float32)) else np.dtype(np.float64)
 
 
 def _in_segments(

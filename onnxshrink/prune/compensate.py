@@ -344,7 +344,7 @@ def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ri
         per_out = _per_out(rows_w)
         kept = np.setdiff1d(np.arange(w.shape[c.inp]), rows)
         assert samples is not None
-        fit, const = _regress(samples, stats.mean, kept, rows, ridge)
+        fit, const = _regress(np.asarray(samples, np.float64), stats.mean, kept, rows, ridge)
         new = flat.copy()
         new[kept] += fit @ flat[rows]
         shaped = new.reshape(rows_w.shape)
