@@ -338,18 +338,16 @@ def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ri
         and all(m.data is not None and np.array_equal(m.indices, m.data[2]) for m in ms)
     )
     if refit:
-        w = np.asarray(src, np.float64)
+        w = np.array(src, np.float64)  # a copy (changed in place below), whatever src's dtype
         rows_w = np.moveaxis(w, [c.inp, c.out], [0, 1])  # [in, out, taps...]
         flat = rows_w.reshape(rows_w.shape[0], -1)  # [in, out * taps]
-        per_out = _per_out(rows_w)
+        removed = _per_out(rows_w[rows])
         kept = np.setdiff1d(np.arange(w.shape[c.inp]), rows)
         assert samples is not None
         fit, const = _regress(np.asarray(samples, np.float64), stats.mean, kept, rows, ridge)
-        new = flat.copy()
-        new[kept] += fit @ flat[rows]
-        shaped = new.reshape(rows_w.shape)
-        value(c.weight)[...] = np.moveaxis(shaped, [0, 1], [c.inp, c.out]).astype(w.dtype)
-        delta = const @ per_out[rows]
+        flat[kept] += fit @ flat[rows]  # (the removed rows, read first, are not among the kept)
+        value(c.weight)[...] = np.moveaxis(flat.reshape(rows_w.shape), [0, 1], [c.inp, c.out])
+        delta = const @ removed
     else:  # the removed rows alone, read and summed (a large weight is not copied whole)
         picked = np.asarray(np.take(src, rows, axis=c.inp), np.float64)
         delta = stats.mean[chans] @ _per_out(np.moveaxis(picked, [c.inp, c.out], [0, 1]))
