@@ -288,17 +288,8 @@ def changes(
                 f"--compensate {mode} replaces removed channels by their mean on your inputs: give "
                 "them with --inputs data.npz (one array per model input)."
             )
-        per: dict[tuple[str, int], list[Member]] = defaultdict(list)
-        for m in removed:
-            if (
-                m.site in comp.consumers
-                and m.data is not None
-                and m.data[0] in calibration.stats
-                and len(m.data[2]) == len(m.indices)  # each weight row reads one channel
-            ):
-                per[m.site].append(m)
         readers = Counter(c.weight for c in comp.consumers.values())
-        for site, ms in per.items():
+        for site, ms in _by_consumer(comp, removed, calibration).items():
             c = comp.consumers[site]
             _compensate(c, ms, calibration, mode, ridge, comp.base, value)
             if keep is not None and c.weight in out and readers[c.weight] == 1:  # a refit weight, final
@@ -321,6 +312,23 @@ def changes(
             idx = np.unique(np.concatenate(out_removed[(c.weight, c.out)]))
             out[c.bias].reshape(-1)[idx] = 0
     return out
+
+
+def _by_consumer(
+    comp: Compensation, removed: Sequence[Member], calibration: Calibration
+) -> dict[tuple[str, int], list[Member]]:
+    """The removed members each consumer compensates for, by its site: those it reads whose
+    activation was calibrated, each weight row reading one channel."""
+    per: dict[tuple[str, int], list[Member]] = defaultdict(list)
+    for m in removed:
+        if (
+            m.site in comp.consumers
+            and m.data is not None
+            and m.data[0] in calibration.stats
+            and len(m.data[2]) == len(m.indices)  # each weight row reads one channel
+        ):
+            per[m.site].append(m)
+    return per
 
 
 def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ridge: float, base, value) -> None:
