@@ -270,7 +270,9 @@ def test_a_model_the_proof_runs_in_segments_is_priced_in_segments_against_the_in
     if streamed:  # the sizes that decide it lowered (see test_prune_streamed)
         monkeypatch.setattr("onnxshrink.result.IN_MEMORY_BYTES", 0)
         monkeypatch.setattr("onnxshrink.prune.spill.SPILL_BYTES", 0)
-    cut = _segments(monkeypatch, 3000)  # W1 is 3 KB, W2 7.5 KB, W3 1.6 KB: three segments
+    # W1 is 3 KB, W2 7.5 KB, W3 1.6 KB: the proof's segments of 3000 bytes are three, the
+    # price's pieces (a quarter: price.piece_bytes) four, W3's Add in a piece of its own
+    cut = _segments(monkeypatch, 3000)
     measured = prune_run.measure
     where: list[object] = []  # the pruned model's data folder, at price time
     monkeypatch.setattr(prune_run, "measure", lambda *a: where.append(a[3]) or measured(*a))
@@ -284,11 +286,11 @@ def test_a_model_the_proof_runs_in_segments_is_priced_in_segments_against_the_in
     expected = independent(onnx.load(tmp_path / "m.onnx"), onnx.load(out), held)
     assert_price(result.price, expected)
     assert result.price.latency_before_ms is None and result.price.latency_after_ms is None
-    pruned = cut[-1]  # the price ran the input in 3 segments, then the pruned model
-    assert cut[-2] == 3 and pruned >= 2
+    pruned = cut[-1]  # the price ran the input in 4 pieces, then the pruned model
+    assert cut[-2] == 4 and pruned >= 2
     assert result.price.note == (
         "latency not measured: a model whose weights pass 2.8e-06 GiB is run here as the proof runs "
-        f"it, one segment's session at a time (the input in 3 segments, the pruned model in {pruned} segments): "
+        f"it, one segment's session at a time (the input in 4 segments, the pruned model in {pruned} segments): "
         "not its latency deployed"
     )
     printed = "\n".join(said)
@@ -338,7 +340,7 @@ def test_a_given_model_the_proof_runs_in_segments_is_priced_against_it(monkeypat
     else:
         inputs = [feeds(model, 1), feeds(model, 2)]
         result = prune(model, 0.3, criterion="wanda", data=inputs, validate=False)
-        assert cut == [2]  # the pruned model alone, in two segments
+        assert cut == [3]  # the pruned model alone, in three pieces (price.piece_bytes)
     assert model.SerializeToString() == kept
     assert result.price.inputs.startswith(given)
     assert_price(result.price, independent(model, result.model, inputs))
