@@ -101,6 +101,29 @@ def test_units_heads_kv_groups_and_neurons(zoo_dir):
     ]  # fmt: skip
 
 
+def test_a_member_copied_per_component_keeps_every_other_field(zoo_dir):
+    """`Member.with_indices` (a template's copy per component: the groups' members) copies every
+    field by hand: each field set apart from its default, the copy equals dataclasses.replace.
+    The members of a real model's groups hold no attribute dict (slotted: 848 K at 1.1 B)."""
+    import dataclasses
+
+    from onnxshrink.prune.groups import Member, ParamRef
+
+    m = Member(
+        "w", 1, np.array([3]), "node", "MatMul", "weight", "in", [ParamRef("p.weight", 0, (4, 5))], "w_copy",
+        input_index=2, matrix=True, family="linear", site=("y", 2), data=("x", 1, np.array([3])),
+    )  # fmt: skip
+    defaults = {f.name: f.default for f in dataclasses.fields(Member)}
+    assert all(getattr(m, k) is not v for k, v in defaults.items() if v is not dataclasses.MISSING)
+    copy = m.with_indices(np.array([0, 2]))
+    want = dataclasses.replace(m, indices=copy.indices)
+    assert all(getattr(copy, f.name) is getattr(want, f.name) for f in dataclasses.fields(Member))
+    assert copy.indices.tolist() == [0, 2] and m.indices.tolist() == [3]
+    _, path = exported(zoo_dir, "llama")
+    members = [m for g in find_groups(onnx.load(path)).groups for m in g.members]
+    assert len(members) > 500 and not any(hasattr(m, "__dict__") for m in members)
+
+
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_a_hidden_channel_zeroed_everywhere_it_lives_leaves_exactly(zoo_dir, tmp_path, name):
     # The width group holds the channel in the embedding, every write into the stream, every

@@ -36,7 +36,7 @@ from onnxshrink.options import COMPENSATIONS
 from onnxshrink.prepare import default_opset
 from onnxshrink.prune import spill
 from onnxshrink.prune.calibrate import Calibration
-from onnxshrink.prune.groups import GroupSet, Member, ParamRef, _with, gather_slices
+from onnxshrink.prune.groups import GroupSet, Member, ParamRef, gather_slices
 from onnxshrink.prune.spill import Disk, zero_slice
 
 
@@ -90,7 +90,7 @@ def prepare(
     and the values every prune starts from (`base`) are read-only views of the mapped files."""
     from onnxshrink.prune.reference import untied, zeroed
 
-    members = [_with(m, np.zeros(0, np.int64)) for g in gset.exact() for m in g.members]
+    members = [m.with_indices(np.zeros(0, np.int64)) for g in gset.exact() for m in g.members]
     # zeroes nothing: unties (each reader its own copy to compensate) and makes Constants initializers
     out = zeroed(model, gset, members, retie=False) if read is None else untied(model, gset, members)
     read = read or numpy_helper.to_array
