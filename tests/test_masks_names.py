@@ -146,6 +146,15 @@ def test_framework_modules_read_scopes_against_the_recorded_names():
     assert framework_modules(["up"], ["a.up.weight", "b.up.weight"]) == ["up"]
 
 
+def test_the_paths_a_module_is_recorded_under_are_indexed_by_its_last_part():
+    """What framework_modules looks a scope's first part up in (it searched every owner)."""
+    from onnxshrink.bind.graph import _owners, _under
+
+    owners = _owners(["m.combine.bias", "a.up.weight", "b.up.weight", "cell.weight_ih", "onnx::MatMul_3"])
+    assert owners == {"m", "m.combine", "a", "a.up", "b", "b.up", "cell"}
+    assert _under(owners) == {"combine": {"m."}, "up": {"a.", "b."}}
+
+
 def test_one_name_for_two_tensors_of_different_shapes_names_neither():
     """Two tensors given one parameter name (as the scopes once named an LSTMCell's weight_ih
     and weight_hh `cell_1.weight`): each goes under onnx/ by its own name, with a note."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +103,8 @@ def framework_modules(modules: list[str | None], names: Iterable[str]) -> list[s
     records under exactly one prefix (`m.combine.bias` for scope `combine`) takes that prefix.
     Elsewhere the scope stays as it is."""
     owners = _owners(names)
-    prefix = {first: _prefix(first, owners) for first in {m.split(".")[0] for m in modules if m}}
+    under = _under(owners)
+    prefix = {first: _prefix(first, owners, under) for first in {m.split(".")[0] for m in modules if m}}
     out: list[str | None] = []
     for m in modules:
         if not m:
@@ -119,12 +120,27 @@ def framework_modules(modules: list[str | None], names: Iterable[str]) -> list[s
     return out
 
 
-def _prefix(first: str, owners: set[str]) -> str:
+def _under(owners: set[str]) -> dict[str, set[str]]:
+    """Each owner's last part -> the paths it is recorded under (`a.b.c`: `c` -> `a.b.`), for
+    owners below the top level: what `_prefix` asks of every scope's first part, looked up
+    rather than searched (each search a pass over every owner: 1.8 s of SmolLM-135M's groups
+    phase under cProfile, 1824 first parts)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for o in owners:
+        _, dot, last = o.rpartition(".")
+        if dot:
+            out[last].add(o[: -len(last)])  # (as the search sliced it, an empty last part too)
+    return out
+
+
+def _prefix(first: str, owners: set[str], under: Mapping[str, set[str]]) -> str:
     """The path the model records a scope's first part under, when it is not a top-level
-    module of its own: the one recorded owner that ends in it (called again: in its base)."""
+    module of its own: the one recorded owner that ends in it (called again: in its base).
+    `under`: `_under(owners)` (a part holds no dot: an owner ends in `.part` where its last
+    part is `part`)."""
     call = _CALL.match(first)
     for part in (first, call.group(1)) if call else (first,):
-        found = {o[: -len(part)] for o in owners if o.endswith("." + part)}
+        found = set(under.get(part, ()))
         if part in owners or len(found) > 1:
             return ""
         if found:
