@@ -37,6 +37,19 @@ def test_blocks_from_the_weight_readers():
     assert names[found.end(2) - 1] == "h1"
 
 
+def test_the_tensors_crossing_each_cut_counted_in_one_pass():
+    """`_crossing` (what `blocks` picks the narrowest cut by) counts, at every cut, the tensors
+    made before it and read from it on or given out: s from its making to the last block's
+    Mul, the stream one block at a time, and y, a graph output, after the last node alone."""
+    from onnxshrink.proof.segment import _crossing, _frontier
+
+    model = tiny(THREE)
+    nodes = list(model.graph.node)
+    counts = _crossing(nodes, {"y"}).tolist()
+    assert counts == [0, 1, 2, 2, 2, 3, 3, 2, 3, 2, 1]
+    assert counts == [len(_frontier(nodes, c, {"y"})) for c in range(len(nodes) + 1)]
+
+
 # Three residual blocks of int8 weights, each dequantized at the top of the graph, as
 # onnxruntime's quantize_static writes them: a layer uses its weights where its MatMul is.
 HOISTED = """

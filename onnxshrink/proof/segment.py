@@ -243,14 +243,40 @@ def blocks(model: onnx.ModelProto) -> Blocks | None:
     run, period, start = best[0], -best[1], best[2]
     count = (run + period) // period
     graph_outputs = {o.name for o in model.graph.output}
+    crossing = _crossing(nodes, graph_outputs)
     cuts = []
     for n in range(1, count):
         last, first = readers[start + n * period - 1], readers[start + n * period]
         # the narrowest cut between the two (the latest of equals)
-        sizes = {c: len(_frontier(nodes, c, graph_outputs)) for c in range(last + 1, first + 1)}
+        sizes = {c: int(crossing[c]) for c in range(last + 1, first + 1)}
         narrowest = min(sizes.values())
         cuts.append(max(c for c, size in sizes.items() if size == narrowest))
     return Blocks(count, cuts, period)
+
+
+def _crossing(nodes: Sequence[onnx.NodeProto], graph_outputs: set[str]) -> np.ndarray:
+    """len(_frontier(nodes, c, graph_outputs)) for every cut c in 0..len(nodes), from one pass:
+    a tensor crosses the cuts after the node that first makes it, up to its last reader (every
+    cut after it when it is a graph output). `_frontier` per cut read every later node, once
+    per cut tried between two blocks (1.4 s of SmolLM-135M's groups phase under cProfile)."""
+    n = len(nodes)
+    last_read: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for i in node.input:
+            if i:
+                last_read[i] = k
+    made: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for o in node.output:
+            if o and o not in made:
+                made[o] = k
+    starts = np.zeros(n + 2, np.int64)  # +1 at the first cut it crosses, -1 past the last
+    for o, k in made.items():
+        end = n if o in graph_outputs else last_read.get(o, -1)
+        if end > k:  # read after it is made (a reader before it is not the frontier's)
+            starts[k + 1] += 1
+            starts[end + 1] -= 1
+    return np.cumsum(starts)[: n + 1]
 
 
 @dataclass
