@@ -392,6 +392,7 @@ class _Finder:
         # A layer's groups share their layout (the templates and counts they take) and so their
         # layer, unit and size: found once per layout and what the unit reads of the component
         alike: dict[tuple[object, ...], tuple[Layer, Unit, int]] = {}
+        texts: dict[int, str] = {}  # each reason's text, by id (`_reason`)
         from onnxshrink.progress import bar
 
         with bar(len(listed), "groups: listing them", "group", progress) as shown:
@@ -407,15 +408,27 @@ class _Finder:
                         layers.append(Layer(len(layers), _layer_name(ms, unit.kind), [], unit.kind))
                     alike[key] = (layers[layer_of[layer_key]], unit, _params(ms, shapes))
                 layer, unit, params = alike[key]
-                blocking = [str(r) for r in self.part.blocking(comp) if r != LIVE]
-                if comp in self.kv_alone:  # its query heads are ranks here, units of their own
-                    blocking.insert(0, KV_ALONE)
-                reason = blocking[0] if blocking else None
-                g = Group(len(groups), layer.id, ms, unit, params, not blocking, reason)
+                reason = self._reason(comp, texts)
+                g = Group(len(groups), layer.id, ms, unit, params, reason is None, reason)
                 layer.groups.append(g.id)
                 groups.append(g)
                 shown.update(1)
         return groups, layers
+
+    def _reason(self, comp: int, texts: dict[int, str]) -> str | None:
+        """Why the group of `comp` is not exact (None: it is): the first reason that pins it other
+        than LIVE (`Partition.blocking`'s first), or that its query heads are units of their own.
+        Components share their reasons' objects: each one's text is made once (`texts`, by id;
+        the reasons live as long as the partition), not for every pin of every component."""
+        if comp in self.kv_alone:  # its query heads are ranks here, units of their own
+            return KV_ALONE
+        first = next((r for r in self.part.reasons.get(comp, ()) if r != LIVE), None)
+        if first is None:
+            return None
+        text = texts.get(id(first))
+        if text is None:
+            text = texts[id(first)] = str(first)
+        return text
 
     @staticmethod
     def _by_component(
