@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from onnxshrink import ir
@@ -48,6 +49,7 @@ from onnxshrink.core import (
     WeightAxes,
     int_attr,
     register,
+    str_attr,
 )
 from onnxshrink.ops.common import along
 from onnxshrink.ops.oracle import OracleCase, declare_cases, needs, sig, zero_rows
@@ -58,8 +60,13 @@ _SEQUENCE_FIRST = {"x": (0, 1, 2), "y": (0, 1, 2, 3), "state": (0, 1, 2)}
 _BATCH_FIRST = {"x": (1, 0, 2), "y": (1, 2, 0, 3), "state": (1, 0, 2)}
 
 
+#: the removed decaying units a last state keeps, and what writes their closed form there
+_Closed = tuple[np.ndarray, Callable[[int, np.ndarray], gs.Tensor]]
+
 # Activations that map 0 to 0 whatever their alpha (ONNX's recurrent activation names)
 _ZERO_AT_ZERO = frozenset({"tanh", "relu", "leakyrelu", "thresholdedrelu", "elu", "softsign", "scaledtanh"})
+#: LSTM output activations a closed form applies as the ONNX op (onnxruntime's kernel gives its values)
+_CLOSED_OUTPUT = {"tanh": "Tanh", "relu": "Relu"}
 
 
 class _Recurrent(Handler):
@@ -71,6 +78,14 @@ class _Recurrent(Handler):
     #: a unit whose gate rows are zero forgets its initial state after one step (RNN: h_t =
     #: f(0) = 0 for t >= 1 whatever h_0 is); LSTM's cell and GRU's state decay from theirs
     forgets_state = False
+    #: LSTM's cell and GRU's state decay from theirs instead, by a = f(0) a step (f the gates'
+    #: activation: Sigmoid, 0.5): the last state has a closed form in the initial state (`closed_form`)
+    decays_state = False
+    #: the initial state the decay starts from (LSTM: initial_c; GRU: initial_h), and the
+    #: outputs with a closed form (LSTM: Y_h, Y_c; GRU: Y_h)
+    decay_source = 5
+    #: names of the default activations of one direction
+    default_names: tuple[str, ...] = ("Tanh",)
     #: state inputs ([dirs, batch, hidden], or [batch, dirs, hidden] with layout 1)
     state_inputs: tuple[int, ...] = (5,)
 
@@ -186,7 +201,10 @@ class _Recurrent(Handler):
         both halves of B and of the peepholes, R's column j, index j of the initial states
         and of Y, Y_h, Y_c. All are tied to R's column j. An RNN that forgets its initial state
         (`forgets`) leaves out the states computed in the graph (a graph input: the rewrite
-        gathers the kept units from it) and the outputs the interface keeps (0 written there)."""
+        gathers the kept units from it) and the outputs the interface keeps (0 written there);
+        an LSTM or GRU whose last states have a closed form (`closed_form`) leaves out the
+        computed states and the last states the interface keeps (their closed form written
+        there), not Y (every step: a unit Y keeps stays)."""
         rt = node.inputs[2]
         g = self.gates
 
@@ -200,17 +218,18 @@ class _Recurrent(Handler):
         tie(ir.present(node, 3), 1, 2 * g * h)
         tie(ir.present(node, 7) if self.peepholes else None, 1, 3 * h)
         forgets = self.forgets(node, ks)
+        decays = not isinstance(self.closed_form(node, ks), str)
         for t in states:  # a zero state (the usual default) is no unit's parameter
-            if t is None or (forgets and ks.value(t) is None):
+            if t is None or ((forgets or decays) and ks.value(t) is None):
                 continue  # a computed state a forgetting unit's removal gathers from (`rewrite`)
             c = ks.const(t)
             if c is None or not c.slice_zero(state_axis, h).all():
                 tie(t, state_axis, h)
-        for t, role in outs:
+        for k, (t, role) in enumerate(outs):
             if ir.rank(t) != len(role):
                 continue
-            if forgets and any(r is not None and r.kind == "interface" for r in ks.why(t, role[-1])):
-                continue  # the interface keeps its width: a removed unit is written as 0 there
+            if (forgets or (decays and k > 0)) and any(r is not None and r.kind == "interface" for r in ks.why(t, role[-1])):
+                continue  # the interface keeps its width: a removed unit is written there (0 or its closed form)
             tie(t, role[-1], h)
 
     def zero_states(self, node: gs.Node, reader: Reader, axis: int, h: int) -> set[int]:
@@ -233,13 +252,16 @@ class _Recurrent(Handler):
         are the layer's)."""
         zero = self.zero_units(node, ks)
         zero = np.zeros(h, bool) if zero is None else zero
+        decaying = self.decaying_units(node, ks)
+        free = zero | (decaying if decaying is not None else False)
         # a zero unit is needed by no one: the rewrite gathers the states' kept units and
-        # writes 0 where an output keeps a removed one
-        need = self.state_units(node, ks, self.axes(node)["state"][2], h) & ~zero
-        for t, role in outs:
+        # writes 0 where an output keeps a removed one; a decaying unit is needed by Y's
+        # readers only (its last states' closed form is written where they are kept)
+        need = self.state_units(node, ks, self.axes(node)["state"][2], h) & ~free
+        for j, (t, role) in enumerate(outs):
             k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
             if k is not None and len(k) == h:
-                need |= k & ~zero
+                need |= k & ~(zero if j == 0 else free)
             elif ks.is_read(t):
                 need[:] = True
         reads = (r != 0).reshape(r.shape[0], self.gates, h, h).any(axis=(0, 1))  # [unit, unit it reads]
@@ -289,6 +311,66 @@ class _Recurrent(Handler):
         that map 0 to 0 in every direction: h_t = f(0) = 0 for every step t >= 1, so its Y is
         0 and so is its Y_h, the last step's, when every sequence has a step (`stepped`)."""
         return self.forgets_state and self.default_activations(node) and self.stepped(node, reader)
+
+    def closed_form(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, str | None] | str:
+        """(a per direction, the op of LSTM's output activation h or None) when a unit with zero
+        gate rows and R column has last states in closed form (`decaying_units`), else why not.
+
+        Its gates are f(0) = a at every step (W, R, B and peephole rows 0; no unit's R column
+        reads it back), its candidate g(0) = 0. GRU: h_t = (1 - a) g(0) + a h_{t-1} = a h_{t-1},
+        so Y_h = a^T h_0. LSTM: c_t = a c_{t-1} + a g(0) = a c_{t-1}, h_t = a h(c_t), so Y_c =
+        a^T c_0 and Y_h = a h(a^T c_0); h_0 is read by no one. T is X's sequence length in
+        either direction (the reverse one also takes T steps). f must be Sigmoid in every
+        direction: onnxruntime's sigmoid(0) is exactly 0.5 (checked), so a^T c_0, a power of two
+        times c_0, is exact in float64 and rounds once to float (onnxruntime's T halvings in
+        float differ only below float's normal range, by one denormal step); h is Tanh or Relu
+        (the ONNX op gives onnxruntime's kernel's values: checked bit for bit)."""
+        if not self.decays_state:
+            return f"{node.op} forgets its state: no closed form needed"
+        if ir.present(node, 4) is not None:
+            return "sequence_lens is given: the closed form is written for sequences of X's full length"
+        if int(node.attrs.get("input_forget", 0)):
+            return "input_forget couples its input and forget gates"
+        if int(node.attrs.get("layout", 0)) not in (0, 1):
+            return "an unknown layout"
+        dirs = 2 if str_attr(node, "direction", "forward") == "bidirectional" else 1
+        acts = node.attrs.get("activations")
+        names = (
+            [a.decode() if isinstance(a, bytes) else str(a) for a in cast(Sequence[object], acts)]
+            if acts
+            else list(self.default_names) * dirs
+        )
+        n = self.activation_count
+        if len(names) != n * dirs:
+            return f"{len(names)} activations for {dirs} direction(s) of {n}"
+        gate = {names[d * n].lower() for d in range(dirs)}
+        if gate != {"sigmoid"}:
+            return (
+                f"its gate activation {'/'.join(sorted(gate))} is not Sigmoid (0.5 at 0, a rate whose "
+                "powers the closed form reproduces exactly)"
+            )
+        out = None
+        if self.activation_count == 3:
+            hs = {names[d * n + 2].lower() for d in range(dirs)}
+            out = _CLOSED_OUTPUT.get(hs.pop()) if len(hs) == 1 else None
+            if out is None:
+                return "its output activation h is not Tanh or Relu in every direction (the closed form applies it as an op)"
+        return np.full(dirs, 0.5), out
+
+    def decaying_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
+        """LSTM and GRU units with a closed form (`closed_form`): silent (`silent_units`), their
+        column of R zero in every direction (no unit reads their state), not zero units (their
+        initial states non-zero or not constant); None if unknown."""
+        got = self.weights(node, reader)
+        if got is None:
+            return None
+        _, r, _, h = got
+        if isinstance(self.closed_form(node, reader), str):
+            return np.zeros(h, bool)
+        silent, zero = self.silent_units(node, reader), self.zero_units(node, reader)
+        if silent is None or zero is None:
+            return None
+        return np.asarray(silent & ~(r != 0).any(axis=(0, 1)) & ~zero, bool)
 
     def stepped(self, node: gs.Node, reader: Reader) -> bool:
         """Does every sequence have a step? Where sequence_lens holds a 0, Y_h is no step's
@@ -386,6 +468,7 @@ class _Recurrent(Handler):
         self.tie_units(node, ks, h, outs, states, roles["state"][2])
         need = self.needed_units(node, ks, outs, r, h)
         self.keep_carriers(node, ks, need)
+        self.keep_decay_sources(node, ks, outs, need, roles["state"][2])
         why = Reason("structure", node.name, node.op, "a hidden unit keeps its gates, states and outputs")
         for t, role in outs:
             if ir.rank(t) == len(role):
@@ -409,35 +492,130 @@ class _Recurrent(Handler):
     def keep_carriers(self, node: gs.Node, ks: KeepView, need: np.ndarray) -> None:
         """The needed units silent but for their initial states are kept for that reason first
         (what the report says of their zeroed rows): an LSTM's cell and a GRU's state decay from
-        theirs (0.5^t at zero gates); an RNN unit's is read by the others through its column of
-        R, or is Y_h where a sequence_lens may be 0."""
+        theirs (by 0.5 a step at zero gates), which needs its closed form (`closed_form`), and
+        a unit's read by the others through its column of R, or in every step of Y; an RNN's is
+        Y_h where a sequence_lens may be 0."""
         silent = self.silent_units(node, ks)
+        got = self.weights(node, ks)
         carry = need & silent if silent is not None else None
-        if carry is None or not carry.any():
+        if carry is None or got is None or not carry.any():
             return
-        how = self.carried_because(node, ks)
-        why = Reason("structure", node.name, node.op, f"a unit with zero weights carries a non-zero initial state ({how})")
-        ks.keep(node.inputs[1], self.rows_axis, self.rows(carry, self.gates), why)
-        ks.keep(node.inputs[2], self.rows_axis, self.rows(carry, self.gates), why)
+        read = (got[1] != 0).any(axis=(0, 1))  # R's columns some unit reads
+        for units, how in self.carried_because(node, ks, carry, read):
+            if not units.any():
+                continue
+            why = Reason("structure", node.name, node.op, f"a unit with zero weights carries a non-zero initial state ({how})")
+            ks.keep(node.inputs[1], self.rows_axis, self.rows(units, self.gates), why)
+            ks.keep(node.inputs[2], self.rows_axis, self.rows(units, self.gates), why)
 
-    def carried_because(self, node: gs.Node, ks: KeepView) -> str:
-        """Why a unit with zero weights still carries its initial state (see `keep_carriers`)."""
-        if not self.forgets_state:
-            return f"{node.op}'s state decays from it by 0.5 a step at zero gates, never to 0"
+    def carried_because(
+        self, node: gs.Node, ks: KeepView, carry: np.ndarray, read: np.ndarray
+    ) -> list[tuple[np.ndarray, str]]:
+        """Why units with zero weights still carry their initial state (see `keep_carriers`):
+        the units of `carry` (R's columns `read` by some unit), each with the reason."""
+        if self.decays_state:
+            decays = f"{node.op}'s state decays from it by 0.5 a step at zero gates, never to 0"
+            closed = self.closed_form(node, ks)
+            if isinstance(closed, str):
+                return [(carry, f"{decays}, and no closed form: {closed}")]
+            return [
+                (carry & read, f"{decays}, and the other units read it at every step, through its column of R"),
+                (carry & ~read, f"{decays}, and Y reads it at every step: the closed form is written for the last states only"),
+            ]
         if not self.stepped(node, ks):
-            return "sequence_lens may hold 0, where Y_h is the initial state, not a step's output"
-        return "the other units read it at the first step, through its column of R"
+            return [(carry, "sequence_lens may hold 0, where Y_h is the initial state, not a step's output")]
+        return [(carry, "the other units read it at the first step, through its column of R")]
+
+    def keep_decay_sources(
+        self, node: gs.Node, ks: KeepView, outs: list[tuple[gs.Tensor, tuple[int, ...]]], need: np.ndarray, axis: int
+    ) -> None:
+        """The initial state the closed form of a removed decaying unit reads (`place_outputs`)
+        keeps its entries, where a last state (Y_h, Y_c) keeps the unit."""
+        src = ir.present(node, self.decay_source) if self.decays_state else None
+        placed = self.placed_decaying(node, ks, outs, need)
+        if src is None or ir.rank(src) != 3 or placed is None or not placed.any():
+            return
+        c = ks.const(src)
+        if c is not None and c.slice_zero(axis, len(placed))[placed].all():
+            return  # zero there: the closed form is 0
+        why = Reason("structure", node.name, node.op, "a removed unit's last state is written from its initial state (a closed form)")
+        ks.keep(src, axis, placed, why)
+
+    def placed_decaying(
+        self, node: gs.Node, reader: KeepView | RewriteView, outs: list[tuple[gs.Tensor, tuple[int, ...]]], units: np.ndarray
+    ) -> np.ndarray | None:
+        """The decaying units (`decaying_units`) not among `units` that a last state keeps."""
+        decaying = self.decaying_units(node, reader) if self.decays_state else None
+        if decaying is None:
+            return None
+        placed = np.zeros(len(decaying), bool)
+        for t, role in outs[1:]:
+            k = reader.kept(t, role[-1]) if t.name and ir.rank(t) == len(role) else None
+            if k is not None and len(k) == len(decaying):
+                placed |= k
+        return placed & decaying & ~units
 
     # -------------------------------------------------------------- rewrite
     def rewrite(self, node: gs.Node, rw: RewriteView) -> None:
         h = int_attr(node, "hidden_size", 0)
-        self.drop_zero_states(node, rw, self.axes(node)["state"][2], h)
         k = rw.kept(node.inputs[2], self.column_axis)
+        closed = self.closed_states(node, rw, k) if k is not None else None  # of the inputs as they were
+        self.drop_zero_states(node, rw, self.axes(node)["state"][2], h)
         if k is None:
             return
         node.attrs["hidden_size"] = int(k.sum())
         self.gather_states(node, rw, k)
-        self.place_outputs(node, rw, k)
+        self.place_outputs(node, rw, k, closed)
+
+    def closed_states(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> _Closed | None:
+        """The removed decaying units a last state keeps, and a function of (output, units) that
+        writes their closed form (`closed_form`) from the initial state as the graph gives it;
+        None when there are none (or their initial state is absent or 0 there: 0 is written)."""
+        roles = self.axes(node)
+        outs = [(t, roles["y"] if j == 0 else roles["state"]) for j, t in enumerate(node.outputs)]
+        placed = self.placed_decaying(node, rw, outs, units)
+        src = ir.present(node, self.decay_source) if self.decays_state else None
+        closed = self.closed_form(node, rw)
+        if placed is None or not placed.any() or src is None or isinstance(closed, str):
+            return None
+        axis, dirs_axis, seq_axis = roles["state"][2], roles["state"][0], roles["x"][0]
+        c = rw.const(src)
+        if c is not None and c.slice_zero(axis, len(placed))[placed].all():
+            return None
+        rates, act = closed
+        x, kept = node.inputs[0], rw.kept(src, axis)
+        kept = np.ones(len(placed), bool) if kept is None else kept
+        memo: dict[bytes, gs.Tensor] = {}
+        cast_to = onnx.helper.np_dtype_to_tensor_dtype
+
+        def cell(which: np.ndarray) -> gs.Tensor:
+            """a^T * s_0 for the units `which` (float64 then the state's type)."""
+            if which.tobytes() in memo:
+                return memo[which.tobytes()]
+            dtype = np.dtype(src.dtype if src.dtype is not None else np.float32)
+            idx = np.searchsorted(np.flatnonzero(kept), np.flatnonzero(which)).astype(np.int64)
+            s0 = rw.add_node("Gather", [src, rw.constant(idx, "decaying_units")], "decaying_state", {"axis": axis}, dtype=dtype)
+            shape = rw.add_node("Shape", [x], "decay_x_shape", dtype=np.int64)
+            steps = rw.add_node("Gather", [shape, rw.constant(np.asarray(seq_axis, np.int64), "seq_axis")], "decay_steps", {"axis": 0}, dtype=np.int64)
+            steps = rw.add_node("Cast", [steps], "decay_steps_f64", {"to": cast_to(np.dtype(np.float64))}, dtype=np.float64)
+            rate = rw.constant(along_axis(rates.astype(np.float64), dirs_axis), "decay_rate")
+            power = rw.add_node("Pow", [rate, steps], "decay_power", dtype=np.float64)
+            wide = rw.add_node("Cast", [s0], "decaying_state_f64", {"to": cast_to(np.dtype(np.float64))}, dtype=np.float64)
+            out = rw.add_node("Mul", [wide, power], "decayed_f64", dtype=np.float64)
+            if dtype != np.float64:
+                out = rw.add_node("Cast", [out], "decayed", {"to": cast_to(dtype)}, dtype=dtype)
+            memo[which.tobytes()] = out
+            return out
+
+        def write(j: int, which: np.ndarray) -> gs.Tensor:
+            s = cell(which)
+            if j == 1 and act is not None:  # LSTM's Y_h: a * h(c_T)
+                dtype = np.dtype(src.dtype if src.dtype is not None else np.float32)
+                hs = rw.add_node(act, [s], "decayed_output", dtype=dtype)
+                return rw.add_node("Mul", [hs, rw.constant(along_axis(rates.astype(dtype), dirs_axis), "decay_rate")], "decayed_h", dtype=dtype)
+            return s
+
+        return placed, write
 
     def gather_states(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> None:
         """An initial state that keeps more than the kept units (a graph input, the removed
@@ -454,10 +632,13 @@ class _Recurrent(Handler):
                 "Gather", [t, rw.constant(idx, "kept_units")], f"{t.name}_kept_units", {"axis": axis}, dtype=t.dtype
             )
 
-    def place_outputs(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> None:
-        """An output that keeps removed units (zero units a graph output or a reader keeps) gets
-        them back as exact zeros: the node's output padded by one zero on the hidden axis, then
-        gathered in the kept order (the removed units all read the pad); dynamic batch and
+    def place_outputs(
+        self, node: gs.Node, rw: RewriteView, units: np.ndarray, closed: _Closed | None = None
+    ) -> None:
+        """An output that keeps removed units (a graph output or a reader keeps them) gets them
+        back: zero units as exact zeros (the node's output padded by one zero on the hidden
+        axis), decaying units of a last state as their closed form (`closed_states`, joined on
+        the hidden axis after the pad), then gathered in the kept order; dynamic batch and
         sequence sizes are left as they run."""
         roles = self.axes(node)
         for j, t in enumerate(node.outputs):
@@ -467,13 +648,25 @@ class _Recurrent(Handler):
             if r is None or kept is None or np.array_equal(kept, units):
                 continue
             assert not (units & ~kept).any(), f"{node.name}: a kept unit's output went"
+            removed = kept & ~units
+            decayed = removed & closed[0] if closed is not None and j > 0 else np.zeros(len(units), bool)
+            zeros = removed & ~decayed
             n = int(units.sum())
-            where = np.full(len(units), n, np.int64)  # the pad
+            where = np.zeros(len(units), np.int64)
             where[units] = np.arange(n)
+            where[zeros] = n  # the pad
+            first = n + int(zeros.any())
+            where[decayed] = first + np.arange(int(decayed.sum()))
             idx = where[kept]
+            rw.insert_after(node, j, "Gather", [rw.constant(idx, "unit_places")], "units_placed", "placed", {"axis": hid})
+            if decayed.any():
+                assert closed is not None
+                form = closed[1](j, decayed)
+                rw.insert_after(node, j, "Concat", [form], "units_decayed", "decayed", {"axis": hid})
+            if not zeros.any():
+                continue
             pads = np.zeros(2 * r, np.int64)
             pads[r + hid] = 1
-            rw.insert_after(node, j, "Gather", [rw.constant(idx, "unit_places")], "units_placed", "padded", {"axis": hid})
             if rw.opset >= 11:
                 rw.insert_after(node, j, "Pad", [rw.constant(pads, "unit_pad")], "units_padded", "units")
             else:
@@ -486,12 +679,16 @@ class LSTM(_Recurrent):
     activation_count, state_activations = 3, (1, 2)
     peepholes = True
     state_inputs = (5, 6)
+    decays_state, decay_source = True, 6
+    default_names = ("Sigmoid", "Tanh", "Tanh")
 
 
 @register("GRU")
 class GRU(_Recurrent):
     gates = 3
     activation_count, state_activations = 2, (1,)
+    decays_state, decay_source = True, 5
+    default_names = ("Sigmoid", "Tanh")
 
 
 @register("RNN")
@@ -642,6 +839,13 @@ class DynamicQuantizeLSTM(_Recurrent):
             Reason("normalization", node.name, node.op, "X is quantized with a range from every "
                    "element (only zeros do not count)"),
         )  # fmt: skip
+
+
+def along_axis(values: np.ndarray, axis: int) -> np.ndarray:
+    """A per-direction vector shaped to broadcast along `axis` of a rank-3 state."""
+    shape = [1, 1, 1]
+    shape[axis] = len(values)
+    return values.reshape(shape)
 
 
 def _constant_weights(node: gs.Node, reader: Reader) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:

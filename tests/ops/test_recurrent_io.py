@@ -4,7 +4,8 @@ column are zero (under activations with f(0) = 0 in every direction) is h_t = f(
 step t >= 1 whatever its initial state, so it goes. The shrunk RNN reads the kept units of the
 initial state (a Gather); every output that keeps the unit's index gets an exact 0 there (Pad,
 then Gather). LSTM and GRU units do not forget their initial state (a zero-gate LSTM cell is
-0.5^t * c0, a GRU state 0.5^t * h0): they stay, and the report says why.
+0.5^t * c0, a GRU state 0.5^t * h0): their last states have a closed form
+(tests/ops/test_recurrent_decay.py), every step of Y not, so they stay where Y is read.
 """
 
 from __future__ import annotations
@@ -222,9 +223,11 @@ def test_a_unit_under_an_activation_not_zero_at_zero_stays(acts):
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
-def test_lstm_and_gru_units_with_graph_input_states_stay_and_say_why(op):
+def test_lstm_and_gru_units_with_graph_input_states_whose_y_is_read_stay_and_say_why(op):
+    """Their state decays from the initial state (0.5^t at zero gates): the last states have a
+    closed form (tests/ops/test_recurrent_decay.py), not every step of Y, which V reads."""
     m = model(op=op, dirs=2, seed=9)
-    reference = zeroed(m, op, UNITS)
+    reference = zeroed(m, op, UNITS)  # V's rows for them not zeroed
     result = shrink(reference, validate=False)
     assert attr(result.model, op, "hidden_size") == H and params(result.model) == params(reference)
     assert error_against(reference, result.model) <= 1e-5
@@ -233,9 +236,10 @@ def test_lstm_and_gru_units_with_graph_input_states_stay_and_say_why(op):
     for w in ("W", "R"):
         count, reason = why[(w, 1)]
         assert count == 2 * g and "carries a non-zero initial state" in reason and "decays" in reason
-    gset = find_groups(m)
+        assert "Y reads it at every step" in reason
+    gset = find_groups(m)  # a unit's group holds V's rows: zeroed with them, it goes
     [lay] = [la for la in gset.layers if la.kind == "recurrent_unit"]
-    assert not any(gset.groups[i].exact for i in lay.groups)
+    assert all(gset.groups[i].exact for i in lay.groups)
 
 
 def test_an_rnn_unit_whose_state_others_read_stays():

@@ -1,0 +1,231 @@
+"""LSTM and GRU units whose initial states are graph inputs (ops/recurrent.py, issue 33), as
+madmom's LSTM and GRU trackers ship: a unit whose W, R, B and peephole rows and R column are
+zero decays from its initial state by sigmoid(0) = 0.5 a step (GRU: h_t = 0.5 h_{t-1}; LSTM:
+c_t = 0.5 c_{t-1}, h_t = 0.5 tanh(c_t)), so its last states have a closed form in X's sequence
+length T: Y_h = 0.5^T h0 (GRU), Y_c = 0.5^T c0 and Y_h = 0.5 tanh(0.5^T c0) (LSTM). The unit
+goes; the shrunk layer reads the kept units of the states (a Gather) and the last states a graph
+output (or a reader) keeps get the closed form written there. Compared here with onnxruntime on
+the input model (onnx's reference evaluator for layout 1, which onnxruntime does not run), over
+random states up to 1e30 and sequences of 200 steps (0.5^200 underflows float32: the form is
+computed in float64).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import error_against, init, ort_run, params
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxshrink import shrink
+from onnxshrink.prune import find_groups, prune
+
+GATES = {"GRU": 3, "LSTM": 4}
+H, F, OUT = 6, 3, 4
+UNITS = [1, 4]
+KEPT = [u for u in range(H) if u not in UNITS]
+
+
+def rows(units, blocks: int, h: int = H) -> list[int]:
+    return [b * h + u for b in range(blocks) for u in units]
+
+
+def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, seq_lens=False, state_head=False, seed=0):
+    """x -> op (initial states graph inputs: h0, and c0 for LSTM) -> Y -> [.., .., dirs * H]
+    -> MatMul V -> y. Graph outputs: y, Y_h and (LSTM) Y_c; with `state_head` Y_h is read by a
+    MatMul U -> z instead of being an output. Batch-first axes with `layout` 1."""
+    rng = np.random.default_rng(seed)
+    g, dirs = GATES[op], 2 if direction == "bidirectional" else 1
+    w = {"W": rng.normal(size=(dirs, g * H, F)) * 0.6, "R": rng.normal(size=(dirs, g * H, H)) * 0.4,
+         "B": rng.normal(size=(dirs, 2 * g * H)) * 0.3}  # fmt: skip
+    state = [dirs, "N", H] if layout == 0 else ["N", dirs, H]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", F] if layout == 0 else ["N", "T", F])]
+    if seq_lens:
+        inputs.append(helper.make_tensor_value_info("seq", TensorProto.INT32, ["N"]))
+    inputs.append(helper.make_tensor_value_info("h0", TensorProto.FLOAT, state))
+    ins, outs = ["x", "W", "R", "B", "seq" if seq_lens else "", "h0"], ["s", "s_h"]
+    if op == "LSTM":
+        inputs.append(helper.make_tensor_value_info("c0", TensorProto.FLOAT, state))
+        ins.append("c0")
+        outs.append("s_c")
+        if peepholes:
+            w["P"] = rng.normal(size=(dirs, 3 * H)) * 0.5
+            ins.append("P")
+    attrs = {"hidden_size": H, "direction": direction, "layout": layout}
+    if acts:
+        attrs["activations"] = acts
+    nodes = [helper.make_node(op, ins, outs, **attrs)]
+    w["V"], w["shape"] = rng.normal(size=(dirs * H, OUT)), np.array([0, 0, -1])
+    if layout == 0:
+        nodes.append(helper.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 1, 3]))
+    nodes += [helper.make_node("Reshape", ["t" if layout == 0 else "s", "shape"], ["f"]), helper.make_node("MatMul", ["f", "V"], ["y"])]
+    y = ["T", "N", OUT] if layout == 0 else ["N", "T", OUT]
+    graph_outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, y)]
+    graph_outs += [helper.make_tensor_value_info(o, TensorProto.FLOAT, state) for o in outs[1 + state_head:]]
+    if state_head:
+        w["U"] = rng.normal(size=(H, OUT))
+        nodes.append(helper.make_node("MatMul", ["s_h", "U"], ["z"]))
+        graph_outs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [*state[:2], OUT]))
+    inits = [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k) for k, v in w.items()]
+    graph = helper.make_graph(nodes, "g", inputs, graph_outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def zeroed(m: onnx.ModelProto, op: str, units: list[int]) -> onnx.ModelProto:
+    """`m` with hidden `units` zeroed here in every direction: their gate rows of W and R, R's
+    columns, both halves of B, the peepholes, and V's rows (Y's readers)."""
+    g = GATES[op]
+    dirs = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "W")).shape[0]
+    where = {"W": [(1, rows(units, g))], "R": [(1, rows(units, g)), (2, units)], "B": [(1, rows(units, 2 * g))],
+             "P": [(1, rows(units, 3))], "V": [(0, rows(units, dirs))]}  # fmt: skip
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    for t in out.graph.initializer:
+        v = numpy_helper.to_array(t).copy()
+        for axis, idx in where.get(t.name, []):
+            v[(slice(None),) * axis + (idx,)] = 0
+        t.CopyFrom(numpy_helper.from_array(v, t.name))
+    return out
+
+
+def attr(m: onnx.ModelProto, op: str, name: str):
+    [node] = [n for n in m.graph.node if n.op_type == op]
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}[name]
+
+
+def feeds(m: onnx.ModelProto, t: int, n: int, seed: int) -> dict[str, np.ndarray]:
+    """x ~ N(0, 1); initial states N(0, 1) times 10^U(-3, 30) (large cells: 0.5^T c0 stays a
+    float32 long after 0.5^T underflows)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in m.graph.input:
+        if i.name == "seq":
+            out["seq"] = np.full(n, t, np.int32)
+            continue
+        dims = [d.dim_value or {"T": t, "N": n}[d.dim_param] for d in i.type.tensor_type.shape.dim]
+        scale = 10.0 ** rng.uniform(-3, 30, dims) if i.name != "x" else 1.0
+        out[i.name] = (rng.normal(size=dims) * scale).astype(np.float32)
+    return out
+
+
+def run(m: onnx.ModelProto, feed: dict[str, np.ndarray], layout: int) -> list[np.ndarray]:
+    return ort_run(m, feed) if layout == 0 else list(ReferenceEvaluator(m).run(None, feed))
+
+
+def assert_same(reference, shrunk, sizes, layout=0, removed_at=2) -> None:
+    """Every output of `shrunk` equals the reference's at each (T, batch) of `sizes`: the
+    removed units' entries of the last states to float rounding (one denormal step: 1e-45),
+    the rest relative 1e-5."""
+    names = [o.name for o in reference.graph.output]
+    assert [o.name for o in shrunk.graph.output] == names
+    for k, (t, n) in enumerate(sizes):
+        feed = feeds(reference, t, n, seed=20 + k)
+        for name, a, b in zip(names, run(reference, feed, layout), run(shrunk, feed, layout), strict=True):
+            assert a.shape == b.shape, (name, t, n)
+            if name in ("s_h", "s_c"):
+                np.testing.assert_allclose(b[..., UNITS], a[..., UNITS], rtol=1e-6, atol=2e-45, err_msg=f"{name} T={t}")
+                a, b = a[..., KEPT], b[..., KEPT]
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(a).max(initial=0))), err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "op, direction, peepholes, acts",
+    [("LSTM", "forward", True, None), ("LSTM", "reverse", False, None), ("LSTM", "bidirectional", True, None),
+     ("LSTM", "bidirectional", False, ["Sigmoid", "Tanh", "Relu"] * 2), ("GRU", "forward", False, None),
+     ("GRU", "reverse", False, None), ("GRU", "bidirectional", False, None)],
+)  # fmt: skip
+def test_decaying_units_go_and_their_last_states_are_written_in_closed_form(op, direction, peepholes, acts):
+    m = model(op, direction, peepholes=peepholes, acts=acts, seed=len(direction))
+    reference = zeroed(m, op, UNITS)
+    result = shrink(reference, validate=False)
+    out, g, dirs = result.model, GATES[op], 2 if direction == "bidirectional" else 1
+    assert attr(out, op, "hidden_size") == H - 2 and not result.kept_zeroed
+    np.testing.assert_array_equal(init(out, "W"), np.delete(init(m, "W"), rows(UNITS, g), axis=1))
+    np.testing.assert_array_equal(init(out, "R"), np.delete(np.delete(init(m, "R"), rows(UNITS, g), 1), UNITS, 2))
+    assert init(out, "V").shape == (dirs * (H - 2), OUT)
+    if peepholes:
+        assert init(out, "P").shape == (dirs, 3 * (H - 2))
+    # the interface as it was: states in and out [dirs, N, H]
+    assert [[d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in out.graph.input][1:] == [
+        [dirs, "N", H]] * (2 if op == "LSTM" else 1)  # fmt: skip
+    assert params(out) == result.after.params < params(reference)
+    assert_same(reference, out, [(1, 1), (7, 2), (200, 3)])
+    # the removed units' last cell is 0.5^T c0 (GRU: state, 0.5^T h0), computed here, for
+    # states of +-1e30 after 200 steps (0.5^200 = 6e-61 is 0 in float32; 1e30 * 0.5^200 is not)
+    feed = feeds(reference, 200, 2, seed=5)
+    source, last = ("c0", "s_c") if op == "LSTM" else ("h0", "s_h")
+    feed[source][..., UNITS] = np.float32(1e30) * np.sign(feed[source][..., UNITS])
+    got = dict(zip([o.name for o in out.graph.output], ort_run(out, feed), strict=True))
+    want = (feed[source][..., UNITS].astype(np.float64) * 0.5**200).astype(np.float32)
+    assert np.all(np.abs(want) > 6e-31)
+    np.testing.assert_array_equal(got[last][..., UNITS], want)
+    np.testing.assert_array_equal(got[last][..., UNITS], ort_run(reference, feed)[[o.name for o in reference.graph.output].index(last)][..., UNITS])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_batch_first_layout(op):
+    """onnxruntime runs layout 0 only: both models run in onnx's reference evaluator."""
+    m = model(op, "bidirectional", layout=1, seed=3)
+    reference = zeroed(m, op, UNITS)
+    out = shrink(reference, validate=False).model
+    assert attr(out, op, "hidden_size") == H - 2
+    assert_same(reference, out, [(1, 2), (30, 3)], layout=1)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_a_reader_of_the_last_state_reads_the_closed_form(op):
+    """Y_h no graph output, read by a MatMul whose rows for the units are not zero: it reads
+    their closed form (and the LSTM's Y_c, a graph output, gets it too)."""
+    m = model(op, "bidirectional", state_head=True, seed=4)
+    reference = zeroed(m, op, UNITS)
+    result = shrink(reference, validate=False)
+    assert attr(result.model, op, "hidden_size") == H - 2
+    assert init(result.model, "U").shape == (H, OUT)
+    assert_same(reference, result.model, [(1, 1), (9, 2), (200, 2)])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_prune_removes_decaying_units_and_masks_out_round_trips(op):
+    m = model(op, "bidirectional", peepholes=True, seed=7)
+    result = prune(m, 0.3, draws=1)
+    assert result.shrink.validation.passed
+    [lay] = [la for la in result.groups.layers if la.kind == "recurrent_unit"]
+    assert len(lay.groups) == H and all(result.groups.groups[i].exact for i in lay.groups)
+    # a unit: its rows, R column, peepholes and V's rows; no state (h0, c0 are the user's inputs)
+    members = {"W", "R", "B", "V"} | ({"P"} if op == "LSTM" else set())
+    for gid in lay.groups:
+        assert {m_.initializer for m_ in result.groups.groups[gid].members} == members
+    units = sorted(int(i) for gid in result.removed() for mb in result.groups.groups[gid].members
+                   if (mb.initializer, mb.axis) == ("R", 2) for i in mb.indices)  # fmt: skip
+    assert len(units) >= 1 and attr(result.model, op, "hidden_size") == H - len(units)
+    assert params(result.model) == result.shrink.after.params < params(m)
+    assert error_against(zeroed(m, op, units), result.model) <= 1e-5
+    masks = {k: np.asarray(v) for k, v in result.masks.items()}
+    again = shrink(m, masks, validate=False, input_masked=False)
+    assert again.after.params == params(result.model)
+    assert error_against(result.model, again.model) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "op, kwargs, reason",
+    [("GRU", {"acts": ["HardSigmoid", "Tanh"] * 2}, "is not Sigmoid"),
+     ("LSTM", {"acts": ["Sigmoid", "Tanh", "LeakyRelu"] * 2}, "is not Tanh or Relu"),
+     ("LSTM", {"seq_lens": True}, "sequence_lens is given"), ("GRU", {"seq_lens": True}, "sequence_lens is given")],
+)  # fmt: skip
+def test_units_without_a_closed_form_stay_and_say_why(op, kwargs, reason):
+    """HardSigmoid's rate at 0 is not the one the closed form reproduces; LeakyRelu is no
+    output activation it applies; with a sequence_lens the sequences may end earlier."""
+    reference = zeroed(model(op, "bidirectional", seed=9, **kwargs), op, UNITS)
+    result = shrink(reference, validate=False)
+    assert attr(result.model, op, "hidden_size") == H and params(result.model) == params(reference)
+    count, why = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}[("W", 1)]
+    assert count == 2 * GATES[op] and "decays" in why and reason in why
+    feeds_ = [feeds(reference, t, 2, seed=t) for t in (1, 6)]
+    for feed in feeds_:
+        for a, b in zip(ort_run(reference, feed), ort_run(result.model, feed), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(a).max(initial=0))))
+    gset = find_groups(model(op, "bidirectional", seed=9, **kwargs))
+    [lay] = [la for la in gset.layers if la.kind == "recurrent_unit"]
+    assert not any(gset.groups[i].exact for i in lay.groups)
