@@ -20,8 +20,26 @@ a graph input included, as long as every sequence has a step (no sequence_lens, 
 one >= 1: where a length is 0, Y_h is the initial state in onnxruntime). A zero unit is then
 needed by no one: the rewrite reads the kept units of an initial state that holds more (a
 Gather), and writes exact zeros where an output keeps a removed unit (the graph's interface: the
-RNN's output padded by one zero, gathered in place). An LSTM's cell and a GRU's state decay from
-theirs (0.5^t at zero gates): their initial states must be zero there.
+RNN's output padded by one zero, gathered in place).
+
+An LSTM's cell and a GRU's state do not forget: they decay from theirs. At zero W, R, B and
+peephole rows every gate is f(0) = a (Sigmoid: 0.5) and the candidate g(0) = 0, so a GRU unit is
+h_t = (1 - a) g(0) + a h_{t-1} = a h_{t-1} and an LSTM unit c_t = a c_{t-1} + a g(0) = a c_{t-1},
+h_t = a h(c_t). With its column of R zero too (no unit reads its state, so an LSTM's h_0 is read
+by no one), its last states have a closed form in X's sequence length T (the reverse direction
+also takes T steps): Y_h = a^T h_0 (GRU), Y_c = a^T c_0 and Y_h = a h(a^T c_0) (LSTM). Such a
+decaying unit (`decaying_units`) is needed by no one but Y's readers (every step is a h(a^(t+1)
+c_0), not written: a unit Y's kept readers read stays); the rewrite gathers the kept units of
+the states and writes the closed form where a last state keeps a removed unit (a graph output,
+or a reader that needs it), beside today's zeros for zero units: T is Shape(X) at run time, a^T
+c_0 is computed in float64 (a^T underflows float32 after 149 halvings while a^T c_0 of a large
+c_0 does not) and cast once. It is exact: onnxruntime's sigmoid(0) is exactly 0.5, so its T
+float multiplications by 0.5 are exact down to float's normal range, where each rounds once
+(they differ from the single rounding by at most one denormal step, 1.4e-45); h is Tanh or
+Relu, whose ONNX op gives onnxruntime's kernel's values bit for bit (checked on 10^-3..10^38
+cells, T up to 300). Refused, the unit kept with the reason (`carried_because`): another gate
+activation than Sigmoid (its powers would not be exact), another output activation, a
+sequence_lens (sequences may end earlier), input_forget.
 """
 
 from __future__ import annotations
