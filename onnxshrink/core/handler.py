@@ -363,6 +363,13 @@ class Handler:
         node that reads only sizes (Shape, Size), else None."""
         return None
 
+    def reads_along(
+        self, node: OpNode, i: int, axis: int, dims: Sequence[int], values: Mapping[str, np.ndarray]
+    ) -> np.ndarray | None:
+        """The indices along `axis` of input i (of static shape `dims`) whose values it reads, from
+        its constant inputs (`values`, by name); None: every index (what an op reads by default)."""
+        return None
+
     def constant_tensor(self, node: OpNode, name: str) -> onnx.TensorProto | None:
         """That value as a tensor named `name` (Constant: the node's own tensor, not a copy)."""
         value = self.constant_value(node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -323,6 +324,30 @@ class Slice(Handler):
 
     def moves_values(self, node: OpNode) -> tuple[int, ...]:
         return (0,)
+
+    def reads_along(
+        self, node: OpNode, i: int, axis: int, dims: Sequence[int], values: Mapping[str, np.ndarray]
+    ) -> np.ndarray | None:
+        """Of its data, the range its constant bounds give on `axis` (as ONNX clamps them)."""
+        if i != 0:
+            return None
+        if "starts" in node.attrs:  # opset < 10
+            bounds = [list(cast(Sequence[int], node.attrs[k])) if k in node.attrs else None for k in ("starts", "ends", "axes")]
+            bounds.append(None)
+        else:
+            bounds = [values[x].reshape(-1).tolist() if x in values else None for x in (*node.inputs[1:5], "", "", "")[:4]]
+            if any(node.has_input(k) and bounds[k - 1] is None for k in range(1, 5)):
+                return None  # a bound computed at run time
+        starts, ends, axes, steps = bounds
+        if starts is None or ends is None:
+            return None
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+        for a, start, end, step in zip(axes, starts, ends, steps, strict=True):
+            if ir.norm_axis(int(a), len(dims)) == axis:
+                lo, hi = clamped_bounds(dims[axis], int(start), int(end), int(step))
+                return np.arange(lo, hi, int(step))
+        return np.arange(dims[axis])  # not sliced on this axis: all of it
 
     def resized_bounds(
         self, node: OpNode, consts: Mapping[str, np.ndarray], base: Dims, now: Dims

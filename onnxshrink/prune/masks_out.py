@@ -14,8 +14,11 @@ import numpy as np
 import onnx
 
 from onnxshrink import ir
+from onnxshrink.core import OpNode
 from onnxshrink.errors import ShrinkError, file_access
 from onnxshrink.masks import ONNX_SECTION
+from onnxshrink.ops import handler_for_op, is_constant_node
+from onnxshrink.prepare import default_opset
 from onnxshrink.prune.groups import Member, ParamRef, gather_slices
 from onnxshrink.prune.spill import zero_slice
 
@@ -77,6 +80,7 @@ def mask_slices(
     # a place that reads a shared weight with no name recorded for it (through an Identity) is
     # still a place of the parameter the other places name
     named_as = {(m.initializer, m.axis): m.params for m in members if m.params and m.initializer in shared}
+    unnamed: dict[tuple[str, int], list[Alike]] = {}  # shared, no name: by initializer and axis
     for m, indices in alike:
         params = [p for p in m.params or named_as.get((m.initializer, m.axis), []) if p.name not in clashes]
         if params:
@@ -85,10 +89,76 @@ def mask_slices(
             key = (section + m.initializer, shapes[m.initializer])
             slices.append((key, m.axis, np.concatenate(indices)))
         else:
-            skipped.add(m.initializer)
-    agreed, notes = _agreed(named, untied or {})
+            unnamed.setdefault((m.initializer, m.axis), []).append((m, indices))
+    notes: list[str] = []
+    for (base, axis), places in unnamed.items():
+        found = _disjoint_union(model, base, axis, places, untied or {})
+        if found is None:
+            skipped.add(base)
+            continue
+        slices.append(((section + base, found[1]), axis, found[0]))
+        note = f"{base!r} is read in parts by {len(places)} places: its mask zeroes what each zeroed of its part"
+        notes += [] if note in notes else [note]
+    agreed, more = _agreed(named, untied or {})
+    notes += more
     notes += [f"{name!r} names tensors of different shapes ({clashes[name]}): no mask under it" for name in sorted(clashes)]
     return MaskSlices({**gather_slices(slices), **agreed}, sorted(skipped), notes)
+
+
+def _disjoint_union(
+    model: onnx.ModelProto, base: str, axis: int, places: list[Alike], untied: Mapping[str, str]
+) -> tuple[np.ndarray, tuple[int, ...]] | None:
+    """The indices along `axis` of a shared initializer with no parameter name, zeroed at some of
+    the places that read it, as one mask: their union, when every reader reads none of the
+    union's indices it did not zero itself (an LSTM's packed weight read one gate at a time by
+    Slices, each place zeroing its gate's rows of a unit); else None (one mask would change what
+    a place reads). What a reader reads is its op's to say (`Handler.reads_along`: a Slice with
+    constant bounds, its range; an op by default, all of it). With the initializer's shape."""
+    zeroed: dict[str, np.ndarray] = {}
+    for m, indices in places:
+        zeroed[m.node] = np.union1d(zeroed.get(m.node, np.zeros(0, np.int64)), np.concatenate(indices))
+    union = np.unique(np.concatenate(list(zeroed.values())))
+
+    def reads_it(name: str) -> bool:
+        return bool(name) and untied.get(name, name) == base
+
+    # (its readers' copies have its shape; the reference may hold only those)
+    dims = next((list(t.dims) for g in ir.all_graphs(model.graph) for t in g.initializer if reads_it(t.name)), None)
+    if dims is None:
+        return None
+    readers = [n for g in ir.all_graphs(model.graph) for n in g.node if any(reads_it(i) for i in n.input)]
+    if not set(zeroed) <= {n.name for n in readers}:
+        return None  # a place the graph does not show (renamed): say nothing
+    values = _small_constants(model, {x for n in readers for x in n.input if not reads_it(x)})
+    opset = default_opset(model)
+    for node in readers:
+        handler, op = handler_for_op(node.op_type, node.domain, opset), OpNode.of(node)
+        read = np.zeros(0, np.int64)
+        for i, x in enumerate(node.input):
+            if reads_it(x):
+                got = handler.reads_along(op, i, axis, dims, values) if handler is not None else None
+                read = np.union1d(read, np.arange(dims[axis]) if got is None else got)
+        if np.isin(np.setdiff1d(union, zeroed.get(node.name, np.zeros(0, np.int64))), read).any():
+            return None
+    return union, tuple(dims)
+
+
+def _small_constants(model: onnx.ModelProto, names: set[str]) -> dict[str, np.ndarray]:
+    """The values of `names` that are initializers held in the file or Constant nodes' outputs,
+    in any graph (a reader's constant bounds)."""
+    opset = default_opset(model)
+    out: dict[str, np.ndarray] = {}
+    for g in ir.all_graphs(model.graph):
+        for t in g.initializer:
+            if t.name in names and t.data_location != onnx.TensorProto.EXTERNAL:
+                out[t.name] = onnx.numpy_helper.to_array(t)
+        for n in g.node:
+            if n.output and n.output[0] in names and is_constant_node(n, opset):
+                handler = handler_for_op(n.op_type, n.domain, opset)
+                value = handler.constant_value(OpNode.of(n)) if handler is not None else None
+                if value is not None:
+                    out[n.output[0]] = np.asarray(value)
+    return out
 
 
 def _alike(members: list[Member]) -> list[Alike]:
