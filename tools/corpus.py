@@ -631,9 +631,32 @@ def apply_masks_by_hand(model_path: Path, masks_path: Path, out: Path) -> list[s
                     walk(sub)
 
     walk(model.graph)
+    applied_after(model.graph, masks, used)
     onnx.save(model, str(out))
     return problems + [f"{k}: names no initializer or Constant output (its mask zeroes {int((masks[k] == 0).sum())})"
                        for k in masks if k not in used and not any(p.startswith(f"{k}:") for p in problems)]
+
+
+def applied_after(g: Any, masks: dict[str, Any], used: set[str]) -> None:
+    """A mask naming a node's output (a weight the model computes from constants, which
+    onnxshrink stores as a weight of that name: a Concat of an LSTM's two biases) applied as a
+    framework's pruning hook does: the computed tensor times the mask (a Mul after its node, the
+    readers reading the product), in the graph whose node makes it."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    for node in list(g.node):
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else []) + list(a.graphs):
+                applied_after(sub, masks, used)
+        for j, name in enumerate(node.output):
+            if name in masks and name not in used:
+                node.output[j] = f"{name}__unmasked"
+                g.initializer.append(numpy_helper.from_array(np.asarray(masks[name] != 0, np.float32), f"{name}__mask"))
+                at = list(g.node).index(node) + 1
+                g.node.insert(at, helper.make_node("Mul", [f"{name}__unmasked", f"{name}__mask"], [name]))
+                used.add(name)
 
 
 def _load(path: Path) -> Any:
