@@ -374,3 +374,22 @@ def export_cached(directory: Path, key: tuple, build) -> Path:
         export(module, path, input_shape, **kwargs)
         _EXPORTS[key] = path
     return _EXPORTS[key]
+
+
+def zero_slices(m: onnx.ModelProto, where: dict[str, list[tuple[int, list[int]]]]) -> onnx.ModelProto:
+    """A copy of `m` whose initializers named in `where` have the given indices zeroed along
+    each given axis (a masked export made by hand)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    for t in out.graph.initializer:
+        v = numpy_helper.to_array(t).copy()
+        for axis, idx in where.get(t.name, []):
+            v[(slice(None),) * axis + (idx,)] = 0
+        t.CopyFrom(numpy_helper.from_array(v, t.name))
+    return out
+
+
+def node_attr(m: onnx.ModelProto, op: str, name: str):
+    """Attribute `name` of the one `op` node of `m`'s main graph."""
+    [node] = [n for n in m.graph.node if n.op_type == op]
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}[name]

@@ -391,15 +391,7 @@ def apply(comp: Compensation, values: Mapping[str, np.ndarray], copy: bool = Tru
     if copy:
         out = onnx.ModelProto()
         out.CopyFrom(comp.model)
-    g = out.graph
-    add = {c.bias: c for c in comp.consumers.values() if c.create and c.bias in values and np.any(values[c.bias])}
-    _add_biases(g, list(add.values()))
-    inits = {t.name: t for t in g.initializer}
-    for name, v in values.items():
-        if name in inits:
-            inits[name].CopyFrom(numpy_helper.from_array(np.asarray(v), name))
-        elif name in add:
-            g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+    _written(out, comp, values, lambda name, v: numpy_helper.from_array(v, name))
     from onnxshrink.prune.reference import retie_copies
 
     retie_copies(out, comp.copies)  # the readers' copies that stayed equal: one tensor again
@@ -418,15 +410,7 @@ def apply_on_disk(
 
     out = onnx.ModelProto()
     out.CopyFrom(comp.model)
-    g = out.graph
-    add = {c.bias: c for c in comp.consumers.values() if c.create and c.bias in values and np.any(values[c.bias])}
-    _add_biases(g, list(add.values()))
-    inits = {t.name: t for t in g.initializer}
-    for name, v in values.items():
-        if name in inits:
-            inits[name].CopyFrom(_stored(name, np.asarray(v), disk))
-        elif name in add:
-            g.initializer.append(_stored(name, np.asarray(v), disk))
+    _written(out, comp, values, lambda name, v: _stored(name, v, disk))
     # as `changes` zeroes them: the members of tensors the compensation may change (`base`)
     rest = [m for m in removed if m.tensor in comp.base and m.tensor not in values]
     zeroed(out, gset, rest, copy=False, retie=False, disk=disk)
@@ -444,6 +428,25 @@ def spilled(disk: Disk) -> Callable[[str, np.ndarray], np.ndarray]:
         return disk.writer.write(name, mapped.row_blocks(v), v.shape, v.dtype)
 
     return keep
+
+
+def _written(
+    out: onnx.ModelProto,
+    comp: Compensation,
+    values: Mapping[str, np.ndarray],
+    stored: Callable[[str, np.ndarray], onnx.TensorProto],
+) -> None:
+    """`values` written into `out` as `stored` makes their TensorProtos, the biases added first
+    where a consumer had none and its compensation is not zero (`apply`, `apply_on_disk`)."""
+    g = out.graph
+    add = {c.bias: c for c in comp.consumers.values() if c.create and c.bias in values and np.any(values[c.bias])}
+    _add_biases(g, list(add.values()))
+    inits = {t.name: t for t in g.initializer}
+    for name, v in values.items():
+        if name in inits:
+            inits[name].CopyFrom(stored(name, np.asarray(v)))
+        elif name in add:
+            g.initializer.append(stored(name, np.asarray(v)))
 
 
 def _stored(name: str, v: np.ndarray, disk: Disk) -> onnx.TensorProto:

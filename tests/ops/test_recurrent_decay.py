@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import error_against, init, ort_run, params
+from conftest import error_against, init, node_attr, ort_run, params, zero_slices
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -80,19 +80,8 @@ def zeroed(m: onnx.ModelProto, op: str, units: list[int]) -> onnx.ModelProto:
     dirs = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "W")).shape[0]
     where = {"W": [(1, rows(units, g))], "R": [(1, rows(units, g)), (2, units)], "B": [(1, rows(units, 2 * g))],
              "P": [(1, rows(units, 3))], "V": [(0, rows(units, dirs))]}  # fmt: skip
-    out = onnx.ModelProto()
-    out.CopyFrom(m)
-    for t in out.graph.initializer:
-        v = numpy_helper.to_array(t).copy()
-        for axis, idx in where.get(t.name, []):
-            v[(slice(None),) * axis + (idx,)] = 0
-        t.CopyFrom(numpy_helper.from_array(v, t.name))
-    return out
+    return zero_slices(m, where)
 
-
-def attr(m: onnx.ModelProto, op: str, name: str):
-    [node] = [n for n in m.graph.node if n.op_type == op]
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}[name]
 
 
 def feeds(m: onnx.ModelProto, t: int, n: int, seed: int) -> dict[str, np.ndarray]:
@@ -141,7 +130,7 @@ def test_decaying_units_go_and_their_last_states_are_written_in_closed_form(op, 
     reference = zeroed(m, op, UNITS)
     result = shrink(reference, validate=False)
     out, g, dirs = result.model, GATES[op], 2 if direction == "bidirectional" else 1
-    assert attr(out, op, "hidden_size") == H - 2 and not result.kept_zeroed
+    assert node_attr(out, op, "hidden_size") == H - 2 and not result.kept_zeroed
     np.testing.assert_array_equal(init(out, "W"), np.delete(init(m, "W"), rows(UNITS, g), axis=1))
     np.testing.assert_array_equal(init(out, "R"), np.delete(np.delete(init(m, "R"), rows(UNITS, g), 1), UNITS, 2))
     assert init(out, "V").shape == (dirs * (H - 2), OUT)
@@ -170,7 +159,7 @@ def test_batch_first_layout(op):
     m = model(op, "bidirectional", layout=1, seed=3)
     reference = zeroed(m, op, UNITS)
     out = shrink(reference, validate=False).model
-    assert attr(out, op, "hidden_size") == H - 2
+    assert node_attr(out, op, "hidden_size") == H - 2
     assert_same(reference, out, [(1, 2), (30, 3)], layout=1)
 
 
@@ -181,7 +170,7 @@ def test_a_reader_of_the_last_state_reads_the_closed_form(op):
     m = model(op, "bidirectional", state_head=True, seed=4)
     reference = zeroed(m, op, UNITS)
     result = shrink(reference, validate=False)
-    assert attr(result.model, op, "hidden_size") == H - 2
+    assert node_attr(result.model, op, "hidden_size") == H - 2
     assert init(result.model, "U").shape == (H, OUT)
     assert_same(reference, result.model, [(1, 1), (9, 2), (200, 2)])
 
@@ -199,7 +188,7 @@ def test_prune_removes_decaying_units_and_masks_out_round_trips(op):
         assert {m_.initializer for m_ in result.groups.groups[gid].members} == members
     units = sorted(int(i) for gid in result.removed() for mb in result.groups.groups[gid].members
                    if (mb.initializer, mb.axis) == ("R", 2) for i in mb.indices)  # fmt: skip
-    assert len(units) >= 1 and attr(result.model, op, "hidden_size") == H - len(units)
+    assert len(units) >= 1 and node_attr(result.model, op, "hidden_size") == H - len(units)
     assert params(result.model) == result.shrink.after.params < params(m)
     assert error_against(zeroed(m, op, units), result.model) <= 1e-5
     masks = {k: np.asarray(v) for k, v in result.masks.items()}
@@ -219,7 +208,7 @@ def test_units_without_a_closed_form_stay_and_say_why(op, kwargs, reason):
     output activation it applies; with a sequence_lens the sequences may end earlier."""
     reference = zeroed(model(op, "bidirectional", seed=9, **kwargs), op, UNITS)
     result = shrink(reference, validate=False)
-    assert attr(result.model, op, "hidden_size") == H and params(result.model) == params(reference)
+    assert node_attr(result.model, op, "hidden_size") == H and params(result.model) == params(reference)
     count, why = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}[("W", 1)]
     assert count == 2 * GATES[op] and "decays" in why and reason in why
     feeds_ = [feeds(reference, t, 2, seed=t) for t in (1, 6)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import error_against, init, ort_run, params
+from conftest import error_against, init, node_attr, ort_run, params, zero_slices
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxshrink import shrink
@@ -75,19 +75,8 @@ def zeroed(m: onnx.ModelProto, op: str, units: list[int], readers: int = 0, colu
         where["R"].append((2, units))
     if readers:
         where["V"] = [(0, rows(units, readers))]
-    out = onnx.ModelProto()
-    out.CopyFrom(m)
-    for t in out.graph.initializer:
-        v = numpy_helper.to_array(t).copy()
-        for axis, idx in where.get(t.name, []):
-            v[(slice(None),) * axis + (idx,)] = 0
-        t.CopyFrom(numpy_helper.from_array(v, t.name))
-    return out
+    return zero_slices(m, where)
 
-
-def attr(m: onnx.ModelProto, op: str, name: str):
-    [node] = [n for n in m.graph.node if n.op_type == op]
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}[name]
 
 
 def feeds(m: onnx.ModelProto, t: int, n: int, seed: int, lens=None) -> dict[str, np.ndarray]:
@@ -139,7 +128,7 @@ def test_rnn_units_with_graph_input_states_and_output_states_go(dirs, default, y
     reference = zeroed(m, "RNN", UNITS)  # V's rows for the units not zeroed: Y is 0 there
     result = shrink(reference, validate=False)
     out = result.model
-    assert attr(out, "RNN", "hidden_size") == H - 2
+    assert node_attr(out, "RNN", "hidden_size") == H - 2
     g = out.graph
     assert [tuple(d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim) for i in g.input] == [
         ("T", "N", F), (dirs, "N", H)]  # the interface as it was  # fmt: skip
@@ -172,7 +161,7 @@ def test_sequence_lens_that_may_hold_0_keeps_the_units_and_lengths_of_at_least_1
     m = model(dirs=2, seq_lens=True, head=False, seed=5)
     reference = zeroed(m, "RNN", UNITS)
     result = shrink(reference, validate=False)
-    assert attr(result.model, "RNN", "hidden_size") == H and params(result.model) == params(reference)
+    assert node_attr(result.model, "RNN", "hidden_size") == H and params(result.model) == params(reference)
     count, reason = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}[("W", 1)]
     assert count == 2 and "sequence_lens may hold 0" in reason
     assert_same(reference, result.model, [(3, 2)], lens=[1, 3])
@@ -182,7 +171,7 @@ def test_sequence_lens_that_may_hold_0_keeps_the_units_and_lengths_of_at_least_1
     del fixed.graph.input[1]
     fixed.graph.initializer.append(numpy_helper.from_array(np.array([2, 4, 1], np.int32), "seq"))
     out = shrink(fixed, validate=False).model
-    assert attr(out, "RNN", "hidden_size") == H - 2 and params(out) == stored(2, H - 2, 0) + 3
+    assert node_attr(out, "RNN", "hidden_size") == H - 2 and params(out) == stored(2, H - 2, 0) + 3
     assert_same(fixed, out, [(4, 3)])
 
 
@@ -198,7 +187,7 @@ def test_prune_removes_rnn_units_at_the_interface_and_masks_out_round_trips(dirs
         assert {m_.initializer for m_ in result.groups.groups[gid].members} == {"W", "R", "B", "V"}
     units = sorted(int(i) for gid in result.removed() for mb in result.groups.groups[gid].members
                    if (mb.initializer, mb.axis) == ("R", 2) for i in mb.indices)  # fmt: skip
-    assert len(units) == 2 and attr(result.model, "RNN", "hidden_size") == H - 2
+    assert len(units) == 2 and node_attr(result.model, "RNN", "hidden_size") == H - 2
     assert params(m) == result.original.params == stored(dirs, H, dirs * H)
     assert params(result.model) == result.shrink.after.params == stored(dirs, H - 2, dirs * (H - 2))
     assert error_against(zeroed(m, "RNN", units, readers=dirs), result.model) <= 1e-5
@@ -214,7 +203,7 @@ def test_a_unit_under_an_activation_not_zero_at_zero_stays(acts):
     m = model(dirs=2, acts=acts, seed=8)
     reference = zeroed(m, "RNN", UNITS)
     out = shrink(reference, validate=False).model
-    assert attr(out, "RNN", "hidden_size") == H and params(out) == params(reference)
+    assert node_attr(out, "RNN", "hidden_size") == H and params(out) == params(reference)
     assert error_against(reference, out) <= 1e-5
     gset = find_groups(m)
     [lay] = [la for la in gset.layers if la.kind == "recurrent_unit"]
@@ -229,7 +218,7 @@ def test_lstm_and_gru_units_with_graph_input_states_whose_y_is_read_stay_and_say
     m = model(op=op, dirs=2, seed=9)
     reference = zeroed(m, op, UNITS)  # V's rows for them not zeroed
     result = shrink(reference, validate=False)
-    assert attr(result.model, op, "hidden_size") == H and params(result.model) == params(reference)
+    assert node_attr(result.model, op, "hidden_size") == H and params(result.model) == params(reference)
     assert error_against(reference, result.model) <= 1e-5
     why = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}
     g = GATES[op]
@@ -247,7 +236,7 @@ def test_an_rnn_unit_whose_state_others_read_stays():
     m = model(dirs=1, seed=11)
     reference = zeroed(m, "RNN", UNITS, columns=False)
     result = shrink(reference, validate=False)
-    assert attr(result.model, "RNN", "hidden_size") == H
+    assert node_attr(result.model, "RNN", "hidden_size") == H
     count, reason = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}[("W", 1)]
     assert count == 2 and "read it at the first step" in reason
     assert error_against(reference, result.model) <= 1e-5
@@ -271,7 +260,7 @@ def test_zero_lstm_and_gru_units_at_zero_initial_states_go_from_graph_outputs_to
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     reference = zeroed(m, op, UNITS, columns=False)  # R's columns for them read zeros: not zeroed
     out = shrink(reference, validate=False).model
-    assert attr(out, op, "hidden_size") == H - 2
+    assert node_attr(out, op, "hidden_size") == H - 2
     assert params(out) == 2 * g * (H - 2) * (F + H - 2 + 2)
     kept = [k for k in range(H) if k not in UNITS]
     for name in outs:
