@@ -18,6 +18,7 @@ from onnxshrink.errors import ShrinkError, file_access, first_line
 from onnxshrink.io import dims
 from onnxshrink.io.skeleton import checkable
 from onnxshrink.io.weights import DataWriter, WeightStore, pad_for
+from onnxshrink.io.wire import one_file_bytes, read_mapped, write_one_file
 from onnxshrink.ir import all_graphs
 
 TWO_GB = 2**31
@@ -92,23 +93,32 @@ def data_files(path: str | Path, model: onnx.ModelProto | None = None) -> list[P
 
 
 def _data_locations(path: str | Path, model: onnx.ModelProto | None = None) -> dict[str, Path]:
-    if model is None:
-        model = onnx.load(str(path), load_external_data=False)
+    if model is None:  # the graph alone: a one-file model's weights are not read (io.wire)
+        model = read_mapped(path, None) or onnx.load(str(path), load_external_data=False)
     folder = Path(os.path.abspath(Path(path).parent))
     return {loc: external_file(folder, loc, name, str(path)) for name, loc in _external_entries(model)}
 
 
-def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto:
+def load_model(path: str | Path, keep_external: bool = False, map_from: int | None = None) -> onnx.ModelProto:
     """The model at `path`, checked. With `keep_external`, weights stored in external data
     files stay there (only their presence and sizes are checked): the caller reads them when it
-    needs them (`onnxshrink.prepare` does, straight into numpy), so they are not held twice."""
+    needs them (`onnxshrink.prepare` does, straight into numpy), so they are not held twice.
+    With `map_from` too, a model file of that many bytes or more keeps its large inline weights
+    where they are as well: they are named as external data in the model file itself (see
+    io.wire; `mapped_in_place` tells), so that a one-file model is read as one with external
+    data is, mapped tensor by tensor."""
     p = Path(path)
     if not p.exists():
         raise ShrinkError(f"{p}: no such file. Give the path of an ONNX model (.onnx).")
     if p.is_dir():
         raise ShrinkError(f"{p}: is a directory, not an ONNX model file.")
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        model = None
+        # (a symbolic link is read the plain way: external data is never read through one)
+        if keep_external and map_from is not None and not p.is_symlink() and p.stat().st_size >= map_from:
+            model = read_mapped(p, p.name)
+        if model is None:
+            model = onnx.load(str(p), load_external_data=False)
     except Exception as exc:
         raise ShrinkError(
             f"{p}: not a valid ONNX model ({first_line(exc)}). Check that the file is complete, "
@@ -133,6 +143,15 @@ def load_model(path: str | Path, keep_external: bool = False) -> onnx.ModelProto
     check_model(model, str(p))
     dims.to_symbolic(model)  # -1 dims are dynamic (see io.dims); restored in the output
     return model
+
+
+def mapped_in_place(path: str | Path, model: onnx.ModelProto) -> bool:
+    """`model`, read from `path` by `load_model(..., map_from=...)`, names weights inside the
+    model file itself (see io.wire)."""
+    name = Path(path).name
+    return any(
+        e.key == "location" and e.value == name for t in model.graph.initializer for e in t.external_data
+    )
 
 
 def load_external(model: onnx.ModelProto, base_dir: Path, source: str = "model") -> None:
@@ -384,6 +403,24 @@ def save_streamed(
         os.replace(staged, data)
         os.replace(tmp_model, out)
     return [out, data]
+
+
+def save_one_file(
+    model: onnx.ModelProto, data_file: Path, path: str | Path, *, protect: Iterable[str | Path] = ()
+) -> list[Path] | None:
+    """Write `model`, whose large initializers refer to `data_file` (a streamed shrink's), to
+    `path` as one file, its weights copied from `data_file` as the file is written (see
+    io.wire); None when it would not fit in one file (2 GiB), so that the caller writes external
+    data instead. Atomic as `save_model`; `model` and `data_file` are left as they were."""
+    if one_file_bytes(model) >= TWO_GB:
+        return None
+    out = Path(path).absolute()
+    _check_output(out, out.with_name(out.name + ".data"), protect)
+    with file_access(out), tempfile.TemporaryDirectory(dir=out.parent, prefix=".onnxshrink-") as tmp:
+        staged = Path(tmp) / out.name
+        write_one_file(model, data_file, staged)
+        os.replace(staged, out)
+    return [out]
 
 
 def copy_model(

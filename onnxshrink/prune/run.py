@@ -674,7 +674,9 @@ def _disk_reference(given: Input, scored: Scored, plans: list[LayerPlan]) -> tup
     reference = scored.builder.on_disk(plans, disk)
     disk.writer.close()
     s = given.source
-    return Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store), scratch
+    disked = Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store)
+    disked.mapped_in_place = s.mapped_in_place
+    return disked, scratch
 
 
 def shrink_reference(reference: onnx.ModelProto | Source, opts: ShrinkOptions, original: ModelStats) -> ShrinkResult:
@@ -715,7 +717,8 @@ def _shrink_and_write(
             t0 = time.perf_counter()
             # as the input's shrink: external data because the input had it (not asked for),
             # never larger than the input's files
-            as_input = Source(result.reference, data=given.source.data)
+            s = given.source
+            as_input = Source(result.reference, base_dir=s.base_dir, data=s.data, mapped_in_place=s.mapped_in_place)
             save(result, as_input, output, shrink_opts.but(external_data=opts.external_data), given.original.file_bytes)
             if given.source.path is not None:
                 write_runtime_configs(result, given.source.path, given.proto, given.source.base_dir, output, scored.gset)

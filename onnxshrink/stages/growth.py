@@ -91,7 +91,7 @@ def _reference(
     result.model, result.data_file = result.reference, None
     as_given = result.reference is source.proto and source.as_given and source.path is not None
     result._unchanged = source if as_given else None
-    if not as_given and source.data and source.base_dir is not None:
+    if not as_given and source.streamed and source.base_dir is not None:
         if not in_memory(limit):
             raise ShrinkError(
                 f"{output}: the shrunk model would be larger than the input's "

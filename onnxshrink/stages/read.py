@@ -4,6 +4,7 @@ read into `GivenMasks`; everything the model contradicts refused before any heav
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from onnxshrink.io.model import (
     check_tensor_data,
     data_files,
     load_model,
+    mapped_in_place,
     unique_node_names,
 )
 from onnxshrink.io.weights import WeightStore
@@ -29,6 +31,7 @@ from onnxshrink.options import ShrinkOptions
 from onnxshrink.prepare.computed import fold_computed_weights, has_computed_weights
 from onnxshrink.proof.inputs import check_inputs, resolve_shapes
 from onnxshrink.proof.sessions import check_provider, check_runnable, session_threads
+from onnxshrink.result import IN_MEMORY_BYTES
 
 ModelLike = str | Path | onnx.ModelProto
 MasksLike = str | Path | Mapping[str, Any] | None
@@ -85,6 +88,8 @@ class Source:
     store: WeightStore = field(default_factory=WeightStore)  # maps the external data
     renamed: list[tuple[str, str]] = field(default_factory=list)  # nodes named apart (see io)
     folded: list[str] = field(default_factory=list)  # weights computed from constants, now stored
+    # a one-file model's large weights named as external data in the model file itself (io.wire)
+    mapped_in_place: bool = False
 
     @property
     def as_given(self) -> bool:
@@ -93,8 +98,9 @@ class Source:
 
     @property
     def streamed(self) -> bool:
-        """Weights in external data: mapped as read, written as sliced (see ShrinkResult)."""
-        return bool(self.data)
+        """Weights on disk (external data, or a large one-file model's own): mapped as read,
+        written as sliced (see ShrinkResult)."""
+        return bool(self.data) or self.mapped_in_place
 
     @property
     def protected(self) -> list[Path]:
@@ -112,11 +118,16 @@ def read_model(model: ModelLike | Source) -> Source:
         return model
     if isinstance(model, str | Path):
         path = Path(model)
-        proto = load_model(path, keep_external=True)  # weights are read once, by prepare()
-        data = data_files(path, proto)
+        # weights are read once, by prepare(); a large one-file model's stay in its file
+        proto = load_model(path, keep_external=True, map_from=IN_MEMORY_BYTES)
+        in_place = mapped_in_place(path, proto)
+        itself = Path(os.path.abspath(path))
+        data = [f for f in data_files(path, proto) if not (in_place and f == itself)]
         size = path.stat().st_size + sum(p.stat().st_size for p in data if p.exists())
         ir.unique_scope_names(proto.graph)  # bodies that reuse a sibling's names: named apart
-        source = Source(proto, path, str(path.parent), data, size, renamed=unique_node_names(proto))
+        source = Source(
+            proto, path, str(path.parent), data, size, renamed=unique_node_names(proto), mapped_in_place=in_place
+        )
     elif isinstance(model, onnx.ModelProto):
         check_tensor_data(model, "model")
         names = [n.name for n in model.graph.node if n.name]

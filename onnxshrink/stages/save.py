@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 
 from onnxshrink.errors import ValidationFailed
-from onnxshrink.io.model import copy_model, load_external, save_model, save_streamed
+from onnxshrink.io.model import copy_model, load_external, save_model, save_one_file, save_streamed
 from onnxshrink.options import ShrinkOptions
 from onnxshrink.result import ShrinkResult, in_memory
 from onnxshrink.runtime_config import count, write_configs
@@ -43,6 +43,10 @@ def _write(result: ShrinkResult, source: Source, output: str | Path, opts: Shrin
     external = opts.external_data if opts.external_data is not None else bool(source.data)
     if result._unchanged is not None and external == bool(source.data):
         written = copy_model(result._unchanged.path, result._unchanged.data, output, protect=protect)
+    elif result.data_file is not None and not external and (
+        one := save_one_file(result.model, result.data_file, output, protect=protect)
+    ):
+        written = one  # a one-file input's streamed shrink: one file again, its weights copied in
     elif result.data_file is not None:  # streamed: the data file written is moved into place
         written = save_streamed(result.model, result.data_file, output, protect=protect)
         if result._scratch is not None:
