@@ -8,7 +8,7 @@ from typing import Any
 
 import onnx
 
-from onnxshrink.io.model import copy_model, save_model, save_streamed
+from onnxshrink.io.model import copy_model, save_model, save_one_file, save_streamed
 from onnxshrink.proof.verdict import ValidationReport
 from onnxshrink.report import InterfaceChange, KeptGroup, ModelStats, Sparsity, to_jsonable
 from onnxshrink.rewrite import Fold
@@ -76,6 +76,9 @@ class ShrinkResult:
     _scratch: Any = field(default=None, repr=False)  # keeps an unsaved data file alive
     # A shrink that removed nothing from the model file as given: saved as a copy of the file
     _unchanged: Any = field(default=None, repr=False)
+    # the input was one file whose weights were mapped where they lie (io.wire): save() writes
+    # a streamed result as one file too, as the shrink of it in memory was
+    _one_file: bool = field(default=False, repr=False)
 
     @property
     def passed(self) -> bool:
@@ -121,6 +124,10 @@ class ShrinkResult:
     def save(self, path: str | Path, external: bool = False) -> list[Path]:
         if self._unchanged is not None and external == bool(self._unchanged.data):
             return copy_model(self._unchanged.path, self._unchanged.data, path)
+        if self.data_file is not None and self._one_file and not external:
+            written = save_one_file(self.model, self.data_file, path)
+            if written is not None:
+                return written
         if self.data_file is not None:
             return save_streamed(self.model, self.data_file, path, move=False)
         return save_model(self.model, path, external=external)

@@ -179,6 +179,11 @@ def test_a_large_one_file_model_with_masks_is_shrunk_mapped(tmp_path, monkeypatc
         _forbid_parsing(m, path)
         mapped = shrink(path, masks, tmp_path / "mapped.onnx")
     assert mapped.passed and not (tmp_path / "mapped.onnx.data").exists()
+    with monkeypatch.context() as m:  # a result saved by the caller: one file as well
+        _large(m)
+        unsaved = shrink(path, masks)
+    copy = tmp_path / "copy.onnx"
+    assert unsaved.save(copy) == [copy.absolute()] and not copy.with_name("copy.onnx.data").exists()
     assert mapped.after.params == held.after.params < held.before.params
     feed = {"input_ids": rng.integers(0, 128, (1, 16)).astype(np.int64)}
     # against the input with the masks applied by this test
@@ -189,3 +194,4 @@ def test_a_large_one_file_model_with_masks_is_shrunk_mapped(tmp_path, monkeypatc
     got = _session(tmp_path / "mapped.onnx").run(None, feed)[0]
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     assert np.array_equal(got, _session(tmp_path / "held.onnx").run(None, feed)[0])
+    assert np.array_equal(got, _session(copy).run(None, feed)[0])

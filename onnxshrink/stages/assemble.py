@@ -76,6 +76,7 @@ def assemble(
     )
     if rewritten.data_file is not None:
         result.data_file, result._scratch = rewritten.data_file, scratch
+        result._one_file = source.mapped_in_place
     for m in {id(result.model): result.model, id(reference): reference}.values():
         dims.restore(m)  # the input's interface as it was declared (see io.dims)
     result.interface_changes = interface_changes(reference, result.model)
