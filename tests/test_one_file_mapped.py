@@ -195,3 +195,18 @@ def test_a_large_one_file_model_with_masks_is_shrunk_mapped(tmp_path, monkeypatc
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     assert np.array_equal(got, _session(tmp_path / "held.onnx").run(None, feed)[0])
     assert np.array_equal(got, _session(copy).run(None, feed)[0])
+
+
+def test_the_groups_of_a_large_one_file_model_are_found_on_its_mapped_weights(tmp_path, monkeypatch, one_file_llama):
+    import json
+
+    from onnxshrink.cli import main
+
+    path = one_file_llama
+    assert main([str(path), "--groups", str(tmp_path / "held.json"), "-q"]) == 0
+    with monkeypatch.context() as m:
+        _large(m)
+        _forbid_parsing(m, path)
+        assert main([str(path), "--groups", str(tmp_path / "mapped.json"), "-q"]) == 0
+    held, mapped = (json.loads((tmp_path / f).read_text()) for f in ("held.json", "mapped.json"))
+    assert mapped == held and sum(g["exact"] for g in held["groups"]) > 10

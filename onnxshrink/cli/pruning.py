@@ -19,11 +19,13 @@ def write_groups(args: argparse.Namespace, say: Say) -> None:
     """Write the model's coupled channel groups to --groups, and say them layer by layer."""
     from onnxshrink.io.model import load_model
     from onnxshrink.prune import find_groups
+    from onnxshrink.result import IN_MEMORY_BYTES
 
     path = Path(args.model)
     # external weights stay on disk, mapped as the analysis reads them (a 1.1 B-parameter
-    # model's 4.4 GB were read into memory before the groups were found)
-    model = load_model(path, keep_external=True)
+    # model's 4.4 GB were read into memory before the groups were found); a large one-file
+    # model's stay in its file (io.wire)
+    model = load_model(path, keep_external=True, map_from=IN_MEMORY_BYTES)
     groups = find_groups(model, str(path.parent), name=args.model, progress=not args.quiet)
     with file_access(args.groups):
         Path(args.groups).write_text(json.dumps(groups.to_dict()))
