@@ -54,8 +54,11 @@ def removed_columns(mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask.reshape(mask.shape[0], -1).max(axis=0) == 0)
 
 
-@pytest.mark.parametrize("mode", ["bias", "refit"])
-def test_compensation_is_the_mean_or_the_ridge_refit(mode):
+@pytest.mark.parametrize("mode", ["bias", "refit", "refit by blocks"])
+def test_compensation_is_the_mean_or_the_ridge_refit(mode, monkeypatch):
+    if mode == "refit by blocks":  # a weight refit a few outputs at a time, as a large one is
+        monkeypatch.setattr("onnxshrink.prune.compensate.REFIT_BLOCK_BYTES", 3 * 8 * 32)
+        mode = "refit"
     model, cal, held = mlp(), feeds(1), feeds(2)
     result = prune(model, 0.25, criterion="fluctuation", compensate=mode, data=[cal], held_out=[held], validate=False)
     W1, B1, W2, B2 = (init(model, n).astype(np.float64) for n in ("W1", "B1", "W2", "B2"))
@@ -201,9 +204,13 @@ def trained_like(seed: int) -> Net:
     return net
 
 
-@pytest.mark.parametrize("mode", ["bias", "refit"])
-def test_masks_and_weights_out_applied_in_torch_make_the_pruned_model(tmp_path, mode):
+@pytest.mark.parametrize("mode", ["bias", "refit", "refit by blocks"])
+def test_masks_and_weights_out_applied_in_torch_make_the_pruned_model(tmp_path, mode, monkeypatch):
     from models.zoo import export
+
+    if mode == "refit by blocks":  # a convolution's output channels two at a time
+        monkeypatch.setattr("onnxshrink.prune.compensate.REFIT_BLOCK_BYTES", 2 * 8 * 16 * 9)
+        mode = "refit"
 
     net = trained_like(3)
     shape = (4, 3, 8, 8)

@@ -346,16 +346,21 @@ def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ri
         and all(m.data is not None and np.array_equal(m.indices, m.data[2]) for m in ms)
     )
     if refit:
-        w = np.array(src, np.float64)  # a copy (changed in place below), whatever src's dtype
-        rows_w = np.moveaxis(w, [c.inp, c.out], [0, 1])  # [in, out, taps...]
-        flat = rows_w.reshape(rows_w.shape[0], -1)  # [in, out * taps]
-        removed = _per_out(rows_w[rows])
-        kept = np.setdiff1d(np.arange(w.shape[c.inp]), rows)
+        kept = np.setdiff1d(np.arange(src.shape[c.inp]), rows)
         assert samples is not None
         fit, const = _regress(np.asarray(samples, np.float64), stats.mean, kept, rows, ridge)
-        flat[kept] += fit @ flat[rows]  # (the removed rows, read first, are not among the kept)
-        value(c.weight)[...] = np.moveaxis(flat.reshape(rows_w.shape), [0, 1], [c.inp, c.out])
-        delta = const @ removed
+        target = value(c.weight)
+        delta = np.empty(src.shape[c.out], np.float64)
+        # a block of outputs at a time, in float64: an LM head's [2048, 32000] weight took 1.5 GiB
+        # of copies whole (its float64 copy, the fit's product, the kept rows' fancy copy)
+        step = max(1, REFIT_BLOCK_BYTES // max(8 * src.size // max(src.shape[c.out], 1), 1))
+        for lo in range(0, src.shape[c.out], step):
+            block = _along(c.out, slice(lo, lo + step), src.ndim)
+            rows_w = np.moveaxis(np.asarray(src[block], np.float64), [c.inp, c.out], [0, 1])  # [in, out, taps...]
+            flat = rows_w.reshape(rows_w.shape[0], -1)  # [in, out * taps] (a copy when not a view)
+            delta[lo : lo + step] = const @ _per_out(rows_w[rows])
+            flat[kept] += fit @ flat[rows]  # (the removed rows, read first, are not among the kept)
+            target[block] = np.moveaxis(flat.reshape(rows_w.shape), [0, 1], [c.inp, c.out])
     else:  # the removed rows alone, read and summed (a large weight is not copied whole)
         picked = np.asarray(np.take(src, rows, axis=c.inp), np.float64)
         delta = stats.mean[chans] @ _per_out(np.moveaxis(picked, [c.inp, c.out], [0, 1]))
@@ -364,6 +369,15 @@ def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ri
         delta = delta * c.scale
     b = value(c.bias)
     b.reshape(-1)[...] = (b.reshape(-1).astype(np.float64) + delta).astype(b.dtype)
+
+
+# The float64 copy of a refit weight's block of outputs (see `_compensate`).
+REFIT_BLOCK_BYTES = 32 * 2**20
+
+
+def _along(axis: int, index: slice, ndim: int) -> tuple[slice, ...]:
+    """An index taking `index` along `axis` of an array of `ndim` dims, all of the others."""
+    return tuple(index if k == axis else slice(None) for k in range(ndim))
 
 
 def _per_out(rows_w: np.ndarray) -> np.ndarray:
