@@ -210,3 +210,18 @@ def test_the_groups_of_a_large_one_file_model_are_found_on_its_mapped_weights(tm
         assert main([str(path), "--groups", str(tmp_path / "mapped.json"), "-q"]) == 0
     held, mapped = (json.loads((tmp_path / f).read_text()) for f in ("held.json", "mapped.json"))
     assert mapped == held and sum(g["exact"] for g in held["groups"]) > 10
+
+
+def test_a_large_one_file_model_with_a_weight_cut_short_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    from onnxshrink.cli import main
+
+    model = _mixed_model(np.random.default_rng(2))
+    w1 = next(t for t in model.graph.initializer if t.name == "w1")
+    w1.raw_data = w1.raw_data[:-4]  # one float short
+    path = tmp_path / "cut.onnx"
+    onnx.save(model, str(path))
+    monkeypatch.setattr("onnxshrink.stages.read.IN_MEMORY_BYTES", 1)
+    monkeypatch.setattr("onnxshrink.result.IN_MEMORY_BYTES", 1)
+    assert main([str(path), "-o", str(tmp_path / "out.onnx"), "-q"]) == 2
+    assert "initializer 'w1' holds 76796 bytes of data, but its shape [64, 300] of float needs 76800" in capsys.readouterr().err
+    assert not (tmp_path / "out.onnx").exists()

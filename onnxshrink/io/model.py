@@ -235,12 +235,17 @@ def check_tensor_data(
                     f"{source}: tensor '{t.name}' has an unreadable external data offset or length "
                     f"({info}); re-export the model."
                 ) from None
+            f = (files or {}).get(info.get("location", ""))
+            if need is not None and length != need and f is not None and f.name == Path(source).name:
+                raise ShrinkError(  # its data inside the model file (io.wire)
+                    f"{source}: initializer '{t.name}' holds {length} bytes of data, but {shape} "
+                    f"needs {need}; the model file is damaged or its exporter wrote it wrongly: re-export it."
+                )
             if need is not None and length != need:
                 raise ShrinkError(
                     f"{source}: tensor '{t.name}' says its external data is {length} bytes, but "
                     f"{shape} needs {need}; the model file is damaged: re-export it."
                 )
-            f = (files or {}).get(info.get("location", ""))
             if f is not None and f.stat().st_size < offset + length:
                 raise ShrinkError(
                     f"{source}: its external data could not be read ({f.name} is shorter than "
