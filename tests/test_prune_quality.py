@@ -380,3 +380,21 @@ def test_the_kernel_advice_follows_a_slower_prune_and_never_an_unchanged_model()
     unchanged = Price("inputs", latency_before_ms=10.0, latency_after_ms=11.9, macs_ratio=1.0)
     faster = Price("inputs", latency_before_ms=10.0, latency_after_ms=6.0, macs_ratio=0.5)
     assert [any(advice in line for line in p.lines()) for p in (slower, unchanged, faster)] == [True, False, False]
+
+
+@pytest.mark.parametrize("n", [40, 300])
+def test_the_refit_regression_is_the_ridge_formula_with_fewer_or_more_samples_than_channels(n):
+    from onnxshrink.prune.compensate import _regress
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 6)) @ rng.standard_normal((6, 120)) + 0.1 * rng.standard_normal((n, 120))
+    removed, kept = np.arange(0, 120, 7), np.setdiff1d(np.arange(120), np.arange(0, 120, 7))
+    mean = x.mean(axis=0)
+    for ridge in (1.0, 0.01):
+        fit, const = _regress(x, mean, kept, removed, ridge)
+        xc = x - mean
+        gram = xc[:, kept].T @ xc[:, kept] / n  # the k x k system, as written in the docs
+        lam = ridge * np.mean(np.diag(gram))
+        want = np.linalg.solve(gram + lam * np.eye(len(kept)), xc[:, kept].T @ xc[:, removed] / n)
+        assert np.abs(fit - want).max() <= 1e-9 * np.abs(want).max()
+        assert np.abs(const - (mean[removed] - mean[kept] @ want)).max() <= 1e-9 * np.abs(mean).max()

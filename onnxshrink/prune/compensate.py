@@ -289,9 +289,10 @@ def changes(
                 "them with --inputs data.npz (one array per model input)."
             )
         readers = Counter(c.weight for c in comp.consumers.values())
+        fits: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = {}  # (activation, rows) -> _regress
         for site, ms in _by_consumer(comp, removed, calibration).items():
             c = comp.consumers[site]
-            _compensate(c, ms, calibration, mode, ridge, comp.base, value)
+            _compensate(c, ms, calibration, mode, ridge, comp.base, value, fits)
             if keep is not None and c.weight in out and readers[c.weight] == 1:  # a refit weight, final
                 for (name, axis), idx in cuts.items():
                     if name == c.weight:
@@ -331,7 +332,10 @@ def _by_consumer(
     return per
 
 
-def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ridge: float, base, value) -> None:
+def _compensate(
+    c: Consumer, ms: list[Member], calib: Calibration, mode: str, ridge: float, base, value,
+    fits: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]],
+) -> None:
     src = base[c.weight]
     rows = np.concatenate([m.indices for m in ms])
     data = ms[0].data
@@ -348,7 +352,10 @@ def _compensate(c: Consumer, ms: list[Member], calib: Calibration, mode: str, ri
     if refit:
         kept = np.setdiff1d(np.arange(src.shape[c.inp]), rows)
         assert samples is not None
-        fit, const = _regress(np.asarray(samples, np.float64), stats.mean, kept, rows, ridge)
+        key = (data[0], rows.tobytes())  # q, k and v (gate and up) read one activation: one fit
+        if key not in fits:
+            fits[key] = _regress(np.asarray(samples, np.float64), stats.mean, kept, rows, ridge)
+        fit, const = fits[key]
         target = value(c.weight)
         delta = np.empty(src.shape[c.out], np.float64)
         # a block of outputs at a time, in float64: an LM head's [2048, 32000] weight took 1.5 GiB
@@ -391,6 +398,14 @@ def _regress(samples: np.ndarray, mean: np.ndarray, kept: np.ndarray, removed: n
     x = samples - samples.mean(axis=0)
     n = max(len(x), 1)
     xk, xr = x[:, kept], x[:, removed]
+    lam = ridge * float(np.einsum("ij,ij->", xk, xk)) / (n * len(kept)) if len(kept) else 0.0
+    if lam > 0 and len(x) < len(kept):
+        # fewer samples than kept channels (1024 positions, a 5632-neuron FFN): the same fit
+        # from the samples' n x n system, (Xk'Xk/n + lam I)^-1 Xk' = Xk' (Xk Xk'/n + lam I)^-1
+        # (an LLM's refit spent minutes in k x k systems; this is ~(k/n)^2 less)
+        z = np.linalg.solve(xk @ xk.T / n + lam * np.eye(len(x)), xr / n)
+        fit = xk.T @ z
+        return fit, mean[removed] - mean[kept] @ fit
     gram = xk.T @ xk / n
     lam = ridge * float(np.mean(np.diag(gram))) if len(kept) else 0.0
     fit = np.linalg.solve(gram + (lam or 1e-12) * np.eye(len(kept)), xk.T @ xr / n)
