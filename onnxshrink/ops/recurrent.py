@@ -26,20 +26,22 @@ An LSTM's cell and a GRU's state do not forget: they decay from theirs. At zero 
 peephole rows every gate is f(0) = a (Sigmoid: 0.5) and the candidate g(0) = 0, so a GRU unit is
 h_t = (1 - a) g(0) + a h_{t-1} = a h_{t-1} and an LSTM unit c_t = a c_{t-1} + a g(0) = a c_{t-1},
 h_t = a h(c_t). With its column of R zero too (no unit reads its state, so an LSTM's h_0 is read
-by no one), its last states have a closed form in X's sequence length T (the reverse direction
-also takes T steps): Y_h = a^T h_0 (GRU), Y_c = a^T c_0 and Y_h = a h(a^T c_0) (LSTM). Such a
-decaying unit (`decaying_units`) is needed by no one but Y's readers (every step is a h(a^(t+1)
-c_0), not written: a unit Y's kept readers read stays); the rewrite gathers the kept units of
-the states and writes the closed form where a last state keeps a removed unit (a graph output,
-or a reader that needs it), beside today's zeros for zero units: T is Shape(X) at run time, a^T
-c_0 is computed in float64 (a^T underflows float32 after 149 halvings while a^T c_0 of a large
-c_0 does not) and cast once. It is exact: onnxruntime's sigmoid(0) is exactly 0.5, so its T
-float multiplications by 0.5 are exact down to float's normal range, where each rounds once
-(they differ from the single rounding by at most one denormal step, 1.4e-45); h is Tanh or
-Relu, whose ONNX op gives onnxruntime's kernel's values bit for bit (checked on 10^-3..10^38
-cells, T up to 300). Refused, the unit kept with the reason (`carried_because`): another gate
-activation than Sigmoid (its powers would not be exact), another output activation, a
-sequence_lens (sequences may end earlier), input_forget.
+by no one), its states have a closed form in the step t and X's sequence length T: after e steps
+the state is a^e s_0, e = t + 1 forward at step t, T - t reverse (it runs from the end), T for
+the last states: Y_h = a^T h_0 (GRU), Y_c = a^T c_0 and Y_h = a h(a^T c_0) (LSTM), Y = a^e s_0
+(GRU), a h(a^e c_0) (LSTM). Such a decaying unit (`decaying_units`) is needed by no one: the
+rewrite gathers the kept units of the states and writes the closed form where an output keeps a
+removed unit (a graph output, or a reader that needs it), beside the zeros of zero units: T is
+Shape(X) at run time, Y's steps a Range (opset 11: below, a unit Y's kept readers read stays),
+a^e s_0 is computed in float64 (a^e underflows float32 after 149 halvings while a^e c_0 of a
+large c_0 does not) and cast once. It is onnxruntime's output bit for bit where that is a
+normal float: its sigmoid(0) is exactly 0.5, so its float multiplications by 0.5 are exact down
+to float's normal range; h is Tanh or Relu, whose ONNX op gives onnxruntime's kernel's values
+(checked on 10^-3..10^38 cells, T up to 300). Below it, each of its halvings rounds once (one
+denormal step, 1.4e-45, off the single rounding) and its tanh of a denormal is coarse (cells
+one step apart give outputs 1.43e-43 apart). Refused, the unit kept with the reason
+(`carried_because`): another gate activation than Sigmoid (its powers would not be exact),
+another output activation, a sequence_lens (sequences may end earlier), input_forget.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ _SEQUENCE_FIRST = {"x": (0, 1, 2), "y": (0, 1, 2, 3), "state": (0, 1, 2)}
 _BATCH_FIRST = {"x": (1, 0, 2), "y": (1, 2, 0, 3), "state": (1, 0, 2)}
 
 
-#: the removed decaying units a last state keeps, and what writes their closed form there
+#: the removed decaying units an output keeps, and what writes their closed form there
 _Closed = tuple[np.ndarray, Callable[[int, np.ndarray], gs.Tensor]]
 
 # Activations that map 0 to 0 whatever their alpha (ONNX's recurrent activation names)
@@ -97,7 +99,7 @@ class _Recurrent(Handler):
     #: f(0) = 0 for t >= 1 whatever h_0 is); LSTM's cell and GRU's state decay from theirs
     forgets_state = False
     #: LSTM's cell and GRU's state decay from theirs instead, by a = f(0) a step (f the gates'
-    #: activation: Sigmoid, 0.5): the last state has a closed form in the initial state (`closed_form`)
+    #: activation: Sigmoid, 0.5): its states have a closed form in the initial state (`closed_form`)
     decays_state = False
     #: the initial state the decay starts from (LSTM: initial_c; GRU: initial_h), and the
     #: outputs with a closed form (LSTM: Y_h, Y_c; GRU: Y_h)
@@ -220,9 +222,9 @@ class _Recurrent(Handler):
         and of Y, Y_h, Y_c. All are tied to R's column j. An RNN that forgets its initial state
         (`forgets`) leaves out the states computed in the graph (a graph input: the rewrite
         gathers the kept units from it) and the outputs the interface keeps (0 written there);
-        an LSTM or GRU whose last states have a closed form (`closed_form`) leaves out the
-        computed states and the last states the interface keeps (their closed form written
-        there), not Y (every step: a unit Y keeps stays)."""
+        an LSTM or GRU whose states have a closed form (`closed_form`) leaves out the computed
+        states and the outputs the interface keeps (their closed form written there; Y's from
+        opset 11, `every_step_closed`)."""
         rt = node.inputs[2]
         g = self.gates
 
@@ -246,7 +248,8 @@ class _Recurrent(Handler):
         for k, (t, role) in enumerate(outs):
             if ir.rank(t) != len(role):
                 continue
-            if (forgets or (decays and k > 0)) and any(r is not None and r.kind == "interface" for r in ks.why(t, role[-1])):
+            written = forgets or (decays and (k > 0 or self.every_step_closed(ks)))
+            if written and any(r is not None and r.kind == "interface" for r in ks.why(t, role[-1])):
                 continue  # the interface keeps its width: a removed unit is written there (0 or its closed form)
             tie(t, role[-1], h)
 
@@ -273,13 +276,14 @@ class _Recurrent(Handler):
         decaying = self.decaying_units(node, ks)
         free = zero | (decaying if decaying is not None else False)
         # a zero unit is needed by no one: the rewrite gathers the states' kept units and
-        # writes 0 where an output keeps a removed one; a decaying unit is needed by Y's
-        # readers only (its last states' closed form is written where they are kept)
+        # writes 0 where an output keeps a removed one; a decaying unit alike, its closed form
+        # written there (every step of Y, the last states)
         need = self.state_units(node, ks, self.axes(node)["state"][2], h) & ~free
+        every = self.every_step_closed(ks)
         for j, (t, role) in enumerate(outs):
             k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
             if k is not None and len(k) == h:
-                need |= k & ~(zero if j == 0 else free)
+                need |= k & ~(free if j > 0 or every else zero)
             elif ks.is_read(t):
                 need[:] = True
         reads = (r != 0).reshape(r.shape[0], self.gates, h, h).any(axis=(0, 1))  # [unit, unit it reads]
@@ -332,7 +336,7 @@ class _Recurrent(Handler):
 
     def closed_form(self, node: gs.Node, reader: Reader) -> tuple[np.ndarray, str | None] | str:
         """(a per direction, the op of LSTM's output activation h or None) when a unit with zero
-        gate rows and R column has last states in closed form (`decaying_units`), else why not.
+        gate rows and R column has its states in closed form (`decaying_units`), else why not.
 
         Its gates are f(0) = a at every step (W, R, B and peephole rows 0; no unit's R column
         reads it back), its candidate g(0) = 0. GRU: h_t = (1 - a) g(0) + a h_{t-1} = a h_{t-1},
@@ -374,6 +378,11 @@ class _Recurrent(Handler):
             if out is None:
                 return "its output activation h is not Tanh or Relu in every direction (the closed form applies it as an op)"
         return np.full(dirs, 0.5), out
+
+    def every_step_closed(self, reader: Reader) -> bool:
+        """Is Y (every step) of a decaying unit written in closed form too? Its steps are indexed
+        with Range, an op of opset 11."""
+        return reader.opset >= 11
 
     def decaying_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
         """LSTM and GRU units with a closed form (`closed_form`): silent (`silent_units`), their
@@ -511,7 +520,8 @@ class _Recurrent(Handler):
         """The needed units silent but for their initial states are kept for that reason first
         (what the report says of their zeroed rows): an LSTM's cell and a GRU's state decay from
         theirs (by 0.5 a step at zero gates), which needs its closed form (`closed_form`), and
-        a unit's read by the others through its column of R, or in every step of Y; an RNN's is
+        a unit's read by the others through its column of R, or in every step of Y below opset
+        11 (`every_step_closed`); an RNN's is
         Y_h where a sequence_lens may be 0."""
         silent = self.silent_units(node, ks)
         got = self.weights(node, ks)
@@ -536,10 +546,10 @@ class _Recurrent(Handler):
             closed = self.closed_form(node, ks)
             if isinstance(closed, str):
                 return [(carry, f"{decays}, and no closed form: {closed}")]
-            return [
-                (carry & read, f"{decays}, and the other units read it at every step, through its column of R"),
-                (carry & ~read, f"{decays}, and Y reads it at every step: the closed form is written for the last states only"),
-            ]
+            out = [(carry & read, f"{decays}, and the other units read it at every step, through its column of R")]
+            if not self.every_step_closed(ks):
+                out.append((carry & ~read, f"{decays}, and Y reads it at every step: its closed form indexes the steps with Range (opset 11), the model's opset is {ks.opset}"))
+            return out
         if not self.stepped(node, ks):
             return [(carry, "sequence_lens may hold 0, where Y_h is the initial state, not a step's output")]
         return [(carry, "the other units read it at the first step, through its column of R")]
@@ -548,7 +558,7 @@ class _Recurrent(Handler):
         self, node: gs.Node, ks: KeepView, outs: list[tuple[gs.Tensor, tuple[int, ...]]], need: np.ndarray, axis: int
     ) -> None:
         """The initial state the closed form of a removed decaying unit reads (`place_outputs`)
-        keeps its entries, where a last state (Y_h, Y_c) keeps the unit."""
+        keeps its entries, where an output keeps the unit."""
         src = ir.present(node, self.decay_source) if self.decays_state else None
         placed = self.placed_decaying(node, ks, outs, need)
         if src is None or ir.rank(src) != 3 or placed is None or not placed.any():
@@ -556,18 +566,18 @@ class _Recurrent(Handler):
         c = ks.const(src)
         if c is not None and c.slice_zero(axis, len(placed))[placed].all():
             return  # zero there: the closed form is 0
-        why = Reason("structure", node.name, node.op, "a removed unit's last state is written from its initial state (a closed form)")
+        why = Reason("structure", node.name, node.op, "a removed unit's outputs are written from its initial state (a closed form)")
         ks.keep(src, axis, placed, why)
 
     def placed_decaying(
         self, node: gs.Node, reader: KeepView | RewriteView, outs: list[tuple[gs.Tensor, tuple[int, ...]]], units: np.ndarray
     ) -> np.ndarray | None:
-        """The decaying units (`decaying_units`) not among `units` that a last state keeps."""
+        """The decaying units (`decaying_units`) not among `units` that an output keeps."""
         decaying = self.decaying_units(node, reader) if self.decays_state else None
         if decaying is None:
             return None
         placed = np.zeros(len(decaying), bool)
-        for t, role in outs[1:]:
+        for t, role in outs if self.every_step_closed(reader) else outs[1:]:
             k = reader.kept(t, role[-1]) if t.name and ir.rank(t) == len(role) else None
             if k is not None and len(k) == len(decaying):
                 placed |= k
@@ -586,9 +596,13 @@ class _Recurrent(Handler):
         self.place_outputs(node, rw, k, closed)
 
     def closed_states(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> _Closed | None:
-        """The removed decaying units a last state keeps, and a function of (output, units) that
+        """The removed decaying units an output keeps, and a function of (output, units) that
         writes their closed form (`closed_form`) from the initial state as the graph gives it;
-        None when there are none (or their initial state is absent or 0 there: 0 is written)."""
+        None when there are none (or their initial state is absent or 0 there: 0 is written).
+
+        Step t's state is a^e s_0 with e = t + 1 forward and T - t reverse (T: X's sequence
+        length, Shape(X) at run time); the last states' e is T. a^e s_0 is computed in float64
+        and cast once; LSTM's outputs are then a h(.) in the state's type, as the kernel does."""
         roles = self.axes(node)
         outs = [(t, roles["y"] if j == 0 else roles["state"]) for j, t in enumerate(node.outputs)]
         placed = self.placed_decaying(node, rw, outs, units)
@@ -596,42 +610,90 @@ class _Recurrent(Handler):
         closed = self.closed_form(node, rw)
         if placed is None or not placed.any() or src is None or isinstance(closed, str):
             return None
-        axis, dirs_axis, seq_axis = roles["state"][2], roles["state"][0], roles["x"][0]
+        axis = roles["state"][2]
         c = rw.const(src)
         if c is not None and c.slice_zero(axis, len(placed))[placed].all():
             return None
         rates, act = closed
         x, kept = node.inputs[0], rw.kept(src, axis)
         kept = np.ones(len(placed), bool) if kept is None else kept
-        memo: dict[bytes, gs.Tensor] = {}
+        dtype = np.dtype(src.dtype if src.dtype is not None else np.float32)
+        f64 = np.dtype(np.float64)
         cast_to = onnx.helper.np_dtype_to_tensor_dtype
+        memo: dict[tuple[str, bytes], gs.Tensor] = {}
+        y_seq, y_dirs, y_batch, _ = roles["y"]
+        direction = str_attr(node, "direction", "forward")
+        forward = np.array([direction != "reverse"] if direction != "bidirectional" else [True, False])
 
-        def cell(which: np.ndarray) -> gs.Tensor:
-            """a^T * s_0 for the units `which` (float64 then the state's type)."""
-            if which.tobytes() in memo:
-                return memo[which.tobytes()]
-            dtype = np.dtype(src.dtype if src.dtype is not None else np.float32)
-            idx = np.searchsorted(np.flatnonzero(kept), np.flatnonzero(which)).astype(np.int64)
-            s0 = rw.add_node("Gather", [src, rw.constant(idx, "decaying_units")], "decaying_state", {"axis": axis}, dtype=dtype)
-            shape = rw.add_node("Shape", [x], "decay_x_shape", dtype=np.int64)
-            steps = rw.add_node("Gather", [shape, rw.constant(np.asarray(seq_axis, np.int64), "seq_axis")], "decay_steps", {"axis": 0}, dtype=np.int64)
-            steps = rw.add_node("Cast", [steps], "decay_steps_f64", {"to": cast_to(np.dtype(np.float64))}, dtype=np.float64)
-            rate = rw.constant(along_axis(rates.astype(np.float64), dirs_axis), "decay_rate")
-            power = rw.add_node("Pow", [rate, steps], "decay_power", dtype=np.float64)
-            wide = rw.add_node("Cast", [s0], "decaying_state_f64", {"to": cast_to(np.dtype(np.float64))}, dtype=np.float64)
-            out = rw.add_node("Mul", [wide, power], "decayed_f64", dtype=np.float64)
-            if dtype != np.float64:
-                out = rw.add_node("Cast", [out], "decayed", {"to": cast_to(dtype)}, dtype=dtype)
-            memo[which.tobytes()] = out
-            return out
+        def once(key: str, which: np.ndarray, build: Callable[[], gs.Tensor]) -> gs.Tensor:
+            k = (key, which.tobytes())
+            if k not in memo:
+                memo[k] = build()
+            return memo[k]
+
+        def steps(wide: bool) -> gs.Tensor:
+            """X's sequence length T: an int64 scalar, or float64 (`wide`)."""
+            def build() -> gs.Tensor:
+                shape = rw.add_node("Shape", [x], "decay_x_shape", dtype=np.int64)
+                seq = rw.constant(np.asarray(roles["x"][0], np.int64), "seq_axis")
+                return rw.add_node("Gather", [shape, seq], "decay_steps", {"axis": 0}, dtype=np.int64)
+            t = once("steps", np.zeros(0, bool), build)
+            if not wide:
+                return t
+            return once("steps_f64", np.zeros(0, bool), lambda: rw.add_node("Cast", [t], "decay_steps_f64", {"to": cast_to(f64)}, dtype=f64))
+
+        def state(which: np.ndarray) -> gs.Tensor:
+            """The initial state of the units `which`, in float64 ([dirs, batch, units] by layout)."""
+            def build() -> gs.Tensor:
+                idx = np.searchsorted(np.flatnonzero(kept), np.flatnonzero(which)).astype(np.int64)
+                s0 = rw.add_node("Gather", [src, rw.constant(idx, "decaying_units")], "decaying_state", {"axis": axis}, dtype=dtype)
+                return rw.add_node("Cast", [s0], "decaying_state_f64", {"to": cast_to(f64)}, dtype=f64)
+            return once("state", which, build)
+
+        def narrow(t: gs.Tensor, hint: str) -> gs.Tensor:
+            return t if dtype == f64 else rw.add_node("Cast", [t], hint, {"to": cast_to(dtype)}, dtype=dtype)
+
+        def last(which: np.ndarray) -> gs.Tensor:
+            """a^T s_0: the last cell (LSTM) or state (GRU)."""
+            def build() -> gs.Tensor:
+                rate = rw.constant(along_axis(rates.astype(f64), roles["state"][0]), "decay_rate")
+                power = rw.add_node("Pow", [rate, steps(True)], "decay_power", dtype=f64)
+                return narrow(rw.add_node("Mul", [state(which), power], "decayed_f64", dtype=f64), "decayed")
+            return once("last", which, build)
+
+        def every(which: np.ndarray) -> gs.Tensor:
+            """a^e s_0 at every step t (e = t + 1 forward, T - t reverse), in Y's layout."""
+            def build() -> gs.Tensor:
+                def along(values: np.ndarray, at: int, hint: str) -> gs.Constant:
+                    return rw.constant(along_axis(values, at, 4), hint)
+                one, zero = rw.constant(np.asarray(1, np.int64), "one"), rw.constant(np.asarray(0, np.int64), "zero")
+                t = rw.add_node("Range", [zero, steps(False), one], "decay_step_index", dtype=np.int64)
+                at_seq = np.ones(4, np.int64)
+                at_seq[y_seq] = -1
+                t = rw.add_node("Reshape", [t, rw.constant(at_seq, "decay_step_shape")], "decay_steps_along_y", dtype=np.int64)
+                # the exponent in int64 (exact; no float constants): t * sign + first + span * T
+                sign = along(np.where(forward, 1, -1).astype(np.int64), y_dirs, "decay_step_sign")
+                first = along(np.where(forward, 1, 0).astype(np.int64), y_dirs, "decay_first_step")
+                span = along(np.where(forward, 0, 1).astype(np.int64), y_dirs, "decay_span")
+                ends = rw.add_node("Mul", [span, steps(False)], "decay_ends", dtype=np.int64)
+                e = rw.add_node("Add", [rw.add_node("Mul", [t, sign], "decay_signed_steps", dtype=np.int64), first], "decay_after", dtype=np.int64)
+                e = rw.add_node("Add", [e, ends], "decay_exponent", dtype=np.int64)
+                e = rw.add_node("Cast", [e], "decay_exponent_f64", {"to": cast_to(f64)}, dtype=f64)
+                power = rw.add_node("Pow", [along(rates.astype(f64), y_dirs, "decay_rate"), e], "decay_powers", dtype=f64)
+                to_y = np.empty(4, np.int64)
+                to_y[[y_seq, y_dirs, y_batch, 3]] = [1, len(rates), -1, int(which.sum())]
+                s0 = rw.add_node("Reshape", [state(which), rw.constant(to_y, "decay_state_shape")], "decaying_state_along_y", dtype=f64)
+                return narrow(rw.add_node("Mul", [s0, power], "decayed_steps_f64", dtype=f64), "decayed_steps")
+            return once("every", which, build)
 
         def write(j: int, which: np.ndarray) -> gs.Tensor:
-            s = cell(which)
-            if j == 1 and act is not None:  # LSTM's Y_h: a * h(c_T)
-                dtype = np.dtype(src.dtype if src.dtype is not None else np.float32)
-                hs = rw.add_node(act, [s], "decayed_output", dtype=dtype)
-                return rw.add_node("Mul", [hs, rw.constant(along_axis(rates.astype(dtype), dirs_axis), "decay_rate")], "decayed_h", dtype=dtype)
-            return s
+            s = every(which) if j == 0 else last(which)
+            if j == 2 or act is None:
+                return s
+            # LSTM's Y and Y_h: a * h(c_t)
+            at, rank = (y_dirs, 4) if j == 0 else (roles["state"][0], 3)
+            hs = rw.add_node(act, [s], "decayed_output", dtype=dtype)
+            return rw.add_node("Mul", [hs, rw.constant(along_axis(rates.astype(dtype), at, rank), "decay_rate")], "decayed_h", dtype=dtype)
 
         return placed, write
 
@@ -655,7 +717,7 @@ class _Recurrent(Handler):
     ) -> None:
         """An output that keeps removed units (a graph output or a reader keeps them) gets them
         back: zero units as exact zeros (the node's output padded by one zero on the hidden
-        axis), decaying units of a last state as their closed form (`closed_states`, joined on
+        axis), decaying units as their closed form (`closed_states`, joined on
         the hidden axis after the pad), then gathered in the kept order; dynamic batch and
         sequence sizes are left as they run."""
         roles = self.axes(node)
@@ -667,7 +729,7 @@ class _Recurrent(Handler):
                 continue
             assert not (units & ~kept).any(), f"{node.name}: a kept unit's output went"
             removed = kept & ~units
-            decayed = removed & closed[0] if closed is not None and j > 0 else np.zeros(len(units), bool)
+            decayed = removed & closed[0] if closed is not None else np.zeros(len(units), bool)
             zeros = removed & ~decayed
             n = int(units.sum())
             where = np.zeros(len(units), np.int64)
@@ -859,9 +921,9 @@ class DynamicQuantizeLSTM(_Recurrent):
         )  # fmt: skip
 
 
-def along_axis(values: np.ndarray, axis: int) -> np.ndarray:
-    """A per-direction vector shaped to broadcast along `axis` of a rank-3 state."""
-    shape = [1, 1, 1]
+def along_axis(values: np.ndarray, axis: int, rank: int = 3) -> np.ndarray:
+    """A per-direction vector shaped to broadcast along `axis` of a state (rank 3) or Y (rank 4)."""
+    shape = [1] * rank
     shape[axis] = len(values)
     return values.reshape(shape)
 

@@ -32,10 +32,12 @@ def rows(units, blocks: int, h: int = H) -> list[int]:
     return [b * h + u for b in range(blocks) for u in units]
 
 
-def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, seq_lens=False, state_head=False, seed=0):
+def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, seq_lens=False, state_head=False,
+          y_out=False, opset=17, seed=0):  # fmt: skip
     """x -> op (initial states graph inputs: h0, and c0 for LSTM) -> Y -> [.., .., dirs * H]
-    -> MatMul V -> y. Graph outputs: y, Y_h and (LSTM) Y_c; with `state_head` Y_h is read by a
-    MatMul U -> z instead of being an output. Batch-first axes with `layout` 1."""
+    -> MatMul V -> y. Graph outputs: y, Y_h and (LSTM) Y_c, and with `y_out` Y itself (s); with
+    `state_head` Y_h is read by a MatMul U -> z instead of being an output. Batch-first axes
+    with `layout` 1 (an attribute since opset 14)."""
     rng = np.random.default_rng(seed)
     g, dirs = GATES[op], 2 if direction == "bidirectional" else 1
     w = {"W": rng.normal(size=(dirs, g * H, F)) * 0.6, "R": rng.normal(size=(dirs, g * H, H)) * 0.4,
@@ -53,7 +55,7 @@ def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, s
         if peepholes:
             w["P"] = rng.normal(size=(dirs, 3 * H)) * 0.5
             ins.append("P")
-    attrs = {"hidden_size": H, "direction": direction, "layout": layout}
+    attrs = {"hidden_size": H, "direction": direction} | ({"layout": layout} if opset >= 14 else {})
     if acts:
         attrs["activations"] = acts
     nodes = [helper.make_node(op, ins, outs, **attrs)]
@@ -63,6 +65,9 @@ def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, s
     nodes += [helper.make_node("Reshape", ["t" if layout == 0 else "s", "shape"], ["f"]), helper.make_node("MatMul", ["f", "V"], ["y"])]
     y = ["T", "N", OUT] if layout == 0 else ["N", "T", OUT]
     graph_outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, y)]
+    if y_out:
+        dims = ["T", dirs, "N", H] if layout == 0 else ["N", "T", dirs, H]
+        graph_outs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, dims))
     graph_outs += [helper.make_tensor_value_info(o, TensorProto.FLOAT, state) for o in outs[1 + state_head:]]
     if state_head:
         w["U"] = rng.normal(size=(H, OUT))
@@ -70,16 +75,16 @@ def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, s
         graph_outs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [*state[:2], OUT]))
     inits = [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k) for k, v in w.items()]
     graph = helper.make_graph(nodes, "g", inputs, graph_outs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def zeroed(m: onnx.ModelProto, op: str, units: list[int]) -> onnx.ModelProto:
+def zeroed(m: onnx.ModelProto, op: str, units: list[int], readers: bool = True) -> onnx.ModelProto:
     """`m` with hidden `units` zeroed here in every direction: their gate rows of W and R, R's
-    columns, both halves of B, the peepholes, and V's rows (Y's readers)."""
+    columns, both halves of B, the peepholes, and (`readers`) V's rows (Y's reader)."""
     g = GATES[op]
     dirs = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "W")).shape[0]
     where = {"W": [(1, rows(units, g))], "R": [(1, rows(units, g)), (2, units)], "B": [(1, rows(units, 2 * g))],
-             "P": [(1, rows(units, 3))], "V": [(0, rows(units, dirs))]}  # fmt: skip
+             "P": [(1, rows(units, 3))], "V": [(0, rows(units, dirs))] if readers else []}  # fmt: skip
     return zero_slices(m, where)
 
 
@@ -103,18 +108,29 @@ def run(m: onnx.ModelProto, feed: dict[str, np.ndarray], layout: int) -> list[np
     return ort_run(m, feed) if layout == 0 else list(ReferenceEvaluator(m).run(None, feed))
 
 
-def assert_same(reference, shrunk, sizes, layout=0, removed_at=2) -> None:
+def assert_written(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    """A removed unit's entries `b` written in closed form against onnxruntime's `a`: the same
+    float wherever a is a normal float; below, within 1.5e-43. onnxruntime halves the cell step by
+    step, rounding each time once it is denormal (one denormal step, 1.4e-45, off the single
+    rounding of 0.5^t c0), and LSTM's tanh of a denormal cell is coarse (MLAS's tanh takes
+    adjacent denormals 102 steps apart: 1.43e-43, measured)."""
+    normal = np.abs(a) >= np.finfo(np.float32).tiny
+    np.testing.assert_array_equal(b[normal], a[normal], err_msg=what)
+    np.testing.assert_allclose(b, a, rtol=0, atol=1.5e-43, err_msg=what)
+
+
+def assert_same(reference, shrunk, sizes, layout=0, y_written=False) -> None:
     """Every output of `shrunk` equals the reference's at each (T, batch) of `sizes`: the
-    removed units' entries of the last states to float rounding (one denormal step: 1e-45),
-    the rest relative 1e-5."""
+    removed units' entries of the last states (and, `y_written`, of Y: s) bit for bit in the
+    normal range (`assert_written`), the rest relative 1e-5."""
     names = [o.name for o in reference.graph.output]
     assert [o.name for o in shrunk.graph.output] == names
     for k, (t, n) in enumerate(sizes):
         feed = feeds(reference, t, n, seed=20 + k)
         for name, a, b in zip(names, run(reference, feed, layout), run(shrunk, feed, layout), strict=True):
             assert a.shape == b.shape, (name, t, n)
-            if name in ("s_h", "s_c"):
-                np.testing.assert_allclose(b[..., UNITS], a[..., UNITS], rtol=1e-6, atol=2e-45, err_msg=f"{name} T={t}")
+            if name in ("s_h", "s_c") or (y_written and name == "s"):
+                assert_written(a[..., UNITS], b[..., UNITS], f"{name} T={t}")
                 a, b = a[..., KEPT], b[..., KEPT]
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(a).max(initial=0))), err_msg=name)
 
@@ -153,14 +169,109 @@ def test_decaying_units_go_and_their_last_states_are_written_in_closed_form(op, 
     np.testing.assert_array_equal(got[last][..., UNITS], ort_run(reference, feed)[[o.name for o in reference.graph.output].index(last)][..., UNITS])
 
 
+CASES = [("LSTM", "forward", True, None), ("LSTM", "reverse", False, None), ("LSTM", "bidirectional", True, None),
+         ("LSTM", "bidirectional", False, ["Sigmoid", "Tanh", "Relu"] * 2), ("GRU", "forward", False, None),
+         ("GRU", "reverse", False, None), ("GRU", "bidirectional", False, None)]  # fmt: skip
+
+
+@pytest.mark.parametrize("op, direction, peepholes, acts", CASES)
+def test_decaying_units_whose_y_is_read_go_and_every_step_is_written_in_closed_form(op, direction, peepholes, acts):
+    """V's rows for the units not zeroed (it reads every step of them), Y a graph output too:
+    step t's state is 0.5^(t+1) s0 (reverse: 0.5^(T-t) s0), LSTM's output 0.5 h(c_t)."""
+    m = model(op, direction, peepholes=peepholes, acts=acts, y_out=True, seed=10 + len(direction))
+    reference = zeroed(m, op, UNITS, readers=False)
+    result = shrink(reference, validate=False)
+    out, g, dirs = result.model, GATES[op], 2 if direction == "bidirectional" else 1
+    assert node_attr(out, op, "hidden_size") == H - 2 and not result.kept_zeroed
+    np.testing.assert_array_equal(init(out, "V"), init(m, "V"))  # it reads the closed form
+    removed = dirs * len(UNITS) * (g * (F + H + 2) + g * (H - 2)) + (dirs * 3 * len(UNITS) if peepholes else 0)
+    rates = dirs * (4 if op == "LSTM" else 2)  # 0.5 per direction: Pow's base for Y and the last states, (LSTM) h's factor
+    assert params(out) == result.after.params == params(reference) - removed + rates
+    assert_same(reference, out, [(1, 1), (7, 2), (200, 3)], y_written=True)
+    # states of +-1e30: after 200 steps Y's removed units are still normal floats (1e30 * 0.5^200
+    # = 6e-31), exact
+    feed = feeds(reference, 200, 2, seed=6)
+    source = "c0" if op == "LSTM" else "h0"
+    feed[source][..., UNITS] = np.float32(1e30) * np.sign(feed[source][..., UNITS])
+    names = [o.name for o in reference.graph.output]
+    want, got = (dict(zip(names, ort_run(x, feed), strict=True))["s"][..., UNITS] for x in (reference, out))
+    live = want != 0  # all but a Relu's negative cells
+    assert np.all(np.abs(want[live]) >= np.finfo(np.float32).tiny) and live.mean() > 0.4
+    np.testing.assert_array_equal(got, want)
+
+
+def test_y_of_a_decaying_unit_below_opset_11_is_not_written_and_says_why():
+    """Its steps are indexed with Range (opset 11): at opset 10 a unit Y's reader reads stays."""
+    reference = zeroed(model("GRU", "bidirectional", opset=10, seed=2), "GRU", UNITS, readers=False)
+    result = shrink(reference, validate=False)
+    assert node_attr(result.model, "GRU", "hidden_size") == H and params(result.model) == params(reference)
+    count, why = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}[("W", 1)]
+    assert count == 2 * 3 and "Y reads it at every step" in why and "Range (opset 11)" in why
+    assert_same(reference, result.model, [(1, 1), (5, 2)])
+
+
+def torch_model(kind: str, units: list[int]):
+    """nn.LSTM / nn.GRU bidirectional at the library's default init (uniform, biases included),
+    `units` zeroed in it (their rows of both weights and biases, their columns of weight_hh),
+    a Linear on every step of its output (its columns for them not zeroed), the initial states
+    graph inputs and the last states graph outputs; exported with torch.onnx (TorchScript),
+    T and N dynamic."""
+    import io
+
+    import torch
+    from torch import nn
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = getattr(nn, kind)(F, H, bidirectional=True)
+            self.head = nn.Linear(2 * H, OUT)
+
+        def forward(self, x, *states):
+            y, last = self.rnn(x, states if kind == "LSTM" else states[0])
+            return (self.head(y), *(last if kind == "LSTM" else (last,)))
+
+    torch.manual_seed({"LSTM": 1, "GRU": 2}[kind])
+    layer = Layer().eval()
+    g = GATES[kind]
+    with torch.no_grad():
+        for name, p in layer.rnn.named_parameters():
+            p[rows(units, g)] = 0
+            if name.startswith("weight_hh"):
+                p[:, units] = 0
+    states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
+    outs = ["y", "s_h", "s_c"][: 1 + len(states)]
+    args = (torch.randn(5, 2, F), *(torch.randn(2, 2, H) for _ in states))
+    axes = {"x": {0: "T", 1: "N"}, **{n: {1: "N"} for n in states + outs[1:]}, "y": {0: "T", 1: "N"}}
+    buf = io.BytesIO()
+    torch.onnx.export(layer, args, buf, dynamo=False, opset_version=17, input_names=["x", *states],
+                      output_names=outs, dynamic_axes=axes)  # fmt: skip
+    return onnx.load_from_string(buf.getvalue())
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_torch_default_init_units_whose_y_is_read_go(kind):
+    reference = torch_model(kind, UNITS)
+    [node] = [n for n in reference.graph.node if n.op_type == kind]
+    assert list(node.input[5:]) == (["h0", "c0"] if kind == "LSTM" else ["h0"])  # the graph's inputs, as read
+    result = shrink(reference, validate=False)
+    assert node_attr(result.model, kind, "hidden_size") == H - 2 and not result.kept_zeroed
+    g = GATES[kind]
+    rates = 2 * (4 if kind == "LSTM" else 2)  # as in the test above
+    assert params(result.model) == params(reference) - 2 * len(UNITS) * g * (F + H + 2 + H - 2) + rates
+    assert_same(reference, result.model, [(1, 1), (7, 2), (200, 3)])
+
+
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
-def test_batch_first_layout(op):
-    """onnxruntime runs layout 0 only: both models run in onnx's reference evaluator."""
-    m = model(op, "bidirectional", layout=1, seed=3)
-    reference = zeroed(m, op, UNITS)
+@pytest.mark.parametrize("y_read", [False, True])
+def test_batch_first_layout(op, y_read):
+    """onnxruntime runs layout 0 only: both models run in onnx's reference evaluator. With
+    `y_read` V reads the units' every step and Y is a graph output ([N, T, dirs, H])."""
+    m = model(op, "bidirectional", layout=1, y_out=y_read, seed=3)
+    reference = zeroed(m, op, UNITS, readers=not y_read)
     out = shrink(reference, validate=False).model
     assert node_attr(out, op, "hidden_size") == H - 2
-    assert_same(reference, out, [(1, 2), (30, 3)], layout=1)
+    assert_same(reference, out, [(1, 2), (30, 3)], layout=1, y_written=y_read)
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
