@@ -41,7 +41,10 @@ to float's normal range; h is Tanh or Relu, whose ONNX op gives onnxruntime's ke
 denormal step, 1.4e-45, off the single rounding) and its tanh of a denormal is coarse (cells
 one step apart give outputs 1.43e-43 apart). Refused, the unit kept with the reason
 (`carried_because`): another gate activation than Sigmoid (its powers would not be exact),
-another output activation, a sequence_lens (sequences may end earlier), input_forget.
+another output activation, input_forget. A sequence_lens gives each sequence b its own T_b
+(sequence_lens[b]) and Y 0 past it, as onnxruntime writes it (the spec says nothing of Y there);
+where a length may be 0 the last states are no step's (onnxruntime writes 0, the spec says
+nothing), so they are written only under a constant sequence_lens of lengths >= 1.
 """
 
 from __future__ import annotations
@@ -223,8 +226,8 @@ class _Recurrent(Handler):
         (`forgets`) leaves out the states computed in the graph (a graph input: the rewrite
         gathers the kept units from it) and the outputs the interface keeps (0 written there);
         an LSTM or GRU whose states have a closed form (`closed_form`) leaves out the computed
-        states and the outputs the interface keeps (their closed form written there; Y's from
-        opset 11, `every_step_closed`)."""
+        states and the outputs the interface keeps where their closed form is written
+        (`closed_outputs`)."""
         rt = node.inputs[2]
         g = self.gates
 
@@ -248,7 +251,7 @@ class _Recurrent(Handler):
         for k, (t, role) in enumerate(outs):
             if ir.rank(t) != len(role):
                 continue
-            written = forgets or (decays and (k > 0 or self.every_step_closed(ks)))
+            written = forgets or (decays and self.closed_outputs(node, ks)[min(k, 1)] is None)
             if written and any(r is not None and r.kind == "interface" for r in ks.why(t, role[-1])):
                 continue  # the interface keeps its width: a removed unit is written there (0 or its closed form)
             tie(t, role[-1], h)
@@ -279,11 +282,11 @@ class _Recurrent(Handler):
         # writes 0 where an output keeps a removed one; a decaying unit alike, its closed form
         # written there (every step of Y, the last states)
         need = self.state_units(node, ks, self.axes(node)["state"][2], h) & ~free
-        every = self.every_step_closed(ks)
+        why_not = self.closed_outputs(node, ks)
         for j, (t, role) in enumerate(outs):
             k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
             if k is not None and len(k) == h:
-                need |= k & ~(free if j > 0 or every else zero)
+                need |= k & ~(free if why_not[min(j, 1)] is None else zero)
             elif ks.is_read(t):
                 need[:] = True
         reads = (r != 0).reshape(r.shape[0], self.gates, h, h).any(axis=(0, 1))  # [unit, unit it reads]
@@ -349,8 +352,6 @@ class _Recurrent(Handler):
         (the ONNX op gives onnxruntime's kernel's values: checked bit for bit)."""
         if not self.decays_state:
             return f"{node.op} forgets its state: no closed form needed"
-        if ir.present(node, 4) is not None:
-            return "sequence_lens is given: the closed form is written for sequences of X's full length"
         if int(node.attrs.get("input_forget", 0)):
             return "input_forget couples its input and forget gates"
         if int(node.attrs.get("layout", 0)) not in (0, 1):
@@ -379,10 +380,19 @@ class _Recurrent(Handler):
                 return "its output activation h is not Tanh or Relu in every direction (the closed form applies it as an op)"
         return np.full(dirs, 0.5), out
 
-    def every_step_closed(self, reader: Reader) -> bool:
-        """Is Y (every step) of a decaying unit written in closed form too? Its steps are indexed
-        with Range, an op of opset 11."""
-        return reader.opset >= 11
+    def closed_outputs(self, node: gs.Node, reader: Reader) -> tuple[str | None, str | None]:
+        """Why a decaying unit's closed form is not written in Y, and in its last states (None:
+        it is). Y's steps are indexed with Range, an op of opset 11; a last state is no step's
+        where a sequence_lens holds 0 (`stepped`)."""
+        y = None if reader.opset >= 11 else (
+            "Y reads it at every step: its closed form indexes the steps with Range (opset 11), "
+            f"the model's opset is {reader.opset}"
+        )  # fmt: skip
+        last = None if self.stepped(node, reader) else (
+            "a last state keeps it and sequence_lens may hold 0, where the last states are no step's "
+            "(onnxruntime writes 0, the ONNX spec says nothing, its reference evaluator ignores sequence_lens)"
+        )  # fmt: skip
+        return y, last
 
     def decaying_units(self, node: gs.Node, reader: Reader) -> np.ndarray | None:
         """LSTM and GRU units with a closed form (`closed_form`): silent (`silent_units`), their
@@ -401,9 +411,11 @@ class _Recurrent(Handler):
 
     def stepped(self, node: gs.Node, reader: Reader) -> bool:
         """Does every sequence have a step? Where sequence_lens holds a 0, Y_h is no step's
-        output: onnxruntime copies the initial state through a sequence's missing steps (its
-        reverse direction's Y_h is the initial state), and its forward one reads before Y's
-        first step. So: no sequence_lens, or a constant one of lengths >= 1. An empty X
+        output: onnxruntime's RNN copies the initial state through a sequence's missing steps
+        (its reverse direction's Y_h is the initial state), and its forward one reads before
+        Y's first step; its LSTM and GRU write 0 there (Y_h, Y_c and Y: measured), which the
+        ONNX spec does not say (its reference evaluator ignores sequence_lens). So: no
+        sequence_lens, or a constant one of lengths >= 1. An empty X
         (length 0) is no input of the op: onnxruntime's Y_h then reads outside Y, onnx's
         reference evaluator raises."""
         t = ir.present(node, 4)
@@ -494,7 +506,7 @@ class _Recurrent(Handler):
         outs = self.tie_steps(node, ks, roles, states, p_t)
         self.tie_units(node, ks, h, outs, states, roles["state"][2])
         need = self.needed_units(node, ks, outs, r, h)
-        self.keep_carriers(node, ks, need)
+        self.keep_carriers(node, ks, need, outs)
         self.keep_decay_sources(node, ks, outs, need, roles["state"][2])
         why = Reason("structure", node.name, node.op, "a hidden unit keeps its gates, states and outputs")
         for t, role in outs:
@@ -516,20 +528,21 @@ class _Recurrent(Handler):
         used = (w[:, self.rows(need, self.gates)] != 0).any(axis=(0, 1))
         ks.need(x, xf, used & ~silent)
 
-    def keep_carriers(self, node: gs.Node, ks: KeepView, need: np.ndarray) -> None:
+    def keep_carriers(
+        self, node: gs.Node, ks: KeepView, need: np.ndarray, outs: list[tuple[gs.Tensor, tuple[int, ...]]]
+    ) -> None:
         """The needed units silent but for their initial states are kept for that reason first
         (what the report says of their zeroed rows): an LSTM's cell and a GRU's state decay from
         theirs (by 0.5 a step at zero gates), which needs its closed form (`closed_form`), and
-        a unit's read by the others through its column of R, or in every step of Y below opset
-        11 (`every_step_closed`); an RNN's is
-        Y_h where a sequence_lens may be 0."""
+        a unit's read by the others through its column of R, or in an output its closed form is
+        not written in (`closed_outputs`); an RNN's is Y_h where a sequence_lens may be 0."""
         silent = self.silent_units(node, ks)
         got = self.weights(node, ks)
         carry = need & silent if silent is not None else None
         if carry is None or got is None or not carry.any():
             return
         read = (got[1] != 0).any(axis=(0, 1))  # R's columns some unit reads
-        for units, how in self.carried_because(node, ks, carry, read):
+        for units, how in self.carried_because(node, ks, carry, read, outs):
             if not units.any():
                 continue
             why = Reason("structure", node.name, node.op, f"a unit with zero weights carries a non-zero initial state ({how})")
@@ -537,18 +550,32 @@ class _Recurrent(Handler):
             ks.keep(node.inputs[2], self.rows_axis, self.rows(units, self.gates), why)
 
     def carried_because(
-        self, node: gs.Node, ks: KeepView, carry: np.ndarray, read: np.ndarray
+        self,
+        node: gs.Node,
+        ks: KeepView,
+        carry: np.ndarray,
+        read: np.ndarray,
+        outs: list[tuple[gs.Tensor, tuple[int, ...]]],
     ) -> list[tuple[np.ndarray, str]]:
         """Why units with zero weights still carry their initial state (see `keep_carriers`):
-        the units of `carry` (R's columns `read` by some unit), each with the reason."""
+        the units of `carry` (R's columns `read` by some unit, the outputs `outs` keep), each
+        with the reason."""
         if self.decays_state:
             decays = f"{node.op}'s state decays from it by 0.5 a step at zero gates, never to 0"
             closed = self.closed_form(node, ks)
             if isinstance(closed, str):
                 return [(carry, f"{decays}, and no closed form: {closed}")]
             out = [(carry & read, f"{decays}, and the other units read it at every step, through its column of R")]
-            if not self.every_step_closed(ks):
-                out.append((carry & ~read, f"{decays}, and Y reads it at every step: its closed form indexes the steps with Range (opset 11), the model's opset is {ks.opset}"))
+            rest = carry & ~read
+            for j, why_not in enumerate(self.closed_outputs(node, ks)):
+                if why_not is None:
+                    continue
+                kept = np.zeros(len(carry), bool)
+                for t, role in outs[:1] if j == 0 else outs[1:]:
+                    k = ks.kept(t, role[-1]) if ir.rank(t) == len(role) else None
+                    kept |= k if k is not None and len(k) == len(carry) else ks.is_read(t)
+                out.append((rest & kept, f"{decays}, and {why_not}"))
+                rest &= ~kept
             return out
         if not self.stepped(node, ks):
             return [(carry, "sequence_lens may hold 0, where Y_h is the initial state, not a step's output")]
@@ -577,7 +604,10 @@ class _Recurrent(Handler):
         if decaying is None:
             return None
         placed = np.zeros(len(decaying), bool)
-        for t, role in outs if self.every_step_closed(reader) else outs[1:]:
+        why_not = self.closed_outputs(node, reader)
+        for j, (t, role) in enumerate(outs):
+            if why_not[min(j, 1)] is not None:
+                continue
             k = reader.kept(t, role[-1]) if t.name and ir.rank(t) == len(role) else None
             if k is not None and len(k) == len(decaying):
                 placed |= k
@@ -601,8 +631,10 @@ class _Recurrent(Handler):
         None when there are none (or their initial state is absent or 0 there: 0 is written).
 
         Step t's state is a^e s_0 with e = t + 1 forward and T - t reverse (T: X's sequence
-        length, Shape(X) at run time); the last states' e is T. a^e s_0 is computed in float64
-        and cast once; LSTM's outputs are then a h(.) in the state's type, as the kernel does."""
+        length, Shape(X) at run time, or sequence b's length sequence_lens[b], past which Y is
+        0: onnxruntime's, as it writes no step there); the last states' e is T. a^e s_0 is
+        computed in float64 and cast once; LSTM's outputs are then a h(.) in the state's type,
+        as the kernel does."""
         roles = self.axes(node)
         outs = [(t, roles["y"] if j == 0 else roles["state"]) for j, t in enumerate(node.outputs)]
         placed = self.placed_decaying(node, rw, outs, units)
@@ -642,6 +674,18 @@ class _Recurrent(Handler):
                 return t
             return once("steps_f64", np.zeros(0, bool), lambda: rw.add_node("Cast", [t], "decay_steps_f64", {"to": cast_to(f64)}, dtype=f64))
 
+        lens = ir.present(node, 4)
+
+        def lengths(at: int, rank: int, to: np.dtype) -> gs.Tensor:
+            """sequence_lens in `to`, along axis `at` (the batch's) of a rank-`rank` output."""
+            def build() -> gs.Tensor:
+                assert lens is not None
+                shape = np.ones(rank, np.int64)
+                shape[at] = -1
+                n = rw.add_node("Cast", [lens], "decay_lengths", {"to": cast_to(to)}, dtype=to)
+                return rw.add_node("Reshape", [n, rw.constant(shape, "decay_lengths_shape")], "decay_lengths_along", dtype=to)
+            return once(f"lengths {at} {rank} {to}", np.zeros(0, bool), build)
+
         def state(which: np.ndarray) -> gs.Tensor:
             """The initial state of the units `which`, in float64 ([dirs, batch, units] by layout)."""
             def build() -> gs.Tensor:
@@ -657,7 +701,8 @@ class _Recurrent(Handler):
             """a^T s_0: the last cell (LSTM) or state (GRU)."""
             def build() -> gs.Tensor:
                 rate = rw.constant(along_axis(rates.astype(f64), roles["state"][0]), "decay_rate")
-                power = rw.add_node("Pow", [rate, steps(True)], "decay_power", dtype=f64)
+                n = steps(True) if lens is None else lengths(roles["state"][1], 3, f64)
+                power = rw.add_node("Pow", [rate, n], "decay_power", dtype=f64)
                 return narrow(rw.add_node("Mul", [state(which), power], "decayed_f64", dtype=f64), "decayed")
             return once("last", which, build)
 
@@ -675,7 +720,8 @@ class _Recurrent(Handler):
                 sign = along(np.where(forward, 1, -1).astype(np.int64), y_dirs, "decay_step_sign")
                 first = along(np.where(forward, 1, 0).astype(np.int64), y_dirs, "decay_first_step")
                 span = along(np.where(forward, 0, 1).astype(np.int64), y_dirs, "decay_span")
-                ends = rw.add_node("Mul", [span, steps(False)], "decay_ends", dtype=np.int64)
+                n = steps(False) if lens is None else lengths(y_batch, 4, np.dtype(np.int64))
+                ends = rw.add_node("Mul", [span, n], "decay_ends", dtype=np.int64)
                 e = rw.add_node("Add", [rw.add_node("Mul", [t, sign], "decay_signed_steps", dtype=np.int64), first], "decay_after", dtype=np.int64)
                 e = rw.add_node("Add", [e, ends], "decay_exponent", dtype=np.int64)
                 e = rw.add_node("Cast", [e], "decay_exponent_f64", {"to": cast_to(f64)}, dtype=f64)
@@ -683,7 +729,12 @@ class _Recurrent(Handler):
                 to_y = np.empty(4, np.int64)
                 to_y[[y_seq, y_dirs, y_batch, 3]] = [1, len(rates), -1, int(which.sum())]
                 s0 = rw.add_node("Reshape", [state(which), rw.constant(to_y, "decay_state_shape")], "decaying_state_along_y", dtype=f64)
-                return narrow(rw.add_node("Mul", [s0, power], "decayed_steps_f64", dtype=f64), "decayed_steps")
+                out = rw.add_node("Mul", [s0, power], "decayed_steps_f64", dtype=f64)
+                if lens is not None:  # 0 past a sequence's end (a 0 cast from an integer: no float constant)
+                    within = rw.add_node("Less", [t, n], "decay_within", dtype=np.bool_)
+                    nil = rw.add_node("Cast", [zero], "decay_zero", {"to": cast_to(f64)}, dtype=f64)
+                    out = rw.add_node("Where", [within, out, nil], "decayed_within", dtype=f64)
+                return narrow(out, "decayed_steps")
             return once("every", which, build)
 
         def write(j: int, which: np.ndarray) -> gs.Tensor:

@@ -33,21 +33,22 @@ def rows(units, blocks: int, h: int = H) -> list[int]:
 
 
 def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, seq_lens=False, state_head=False,
-          y_out=False, opset=17, seed=0):  # fmt: skip
+          y_out=False, states_out=True, opset=17, seed=0):  # fmt: skip
     """x -> op (initial states graph inputs: h0, and c0 for LSTM) -> Y -> [.., .., dirs * H]
-    -> MatMul V -> y. Graph outputs: y, Y_h and (LSTM) Y_c, and with `y_out` Y itself (s); with
-    `state_head` Y_h is read by a MatMul U -> z instead of being an output. Batch-first axes
-    with `layout` 1 (an attribute since opset 14)."""
+    -> MatMul V -> y. Graph outputs: y, Y_h and (LSTM) Y_c (not with `states_out` False), and
+    with `y_out` Y itself (s); with `state_head` Y_h is read by a MatMul U -> z instead of being
+    an output. `seq_lens`: a sequence_lens, a graph input (True) or these constant lengths.
+    Batch-first axes with `layout` 1 (an attribute since opset 14)."""
     rng = np.random.default_rng(seed)
     g, dirs = GATES[op], 2 if direction == "bidirectional" else 1
     w = {"W": rng.normal(size=(dirs, g * H, F)) * 0.6, "R": rng.normal(size=(dirs, g * H, H)) * 0.4,
          "B": rng.normal(size=(dirs, 2 * g * H)) * 0.3}  # fmt: skip
     state = [dirs, "N", H] if layout == 0 else ["N", dirs, H]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", F] if layout == 0 else ["N", "T", F])]
-    if seq_lens:
+    if seq_lens is True:
         inputs.append(helper.make_tensor_value_info("seq", TensorProto.INT32, ["N"]))
     inputs.append(helper.make_tensor_value_info("h0", TensorProto.FLOAT, state))
-    ins, outs = ["x", "W", "R", "B", "seq" if seq_lens else "", "h0"], ["s", "s_h"]
+    ins, outs = ["x", "W", "R", "B", "seq" if seq_lens is not False else "", "h0"], ["s", "s_h"]
     if op == "LSTM":
         inputs.append(helper.make_tensor_value_info("c0", TensorProto.FLOAT, state))
         ins.append("c0")
@@ -68,12 +69,14 @@ def model(op, direction="bidirectional", layout=0, peepholes=False, acts=None, s
     if y_out:
         dims = ["T", dirs, "N", H] if layout == 0 else ["N", "T", dirs, H]
         graph_outs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, dims))
-    graph_outs += [helper.make_tensor_value_info(o, TensorProto.FLOAT, state) for o in outs[1 + state_head:]]
+    graph_outs += [helper.make_tensor_value_info(o, TensorProto.FLOAT, state) for o in outs[1 + state_head:] if states_out]
     if state_head:
         w["U"] = rng.normal(size=(H, OUT))
         nodes.append(helper.make_node("MatMul", ["s_h", "U"], ["z"]))
         graph_outs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [*state[:2], OUT]))
     inits = [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k) for k, v in w.items()]
+    if seq_lens is not True and seq_lens is not False:
+        inits.append(numpy_helper.from_array(np.asarray(seq_lens, np.int32), "seq"))
     graph = helper.make_graph(nodes, "g", inputs, graph_outs, inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
@@ -89,14 +92,15 @@ def zeroed(m: onnx.ModelProto, op: str, units: list[int], readers: bool = True) 
 
 
 
-def feeds(m: onnx.ModelProto, t: int, n: int, seed: int) -> dict[str, np.ndarray]:
+def feeds(m: onnx.ModelProto, t: int, n: int, seed: int, lens=None) -> dict[str, np.ndarray]:
     """x ~ N(0, 1); initial states N(0, 1) times 10^U(-3, 30) (large cells: 0.5^T c0 stays a
-    float32 long after 0.5^T underflows)."""
+    float32 long after 0.5^T underflows); a sequence_lens input `lens` (default: all t)."""
     rng = np.random.default_rng(seed)
     out = {}
     for i in m.graph.input:
-        if i.name == "seq":
-            out["seq"] = np.full(n, t, np.int32)
+        if i.name in ("seq", "lens"):  # sequence_lens (torch's lens: int64)
+            dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+            out[i.name] = np.asarray(lens if lens is not None else [t] * n, dtype)
             continue
         dims = [d.dim_value or {"T": t, "N": n}[d.dim_param] for d in i.type.tensor_type.shape.dim]
         scale = 10.0 ** rng.uniform(-3, 30, dims) if i.name != "x" else 1.0
@@ -119,14 +123,15 @@ def assert_written(a: np.ndarray, b: np.ndarray, what: str) -> None:
     np.testing.assert_allclose(b, a, rtol=0, atol=1.5e-43, err_msg=what)
 
 
-def assert_same(reference, shrunk, sizes, layout=0, y_written=False) -> None:
+def assert_same(reference, shrunk, sizes, layout=0, y_written=False, lens=None) -> None:
     """Every output of `shrunk` equals the reference's at each (T, batch) of `sizes`: the
     removed units' entries of the last states (and, `y_written`, of Y: s) bit for bit in the
-    normal range (`assert_written`), the rest relative 1e-5."""
+    normal range (`assert_written`), the rest relative 1e-5. `lens`: per size, the lengths
+    fed as sequence_lens."""
     names = [o.name for o in reference.graph.output]
     assert [o.name for o in shrunk.graph.output] == names
     for k, (t, n) in enumerate(sizes):
-        feed = feeds(reference, t, n, seed=20 + k)
+        feed = feeds(reference, t, n, seed=20 + k, lens=lens[k] if lens else None)
         for name, a, b in zip(names, run(reference, feed, layout), run(shrunk, feed, layout), strict=True):
             assert a.shape == b.shape, (name, t, n)
             if name in ("s_h", "s_c") or (y_written and name == "s"):
@@ -210,16 +215,19 @@ def test_y_of_a_decaying_unit_below_opset_11_is_not_written_and_says_why():
     assert_same(reference, result.model, [(1, 1), (5, 2)])
 
 
-def torch_model(kind: str, units: list[int]):
+def torch_model(kind: str, units: list[int], packed: bool = False, states_out: bool = True):
     """nn.LSTM / nn.GRU bidirectional at the library's default init (uniform, biases included),
     `units` zeroed in it (their rows of both weights and biases, their columns of weight_hh),
     a Linear on every step of its output (its columns for them not zeroed), the initial states
-    graph inputs and the last states graph outputs; exported with torch.onnx (TorchScript),
-    T and N dynamic."""
+    graph inputs and (`states_out`) the last states graph outputs; exported with torch.onnx
+    (TorchScript), T and N dynamic. `packed`: x read through pack_padded_sequence with lengths
+    from a graph input (lens), Y through pad_packed_sequence."""
     import io
+    import warnings
 
     import torch
     from torch import nn
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
     class Layer(nn.Module):
         def __init__(self):
@@ -227,9 +235,12 @@ def torch_model(kind: str, units: list[int]):
             self.rnn = getattr(nn, kind)(F, H, bidirectional=True)
             self.head = nn.Linear(2 * H, OUT)
 
-        def forward(self, x, *states):
-            y, last = self.rnn(x, states if kind == "LSTM" else states[0])
-            return (self.head(y), *(last if kind == "LSTM" else (last,)))
+        def forward(self, x, *args):
+            lens, states = (args[0], args[1:]) if packed else (None, args)
+            seq = x if lens is None else pack_padded_sequence(x, lens)
+            y, last = self.rnn(seq, states if kind == "LSTM" else states[0])
+            y = y if lens is None else pad_packed_sequence(y)[0]
+            return (self.head(y), *(last if kind == "LSTM" else (last,))) if states_out else self.head(y)
 
     torch.manual_seed({"LSTM": 1, "GRU": 2}[kind])
     layer = Layer().eval()
@@ -240,12 +251,15 @@ def torch_model(kind: str, units: list[int]):
             if name.startswith("weight_hh"):
                 p[:, units] = 0
     states = ["h0", "c0"] if kind == "LSTM" else ["h0"]
-    outs = ["y", "s_h", "s_c"][: 1 + len(states)]
-    args = (torch.randn(5, 2, F), *(torch.randn(2, 2, H) for _ in states))
-    axes = {"x": {0: "T", 1: "N"}, **{n: {1: "N"} for n in states + outs[1:]}, "y": {0: "T", 1: "N"}}
+    outs = ["y", "s_h", "s_c"][: 1 + len(states) if states_out else 1]
+    ins = ["x", "lens", *states] if packed else ["x", *states]
+    args = (torch.randn(5, 2, F), *([torch.tensor([5, 3])] if packed else []), *(torch.randn(2, 2, H) for _ in states))
+    axes = {"x": {0: "T", 1: "N"}, "lens": {0: "N"}, **{n: {1: "N"} for n in states + outs[1:]}, "y": {0: "T", 1: "N"}}
     buf = io.BytesIO()
-    torch.onnx.export(layer, args, buf, dynamo=False, opset_version=17, input_names=["x", *states],
-                      output_names=outs, dynamic_axes=axes)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(layer, args, buf, dynamo=False, opset_version=17, input_names=ins,
+                          output_names=outs, dynamic_axes={k: v for k, v in axes.items() if k in ins + outs})  # fmt: skip
     return onnx.load_from_string(buf.getvalue())
 
 
@@ -260,6 +274,60 @@ def test_torch_default_init_units_whose_y_is_read_go(kind):
     rates = 2 * (4 if kind == "LSTM" else 2)  # as in the test above
     assert params(result.model) == params(reference) - 2 * len(UNITS) * g * (F + H + 2 + H - 2) + rates
     assert_same(reference, result.model, [(1, 1), (7, 2), (200, 3)])
+
+
+@pytest.mark.parametrize(
+    "op, direction, lens, sizes",
+    [("LSTM", "bidirectional", [1, 3, 2], [(3, 3), (8, 3)]), ("GRU", "bidirectional", [1, 3, 2], [(3, 3), (8, 3)]),
+     ("LSTM", "reverse", [200, 1, 137], [(200, 3)]), ("GRU", "forward", [200, 1, 137], [(200, 3)])],
+)  # fmt: skip
+def test_constant_sequence_lens_write_each_sequences_closed_form(op, direction, lens, sizes):
+    """sequence_lens a constant of lengths >= 1: sequence b's last states are the closed form at
+    T_b = lens[b] and its Y is 0 past T_b (onnxruntime's), Y read by V and a graph output."""
+    m = model(op, direction, seq_lens=lens, y_out=True, seed=5)
+    reference = zeroed(m, op, UNITS, readers=False)
+    result = shrink(reference, validate=False)
+    assert node_attr(result.model, op, "hidden_size") == H - 2 and not result.kept_zeroed
+    assert_same(reference, result.model, sizes, y_written=True)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_sequence_lens_input_writes_y_past_each_end_as_zero(op):
+    """sequence_lens a graph input, the last states no output: Y's closed form is 0 past each
+    sequence's length, at lengths 0, < T and T (onnxruntime's Y is 0 there: no step is
+    written). The last states, no step's where a length is 0, are not needed."""
+    m = model(op, "bidirectional", seq_lens=True, y_out=True, states_out=False, seed=6)
+    reference = zeroed(m, op, UNITS, readers=False)
+    result = shrink(reference, validate=False)
+    assert node_attr(result.model, op, "hidden_size") == H - 2 and not result.kept_zeroed
+    sizes, lens = [(1, 2), (5, 3), (200, 4)], [[0, 1], [0, 2, 5], [200, 0, 37, 1]]
+    assert_same(reference, result.model, sizes, y_written=True, lens=lens)
+    # the removed units' Y past each length is exactly 0, and not before
+    feed = feeds(reference, 5, 3, seed=1, lens=[0, 2, 5])
+    y = dict(zip([o.name for o in result.model.graph.output], ort_run(result.model, feed), strict=True))["s"]
+    removed = y[..., UNITS]  # [T, dirs, N, units]
+    within = np.broadcast_to((np.arange(5)[:, None] < np.array([0, 2, 5]))[:, None, :, None], removed.shape)
+    assert np.all(removed[~within] == 0) and np.all(removed[within] != 0)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("states_out", [False, True])
+def test_torch_packed_sequences(kind, states_out):
+    """torch's pack_padded_sequence exports its lengths as the layer's sequence_lens, from a graph
+    input: the units whose Y is read go; with the last states graph outputs they stay (a length
+    may be 0 there, where the last states are no step's)."""
+    reference = torch_model(kind, UNITS, packed=True, states_out=states_out)
+    [node] = [n for n in reference.graph.node if n.op_type == kind]
+    assert node.input[4]  # a sequence_lens, computed from the graph input "lens"
+    result = shrink(reference, validate=False)
+    if states_out:
+        assert node_attr(result.model, kind, "hidden_size") == H
+        count, why = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}[(node.input[1], 1)]
+        assert count == 2 * GATES[kind] and "sequence_lens may hold 0" in why
+    else:
+        assert node_attr(result.model, kind, "hidden_size") == H - 2 and not result.kept_zeroed
+    sizes, lens = [(1, 2), (6, 3), (200, 3)], [[1, 1], [6, 3, 1], [200, 199, 17]]
+    assert_same(reference, result.model, sizes, lens=lens)
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
@@ -312,17 +380,19 @@ def test_prune_removes_decaying_units_and_masks_out_round_trips(op):
     "op, kwargs, reason",
     [("GRU", {"acts": ["HardSigmoid", "Tanh"] * 2}, "is not Sigmoid"),
      ("LSTM", {"acts": ["Sigmoid", "Tanh", "LeakyRelu"] * 2}, "is not Tanh or Relu"),
-     ("LSTM", {"seq_lens": True}, "sequence_lens is given"), ("GRU", {"seq_lens": True}, "sequence_lens is given")],
+     ("LSTM", {"seq_lens": True}, "sequence_lens may hold 0"), ("GRU", {"seq_lens": True}, "sequence_lens may hold 0"),
+     ("GRU", {"seq_lens": [2, 0]}, "sequence_lens may hold 0")],
 )  # fmt: skip
 def test_units_without_a_closed_form_stay_and_say_why(op, kwargs, reason):
     """HardSigmoid's rate at 0 is not the one the closed form reproduces; LeakyRelu is no
-    output activation it applies; with a sequence_lens the sequences may end earlier."""
+    output activation it applies; where a sequence_lens may hold 0 (a graph input, or a constant
+    0) the last states are no step's (onnxruntime writes 0, the spec says nothing)."""
     reference = zeroed(model(op, "bidirectional", seed=9, **kwargs), op, UNITS)
     result = shrink(reference, validate=False)
     assert node_attr(result.model, op, "hidden_size") == H and params(result.model) == params(reference)
     count, why = {(k.tensor, k.axis): (k.count, k.reason) for k in result.kept_zeroed}[("W", 1)]
     assert count == 2 * GATES[op] and "decays" in why and reason in why
-    feeds_ = [feeds(reference, t, 2, seed=t) for t in (1, 6)]
+    feeds_ = [feeds(reference, t, 2, seed=t) for t in ((2, 6) if isinstance(kwargs.get("seq_lens"), list) else (1, 6))]
     for feed in feeds_:
         for a, b in zip(ort_run(reference, feed), ort_run(result.model, feed), strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(a).max(initial=0))))
