@@ -90,6 +90,8 @@ _Closed = tuple[np.ndarray, Callable[[int, np.ndarray], gs.Tensor]]
 _ZERO_AT_ZERO = frozenset({"tanh", "relu", "leakyrelu", "thresholdedrelu", "elu", "softsign", "scaledtanh"})
 #: LSTM output activations a closed form applies as the ONNX op (onnxruntime's kernel gives its values)
 _CLOSED_OUTPUT = {"tanh": "Tanh", "relu": "Relu"}
+_F64 = np.dtype(np.float64)
+_NONE = np.zeros(0, bool)  # no units: the key of what every closed form shares
 
 
 class _Recurrent(Handler):
@@ -105,7 +107,7 @@ class _Recurrent(Handler):
     #: activation: Sigmoid, 0.5): its states have a closed form in the initial state (`closed_form`)
     decays_state = False
     #: the initial state the decay starts from (LSTM: initial_c; GRU: initial_h), and the
-    #: outputs with a closed form (LSTM: Y_h, Y_c; GRU: Y_h)
+    #: outputs with a closed form (Y; LSTM: Y_h, Y_c; GRU: Y_h)
     decay_source = 5
     #: names of the default activations of one direction
     default_names: tuple[str, ...] = ("Tanh",)
@@ -627,14 +629,9 @@ class _Recurrent(Handler):
 
     def closed_states(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> _Closed | None:
         """The removed decaying units an output keeps, and a function of (output, units) that
-        writes their closed form (`closed_form`) from the initial state as the graph gives it;
-        None when there are none (or their initial state is absent or 0 there: 0 is written).
-
-        Step t's state is a^e s_0 with e = t + 1 forward and T - t reverse (T: X's sequence
-        length, Shape(X) at run time, or sequence b's length sequence_lens[b], past which Y is
-        0: onnxruntime's, as it writes no step there); the last states' e is T. a^e s_0 is
-        computed in float64 and cast once; LSTM's outputs are then a h(.) in the state's type,
-        as the kernel does."""
+        writes their closed form (`closed_form`, `_DecayForm`) from the initial state as the
+        graph gives it; None when there are none (or their initial state is absent or 0 there:
+        0 is written)."""
         roles = self.axes(node)
         outs = [(t, roles["y"] if j == 0 else roles["state"]) for j, t in enumerate(node.outputs)]
         placed = self.placed_decaying(node, rw, outs, units)
@@ -646,107 +643,9 @@ class _Recurrent(Handler):
         c = rw.const(src)
         if c is not None and c.slice_zero(axis, len(placed))[placed].all():
             return None
-        rates, act = closed
-        x, kept = node.inputs[0], rw.kept(src, axis)
-        kept = np.ones(len(placed), bool) if kept is None else kept
-        dtype = np.dtype(src.dtype if src.dtype is not None else np.float32)
-        f64 = np.dtype(np.float64)
-        cast_to = onnx.helper.np_dtype_to_tensor_dtype
-        memo: dict[tuple[str, bytes], gs.Tensor] = {}
-        y_seq, y_dirs, y_batch, _ = roles["y"]
-        direction = str_attr(node, "direction", "forward")
-        forward = np.array([direction != "reverse"] if direction != "bidirectional" else [True, False])
-
-        def once(key: str, which: np.ndarray, build: Callable[[], gs.Tensor]) -> gs.Tensor:
-            k = (key, which.tobytes())
-            if k not in memo:
-                memo[k] = build()
-            return memo[k]
-
-        def steps(wide: bool) -> gs.Tensor:
-            """X's sequence length T: an int64 scalar, or float64 (`wide`)."""
-            def build() -> gs.Tensor:
-                shape = rw.add_node("Shape", [x], "decay_x_shape", dtype=np.int64)
-                seq = rw.constant(np.asarray(roles["x"][0], np.int64), "seq_axis")
-                return rw.add_node("Gather", [shape, seq], "decay_steps", {"axis": 0}, dtype=np.int64)
-            t = once("steps", np.zeros(0, bool), build)
-            if not wide:
-                return t
-            return once("steps_f64", np.zeros(0, bool), lambda: rw.add_node("Cast", [t], "decay_steps_f64", {"to": cast_to(f64)}, dtype=f64))
-
-        lens = ir.present(node, 4)
-
-        def lengths(at: int, rank: int, to: np.dtype) -> gs.Tensor:
-            """sequence_lens in `to`, along axis `at` (the batch's) of a rank-`rank` output."""
-            def build() -> gs.Tensor:
-                assert lens is not None
-                shape = np.ones(rank, np.int64)
-                shape[at] = -1
-                n = rw.add_node("Cast", [lens], "decay_lengths", {"to": cast_to(to)}, dtype=to)
-                return rw.add_node("Reshape", [n, rw.constant(shape, "decay_lengths_shape")], "decay_lengths_along", dtype=to)
-            return once(f"lengths {at} {rank} {to}", np.zeros(0, bool), build)
-
-        def state(which: np.ndarray) -> gs.Tensor:
-            """The initial state of the units `which`, in float64 ([dirs, batch, units] by layout)."""
-            def build() -> gs.Tensor:
-                idx = np.searchsorted(np.flatnonzero(kept), np.flatnonzero(which)).astype(np.int64)
-                s0 = rw.add_node("Gather", [src, rw.constant(idx, "decaying_units")], "decaying_state", {"axis": axis}, dtype=dtype)
-                return rw.add_node("Cast", [s0], "decaying_state_f64", {"to": cast_to(f64)}, dtype=f64)
-            return once("state", which, build)
-
-        def narrow(t: gs.Tensor, hint: str) -> gs.Tensor:
-            return t if dtype == f64 else rw.add_node("Cast", [t], hint, {"to": cast_to(dtype)}, dtype=dtype)
-
-        def last(which: np.ndarray) -> gs.Tensor:
-            """a^T s_0: the last cell (LSTM) or state (GRU)."""
-            def build() -> gs.Tensor:
-                rate = rw.constant(along_axis(rates.astype(f64), roles["state"][0]), "decay_rate")
-                n = steps(True) if lens is None else lengths(roles["state"][1], 3, f64)
-                power = rw.add_node("Pow", [rate, n], "decay_power", dtype=f64)
-                return narrow(rw.add_node("Mul", [state(which), power], "decayed_f64", dtype=f64), "decayed")
-            return once("last", which, build)
-
-        def every(which: np.ndarray) -> gs.Tensor:
-            """a^e s_0 at every step t (e = t + 1 forward, T - t reverse), in Y's layout."""
-            def build() -> gs.Tensor:
-                def along(values: np.ndarray, at: int, hint: str) -> gs.Constant:
-                    return rw.constant(along_axis(values, at, 4), hint)
-                one, zero = rw.constant(np.asarray(1, np.int64), "one"), rw.constant(np.asarray(0, np.int64), "zero")
-                t = rw.add_node("Range", [zero, steps(False), one], "decay_step_index", dtype=np.int64)
-                at_seq = np.ones(4, np.int64)
-                at_seq[y_seq] = -1
-                t = rw.add_node("Reshape", [t, rw.constant(at_seq, "decay_step_shape")], "decay_steps_along_y", dtype=np.int64)
-                # the exponent in int64 (exact; no float constants): t * sign + first + span * T
-                sign = along(np.where(forward, 1, -1).astype(np.int64), y_dirs, "decay_step_sign")
-                first = along(np.where(forward, 1, 0).astype(np.int64), y_dirs, "decay_first_step")
-                span = along(np.where(forward, 0, 1).astype(np.int64), y_dirs, "decay_span")
-                n = steps(False) if lens is None else lengths(y_batch, 4, np.dtype(np.int64))
-                ends = rw.add_node("Mul", [span, n], "decay_ends", dtype=np.int64)
-                e = rw.add_node("Add", [rw.add_node("Mul", [t, sign], "decay_signed_steps", dtype=np.int64), first], "decay_after", dtype=np.int64)
-                e = rw.add_node("Add", [e, ends], "decay_exponent", dtype=np.int64)
-                e = rw.add_node("Cast", [e], "decay_exponent_f64", {"to": cast_to(f64)}, dtype=f64)
-                power = rw.add_node("Pow", [along(rates.astype(f64), y_dirs, "decay_rate"), e], "decay_powers", dtype=f64)
-                to_y = np.empty(4, np.int64)
-                to_y[[y_seq, y_dirs, y_batch, 3]] = [1, len(rates), -1, int(which.sum())]
-                s0 = rw.add_node("Reshape", [state(which), rw.constant(to_y, "decay_state_shape")], "decaying_state_along_y", dtype=f64)
-                out = rw.add_node("Mul", [s0, power], "decayed_steps_f64", dtype=f64)
-                if lens is not None:  # 0 past a sequence's end (a 0 cast from an integer: no float constant)
-                    within = rw.add_node("Less", [t, n], "decay_within", dtype=np.bool_)
-                    nil = rw.add_node("Cast", [zero], "decay_zero", {"to": cast_to(f64)}, dtype=f64)
-                    out = rw.add_node("Where", [within, out, nil], "decayed_within", dtype=f64)
-                return narrow(out, "decayed_steps")
-            return once("every", which, build)
-
-        def write(j: int, which: np.ndarray) -> gs.Tensor:
-            s = every(which) if j == 0 else last(which)
-            if j == 2 or act is None:
-                return s
-            # LSTM's Y and Y_h: a * h(c_t)
-            at, rank = (y_dirs, 4) if j == 0 else (roles["state"][0], 3)
-            hs = rw.add_node(act, [s], "decayed_output", dtype=dtype)
-            return rw.add_node("Mul", [hs, rw.constant(along_axis(rates.astype(dtype), at, rank), "decay_rate")], "decayed_h", dtype=dtype)
-
-        return placed, write
+        kept = rw.kept(src, axis)
+        form = _DecayForm(node, rw, roles, src, np.ones(len(placed), bool) if kept is None else kept, *closed)
+        return placed, form.write
 
     def gather_states(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> None:
         """An initial state that keeps more than the kept units (a graph input, the removed
@@ -970,6 +869,125 @@ class DynamicQuantizeLSTM(_Recurrent):
             Reason("normalization", node.name, node.op, "X is quantized with a range from every "
                    "element (only zeros do not count)"),
         )  # fmt: skip
+
+
+class _DecayForm:
+    """Writes the closed form of removed decaying units (`_Recurrent.closed_states`) into the
+    graph, each piece once. Step t's state is a^e s_0 with e = t + 1 forward and T - t reverse
+    (T: X's sequence length, Shape(X) at run time, or sequence b's length sequence_lens[b], past
+    which Y is 0: onnxruntime's, as it writes no step there); the last states' e is T. a^e s_0
+    is computed in float64 and cast once; LSTM's outputs are then a h(.) in the state's type,
+    as the kernel does."""
+
+    def __init__(
+        self,
+        node: gs.Node,
+        rw: RewriteView,
+        roles: dict[str, tuple[int, ...]],
+        src: gs.Tensor,
+        kept: np.ndarray,
+        rates: np.ndarray,
+        act: str | None,
+    ) -> None:
+        self.node, self.rw, self.roles, self.src, self.kept, self.rates, self.act = node, rw, roles, src, kept, rates, act
+        self.dtype = np.dtype(src.dtype if src.dtype is not None else np.float32)
+        self.lens = ir.present(node, 4)
+        direction = str_attr(node, "direction", "forward")
+        self.forward = np.array([direction != "reverse"] if direction != "bidirectional" else [True, False])
+        self.memo: dict[tuple[str, bytes], gs.Tensor] = {}
+
+    def once(self, key: str, which: np.ndarray, build: Callable[[], gs.Tensor]) -> gs.Tensor:
+        k = (key, which.tobytes())
+        if k not in self.memo:
+            self.memo[k] = build()
+        return self.memo[k]
+
+    def cast(self, t: gs.Tensor, to: np.dtype, hint: str) -> gs.Tensor:
+        return self.rw.add_node("Cast", [t], hint, {"to": onnx.helper.np_dtype_to_tensor_dtype(to)}, dtype=to)
+
+    def steps(self, wide: bool) -> gs.Tensor:
+        """X's sequence length T: an int64 scalar, or float64 (`wide`)."""
+        def build() -> gs.Tensor:
+            shape = self.rw.add_node("Shape", [self.node.inputs[0]], "decay_x_shape", dtype=np.int64)
+            seq = self.rw.constant(np.asarray(self.roles["x"][0], np.int64), "seq_axis")
+            return self.rw.add_node("Gather", [shape, seq], "decay_steps", {"axis": 0}, dtype=np.int64)
+        t = self.once("steps", _NONE, build)
+        return self.once("steps_f64", _NONE, lambda: self.cast(t, _F64, "decay_steps_f64")) if wide else t
+
+    def lengths(self, at: int, rank: int, to: np.dtype) -> gs.Tensor:
+        """sequence_lens in `to`, along axis `at` (the batch's) of a rank-`rank` output."""
+        def build() -> gs.Tensor:
+            assert self.lens is not None
+            shape = np.ones(rank, np.int64)
+            shape[at] = -1
+            n = self.cast(self.lens, to, "decay_lengths")
+            return self.rw.add_node("Reshape", [n, self.rw.constant(shape, "decay_lengths_shape")], "decay_lengths_along", dtype=to)
+        return self.once(f"lengths {at} {rank} {to}", _NONE, build)
+
+    def state(self, which: np.ndarray) -> gs.Tensor:
+        """The initial state of the units `which`, in float64 ([dirs, batch, units] by layout)."""
+        def build() -> gs.Tensor:
+            idx = np.searchsorted(np.flatnonzero(self.kept), np.flatnonzero(which)).astype(np.int64)
+            units = self.rw.constant(idx, "decaying_units")
+            s0 = self.rw.add_node("Gather", [self.src, units], "decaying_state", {"axis": self.roles["state"][2]}, dtype=self.dtype)
+            return self.cast(s0, _F64, "decaying_state_f64")
+        return self.once("state", which, build)
+
+    def narrow(self, t: gs.Tensor, hint: str) -> gs.Tensor:
+        return t if self.dtype == _F64 else self.cast(t, self.dtype, hint)
+
+    def last(self, which: np.ndarray) -> gs.Tensor:
+        """a^T s_0: the last cell (LSTM) or state (GRU)."""
+        def build() -> gs.Tensor:
+            rate = self.rw.constant(along_axis(self.rates.astype(_F64), self.roles["state"][0]), "decay_rate")
+            n = self.steps(True) if self.lens is None else self.lengths(self.roles["state"][1], 3, _F64)
+            power = self.rw.add_node("Pow", [rate, n], "decay_power", dtype=_F64)
+            return self.narrow(self.rw.add_node("Mul", [self.state(which), power], "decayed_f64", dtype=_F64), "decayed")
+        return self.once("last", which, build)
+
+    def every(self, which: np.ndarray) -> gs.Tensor:
+        """a^e s_0 at every step t (e = t + 1 forward, T - t reverse), in Y's layout."""
+        rw, i64 = self.rw, np.dtype(np.int64)
+        y_seq, y_dirs, y_batch, _ = self.roles["y"]
+
+        def along(values: np.ndarray, at: int, hint: str) -> gs.Constant:
+            return rw.constant(along_axis(values, at, 4), hint)
+
+        def build() -> gs.Tensor:
+            one, zero = rw.constant(np.asarray(1, np.int64), "one"), rw.constant(np.asarray(0, np.int64), "zero")
+            t = rw.add_node("Range", [zero, self.steps(False), one], "decay_step_index", dtype=i64)
+            at_seq = np.ones(4, np.int64)
+            at_seq[y_seq] = -1
+            t = rw.add_node("Reshape", [t, rw.constant(at_seq, "decay_step_shape")], "decay_steps_along_y", dtype=i64)
+            # the exponent in int64 (exact; no float constants): t * sign + first + span * T
+            sign = along(np.where(self.forward, 1, -1).astype(np.int64), y_dirs, "decay_step_sign")
+            first = along(np.where(self.forward, 1, 0).astype(np.int64), y_dirs, "decay_first_step")
+            span = along(np.where(self.forward, 0, 1).astype(np.int64), y_dirs, "decay_span")
+            n = self.steps(False) if self.lens is None else self.lengths(y_batch, 4, i64)
+            e = rw.add_node("Add", [rw.add_node("Mul", [t, sign], "decay_signed_steps", dtype=i64), first], "decay_after", dtype=i64)
+            e = rw.add_node("Add", [e, rw.add_node("Mul", [span, n], "decay_ends", dtype=i64)], "decay_exponent", dtype=i64)
+            rate = along(self.rates.astype(_F64), y_dirs, "decay_rate")
+            power = rw.add_node("Pow", [rate, self.cast(e, _F64, "decay_exponent_f64")], "decay_powers", dtype=_F64)
+            to_y = np.empty(4, np.int64)
+            to_y[[y_seq, y_dirs, y_batch, 3]] = [1, len(self.rates), -1, int(which.sum())]
+            s0 = rw.add_node("Reshape", [self.state(which), rw.constant(to_y, "decay_state_shape")], "decaying_state_along_y", dtype=_F64)
+            out = rw.add_node("Mul", [s0, power], "decayed_steps_f64", dtype=_F64)
+            if self.lens is not None:  # 0 past a sequence's end (a 0 cast from an integer: no float constant)
+                within = rw.add_node("Less", [t, n], "decay_within", dtype=np.bool_)
+                out = rw.add_node("Where", [within, out, self.cast(zero, _F64, "decay_zero")], "decayed_within", dtype=_F64)
+            return self.narrow(out, "decayed_steps")
+        return self.once("every", which, build)
+
+    def write(self, j: int, which: np.ndarray) -> gs.Tensor:
+        """Output j's closed form (Y, Y_h, Y_c) of the units `which`."""
+        s = self.every(which) if j == 0 else self.last(which)
+        if j == 2 or self.act is None:
+            return s
+        # LSTM's Y and Y_h: a * h(c_t)
+        at, rank = (self.roles["y"][1], 4) if j == 0 else (self.roles["state"][0], 3)
+        hs = self.rw.add_node(self.act, [s], "decayed_output", dtype=self.dtype)
+        rate = self.rw.constant(along_axis(self.rates.astype(self.dtype), at, rank), "decay_rate")
+        return self.rw.add_node("Mul", [hs, rate], "decayed_h", dtype=self.dtype)
 
 
 def along_axis(values: np.ndarray, axis: int, rank: int = 3) -> np.ndarray:
