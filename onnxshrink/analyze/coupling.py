@@ -156,8 +156,10 @@ class Partition:
     label: np.ndarray = field(init=False)
     # component -> reasons it cannot be removed (LIVE alone: an op reads the axis whole)
     reasons: dict[int, list[Reason]] = field(init=False)
-    # component -> the elementwise nodes that combine its indices
-    meets: dict[int, list[gs.Node]] = field(init=False)
+    # per elementwise node that combines indices (by id): the node, and the component of each
+    # index of every axis it ties (a LLaMA's products and sums tie a million indices: held as
+    # the arrays `of` gives, not a list of nodes per component)
+    meeting: dict[int, tuple[gs.Node, list[np.ndarray]]] = field(init=False)
     # components a LayerNorm or RMSNorm normalizes over (a residual stream's width)
     normalized: set[int] = field(init=False)
 
@@ -202,11 +204,10 @@ class Partition:
                 have = self.reasons[int(comp)]
                 have.extend(r for r in reasons if r not in have)
         self.normalized = {int(c) for key in log.normalized for c in np.unique(self.of(key))}
-        self.meets = defaultdict(list)
+        self.meeting = {}
         for (k1, _), meet in log.equal.items():
             if meet is not None:
-                for comp in np.unique(self.of(k1)):
-                    self.meets[int(comp)].append(meet)
+                self.meeting.setdefault(id(meet), (meet, []))[1].append(self.of(k1))
 
     @staticmethod
     def _cut_block(
