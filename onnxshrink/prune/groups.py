@@ -1146,7 +1146,15 @@ def kept_when_zeroed(analysis: Analysis, groups: Iterable[Group]) -> dict[int, s
                 return t
         return None
 
-    located = [(g, m, read_as(m)) for g in groups for m in g.members]
+    # where a member is read depends on its site and names alone: found once for the members
+    # that share them (a layer's groups each hold a slice of the same weights)
+    found: dict[tuple[tuple[str, int], str, str], gs.Tensor | None] = {}
+    located = []
+    for g in groups:
+        for m in g.members:
+            key = (m.site, m.tensor, m.initializer)
+            t = found[key] if key in found else found.setdefault(key, read_as(m))
+            located.append((g, m, t))
     # each zeroed axis asked once; members one by one only where some index stays (rare)
     axes = gather_slices((t.name, m.axis, m.indices) for _, m, t in located if t is not None)
     named = {t.name: t for _, _, t in located if t is not None}
@@ -1156,6 +1164,8 @@ def kept_when_zeroed(analysis: Analysis, groups: Iterable[Group]) -> dict[int, s
         if kept is not None and kept[idx].any():
             suspect.add((name, axis))
     out: dict[int, str] = {}
+    if not suspect:
+        return out
     for g, m, t in located:
         if t is None or (t.name, m.axis) not in suspect or g.id in out:
             continue

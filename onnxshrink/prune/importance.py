@@ -225,7 +225,10 @@ def _matrix_norms(values: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 NORM_BLOCK_BYTES = 32 * 2**20  # the float64 block of a weight `_norms` holds at once
-MATRIX_BLOCK_BYTES = 4 * 2**20  # `_matrix_norms`' blocks: they stay in the CPU's caches
+# `_matrix_norms`' float64 blocks: small enough to stay in a core's L2 cache with the rows they
+# are read from (4 MiB did not, on a 2 MiB L2: TinyLlama's 5632 x 2048 matrices 20% slower). The
+# sums do not depend on it (each row summed whole, each column row after row)
+MATRIX_BLOCK_BYTES = 512 * 2**10
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
