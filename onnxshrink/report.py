@@ -52,14 +52,16 @@ def model_stats(
     model: onnx.ModelProto,
     input_shapes: dict[str, list[int]] | None = None,
     file_bytes: int | None = None,
+    macs: int | None = None,
 ) -> ModelStats:
+    """`macs`: count_macs(model, input_shapes), when counted already (macs_of)."""
     # Nodes of every graph the file holds (an If-wrapped model is all branches)
     ops = Counter(n.op_type for g in ir.all_graphs(model.graph) for n in g.node)
     return ModelStats(
         dict(sorted(ops.items())),
         sum(ops.values()),
         count_params(model),
-        count_macs(model, input_shapes or {}),
+        count_macs(model, input_shapes or {}) if macs is None else macs,
         file_bytes,
         dict(input_shapes) if input_shapes is not None else None,
     )

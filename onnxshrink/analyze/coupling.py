@@ -200,10 +200,18 @@ class Partition:
         for key, why in inner_pins.items():
             pins.setdefault(key, []).append(why)
         for key, reasons in pins.items():
-            for comp in np.unique(self.of(key)):
-                have = self.reasons[int(comp)]
-                have.extend(r for r in reasons if r not in have)
-        self.normalized = {int(c) for key in log.normalized for c in np.unique(self.of(key))}
+            once: list[Reason] = []
+            for r in reasons:
+                if r not in once:
+                    once.append(r)
+            for comp in np.unique(self.of(key)).tolist():
+                have = self.reasons.get(comp)
+                if have is None:  # (most: an axis's components are pinned by one key)
+                    self.reasons[comp] = list(once)
+                else:
+                    have.extend(r for r in once if r not in have)
+        held = [self.of(key) for key in log.normalized]
+        self.normalized = set(np.unique(np.concatenate(held)).tolist()) if held else set()
         self.meeting = {}
         for (k1, _), meet in log.equal.items():
             if meet is not None:

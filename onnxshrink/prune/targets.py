@@ -61,13 +61,20 @@ class Target:
 class Costs:
     """Parameters and MACs a removal takes out, estimated from the groups alone."""
 
-    def __init__(self, gset: GroupSet, model: onnx.ModelProto, shapes: Mapping[str, list[int]]):
+    def __init__(
+        self,
+        gset: GroupSet,
+        model: onnx.ModelProto,
+        shapes: Mapping[str, list[int]],
+        macs: tuple[int, dict[str, int]] | None = None,
+    ):
+        """`macs`: macs_of(model, shapes), when counted already."""
         from onnxshrink.report import count_params, macs_of
 
         self.gset = gset
         self.shapes = {name: tuple(int(d) for d in a.shape) for name, a in gset.arrays.items()}
         self.params = count_params(model)
-        self.macs, per_node = macs_of(model, dict(shapes))  # one shape inference for both
+        self.macs, per_node = macs if macs is not None else macs_of(model, dict(shapes))  # one shape inference for both
         # MACs of the node reading each weight matrix (a member read as a matrix)
         self.weight_macs: dict[str, int] = {}
         for g in gset.groups:
