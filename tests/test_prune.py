@@ -323,6 +323,72 @@ def test_matrix_norms_are_the_blockwise_sums_bit_for_bit(monkeypatch, block):
                     np.testing.assert_allclose(fast, expected, rtol=1e-12)
 
 
+MLP = """
+g (float[1,6] x, float[6,8] W1, float[8] B1, float[8,5] W2, float[5] B2, float[5,3] W3) => (float[1,3] y) {
+  a = MatMul(x, W1)
+  b = Add(a, B1)
+  r = Relu(b)
+  c = MatMul(r, W2)
+  d = Add(c, B2)
+  s = Relu(d)
+  y = MatMul(s, W3)
+}
+"""
+
+
+@pytest.mark.parametrize("text", [MLP, BRANCHES])
+@pytest.mark.parametrize("p", [1, 2])
+def test_weights_norms_computed_two_at_a_time_are_those_computed_one_at_a_time(monkeypatch, text, p):
+    # importance.all_norms passes over NORM_THREADS weights at once: each weight's sums are the
+    # same bits as one at a time (so are the scores, hence the choice), and are sum |w|^p.
+    from onnxshrink.prune import importance
+
+    model = tiny(text, seed=3)
+    got = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(importance, "NORM_THREADS", threads)
+        gset = find_groups(model, verify=False)
+        got[threads] = (scores(gset, "l1" if p == 1 else "l2"), dict(gset.norms), gset.arrays)
+    assert got[1][0].tobytes() == got[2][0].tobytes()
+    assert got[1][1].keys() == got[2][1].keys() and len(got[2][1]) >= 4
+    for (tensor, axis, q), norms in got[2][1].items():
+        assert norms.tobytes() == got[1][1][tensor, axis, q].tobytes()
+        w = got[2][2][tensor].astype(np.float64)
+        other = tuple(a for a in range(w.ndim) if a != axis)
+        np.testing.assert_allclose(norms, (np.abs(w) ** q).sum(axis=other), rtol=1e-12)
+
+
+def test_the_groups_are_left_out_of_collections_while_the_prune_runs_and_given_back(monkeypatch):
+    # run._out_of_collections: after the groups are found, what is alive is frozen (gc.freeze),
+    # so that the shrink's full collections do not scan every member again; the prune gives it
+    # back (the count 0 again), and leaves a process's own freeze as it was.
+    import gc
+
+    from onnxshrink.prune import run as prune_run
+
+    seen: list[int] = []
+    real = prune_run.shrink_reference
+
+    def shrink_reference(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prune_run, "shrink_reference", shrink_reference)
+    model = tiny(BRANCHES, seed=7)
+    assert gc.get_freeze_count() == 0
+    result = prune(model, 0.5, draws=1)
+    assert seen[-1] > 0 and gc.get_freeze_count() == 0
+    assert result.shrink.validation.passed and result.shrink.after.params == 4 * 37 + 2 * 3 * 5 + 2 * 4
+    gc.freeze()  # the process's own
+    try:
+        own = gc.get_freeze_count()  # (it falls as frozen objects are freed, never rises)
+        again = prune(model, 0.5, draws=1)
+        assert seen[-1] <= own and gc.get_freeze_count() > 0
+        assert again.shrink.after.params == result.shrink.after.params
+    finally:
+        gc.unfreeze()
+
+
 def test_an_input_with_external_data_gives_an_output_with_external_data_and_is_never_overwritten(
     tmp_path, capsys
 ):

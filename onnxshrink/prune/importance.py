@@ -27,6 +27,7 @@ every other position.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from operator import attrgetter
@@ -123,6 +124,7 @@ def _member_norms(gset: GroupSet, members: list[Member], p: int) -> np.ndarray:
     lengths = np.fromiter(map(len, indices), np.int64, len(indices))
     keys = list(map(attrgetter("tensor", "axis"), members))
     codes = {key: c for c, key in enumerate(dict.fromkeys(keys))}  # (tensor, axis) -> its number
+    all_norms(gset, list(codes), p)
     code = np.fromiter(map(codes.__getitem__, keys), np.int64, len(members))
     for k in np.flatnonzero(lengths != 1).tolist():
         out[k] = member_norm(gset, members[k], p)
@@ -155,16 +157,44 @@ def channel_norms(gset: GroupSet, tensor: str, axis: int, p: int) -> np.ndarray:
     kept for every member that slices it (a layer's groups each hold one index or a few)."""
     key = (tensor, axis, p)
     if key not in gset.norms:
-        values = gset.real(tensor)  # a quantized weight's dequantized values (a new array)
-        if values.ndim == 2 and values.flags.c_contiguous and values.dtype in _FLOATS:
-            weights.populate(values)  # a mapped weight's pages faulted in at once, not one by one
-            # both axes from one pass: a layer's weight is sliced along both (its output
-            # channels, and the hidden width it reads)
-            gset.norms[tensor, 0, p], gset.norms[tensor, 1, p] = _matrix_norms(values, p)
-        else:
-            gset.norms[key] = _norms(values, axis, p)
+        gset.norms.update(_tensor_norms(gset, tensor, [axis], p))
         weights.trim()  # the mapped pages read go back to the page cache
     return gset.norms[key]
+
+
+def all_norms(gset: GroupSet, keys: list[tuple[str, int]], p: int) -> None:
+    """`channel_norms` of every (tensor, axis) of `keys`, computed NORM_THREADS weights at a time
+    (numpy lets go of the interpreter in its loops: a pass over TinyLlama's 4.4 GB of weights
+    is a second or two of each core's time). Each weight's norms are the same sums as one at a
+    time; they are stored here, in the order of `keys`."""
+    axes: dict[str, list[int]] = {}
+    for tensor, axis in keys:
+        if (tensor, axis, p) not in gset.norms:
+            axes.setdefault(tensor, []).append(axis)
+    if len(axes) < 2 or NORM_THREADS < 2:
+        for tensor, wanted in axes.items():
+            channel_norms(gset, tensor, wanted[0], p)
+            for axis in wanted[1:]:
+                channel_norms(gset, tensor, axis, p)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(NORM_THREADS) as pool:
+        for got in pool.map(lambda tensor: _tensor_norms(gset, tensor, axes[tensor], p), axes):
+            gset.norms.update(got)
+            weights.trim()  # the mapped pages read go back to the page cache
+
+
+def _tensor_norms(gset: GroupSet, tensor: str, wanted: list[int], p: int) -> dict[tuple[str, int, int], np.ndarray]:
+    """`channel_norms` of `tensor` along the axes `wanted`: a float matrix's along both, from one
+    pass (a layer's weight is sliced along both: its output channels, and the hidden width it
+    reads)."""
+    values = gset.real(tensor)  # a quantized weight's dequantized values (a new array)
+    if values.ndim == 2 and values.flags.c_contiguous and values.dtype in _FLOATS:
+        weights.populate(values)  # a mapped weight's pages faulted in at once, not one by one
+        rows, cols = _matrix_norms(values, p)
+        return {(tensor, 0, p): rows, (tensor, 1, p): cols}
+    return {(tensor, axis, p): _norms(values, axis, p) for axis in wanted}
 
 
 def _norms(values: np.ndarray, axis: int, p: int, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -224,6 +254,7 @@ def _matrix_norms(values: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
     return rows_out, sums
 
 
+NORM_THREADS = min(2, os.cpu_count() or 1)  # weights whose norms `all_norms` computes at once
 NORM_BLOCK_BYTES = 32 * 2**20  # the float64 block of a weight `_norms` holds at once
 # `_matrix_norms`' float64 blocks: small enough to stay in a core's L2 cache with the rows they
 # are read from (4 MiB did not, on a 2 MiB L2: TinyLlama's 5632 x 2048 matrices 20% slower). The
