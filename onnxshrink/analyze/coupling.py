@@ -201,9 +201,9 @@ class Partition:
             pins.setdefault(key, []).append(why)
         for key, reasons in pins.items():
             once: list[Reason] = []
-            for r in reasons:
-                if r not in once:
-                    once.append(r)
+            for why in reasons:
+                if why not in once:
+                    once.append(why)
             for comp in np.unique(self.of(key)).tolist():
                 have = self.reasons.get(comp)
                 if have is None:  # (most: an axis's components are pinned by one key)
