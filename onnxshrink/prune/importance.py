@@ -27,7 +27,6 @@ every other position.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from operator import attrgetter
@@ -254,7 +253,11 @@ def _matrix_norms(values: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
     return rows_out, sums
 
 
-NORM_THREADS = min(2, os.cpu_count() or 1)  # weights whose norms `all_norms` computes at once
+# Weights whose norms `all_norms` computes at once. 1: two showed no gain on the shared 2-core
+# machine it was tried on (TinyLlama's importance 5.6-7.4 s either way, load 5); the sums are
+# the same bits at any count (test_weights_norms_computed_two_at_a_time...), so it may be raised
+# where a quiet machine shows it pays.
+NORM_THREADS = 1
 NORM_BLOCK_BYTES = 32 * 2**20  # the float64 block of a weight `_norms` holds at once
 # `_matrix_norms`' float64 blocks: small enough to stay in a core's L2 cache with the rows they
 # are read from (4 MiB did not, on a 2 MiB L2: TinyLlama's 5632 x 2048 matrices 20% slower). The
