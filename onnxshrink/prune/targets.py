@@ -75,12 +75,20 @@ class Costs:
         self.shapes = {name: tuple(int(d) for d in a.shape) for name, a in gset.arrays.items()}
         self.params = count_params(model)
         self.macs, per_node = macs if macs is not None else macs_of(model, dict(shapes))  # one shape inference for both
-        # MACs of the node reading each weight matrix (a member read as a matrix)
-        self.weight_macs: dict[str, int] = {}
+        # the MACs each weight matrix (a member read as a matrix) costs its node: a node reading
+        # several (a recurrent op's W and R) spends its MACs on them in proportion to their
+        # elements (every step multiplies each once), else each would be charged the whole
+        # node's and a plan could remove more than all the MACs (lac's GRUs: 101%)
+        matrices: dict[str, set[str]] = {}
         for g in gset.groups:
             for m in g.members:
                 if m.matrix and m.side:
-                    self.weight_macs[m.tensor] = per_node.get(m.site[0], 0)
+                    matrices.setdefault(m.site[0], set()).add(m.tensor)
+        self.weight_macs: dict[str, float] = {}
+        for node, tensors in matrices.items():
+            sizes = {t: math.prod(self.shapes[t]) for t in tensors}
+            for t, size in sizes.items():
+                self.weight_macs[t] = per_node.get(node, 0) * size / max(sum(sizes.values()), 1)
 
     def removed(self, members: Sequence[Member]) -> tuple[int, float]:
         """(parameters, MACs) the members' slices take out, estimated."""
