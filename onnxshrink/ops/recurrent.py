@@ -649,12 +649,18 @@ class _Recurrent(Handler):
 
     def gather_states(self, node: gs.Node, rw: RewriteView, units: np.ndarray) -> None:
         """An initial state that keeps more than the kept units (a graph input, the removed
-        units' entries unread: `zero_units`) is read through a Gather of the kept units."""
+        units' entries unread: `zero_units`) is read through a Gather of the kept units. A state
+        whose hidden axis has no kept set (its size unknown to shape inference: a zero state
+        Tiled to a batch read at run time, as paddle2onnx writes) is whole: the op's own
+        hidden_size wide, every unit of it kept."""
         axis = self.axes(node)["state"][2]
         for i in self.state_inputs:
             t = ir.present(node, i)
-            kept = rw.kept(t, axis) if t is not None and ir.rank(t) == 3 else None
-            if t is None or kept is None or np.array_equal(kept, units):
+            if t is None or ir.rank(t) not in (None, 3):
+                continue
+            kept = rw.kept(t, axis) if ir.rank(t) == 3 else None
+            kept = np.ones(len(units), bool) if kept is None else kept
+            if np.array_equal(kept, units):
                 continue
             assert not (units & ~kept).any(), f"{node.name}: a kept unit's initial state went"
             idx = np.searchsorted(np.flatnonzero(kept), np.flatnonzero(units)).astype(np.int64)

@@ -275,6 +275,11 @@ class Tile(Handler):
 
     def constants(self, node: gs.Node, ctx: ConstView) -> list[ConstInfo | None] | None:
         c, reps = ctx.const(node.inputs[0]), ctx.value(node.inputs[1])
+        if c is not None and reps is None and c.mask.all() and (c.value == c.value.flat[0]).all():
+            # one value everywhere (a zero state Tiled to a batch the graph reads at run time):
+            # so is every tiling of it, whatever the repeats
+            one = (1,) * max(c.mask.ndim, c.value.ndim)
+            return [compress(np.ones(one, bool), c.value.reshape(-1)[:1].reshape(one))]
         if c is None or reps is None:
             return None
         m, v = np.broadcast_arrays(c.mask, c.value)

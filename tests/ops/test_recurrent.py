@@ -4,7 +4,16 @@ states and outputs; hidden_size rewritten; a unit a kept unit reads through R st
 import numpy as np
 import onnx
 import pytest
-from conftest import export_cached, half_masked, init, params, shapes, shrink_checked, tiny
+from conftest import (
+    export_cached,
+    half_masked,
+    init,
+    params,
+    shapes,
+    shrink_checked,
+    tiny,
+    zero_slices,
+)
 
 from models.recurrent import RECURRENT
 
@@ -259,3 +268,49 @@ def test_quantize_dynamic_lstm_model_reaches_the_quantized_native_size(zoo_dir):
     assert params(result.model) == result.after.params == params(onnx.load(paths["native"]))
     assert result.after.params < 0.4 * result.before.params
     assert not result.barriers
+
+
+TILED_STATE = """
+g (float[5, 2, 3] x, float[2, {gh}, 3] W, float[2, {gh}, 6] R, float[2, {bh}] B, float[1, 2, 6] C, float[12, 4] V)
+  => (float[5, 2, 4] y) {{
+  one = Constant <value = int64[1] {{1}}> ()
+  two = Constant <value = int64[1] {{2}}> ()
+  ones = Constant <value = int64[2] {{1, 1}}> ()
+  xs = Shape (x)
+  n = Slice (xs, one, two)
+  reps = Concat <axis = 0> (n, ones)
+  t = Tile (C, reps)
+  s0 = Transpose <perm = [1, 0, 2]> (t)
+  s, last{cell} = {op} <hidden_size = 6, direction = "bidirectional"> (x, W, R, B, , s0{c0})
+  shape = Constant <value = int64[3] {{0, 0, -1}}> ()
+  st = Transpose <perm = [0, 2, 1, 3]> (s)
+  r = Reshape (st, shape)
+  y = MatMul (r, V)
+}}"""
+
+
+@pytest.mark.parametrize("state", ["zero", "random"])
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_units_go_from_an_initial_state_tiled_to_the_batch_at_run_time(op, state):
+    """paddle2onnx's LSTMs (PP-OCRv2's recognizer) start from a constant Tiled to the batch
+    size the graph reads at run time, so shape inference knows no width of the state: the
+    units whose rows, R columns and Y readers are zero go, the state read through a Gather of
+    the kept units (before: left whole, and onnxruntime refused the shrunk op: 'Input
+    initial_h must have shape {2,2,4}. Actual:{2,2,6}'); a zero constant Tiled is 0 whatever
+    the repeats, and the zero state is left out (ONNX's default)."""
+    gates = {"GRU": 3, "LSTM": 4}[op]
+    rows = unit_rows(DEAD, gates)
+    text = TILED_STATE.format(op=op, gh=gates * H, bh=2 * gates * H, cell=", cell" if op == "LSTM" else "",
+                              c0=", s0" if op == "LSTM" else "")  # fmt: skip
+    c = np.zeros((1, 2, H)) if state == "zero" else np.random.default_rng(1).standard_normal((1, 2, H))
+    zero = {"W": np.s_[:, rows], "R": np.s_[:, rows], "B": np.s_[:, unit_rows(DEAD, 2 * gates)],
+            "V": np.s_[[d * H + u for d in range(2) for u in DEAD]]}  # fmt: skip
+    model = zero_slices(tiny(text, zero=zero, values={"C": c}), {"R": [(2, DEAD)]})  # no unit reads them
+    result = shrink_checked(model)
+    [node] = [n for n in result.model.graph.node if n.op_type == op]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["hidden_size"] == H - len(DEAD)
+    states = [x for x in node.input[5:] if x]
+    assert len(states) == (0 if state == "zero" else 2 if op == "LSTM" else 1)
+    kept = H - len(DEAD)
+    got = shapes(result.model)
+    assert (got["W"], got["R"], got["B"], got["V"]) == ((2, gates * kept, 3), (2, gates * kept, kept), (2, 2 * gates * kept), (2 * kept, 4))
