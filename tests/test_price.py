@@ -363,3 +363,30 @@ def test_the_latency_counts_the_warm_runs_it_is_given_as_rounds(monkeypatch, war
     before, after = meter.compare(meter.session(model), warm=warm, runs=runs)
     assert len(timed) == blocks and timed[::2] == [meter.base] * (blocks // 2)
     assert 0 < before <= min(runs[0], default=np.inf) and 0 < after <= min(runs[1], default=np.inf)
+
+
+SCORE = """
+g (float[4, 8] x, float[8, 16] W1, float[16] B1, float[16, 1] W2) => (float[4, 1] y) {
+  h = MatMul (x, W1)
+  hb = Add (h, B1)
+  r = Relu (hb)
+  s = MatMul (r, W2)
+  y = Sigmoid (s)
+}
+"""
+
+
+def test_an_output_of_one_value_per_sample_gets_no_cosine(capsys):
+    """A score per sample ([batch, 1]: openWakeWord's heads) has a cosine of +-1, its sign
+    alone: a sigmoid's was 'cosine mean 1.0000 / min 1.0000' beside a relative error of 0.15
+    (hey_mycroft). The price gives the relative error alone, computed here, and says why."""
+    model = tiny(SCORE, seed=4)
+    held = [{"x": np.random.default_rng(s).standard_normal((4, 8)).astype(np.float32)} for s in (1, 2)]
+    result = prune(model, 0.5, held_out=held, validate=False)
+    (out,) = result.price.outputs
+    expected = independent(model, result.model, held)
+    assert expected["rel_error"] > 1e-3 and expected["cosine_min"] == pytest.approx(1.0)
+    assert out.rel_error == pytest.approx(expected["rel_error"], abs=1e-9)
+    assert out.cosine_mean is None and out.cosine_min is None and out.top1 is None
+    line = next(t for t in result.price.lines() if t.startswith("    y:"))
+    assert line == f"    y: relative error {out.rel_error:.4g}, no cosine (one value per sample: its cosine would be its sign alone)"

@@ -262,10 +262,11 @@ def independent(src: Path, out: Path, feed: dict[str, np.ndarray]) -> dict[str, 
             num, den = num + float(np.sum((a - a0) ** 2)), den + float(np.sum(a0**2))
             cos.append(float(a0 @ a / np.linalg.norm(a0) / np.linalg.norm(a)))
         top1 = float(np.mean(y0.argmax(1) == y.argmax(1))) if y0.ndim == 2 and y0.shape[1] >= 2 else None
+        score = r0.shape[1] == 1  # one value per sample: its cosine is its sign, not given
         figures[name] = {
             "rel_error": float(np.sqrt(num / den)),
-            "cosine_mean": float(np.mean(cos)),
-            "cosine_min": float(np.min(cos)),
+            "cosine_mean": None if score else float(np.mean(cos)),
+            "cosine_min": None if score else float(np.min(cos)),
             "top1": top1,
         }
     return figures

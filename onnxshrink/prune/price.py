@@ -22,8 +22,8 @@ import onnx
 class OutputPrice:
     name: str
     rel_error: float
-    cosine_mean: float
-    cosine_min: float
+    cosine_mean: float | None  # None: one value per sample (a score), whose cosine is its sign
+    cosine_min: float | None
     top1: float | None = None  # argmax agreement over the batch, for a [batch, classes] output
 
 
@@ -40,9 +40,10 @@ class Price:
     def lines(self) -> list[str]:
         out = [f"price on the {self.inputs}:"]
         for o in self.outputs:
-            text = (
-                f"    {o.name}: relative error {o.rel_error:.4g}, cosine mean {o.cosine_mean:.4f} "
-                f"/ min {o.cosine_min:.4f}"
+            text = f"    {o.name}: relative error {o.rel_error:.4g}, " + (
+                f"cosine mean {o.cosine_mean:.4f} / min {o.cosine_min:.4f}"
+                if o.cosine_mean is not None and o.cosine_min is not None
+                else "no cosine (one value per sample: its cosine would be its sign alone)"
             )
             if o.top1 is not None:
                 text += f", top-1 agreement {o.top1:.1%}"
@@ -97,12 +98,15 @@ def compare_outputs(
                 rows += y0.shape[0]
         cos = np.concatenate(cosines)
         num, den = float(sums[0]), float(sums[1])
+        # a row of one value (a wake word's or a detector's score per sample): its cosine is
+        # +-1, the sign alone, 1 whatever the error of a positive score: not given
+        scores = all(y0.size == (y0.shape[0] if y0.ndim >= 2 else 1) for y0 in y0s)
         out.append(
             OutputPrice(
                 name,
                 float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num)),
-                float(np.mean(cos)),
-                float(np.min(cos)),
+                None if scores else float(np.mean(cos)),
+                None if scores else float(np.min(cos)),
                 agree / rows if rows else None,
             )
         )
