@@ -57,6 +57,10 @@ class RewriteResult:
     kept: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
     # per weight and axis that lost indices: tensor, axis, size, kept, removed (the indices)
     removed_slices: list[dict[str, Any]] = field(default_factory=list)
+    # the ids of the analysis' nodes still in the shrunk graph (a node kept whole whose output
+    # the rewrite stopped reading, a zero state left out, is gone: no barrier of the output;
+    # None: not known, every barrier stands)
+    left: set[int] | None = None
 
 
 class Rewriter:
@@ -392,6 +396,7 @@ def apply(
     result = RewriteResult(export(graph, original), rw.folds, len(dead), kept_zeroed, arrays)
     result.inserted = rw.inserted
     result.interface = interface
+    result.left = {id(n) for g in ir.scopes(graph) for n in g.nodes}
     return result
 
 

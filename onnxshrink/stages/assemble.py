@@ -68,7 +68,7 @@ def assemble(
         sparsity=sparsity_left(shrunk, arrays=rewritten.arrays, skip=rewritten.inserted),
         removed_nodes=rewritten.removed_nodes,
         renamed_nodes=source.renamed,
-        barriers=_barriers(run.outcome.analysis),
+        barriers=_barriers(run.outcome.analysis, None if unchanged else rewritten.left),
         replayed=[{"node": n, "op": op, "finding": f} for n, op, f in run.outcome.analysis.keep.notes.values()],
         first_failure=run.recovery.first_failure if run.recovery else None,
         first_failure_bug=run.recovery.bug if run.recovery else False,
@@ -97,11 +97,13 @@ def _as_reference(rewritten: RewriteResult, reference: onnx.ModelProto, source: 
     rewritten.model, rewritten.arrays = reference, {}
 
 
-def _barriers(analysis: Analysis) -> list[dict[str, Any]]:
-    """The nodes the analysis kept whole, as the report lists them."""
+def _barriers(analysis: Analysis, left: set[int] | None) -> list[dict[str, Any]]:
+    """The nodes the analysis kept whole, as the report lists them: those the shrunk model
+    still holds (`left`: the ids of its nodes; None: the output is the input, all of them)."""
     return [
         {"node": r.node, "op": r.op, "reason": str(r), "unsupported": r.kind == "unsupported"}
-        for r in analysis.keep.barriers.values()
+        for i, r in analysis.keep.barriers.items()
+        if left is None or i in left
     ]
 
 
