@@ -98,7 +98,7 @@ def read_mapped(path: str | Path, location: str | None) -> onnx.ModelProto | Non
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         try:
             top = _fields(buf, 0, len(buf))
-            graphs = [f for f in top if f[0] == _MODEL_GRAPH and f[1] == _LEN]
+            graphs = [field for field in top if field[0] == _MODEL_GRAPH and field[1] == _LEN]
             if len(graphs) != 1:
                 return None
             _, _, g_tag, g_start, g_end = graphs[0]
@@ -109,7 +109,7 @@ def read_mapped(path: str | Path, location: str | None) -> onnx.ModelProto | Non
                 if number != _GRAPH_INITIALIZER or wire != _LEN:
                     graph_parts.append(buf[tag_at:end])
                     continue
-                raw = [f for f in _fields(buf, start, end) if f[0] == _TENSOR_RAW_DATA and f[1] == _LEN]
+                raw = [field for field in _fields(buf, start, end) if field[0] == _TENSOR_RAW_DATA and field[1] == _LEN]
                 if len(raw) == 1 and raw[0][4] - raw[0][3] >= MAPPED_FROM:
                     _, _, r_tag, r_start, r_end = raw[0]
                     tensor = buf[start:r_tag] + buf[r_end:end]
