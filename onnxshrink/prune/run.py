@@ -698,9 +698,8 @@ def _disk_reference(given: Input, scored: Scored, plans: list[LayerPlan]) -> tup
     reference = scored.builder.on_disk(plans, disk)
     disk.writer.close()
     s = given.source
-    disked = Source(reference, None, s.base_dir, [*s.data, disk.writer.path], s.file_bytes, s.store)
-    disked.mapped_in_place = s.mapped_in_place
-    return disked, scratch
+    data = [*s.data, disk.writer.path]
+    return Source(reference, None, s.base_dir, data, s.file_bytes, s.store, mapped_in_place=s.mapped_in_place), scratch
 
 
 def shrink_reference(reference: onnx.ModelProto | Source, opts: ShrinkOptions, original: ModelStats) -> ShrinkResult:
