@@ -347,8 +347,14 @@ def test_a_streamed_compensated_prune_writes_what_the_prune_in_memory_writes(tmp
     held = prune(path, 0.25, tmp_path / "held.onnx", **kw)
     counts = _streamed(monkeypatch)
     _refuse_full(monkeypatch)
+    calibrated: list = []
+    collect = prune_run.collect
+    monkeypatch.setattr(prune_run, "collect", lambda *a, **k: calibrated.append(collect(*a, **k)) or calibrated[-1])
     streamed = prune(path, 0.25, tmp_path / "streamed.onnx", **kw)
-    assert counts["spills"] == 1 and counts["cut"] == 1  # zeroed on disk; calibrated in segments
+    # zeroed on disk (one spill file), the refit's samples mapped from another; calibrated in segments
+    assert counts["spills"] == 1 + (mode == "refit") and counts["cut"] == 1
+    samples = [s.samples for s in calibrated[0].stats.values() if s.samples is not None]
+    assert len(samples) == (0 if mode == "bias" else len(calibrated[0].stats)) and all(weights.owner(s) is not None for s in samples)
     assert [p.removed for p in streamed.plans] == [p.removed for p in held.plans]
     assert streamed.removed()
     assert _tensors(tmp_path / "streamed.onnx") == _tensors(tmp_path / "held.onnx")

@@ -15,13 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from onnxshrink.errors import ShrinkError, first_line
+from onnxshrink.io import weights
 from onnxshrink.options import Provider
+
+if TYPE_CHECKING:
+    from onnxshrink.io.model import Scratch
+    from onnxshrink.io.weights import DataWriter
 
 # At most this many positions (rows of channels) are kept per activation for the refit: the
 # covariance of a few thousand positions is what a small calibration set can estimate anyway.
@@ -69,6 +75,7 @@ class Calibration:
     # (stream before, stream after, channel axis) of a block -> the mean over the feeds of the
     # mean over positions of the two streams' cosine (a block's influence is 1 - it)
     cosines: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    scratch: Scratch | None = None  # the samples' file (`collect`'s), deleted when this goes
 
 
 def feed_label(feeds: Sequence[Mapping[str, np.ndarray]]) -> str:
@@ -114,6 +121,7 @@ def collect(
     seed: int = 0,
     provider: Provider = "cpu",
     data_dir: str | None = None,
+    scratch: Scratch | None = None,
 ) -> Calibration:
     """Statistics of each activation in `activations` ({tensor: channel axis}) over `feeds`,
     and the model's outputs on them. `samples`: keep up to MAX_SAMPLES positions per
@@ -121,7 +129,9 @@ def collect(
     after, axis) whose cosine to measure in the same runs. `data_dir`: where `model` keeps its
     external weights (not loaded): a large model is then run segment by segment (with
     `samples`, whole again when a feed has more than MAX_SAMPLES positions of an activation:
-    its draw is made in the whole run's order, so the samples are the same either way)."""
+    its draw is made in the whole run's order, so the samples are the same either way).
+    `scratch`: where the samples go once drawn, mapped back (a large model's are a gigabyte:
+    resident only while the refit reads one activation's)."""
     from onnxshrink.proof.inputs import check_inputs
     from onnxshrink.proof.sessions import session
 
@@ -133,23 +143,24 @@ def collect(
     streams = [s for s in streams if s[0] in visible and s[1] in visible]
     outputs = [o.name for o in model.graph.output]
     probe, names = probe_model(model, [*activations, *(n for s in streams for n in s[:2])])
-    acc = _Accumulator(activations, streams, len(feeds), samples, np.random.default_rng(seed))
+    spill = scratch.spill() if scratch is not None and samples else None
+    acc = _Accumulator(activations, streams, len(feeds), samples, np.random.default_rng(seed), spill)
     if data_dir is not None:  # weights on disk: run in segments if they are large
         try:
             kept = _in_segments(probe, feeds, outputs, acc, provider, data_dir)
         except _OutOfOrder:  # samples drawn: in the whole run's order, as the whole run draws them
             kept = None
-            acc = _Accumulator(activations, streams, len(feeds), samples, np.random.default_rng(seed))
+            acc = _Accumulator(activations, streams, len(feeds), samples, np.random.default_rng(seed), spill)
         if kept is not None:
             acc.finish()
-            return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines)
+            return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines, scratch)
     sess = session(probe, provider, data_dir)
     kept = []
     for f, ran in enumerate(run_feeds(sess, feeds, names, "--inputs")):
         kept.append({k: ran[k] for k in outputs})
         acc.add(ran, feed=f)
     acc.finish()
-    return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines)
+    return Calibration(acc.stats, list(feeds), kept, feed_label(feeds), acc.cosines, scratch)
 
 
 class _OutOfOrder(Exception):
@@ -163,8 +174,11 @@ class _Accumulator:
     _OutOfOrder, as its draw would not be the whole run's; with fewer, every sample is kept,
     feed after feed, as the whole run keeps them."""
 
-    def __init__(self, activations: Mapping[str, int], streams, feeds: int, samples: bool, rng) -> None:
+    def __init__(
+        self, activations: Mapping[str, int], streams, feeds: int, samples: bool, rng, spill: DataWriter | None = None
+    ) -> None:
         self.activations, self.streams, self.feeds, self.samples, self.rng = activations, streams, feeds, samples, rng
+        self.spill = spill  # where whole samples go (`settle`), mapped back
         self.stats: dict[str, ChannelStats] = {}
         self.cosines = dict.fromkeys(streams, 0.0)
         self.done: set[tuple[tuple[str, str, int], int]] = set()  # (stream, feed) measured
@@ -210,13 +224,29 @@ class _Accumulator:
             take = given if len(rows) <= MAX_SAMPLES else given[rng.choice(len(rows), MAX_SAMPLES, replace=False)]
             s.samples = np.concatenate([s.samples, take])
 
+    def settle(self, names: Iterable[str]) -> None:
+        """Every feed's samples of `names` are in (a segment ran on every feed): to the spill
+        file now, mapped back (a large model's samples are not all held until the last segment)."""
+        if self.spill is None:
+            return
+        for name in names:
+            s = self.stats.get(name)
+            if s is not None and s.samples is not None and s.samples.size and weights.owner(s.samples) is None:
+                s.samples = self.spill.write(f"samples of {name}", iter([s.samples]), s.samples.shape, s.samples.dtype)
+        weights.trim(0)  # the samples' pages written go back to the page cache
+
     def finish(self) -> None:
+        """The samples drawn down to MAX_SAMPLES (and to the spill file)."""
         # in the activations' order: the order the whole run first meets them in, whatever
         # order a run in segments met them in
-        for name in [n for n in self.activations if n in self.stats]:
+        names = [n for n in self.activations if n in self.stats]
+        for name in names:
             s = self.stats[name]
             if s.samples is not None and len(s.samples) > MAX_SAMPLES:
                 s.samples = s.samples[self.rng.choice(len(s.samples), MAX_SAMPLES, replace=False)]
+        self.settle(names)
+        if self.spill is not None:
+            self.spill.close()
 
 
 def _held(dtype: np.dtype) -> np.dtype:
@@ -253,6 +283,7 @@ def _in_segments(
             v.update(ran)
             acc.add(ran, v, f)
         del sess
+        acc.settle(names)  # this segment's activations: every feed's are in
         later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs) | acc.waiting()
         for v in values:
             for n in [n for n in v if n not in later]:

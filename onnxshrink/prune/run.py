@@ -481,6 +481,8 @@ def _score(
             seed=opts.seed,
             provider=opts.provider,
             data_dir=given.source.base_dir if given.streamed else None,
+            # a streamed input's samples (TinyLlama's: 1 GiB) mapped from a file, not held
+            scratch=Scratch(given.source.store, None) if given.streamed and ask.compensate == "refit" else None,
         )
         clock.lap("calibrate")
     importance = scores(gset, ask.criterion, seed=opts.seed, calibration=calibration)
