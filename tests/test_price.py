@@ -231,17 +231,27 @@ g (float[4,16] x, float[16,48] W1, float[48] B1, float[48,40] W2, float[40] B2, 
 """
 
 
-def _segments(monkeypatch, budget: int) -> list[int]:
+class _Cuts(list):
+    """The segment count of each model cut, in order, and the thread that cut it (`on`)."""
+
+    on: list[str]
+
+
+def _segments(monkeypatch, budget: int) -> _Cuts:
     """Models past `budget` bytes of weights run in segments (proof.sessions.SEGMENT_BYTES);
-    the segment count of each model cut, in order."""
+    the segment count of each model cut, in order, and on which thread."""
+    import threading
+
     from onnxshrink.proof import segment, sessions
 
-    cut: list[int] = []
+    cut = _Cuts()
+    cut.on = []
     pieces = segment.pieces
 
     def counted(model, size):
         parts = pieces(model, size)
         cut.append(len(parts) if parts else 1)
+        cut.on.append(threading.current_thread().name)
         return parts
 
     monkeypatch.setattr(sessions, "SEGMENT_BYTES", budget)
@@ -286,8 +296,11 @@ def test_a_model_the_proof_runs_in_segments_is_priced_in_segments_against_the_in
     expected = independent(onnx.load(tmp_path / "m.onnx"), onnx.load(out), held)
     assert_price(result.price, expected)
     assert result.price.latency_before_ms is None and result.price.latency_after_ms is None
-    pruned = cut[-1]  # the price ran the input in 4 pieces, then the pruned model
-    assert cut[-2] == 4 and pruned >= 2
+    # the price ran the input in 4 pieces, on a thread of its own from before the zeroing (the
+    # proof's segments come after it), then the pruned model
+    pruned = cut[-1]
+    (ahead,) = [k for k, name in enumerate(cut.on) if name == "onnxshrink-price"]
+    assert cut[ahead] == 4 and pruned >= 2 and cut.on[-1] == "MainThread"
     assert result.price.note == (
         "latency not measured: a model whose weights pass 2.8e-06 GiB is run here as the proof runs "
         f"it, one segment's session at a time (the input in 4 segments, the pruned model in {pruned} segments): "
@@ -298,6 +311,41 @@ def test_a_model_the_proof_runs_in_segments_is_priced_in_segments_against_the_in
     assert float(line[0]) == pytest.approx(expected["rel_error"], rel=6e-4)
     assert float(line[3]) == pytest.approx(100 * expected["top1"], abs=0.06)
     assert printed.endswith("    " + result.price.note)
+
+
+def test_a_prune_that_fails_after_the_input_went_ahead_waits_for_its_run(tmp_path, monkeypatch):
+    """The input's run on the price's inputs (started on its own thread before the zeroing) is
+    waited for when the prune fails after it started: no thread is left inside onnxruntime as
+    the process exits (the interpreter would end it by force)."""
+    import threading
+    import time
+
+    from onnxshrink.errors import ShrinkError
+    from onnxshrink.prune import price as price_mod
+    from onnxshrink.prune import run as prune_run
+
+    model = trained_like(MLP, seed=19)
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    _segments(monkeypatch, 3000)
+    ran = price_mod._run
+    finished: list[str] = []
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)  # still running when the shrink below fails
+        out = ran(*args, **kwargs)
+        finished.append(threading.current_thread().name)
+        return out
+
+    def failing(*args, **kwargs):
+        raise ShrinkError("the shrink failed here")
+
+    monkeypatch.setattr(price_mod, "_run", slow)
+    monkeypatch.setattr(prune_run, "_shrink_and_write", failing)
+    with pytest.raises(ShrinkError, match="the shrink failed here"):
+        prune(tmp_path / "m.onnx", 0.3, tmp_path / "out.onnx", held_out=[feeds(model, 3)], validate=False)
+    assert finished == ["onnxshrink-price"]
+    assert not [t for t in threading.enumerate() if t.name == "onnxshrink-price"]
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_a_streamed_model_run_whole_is_priced_with_the_pruned_weights_where_the_shrink_wrote_them(

@@ -140,16 +140,18 @@ def session(
     data_dir: str | Path | None = None,
     level: str = OFF,
     data: bytes | Serialized | None = None,
+    threads: int | None = None,
 ):
     """An onnxruntime session of `model` at graph optimization `level` (a LEVELS name); weights
     it keeps in external data are read (mapped) from `data_dir`, never copied into this process.
-    `data`: the model already serialized (several sessions of one model: `weights_apart`)."""
+    `data`: the model already serialized (several sessions of one model: `weights_apart`).
+    `threads`: its threads (default session_threads())."""
     import onnxruntime as ort
 
     ep = check_provider(provider)
     so = ort.SessionOptions()
     so.log_severity_level = onnxruntime_severity()  # its errors: ours to report
-    threads = session_threads()
+    threads = session_threads() if threads is None else threads
     if threads:
         so.intra_op_num_threads = so.inter_op_num_threads = threads
     # no thread spins waiting for work: the proof measures no latency, and on a shared machine
@@ -208,6 +210,7 @@ def run_model(
     parts: list[Piece] | None = None,
     level: str = OFF,
     data: bytes | Serialized | None = None,
+    threads: int | None = None,
 ) -> list[list[np.ndarray]]:
     """`outputs` of `model` on each feed, with one session at a time: the whole model, or its
     segments in order when its weights exceed SEGMENT_BYTES (each run on every feed, its
@@ -215,7 +218,7 @@ def run_model(
     onnxruntime cannot load or run it. `parts`: the segments, when already cut
     (onnxshrink.proof.segment.pieces: each made when it runs, one piece's weights copied at a time).
     `data`: the whole model as `weights_apart` (or `serialized`) made it (several runs of one
-    model), when run whole."""
+    model), when run whole. `threads`: each session's (default session_threads())."""
     from onnxshrink.proof.segment import Piece, pieces
 
     parts = parts or pieces(model, segment_bytes(model))
@@ -226,7 +229,7 @@ def run_model(
     for k, part in enumerate(parts):
         try:
             run = model if data is not None else _inlined(part.model, own=len(parts) > 1)
-            sess = session(run, provider, data_dir, level, data)
+            sess = session(run, provider, data_dir, level, data, threads)
         except ShrinkError:
             raise
         except Exception as exc:

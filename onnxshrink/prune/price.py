@@ -8,8 +8,9 @@ pieces is not the model deployed."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,58 @@ class PriceInput:
     note: str | None = None
     segments: onnx.ModelProto | None = None
     data_dir: str | None = None
+    ahead: Ahead | None = None  # the run of `segments` started early (run_ahead)
+
+    def settled(self) -> None:
+        """Wait for a run started ahead (a prune that fails waits for it before it exits)."""
+        if self.ahead is not None:
+            self.ahead.join()
+
+
+class Ahead:
+    """`work()` on a background thread; `result()` waits for it and returns what it returned,
+    or raises what it raised. Joined before the caller finishes, whatever happens: a thread
+    still inside onnxruntime when the interpreter exits is ended by force (abort)."""
+
+    def __init__(self, work: Callable[[], Any]):
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name="onnxshrink-price", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], Any]) -> None:
+        try:
+            self._value = work()
+        except BaseException as exc:  # raised again where the result is wanted
+            self._error = exc
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def run_ahead(given: PriceInput) -> PriceInput:
+    """Start running the input in segments on the price's inputs now, on a background thread
+    with half the cores (onnxruntime lets go of the interpreter as it runs): the prune's own
+    work until the price (the zeroing and the shrink: the interpreter's work and writes, on one
+    core) goes on meanwhile. Only a model the price runs in segments (a large one), and only
+    when its outputs are not known already."""
+    if given.segments is None or given.outputs is not None or given.model is None:
+        return given
+    import os
+
+    from onnxshrink.proof.sessions import session_threads
+
+    model, data_dir, feeds = given.segments, given.data_dir, given.feeds
+    names = [o.name for o in model.graph.output]
+    threads = max(1, (session_threads() or os.cpu_count() or 2) // 2)
+    given.ahead = Ahead(lambda: _run(model, data_dir, feeds, names, "the input model", False, threads))
+    return given
 
 
 def price_feeds(
@@ -276,7 +329,9 @@ def in_segments(
 
     names = [o.name for o in model.graph.output]
     before, cut = given.outputs, 0
-    if before is None:
+    if before is None and given.ahead is not None:
+        before, cut = given.ahead.result()
+    elif before is None:
         before, cut = _run(model, given.data_dir, given.feeds, names, "the input model", progress)
     after, pieces = _run(pruned, pruned_dir, given.feeds, names, "the pruned model", progress)
     result = Price(given.label, compare_outputs(before, after))
@@ -315,9 +370,11 @@ def _run(
     names: list[str],
     what: str,
     progress: bool,
+    threads: int | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], int]:
     """`model`'s outputs `names` on each feed, and the segments it ran in (1: whole). A feed it
-    cannot run on is the user's, named (as calibrate.run_feeds names it)."""
+    cannot run on is the user's, named (as calibrate.run_feeds names it). `threads`: each
+    session's (default: the proof's)."""
     from onnxshrink.errors import ShrinkError, first_line
     from onnxshrink.progress import bar
     from onnxshrink.proof.segment import pieces
@@ -327,7 +384,7 @@ def _run(
     count = len(parts) if parts else 1
     with bar(len(feeds) * count, f"price: {what}", "run", progress) as shown:
         try:
-            ran = run_model(model, [dict(f) for f in feeds], names, "cpu", data_dir, shown, parts, ALL)
+            ran = run_model(model, [dict(f) for f in feeds], names, "cpu", data_dir, shown, parts, ALL, threads=threads)
         except RunFailed as exc:
             if exc.loading or exc.feed is None:
                 raise

@@ -48,7 +48,7 @@ from onnxshrink.prune.compensate import Compensation
 from onnxshrink.prune.groups import Group, GroupSet, Member, find_groups, kept_when_zeroed
 from onnxshrink.prune.importance import activations, block_streams, scores
 from onnxshrink.prune.masks_out import MaskSlices, as_created, mask_slices, masks_kind, stage_masks
-from onnxshrink.prune.price import Price, PriceInput, measure, price_feeds, price_input
+from onnxshrink.prune.price import Price, PriceInput, measure, price_feeds, price_input, run_ahead
 from onnxshrink.prune.reference import zeroed as zeroed_reference
 from onnxshrink.prune.select import LayerPlan
 from onnxshrink.prune.sensitivity import Family
@@ -271,22 +271,27 @@ def _choose_and_shrink(
     would keep are not exact, and the groups are chosen again without them, a few times at most."""
     meters: list[LatencyMeter] = []
     before = None
-    for tries_left in range(CHOOSE_AGAIN, -1, -1):
-        choice = _allocate(given, scored, ask, opts, meters, target)
-        clock.lap("allocation")
-        if ask.price and before is None:
-            before = _price_input(given, scored, ask, opts, meters)
-            clock.lap("price.input")
-        zeroed = _zero(given, scored, choice, ask, opts)  # may zero given.proto in place
-        clock.lap("zero")
-        check = _all_go(zeroed.chosen) if tries_left else None
-        try:
-            result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, before, clock, check)
-            return choice, zeroed, result, cost
-        except _ChosenKept as kept:
-            clock.lap("shrink")
-            _without(kept.groups, given, scored, zeroed, opts)
-    raise AssertionError("the last try has no check")  # pragma: no cover
+    try:
+        for tries_left in range(CHOOSE_AGAIN, -1, -1):
+            choice = _allocate(given, scored, ask, opts, meters, target)
+            clock.lap("allocation")
+            if ask.price and before is None:
+                # a large input's run on the price's inputs starts now, beside the shrink
+                before = run_ahead(_price_input(given, scored, ask, opts, meters))
+                clock.lap("price.input")
+            zeroed = _zero(given, scored, choice, ask, opts)  # may zero given.proto in place
+            clock.lap("zero")
+            check = _all_go(zeroed.chosen) if tries_left else None
+            try:
+                result, cost = _shrink_and_write(given, scored, zeroed, choice.plans, ask, opts, output, before, clock, check)
+                return choice, zeroed, result, cost
+            except _ChosenKept as kept:
+                clock.lap("shrink")
+                _without(kept.groups, given, scored, zeroed, opts)
+        raise AssertionError("the last try has no check")  # pragma: no cover
+    finally:
+        if before is not None:
+            before.settled()
 
 
 def _options(
