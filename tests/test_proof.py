@@ -400,10 +400,10 @@ def _refusing(monkeypatch, level: str, refuse) -> None:
     """onnxruntime (monkeypatched) refuses the models `refuse(model)` picks at `level`."""
     real = sessions.session
 
-    def session(model, provider, data_dir=None, level_=sessions.OFF, data=None):
+    def session(model, provider, data_dir=None, level_=sessions.OFF, data=None, threads=None):
         if level_ == level and refuse(model):
             raise RuntimeError(f"refused at {level}")
-        return real(model, provider, data_dir, level_, data)
+        return real(model, provider, data_dir, level_, data, threads)
 
     monkeypatch.setattr(sessions, "session", session)
 
