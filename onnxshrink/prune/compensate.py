@@ -20,7 +20,7 @@ has no parameter for: it goes under `onnx/NAME` in the weights written out.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -282,26 +282,14 @@ def changes(
             out[name] = np.array(comp.base[name], copy=True)
         return out[name]
 
+    readers = Counter(c.weight for c in comp.consumers.values())
     if mode != "none":
         if calibration is None:
             raise ShrinkError(
                 f"--compensate {mode} replaces removed channels by their mean on your inputs: give "
                 "them with --inputs data.npz (one array per model input)."
             )
-        readers = Counter(c.weight for c in comp.consumers.values())
-        fits: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = {}  # (activation, rows) -> _regress
-        by_site = _by_consumer(comp, removed, calibration)
-        # a fit serves the consumers of one activation (q, k and v; gate and up): it goes after
-        # the last of them (a 1.1 B LLaMA's down_proj fits, [kept, removed] in float64, held to
-        # the end, were 1.4 GiB of the refit's peak)
-        left = Counter(_activation(ms) for ms in by_site.values())
-        for site, ms in by_site.items():
-            c = comp.consumers[site]
-            _compensate(c, ms, calibration, mode, ridge, comp.base, value, fits)
-            left[_activation(ms)] -= 1
-            if not left[_activation(ms)]:
-                for key in [k for k in fits if k[0] == _activation(ms)]:
-                    del fits[key]
+        for c in _each_consumer(comp, removed, calibration, mode, ridge, value):
             if keep is not None and c.weight in out and readers[c.weight] == 1:  # a refit weight, final
                 for (name, axis), idx in cuts.items():
                     if name == c.weight:
@@ -322,6 +310,26 @@ def changes(
             idx = np.unique(np.concatenate(out_removed[(c.weight, c.out)]))
             out[c.bias].reshape(-1)[idx] = 0
     return out
+
+
+def _each_consumer(
+    comp: Compensation, removed: Sequence[Member], calibration: Calibration, mode: str, ridge: float, value
+) -> Iterator[Consumer]:
+    """Each consumer of a removed member compensated (`_compensate`), then yielded. A fit serves
+    the consumers of one activation (q, k and v; gate and up): it goes after the last of them (a
+    1.1 B LLaMA's down_proj fits, [kept, removed] in float64, held to the end, were 1.4 GiB of the
+    refit's peak)."""
+    fits: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = {}  # (activation, rows) -> _regress
+    by_site = _by_consumer(comp, removed, calibration)
+    left = Counter(_activation(ms) for ms in by_site.values())
+    for site, ms in by_site.items():
+        c = comp.consumers[site]
+        _compensate(c, ms, calibration, mode, ridge, comp.base, value, fits)
+        left[_activation(ms)] -= 1
+        if not left[_activation(ms)]:
+            for key in [k for k in fits if k[0] == _activation(ms)]:
+                del fits[key]
+        yield c
 
 
 def _by_consumer(
