@@ -198,9 +198,9 @@ class _Accumulator:
             if name in ran:
                 self._channels(name, axis, np.asarray(ran[name]))
 
-    def waiting(self) -> set[str]:
-        """The streams' tensors whose block's cosine some feed still lacks."""
-        return {n for s in self.streams for n in s[:2] if any((s, f) not in self.done for f in range(self.feeds))}
+    def waiting(self, feed: int) -> set[str]:
+        """The streams' tensors whose block's cosine feed `feed` still lacks."""
+        return {n for s in self.streams for n in s[:2] if (s, feed) not in self.done}
 
     def _channels(self, name: str, axis: int, value: np.ndarray) -> None:
         x = np.asarray(value, np.float64)
@@ -277,17 +277,21 @@ def _in_segments(
         sess = session(part.model, provider, data_dir)
         names = [o.name for o in sess.get_outputs()]
         wanted = [i.name for i in sess.get_inputs()]
+        later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs)
         for f, (feed, v) in enumerate(zip(feeds, values, strict=True)):
             what = str(getattr(feed, "source", "--inputs"))
             ran = next(run_feeds(sess, [{n: v[n] for n in wanted}], names, what))
             v.update(ran)
             acc.add(ran, v, f)
+            # what no later segment reads goes now, not once every feed has run: a segment's
+            # activations are every one a group reads (SmolLM-135M's shape, in one or two
+            # segments: 0.1 GiB a feed, all 8 feeds' held at once, 1.7 GiB peak)
+            keep = later | acc.waiting(f)
+            for n in [n for n in v if n not in keep]:
+                del v[n]
+            del ran
         del sess
         acc.settle(names)  # this segment's activations: every feed's are in
-        later = {i for p in parts[k + 1 :] for i in p.inputs} | set(outputs) | acc.waiting()
-        for v in values:
-            for n in [n for n in v if n not in later]:
-                del v[n]
     return [{o: v[o] for o in outputs} for v in values]
 
 
