@@ -7,6 +7,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -228,8 +229,11 @@ def run_model(
     values = [dict(feed) for feed in feeds]
     for k, part in enumerate(parts):
         try:
-            run = model if data is not None else _inlined(part.model, own=len(parts) > 1)
-            sess = session(run, provider, data_dir, level, data, threads)
+            if data is None and len(parts) > 1:  # a segment: its spilled weights handed over mapped
+                sess = session(part.model, provider, data_dir, level, _spilled_apart(part.model), threads)
+            else:
+                run = model if data is not None else _inlined(part.model, own=len(parts) > 1)
+                sess = session(run, provider, data_dir, level, data, threads)
         except ShrinkError:
             raise
         except Exception as exc:
@@ -284,6 +288,35 @@ def weights_apart(model: onnx.ModelProto) -> Serialized | None:
     weights = _apart(model)
     skeleton = _serialized(_skeleton(model, weights) if weights else model)
     return Serialized(skeleton, weights) if skeleton is not None else None
+
+
+def _spilled_apart(model: onnx.ModelProto) -> Serialized | None:
+    """What onnxruntime is given for a segment (`model`, made for this run: changed here) whose
+    main graph holds spilled weights (stored by absolute path, which onnxruntime refuses): each
+    handed to its session as it lies in the spill file, mapped read-only, rather than read into
+    the proto, serialized and copied by onnxruntime again (three copies of a segment's weights
+    at once: TinyLlama's default prune peaked 1.3 GiB above its shrink in the proof). Those it
+    cannot hand over (a dtype numpy lacks, a name used twice, in a subgraph) are inlined; None
+    when there is nothing to hand over (the caller inlines as before)."""
+    from onnxshrink.io.weights import HANDED, absolute
+
+    names = Counter(t.name for t in model.graph.initializer)
+    names.update(i.name for i in model.graph.input)
+    apart: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        path = absolute(t)
+        if path is None or names[t.name] > 1:
+            continue
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+        info = {e.key: e.value for e in t.external_data}
+        shape = tuple(int(d) for d in t.dims)
+        count = int(np.prod(shape, dtype=np.int64))
+        if dtype in HANDED and count and int(info.get("length", -1)) == count * dtype.itemsize:
+            apart[t.name] = np.memmap(path, dtype, "r", int(info.get("offset", 0)), shape)
+    if not apart:
+        return None
+    skeleton = _serialized(_skeleton(_inlined(model, own=True, but=set(apart)), apart))
+    return Serialized(skeleton, apart) if skeleton is not None else None
 
 
 def _apart(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -370,13 +403,17 @@ def segment_bytes(model: onnx.ModelProto) -> int:
     return SEGMENT_BYTES // 4 if spilled else SEGMENT_BYTES
 
 
-def _inlined(model: onnx.ModelProto, own: bool) -> onnx.ModelProto:
+def _inlined(model: onnx.ModelProto, own: bool, but: AbstractSet[str] = frozenset()) -> onnx.ModelProto:
     """`model` with the weights it keeps by absolute path (spilled masked weights, which
-    onnxruntime refuses to read) inline; a copy unless `own` (a segment made for this run)."""
+    onnxruntime refuses to read) inline, but the main graph's named in `but` (handed over
+    apart); a copy unless `own` (a segment made for this run)."""
     from onnxshrink.io.weights import absolute, inline
 
     def spilled(m: onnx.ModelProto) -> list[onnx.TensorProto]:  # in bodies too
-        return [t for g in ir.all_graphs(m.graph) for t in g.initializer if absolute(t) is not None]
+        return [
+            t for g in ir.all_graphs(m.graph) for t in g.initializer
+            if absolute(t) is not None and not (g is m.graph and t.name in but)
+        ]  # fmt: skip
 
     if not spilled(model):
         return model
