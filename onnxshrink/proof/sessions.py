@@ -300,8 +300,7 @@ def _spilled_apart(model: onnx.ModelProto) -> Serialized | None:
     when there is nothing to hand over (the caller inlines as before)."""
     from onnxshrink.io.weights import HANDED, absolute
 
-    names = Counter(t.name for t in model.graph.initializer)
-    names.update(i.name for i in model.graph.input)
+    names = _name_counts(model)
     apart: dict[str, np.ndarray] = {}
     for t in model.graph.initializer:
         path = absolute(t)
@@ -319,6 +318,14 @@ def _spilled_apart(model: onnx.ModelProto) -> Serialized | None:
     return Serialized(skeleton, apart) if skeleton is not None else None
 
 
+def _name_counts(model: onnx.ModelProto) -> Counter[str]:
+    """How often each name is an initializer or an input of the main graph: a weight handed to
+    a session apart must name one value only."""
+    names = Counter(t.name for t in model.graph.initializer)
+    names.update(i.name for i in model.graph.input)
+    return names
+
+
 def _apart(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The main graph's initializers a session can be given apart (a numpy dtype, inline raw
     bytes of their size, at least APART_BYTES, a name no other initializer nor input has),
@@ -326,8 +333,7 @@ def _apart(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from onnxshrink.io.weights import HANDED
 
     types = {onnx.helper.np_dtype_to_tensor_dtype(d) for d in HANDED}
-    names = Counter(t.name for t in model.graph.initializer)
-    names.update(i.name for i in model.graph.input)
+    names = _name_counts(model)
     out: dict[str, np.ndarray] = {}
     for t in model.graph.initializer:
         if t.data_type not in types or t.data_location == onnx.TensorProto.EXTERNAL:

@@ -229,11 +229,14 @@ class _Accumulator:
         file now, mapped back (a large model's samples are not all held until the last segment)."""
         if self.spill is None:
             return
+        written = False
         for name in names:
             s = self.stats.get(name)
             if s is not None and s.samples is not None and s.samples.size and weights.owner(s.samples) is None:
                 s.samples = self.spill.write(f"samples of {name}", iter([s.samples]), s.samples.shape, s.samples.dtype)
-        weights.trim(0)  # the samples' pages written go back to the page cache
+                written = True
+        if written:
+            weights.trim(0)  # the samples' pages written go back to the page cache
 
     def finish(self) -> None:
         """The samples drawn down to MAX_SAMPLES (and to the spill file)."""
